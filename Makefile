@@ -1,0 +1,37 @@
+# Every target bootstraps .venv itself: a fresh machine needs only Python 3.11 and this repo.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+FMNIST := /usr/share/datasets/fashion-mnist
+
+.PHONY: demo test bench checkpoints data clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip setuptools wheel
+	$(PY) -m pip install -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+# Debian's full Fashion-MNIST, for the full-dataset tests and for training the shipped checkpoints.
+# Installed when we are root with apt; otherwise those tests skip (outside CI) with a message.
+data:
+	@if [ -d $(FMNIST) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
+	else echo "note: $(FMNIST) missing (sudo apt-get install dataset-fashion-mnist); full-dataset tests will skip"; fi
+
+demo: $(STAMP)
+	$(PY) -m audit demo
+
+test: $(STAMP) data
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+checkpoints: $(STAMP) data
+	$(PY) -m audit retrain-shipped
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""How attribution maps are computed (traced graph, rules, methods, captum bridge)."""

@@ -1,0 +1,92 @@
+"""Command line: ``attribution-audit`` (= ``python -m audit``)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from audit.errors import AuditError
+
+
+def _train(args: argparse.Namespace) -> int:
+    from audit.train import TrainConfig, train
+
+    arch_options = {"batch_norm": True} if args.batch_norm else {}
+    config = TrainConfig(arch=args.arch, optimizer=args.optimizer, epochs=args.epochs, batch_size=args.batch_size,
+                         lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay, seed=args.seed,
+                         data=args.data, data_root=args.data_root, download=args.download,
+                         train_limit=args.train_limit, arch_options=arch_options)
+    train(config, out=args.out, resume=args.resume, progress=not args.quiet)
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    from audit.zoo import ARCHS, available_checkpoints
+
+    print("architectures (audit.zoo.build):")
+    for name, arch in ARCHS.items():
+        print(f"  {name:10s} {arch.description}")
+    print("shipped checkpoints (audit.zoo.load_checkpoint):")
+    shipped = available_checkpoints()
+    for name, meta in shipped.items():
+        print(f"  {name:12s} {meta['arch']:7s} {meta['optimizer']:10s} test accuracy {meta['test_accuracy']:.4f} "
+              f"({meta['data']['name']}, {meta['epochs']} epochs)")
+    if not shipped:
+        print("  (none yet)")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from audit.demo import run_demo
+
+    run_demo(seed=args.seed, progress=not args.quiet)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attribution-audit",
+                                description="Audit attribution methods: rank-1 collapse, random-logit and "
+                                            "parameter-randomization sanity checks, Bort-trained models.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a zoo model and save a checkpoint (.pt + .json)")
+    t.add_argument("--arch", default="cnn", help="cnn, vgg, resnet, vgg16, resnet50")
+    t.add_argument("--batch-norm", action="store_true", help="vgg with BatchNorm")
+    t.add_argument("--optimizer", default="sgd", help="sgd, adamw (and the registered ones)")
+    t.add_argument("--epochs", type=int, default=10)
+    t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--lr", type=float, default=None, help="default: the optimizer's")
+    t.add_argument("--momentum", type=float, default=0.9)
+    t.add_argument("--weight-decay", type=float, default=None, help="default: the optimizer's")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--data", default="fashion-mnist",
+                   help="fashion-mnist, mnist, cifar10, imagefolder, fashion-mnist-sample")
+    t.add_argument("--data-root", default=None, help="folder looked in first")
+    t.add_argument("--download", action="store_true", help="fetch the official files when missing")
+    t.add_argument("--train-limit", type=int, default=None, help="train on a seeded subset of N images")
+    t.add_argument("--out", required=True, help="checkpoint path (.pt; metadata beside it as .json)")
+    t.add_argument("--resume", action="store_true", help="continue from the per-epoch state beside --out")
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    t.set_defaults(func=_train)
+
+    m = sub.add_parser("models", help="list architectures and shipped checkpoints")
+    m.set_defaults(func=_models)
+
+    d = sub.add_parser("demo", help="the main job on the embedded sample")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(func=_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except AuditError as exc:
+        print(f"attribution-audit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""Readers for the on-disk image formats: IDX (MNIST family), CIFAR python batches, image folders.
+
+Each reader returns plain numpy arrays and raises :class:`audit.errors.DataError` naming the file
+and what is wrong with it when the file is corrupt or truncated.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import pickle
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from audit.errors import DataError
+
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's content, transparently gunzipped when it starts with the gzip magic."""
+    raw = Path(path).read_bytes()
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path}: corrupt or truncated gzip file ({exc}); delete it and fetch it again") from exc
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (raw or gzipped).
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape given by the file header, e.g. (N, 28, 28) uint8 for images, (N,) for labels.
+    """
+    data = read_bytes(path)
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        raise DataError(f"{path}: not an IDX file (bad magic number {data[:4].hex() or 'empty'})")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise DataError(f"{path}: truncated IDX header ({len(data)} bytes, need {header})")
+    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    dtype = np.dtype(_IDX_DTYPES[data[2]])
+    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(data) != expected:
+        raise DataError(f"{path}: IDX file is {len(data)} bytes but its header {shape} needs {expected}; "
+                        "the file is truncated or corrupt, fetch it again")
+    return np.frombuffer(data, dtype=dtype, offset=header).reshape(shape)
+
+
+class _ArrayOnlyUnpickler(pickle.Unpickler):
+    """Unpickles numpy arrays, dicts, lists and strings only: a batch file cannot run code."""
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"), ("_codecs", "encode"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Read one CIFAR-10 python batch.
+
+    Returns
+    -------
+    images : numpy.ndarray, (N, 3, 32, 32) uint8
+    labels : numpy.ndarray, (N,) int64
+    """
+    try:
+        batch = _ArrayOnlyUnpickler(io.BytesIO(read_bytes(path)), encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        raise DataError(f"{path}: not a readable CIFAR python batch ({exc}); fetch it again") from exc
+    if not isinstance(batch, dict):
+        raise DataError(f"{path}: CIFAR batch should hold a dict, found {type(batch).__name__}")
+    batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
+    if "data" not in batch or "labels" not in batch:
+        raise DataError(f"{path}: CIFAR batch lacks 'data' or 'labels' (keys: {sorted(batch)})")
+    data = np.asarray(batch["data"])
+    labels = np.asarray(batch["labels"], dtype=np.int64)
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.shape[0] != labels.shape[0]:
+        raise DataError(f"{path}: CIFAR batch has data {data.shape} and {labels.shape[0]} labels; "
+                        "expected (N, 3072) and N labels")
+    return data.astype(np.uint8).reshape(-1, 3, 32, 32), labels
+
+
+def read_image_folder(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Read one folder per class of equally sized images.
+
+    Returns
+    -------
+    images : numpy.ndarray, (N, C, H, W) uint8, C = 1 when every image is grayscale, else 3
+    labels : numpy.ndarray, (N,) int64, index into ``classes``
+    classes : list of str, the sorted class-folder names
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    root = Path(root)
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    files = [(f, i) for i, c in enumerate(classes) for f in sorted((root / c).iterdir())
+             if f.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise DataError(f"{root}: no images found; expected one sub-folder per class holding image files "
+                        f"({', '.join(sorted(IMAGE_SUFFIXES))})")
+    images = []
+    for f, _ in files:
+        try:
+            with Image.open(f) as im:
+                im.load()
+                images.append(im.copy())
+        except (UnidentifiedImageError, OSError) as exc:
+            raise DataError(f"{f}: not a readable image ({exc})") from exc
+    gray = all(im.mode in ("L", "1", "I;16", "I") for im in images)
+    arrays = [np.asarray(im.convert("L" if gray else "RGB")) for im in images]
+    sizes = {a.shape[:2] for a in arrays}
+    if len(sizes) > 1:
+        raise DataError(f"{root}: images have different sizes {sorted(sizes)}; resize them to one size first")
+    x = np.stack(arrays)
+    x = x[:, None] if gray else x.transpose(0, 3, 1, 2)
+    return np.ascontiguousarray(x), np.array([i for _, i in files], dtype=np.int64), classes

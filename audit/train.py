@@ -1,0 +1,209 @@
+"""Training the zoo models: seeded, deterministic on the CPU, resumable per epoch.
+
+The optimizer is looked up in ``OPTIMIZERS`` by name; other packages (``bort``) register theirs
+with :func:`register_optimizer`, so the trainer has one code path for all of them.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from audit.data import array_sha256, load_dataset
+from audit.errors import ConfigError, unknown_name
+from audit.zoo import build, save_checkpoint
+
+OptimizerFactory = Callable[[nn.Module, "TrainConfig"], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """How to build an optimizer, and its default learning rate and weight decay."""
+
+    factory: OptimizerFactory
+    lr: float
+    weight_decay: float
+    description: str
+
+
+OPTIMIZERS: dict[str, OptimizerSpec] = {}
+
+
+def register_optimizer(name: str, spec: OptimizerSpec) -> None:
+    """Make ``--optimizer name`` available to the trainer."""
+    OPTIMIZERS[name] = spec
+
+
+register_optimizer("sgd", OptimizerSpec(
+    lambda m, c: torch.optim.SGD(m.parameters(), lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay),
+    lr=0.02, weight_decay=5e-4, description="SGD with momentum"))
+register_optimizer("adamw", OptimizerSpec(
+    lambda m, c: torch.optim.AdamW(m.parameters(), lr=c.lr, weight_decay=c.weight_decay),
+    lr=1e-3, weight_decay=1e-2, description="AdamW (decoupled weight decay)"))
+
+
+@dataclass
+class TrainConfig:
+    """Everything that determines a training run; stored in the checkpoint's metadata.
+
+    ``lr`` and ``weight_decay`` default (None) to the optimizer's own defaults. ``options`` holds
+    optimizer-specific settings (e.g. Bort's gamma) that registered optimizers read.
+    """
+
+    arch: str = "cnn"
+    optimizer: str = "sgd"
+    epochs: int = 10
+    batch_size: int = 32
+    lr: float | None = None
+    momentum: float = 0.9
+    weight_decay: float | None = None
+    seed: int = 0
+    data: str = "fashion-mnist"
+    data_root: str | None = None
+    download: bool = False
+    train_limit: int | None = None
+    arch_options: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+
+    def resolved(self) -> "TrainConfig":
+        """A copy with the optimizer defaults filled in, after validating every field."""
+        spec = OPTIMIZERS.get(self.optimizer)
+        if spec is None:
+            raise unknown_name("optimizer", self.optimizer, OPTIMIZERS)
+        out = TrainConfig(**{**asdict(self), "lr": spec.lr if self.lr is None else self.lr,
+                             "weight_decay": spec.weight_decay if self.weight_decay is None else self.weight_decay})
+        checks = [("epochs", out.epochs >= 1), ("batch_size", out.batch_size >= 1),
+                  ("lr", np.isfinite(out.lr) and out.lr > 0), ("weight_decay", out.weight_decay >= 0),
+                  ("momentum", 0 <= out.momentum < 1),
+                  ("train_limit", out.train_limit is None or out.train_limit >= 1)]
+        for name, ok in checks:
+            if not ok:
+                raise ConfigError(f"invalid {name}={getattr(out, name)!r} in the training configuration")
+        return out
+
+
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 1000) -> float:
+    """Top-1 accuracy of ``model`` on (N, C, H, W) images ``x`` and (N,) labels ``y``."""
+    was_training = model.training
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(x), batch_size):
+            logits = model(torch.from_numpy(x[i:i + batch_size]))
+            correct += int((logits.argmax(1).numpy() == y[i:i + batch_size]).sum())
+    model.train(was_training)
+    return correct / max(len(x), 1)
+
+
+def _resume_path(out: Path | None) -> Path | None:
+    return None if out is None else Path(out).with_suffix(".resume.pt")
+
+
+def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: bool = False,
+          progress: bool = True, log: Callable[[str], None] = print) -> tuple[nn.Module, dict]:
+    """Train a zoo model and (with ``out``) save it as a checkpoint.
+
+    Parameters
+    ----------
+    config : TrainConfig
+    out : path, optional
+        Checkpoint path (``.pt``; the metadata goes beside it as ``.json``). A ``.resume.pt``
+        file beside it holds the state after each epoch until the run ends.
+    resume : bool
+        Continue from that per-epoch state when it exists.
+
+    Returns
+    -------
+    model : nn.Module in eval mode
+    metadata : dict, as written to the ``.json`` file
+    """
+    cfg = config.resolved()
+    start = time.perf_counter()
+    x_train, y_train = load_dataset(cfg.data, "train", cfg.data_root, download=cfg.download)
+    x_test, y_test = load_dataset(cfg.data, "test", cfg.data_root, download=cfg.download)
+    order = np.random.default_rng(cfg.seed).permutation(len(x_train))
+    if cfg.train_limit:
+        order = np.sort(order[:cfg.train_limit])
+    x_train, y_train = x_train[order], y_train[order]
+    num_classes = int(max(y_train.max(), y_test.max())) + 1
+
+    torch.manual_seed(cfg.seed)
+    model = build(cfg.arch, tuple(x_train.shape[1:]), num_classes, **cfg.arch_options)
+    optimizer = OPTIMIZERS[cfg.optimizer].factory(model, cfg)
+    shuffle = torch.Generator().manual_seed(cfg.seed)
+    history: list[dict] = []
+    first_epoch = 0
+    state_file = _resume_path(out)
+    if resume and state_file is not None and state_file.exists():
+        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        if state.get("config") != asdict(cfg):
+            raise ConfigError(f"{state_file} was written by a run with another configuration; "
+                              "delete it or rerun with that configuration")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        shuffle.set_state(state["shuffle"])
+        torch.set_rng_state(state["torch_rng"])
+        history, first_epoch = state["history"], state["epoch"]
+        log(f"resuming from {state_file} after epoch {first_epoch}")
+
+    xt, yt = torch.from_numpy(x_train), torch.from_numpy(y_train)
+    for epoch in range(first_epoch, cfg.epochs):
+        model.train()
+        t0 = time.perf_counter()
+        perm = torch.randperm(len(xt), generator=shuffle)
+        total_loss, correct = 0.0, 0
+        batches = range(0, len(perm), cfg.batch_size)
+        for i in tqdm(batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
+            idx = perm[i:i + cfg.batch_size]
+            xb, yb = xt[idx], yt[idx]
+            logits = model(xb)
+            loss = F.cross_entropy(logits, yb)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total_loss += float(loss.detach()) * len(idx)
+            correct += int((logits.argmax(1) == yb).sum())
+        record = {"epoch": epoch + 1, "loss": total_loss / len(xt), "train_accuracy": correct / len(xt),
+                  "seconds": time.perf_counter() - t0}
+        history.append(record)
+        if state_file is not None:
+            state_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = state_file.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "shuffle": shuffle.get_state(), "torch_rng": torch.get_rng_state(),
+                        "history": history, "epoch": epoch + 1, "config": asdict(cfg)}, tmp)
+            os.replace(tmp, state_file)
+        log(f"epoch {epoch + 1}/{cfg.epochs}: loss {record['loss']:.4f}, "
+            f"train accuracy {record['train_accuracy']:.4f} ({record['seconds']:.1f} s)")
+
+    model.eval()
+    accuracy = evaluate(model, x_test, y_test)
+    log(f"test accuracy {accuracy:.4f} on {len(x_test)} {cfg.data} test images")
+    meta = {
+        "arch": cfg.arch, "arch_options": cfg.arch_options, "in_shape": list(x_train.shape[1:]),
+        "num_classes": num_classes, "optimizer": cfg.optimizer,
+        "hyperparameters": {k: getattr(cfg, k) for k in ("lr", "momentum", "weight_decay", "batch_size", "epochs")}
+        | {"options": cfg.options},
+        "seed": cfg.seed, "epochs": cfg.epochs,
+        "data": {"name": cfg.data, "train_size": len(x_train), "test_size": len(x_test),
+                 "train_limit": cfg.train_limit, "sha256": array_sha256(x_train, y_train, x_test, y_test)},
+        "test_accuracy": accuracy, "history": history,
+        "wall_time_s": round(time.perf_counter() - start, 2),
+        "torch_version": torch.__version__, "python_version": platform.python_version(),
+    }
+    model.metadata = meta
+    if out is not None:
+        path = save_checkpoint(model, meta, out)
+        if state_file is not None and state_file.exists():
+            state_file.unlink()
+        log(f"saved {path} and {path.with_suffix('.json')}")
+    return model, meta

@@ -1,0 +1,73 @@
+"""Model zoo: ``build(name)`` for the architectures we audit, ``load_checkpoint`` for trained ones."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import nn
+
+from audit.errors import ModelError, unknown_name
+from audit.zoo.checkpoint import available_checkpoints, load_checkpoint, save_checkpoint
+from audit.zoo.imagenet import VGG16, ResNet50
+from audit.zoo.small import SmallCNN, SmallResNet, SmallVGG
+
+__all__ = ["ARCHS", "build", "load_checkpoint", "save_checkpoint", "available_checkpoints"]
+
+
+@dataclass(frozen=True)
+class Arch:
+    """An architecture: its constructor, the smallest spatial input it accepts, and a description."""
+
+    factory: Callable[..., nn.Module]
+    min_size: int
+    description: str
+
+
+ARCHS: dict[str, Arch] = {
+    "cnn": Arch(SmallCNN, 8, "Sixt et al. small CNN: 4 conv + 2 dense, max-pooling"),
+    "vgg": Arch(SmallVGG, 8, "VGG-11 style, 8 conv + 3 dense; batch_norm=True adds BatchNorm"),
+    "resnet": Arch(SmallResNet, 4, "ResNet-20: 3x3 basic blocks with BatchNorm and residual adds"),
+    "vgg16": Arch(VGG16, 32, "VGG-16, torchvision state_dict layout"),
+    "resnet50": Arch(ResNet50, 32, "ResNet-50, torchvision state_dict layout"),
+}
+
+
+def build(name: str, in_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10, **options) -> nn.Module:
+    """Build an untrained model of the zoo.
+
+    Parameters
+    ----------
+    name : str
+        One of ``ARCHS``: cnn, vgg, resnet, vgg16, resnet50.
+    in_shape : (C, H, W)
+        Shape of one input image.
+    num_classes : int
+        Number of logits.
+    **options
+        Architecture options, e.g. ``batch_norm=True`` for ``vgg``.
+
+    Returns
+    -------
+    nn.Module mapping (B, C, H, W) to (B, num_classes).
+    """
+    arch = ARCHS.get(name)
+    if arch is None:
+        raise unknown_name("architecture", name, ARCHS, ModelError)
+    try:
+        shape = tuple(int(s) for s in in_shape)
+    except (TypeError, ValueError):
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1 or shape != tuple(in_shape):
+        raise ModelError(f"in_shape must be (channels, height, width) of positive ints, got {in_shape!r}")
+    if min(shape[1:]) < arch.min_size:
+        raise ModelError(f"architecture {name!r} needs images of at least {arch.min_size}x{arch.min_size}, "
+                         f"got in_shape {shape}; resize the data or pick a smaller architecture")
+    if int(num_classes) < 1:
+        raise ModelError(f"num_classes must be >= 1, got {num_classes}")
+    accepted = set(inspect.signature(arch.factory).parameters) - {"in_shape", "num_classes"}
+    bad = set(options) - accepted
+    if bad:
+        raise ModelError(f"architecture {name!r} has no option {', '.join(sorted(bad))}; "
+                         f"options: {', '.join(sorted(accepted)) or 'none'}")
+    return arch.factory(in_shape=shape, num_classes=int(num_classes), **options)

@@ -1,0 +1,99 @@
+"""Checkpoints: a ``.pt`` state_dict beside a ``.json`` metadata file, written atomically.
+
+The metadata says how to rebuild the model (``arch``, ``in_shape``, ``num_classes``,
+``arch_options``) and how it was trained (optimizer, hyper-parameters, seed, data, accuracy).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from audit.errors import ModelError, unknown_name
+
+SHIPPED = resources.files("audit").joinpath("checkpoints")
+
+
+def available_checkpoints() -> dict[str, dict]:
+    """Shipped checkpoint names -> their metadata."""
+    out = {}
+    for entry in sorted(SHIPPED.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".json"):
+            out[entry.name[:-5]] = json.loads(entry.read_text())
+    return out
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def save_checkpoint(model: nn.Module, metadata: dict, path: str | os.PathLike) -> Path:
+    """Write ``path`` (.pt, the state_dict) and its .json metadata, each atomically.
+
+    Returns the .pt path.
+    """
+    pt = Path(path).with_suffix(".pt")
+    pt.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    _atomic_write(pt, lambda f: torch.save(state, f))
+    text = json.dumps(metadata, indent=2, sort_keys=True) + "\n"
+    _atomic_write(pt.with_suffix(".json"), lambda f: f.write(text.encode()))
+    return pt
+
+
+def _resolve(name_or_path: str | os.PathLike) -> tuple[Path, Path]:
+    text = str(name_or_path)
+    path = Path(text)
+    if path.suffix in (".pt", ".json") or path.exists() or path.with_suffix(".pt").exists():
+        pt, meta = path.with_suffix(".pt"), path.with_suffix(".json")
+        for f in (pt, meta):
+            if not f.exists():
+                raise ModelError(f"checkpoint {text}: {f} not found (a checkpoint is a .pt state_dict "
+                                 "beside a .json metadata file, as written by `attribution-audit train`)")
+        return pt, meta
+    names = available_checkpoints()
+    if text not in names:
+        raise unknown_name("checkpoint (neither a shipped name nor an existing path)", text, names, ModelError)
+    with resources.as_file(SHIPPED.joinpath(f"{text}.pt")) as pt, resources.as_file(SHIPPED.joinpath(f"{text}.json")) as meta:
+        return Path(pt), Path(meta)
+
+
+def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
+    """Load a shipped checkpoint by name, or one written by the trainer by path.
+
+    Returns the model in eval mode, with the metadata dict attached as ``model.metadata``.
+    """
+    from audit.zoo import build
+
+    pt, meta_path = _resolve(name_or_path)
+    try:
+        meta = json.loads(meta_path.read_text())
+        arch, in_shape, classes = meta["arch"], meta["in_shape"], meta["num_classes"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ModelError(f"{meta_path}: metadata must be JSON with arch, in_shape, num_classes ({exc})") from exc
+    model = build(arch, tuple(in_shape), classes, **meta.get("arch_options", {}))
+    try:
+        state = torch.load(pt, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for a corrupt file
+        raise ModelError(f"{pt}: not a readable state_dict ({exc})") from exc
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()
+        raise ModelError(f"{pt}: weights do not match the metadata ({arch}, in_shape {in_shape}, "
+                         f"{classes} classes): {' '.join(s.strip() for s in first[:4])}") from None
+    model.eval()
+    model.metadata = meta
+    return model

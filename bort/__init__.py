@@ -1,0 +1,1 @@
+"""Bort / DBort optimizers and constraint metrics."""

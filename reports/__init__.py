@@ -1,0 +1,1 @@
+"""Audit results to HTML / Markdown / LaTeX reports and figures."""

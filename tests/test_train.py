@@ -1,0 +1,94 @@
+import json
+
+import pytest
+import torch
+
+from audit.cli import main
+from audit.errors import ConfigError
+from audit.train import OPTIMIZERS, TrainConfig, train
+from audit.zoo import load_checkpoint
+
+SAMPLE = dict(data="fashion-mnist-sample", train_limit=256, batch_size=32)
+
+
+def _quiet(config, **kw):
+    return train(config, progress=False, log=lambda s: None, **kw)
+
+
+def _same_weights(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_same_seed_same_weights_bit_for_bit():
+    a, meta_a = _quiet(TrainConfig(arch="cnn", epochs=1, seed=3, **SAMPLE))
+    b, meta_b = _quiet(TrainConfig(arch="cnn", epochs=1, seed=3, **SAMPLE))
+    c, _ = _quiet(TrainConfig(arch="cnn", epochs=1, seed=4, **SAMPLE))
+    assert _same_weights(a, b)
+    assert not _same_weights(a, c)
+    assert meta_a["data"]["sha256"] == meta_b["data"]["sha256"]
+
+
+def test_metadata_and_checkpoint(tmp_path):
+    model, meta = _quiet(TrainConfig(arch="vgg", optimizer="adamw", epochs=2, seed=0,
+                                     arch_options={"batch_norm": True}, **SAMPLE), out=tmp_path / "v.pt")
+    on_disk = json.loads((tmp_path / "v.json").read_text())
+    assert on_disk == json.loads(json.dumps(meta))
+    assert meta["arch"] == "vgg" and meta["arch_options"] == {"batch_norm": True}
+    assert meta["optimizer"] == "adamw" and meta["hyperparameters"]["lr"] == OPTIMIZERS["adamw"].lr
+    assert meta["hyperparameters"]["batch_size"] == 32 and meta["epochs"] == 2 and meta["seed"] == 0
+    assert meta["data"]["train_size"] == 256 and meta["data"]["test_size"] == 200
+    assert len(meta["data"]["sha256"]) == 64 and meta["torch_version"] == torch.__version__
+    assert [h["epoch"] for h in meta["history"]] == [1, 2] and meta["wall_time_s"] > 0
+    assert 0.0 <= meta["test_accuracy"] <= 1.0
+    loaded = load_checkpoint(tmp_path / "v.pt")
+    x = torch.rand(4, 1, 28, 28)
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+    assert not (tmp_path / "v.resume.pt").exists()
+
+
+def test_resume_after_interruption_equals_uninterrupted_run(tmp_path):
+    config = TrainConfig(arch="cnn", epochs=3, seed=2, **SAMPLE)
+    full, _ = _quiet(config, out=tmp_path / "full.pt")
+
+    def crash_after_first_epoch(line):
+        if line.startswith("epoch 1/3"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config, out=tmp_path / "part.pt", progress=False, log=crash_after_first_epoch)
+    assert (tmp_path / "part.resume.pt").exists() and not (tmp_path / "part.pt").exists()
+    resumed, meta = _quiet(config, out=tmp_path / "part.pt", resume=True)
+    assert _same_weights(full, resumed)
+    assert [h["epoch"] for h in meta["history"]] == [1, 2, 3]
+
+
+def test_bad_training_config():
+    with pytest.raises(ConfigError, match="unknown optimizer 'sdg'.*valid: adamw, .*sgd"):
+        TrainConfig(optimizer="sdg").resolved()
+    for bad in [dict(lr=-1.0), dict(lr=float("nan")), dict(epochs=0), dict(batch_size=0), dict(momentum=1.0),
+                dict(weight_decay=-0.1), dict(train_limit=0)]:
+        with pytest.raises(ConfigError, match="invalid"):
+            TrainConfig(**bad).resolved()
+
+
+def test_cli_train_and_errors(tmp_path, capsys):
+    rc = main(["train", "--arch", "cnn", "--data", "fashion-mnist-sample", "--epochs", "1", "--train-limit", "64",
+               "--out", str(tmp_path / "c.pt"), "--quiet"])
+    assert rc == 0 and (tmp_path / "c.json").exists()
+    assert main(["train", "--optimizer", "rmsprop", "--out", str(tmp_path / "x.pt")]) == 2
+    assert "unknown optimizer 'rmsprop'" in capsys.readouterr().err
+    assert main(["train", "--data", "svhn", "--out", str(tmp_path / "x.pt")]) == 2
+    assert "unknown data set 'svhn'" in capsys.readouterr().err
+    assert main(["models"]) == 0
+    assert "resnet50" in capsys.readouterr().out
+
+
+def test_one_epoch_on_5000_fashion_mnist_images(full_fashion_mnist, tmp_path, capsys):
+    """The foundation's acceptance run: >= 75 % test accuracy on the full 10,000-image test split."""
+    rc = main(["train", "--arch", "cnn", "--optimizer", "sgd", "--epochs", "1", "--train-limit", "5000",
+               "--out", str(tmp_path / "cnn.pt"), "--quiet"])
+    assert rc == 0
+    meta = json.loads((tmp_path / "cnn.json").read_text())
+    assert meta["data"]["test_size"] == 10000 and meta["data"]["train_size"] == 5000
+    assert meta["test_accuracy"] >= 0.75, meta["test_accuracy"]

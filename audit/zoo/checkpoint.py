@@ -22,6 +22,8 @@ SHIPPED = resources.files("audit").joinpath("checkpoints")
 def available_checkpoints() -> dict[str, dict]:
     """Shipped checkpoint names -> their metadata."""
     out = {}
+    if not SHIPPED.is_dir():
+        return out
     for entry in sorted(SHIPPED.iterdir(), key=lambda p: p.name):
         if entry.name.endswith(".json"):
             out[entry.name[:-5]] = json.loads(entry.read_text())

@@ -5,17 +5,31 @@ import argparse
 import sys
 from typing import Sequence
 
-from audit.errors import AuditError
+from audit.errors import AuditError, ConfigError
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"expected a number or 'adaptive', got {text!r}") from None
 
 
 def _train(args: argparse.Namespace) -> int:
     from audit.train import TrainConfig, train
 
     arch_options = {"batch_norm": True} if args.batch_norm else {}
+    amplitude = args.amplitude if args.amplitude in (None, "adaptive") else _number(args.amplitude)
+    options = {k: v for k, v in (("gamma", args.gamma), ("amplitude", amplitude), ("mode", args.bort_mode))
+               if v is not None}
+    if options and not args.optimizer.startswith("bort"):
+        raise ConfigError(f"--gamma / --amplitude / --bort-mode need --optimizer bort or bort-adamw, "
+                          f"not {args.optimizer!r}")
     config = TrainConfig(arch=args.arch, optimizer=args.optimizer, epochs=args.epochs, batch_size=args.batch_size,
                          lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay, seed=args.seed,
                          data=args.data, data_root=args.data_root, download=args.download,
-                         train_limit=args.train_limit, arch_options=arch_options)
+                         train_limit=args.train_limit, arch_options=arch_options, options=options,
+                         dbort=args.dbort, schedule=args.schedule)
     train(config, out=args.out, resume=args.resume, progress=not args.quiet)
     return 0
 
@@ -33,6 +47,23 @@ def _models(args: argparse.Namespace) -> int:
               f"({meta['data']['name']}, {meta['epochs']} epochs)")
     if not shipped:
         print("  (none yet)")
+    return 0
+
+
+def _retrain_shipped(args: argparse.Namespace) -> int:
+    from audit.train import train
+    from audit.zoo.checkpoint import SHIPPED
+    from audit.zoo.recipes import RECIPES
+
+    names = args.names or list(RECIPES)
+    for name in names:
+        if name not in RECIPES:
+            from audit.errors import unknown_name
+            raise unknown_name("shipped checkpoint", name, RECIPES)
+    out_dir = args.out_dir or str(SHIPPED)
+    for name in names:
+        print(f"== {name}", flush=True)
+        train(RECIPES[name], out=f"{out_dir}/{name}.pt", resume=True, progress=not args.quiet)
     return 0
 
 
@@ -64,6 +95,12 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--data-root", default=None, help="folder looked in first")
     t.add_argument("--download", action="store_true", help="fetch the official files when missing")
     t.add_argument("--train-limit", type=int, default=None, help="train on a seeded subset of N images")
+    t.add_argument("--schedule", default="constant", help="constant or cosine")
+    t.add_argument("--gamma", type=float, default=None, help="Bort: correction strength (default 0.05)")
+    t.add_argument("--amplitude", default=None, help="Bort: c in W W^T = c I, a number or 'adaptive' (default 1)")
+    t.add_argument("--bort-mode", default=None, help="Bort: l2-full, l1-full-row (default), l1-full-col, "
+                                                     "l2-row, l2-col, l1-row, l1-col")
+    t.add_argument("--dbort", action="store_true", help="add DBort's auxiliary loss")
     t.add_argument("--out", required=True, help="checkpoint path (.pt; metadata beside it as .json)")
     t.add_argument("--resume", action="store_true", help="continue from the per-epoch state beside --out")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -71,6 +108,12 @@ def parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("models", help="list architectures and shipped checkpoints")
     m.set_defaults(func=_models)
+
+    r = sub.add_parser("retrain-shipped", help="retrain the shipped checkpoints from their recipes (resumable)")
+    r.add_argument("names", nargs="*", help="default: all")
+    r.add_argument("--out-dir", default=None, help="default: the package's checkpoint folder")
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(func=_retrain_shipped)
 
     d = sub.add_parser("demo", help="the main job on the embedded sample")
     d.add_argument("--seed", type=int, default=0)

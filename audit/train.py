@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from audit.data import array_sha256, load_dataset
 from audit.errors import ConfigError, unknown_name
 from audit.zoo import build, save_checkpoint
+from bort.dbort import dbort_loss
 
 OptimizerFactory = Callable[[nn.Module, "TrainConfig"], torch.optim.Optimizer]
 
@@ -51,12 +52,36 @@ register_optimizer("adamw", OptimizerSpec(
     lr=1e-3, weight_decay=1e-2, description="AdamW (decoupled weight decay)"))
 
 
+def _bort_factory(kind):
+    def factory(model: nn.Module, c: "TrainConfig") -> torch.optim.Optimizer:
+        from bort.optim import Bort, BortAdamW, param_groups
+
+        o = {**BORT_DEFAULTS, **c.options}
+        groups = param_groups(model, o["gamma"], c.weight_decay)
+        common = dict(lr=c.lr, weight_decay=c.weight_decay, gamma=o["gamma"], amplitude=o["amplitude"], mode=o["mode"])
+        return Bort(groups, momentum=c.momentum, **common) if kind == "sgd" else BortAdamW(groups, **common)
+    return factory
+
+
+# The reference recipe's Bort settings (DESIGN.md 3.5); TrainConfig.options overrides them.
+BORT_DEFAULTS = {"gamma": 0.05, "amplitude": 1.0, "mode": "l1-full-row"}
+register_optimizer("bort", OptimizerSpec(_bort_factory("sgd"), lr=0.02, weight_decay=5e-4,
+                                         description="Bort, SGD form (Zhang et al. 2023)"))
+register_optimizer("bort-adamw", OptimizerSpec(_bort_factory("adamw"), lr=1e-3, weight_decay=1e-2,
+                                               description="Bort, decoupled AdamW form"))
+
+
+SCHEDULES = ("constant", "cosine")
+
+
 @dataclass
 class TrainConfig:
     """Everything that determines a training run; stored in the checkpoint's metadata.
 
     ``lr`` and ``weight_decay`` default (None) to the optimizer's own defaults. ``options`` holds
-    optimizer-specific settings (e.g. Bort's gamma) that registered optimizers read.
+    optimizer-specific settings (Bort's gamma, amplitude, mode) that registered optimizers read.
+    ``dbort`` adds DBort's auxiliary loss (``bort.dbort.dbort_loss``) to the cross-entropy.
+    ``schedule``: ``constant`` learning rate, or ``cosine`` annealing to zero over the epochs.
     """
 
     arch: str = "cnn"
@@ -73,6 +98,8 @@ class TrainConfig:
     train_limit: int | None = None
     arch_options: dict = field(default_factory=dict)
     options: dict = field(default_factory=dict)
+    dbort: bool = False
+    schedule: str = "constant"
 
     def resolved(self) -> "TrainConfig":
         """A copy with the optimizer defaults filled in, after validating every field."""
@@ -84,7 +111,8 @@ class TrainConfig:
         checks = [("epochs", out.epochs >= 1), ("batch_size", out.batch_size >= 1),
                   ("lr", np.isfinite(out.lr) and out.lr > 0), ("weight_decay", out.weight_decay >= 0),
                   ("momentum", 0 <= out.momentum < 1),
-                  ("train_limit", out.train_limit is None or out.train_limit >= 1)]
+                  ("train_limit", out.train_limit is None or out.train_limit >= 1),
+                  ("schedule", out.schedule in SCHEDULES)]
         for name, ok in checks:
             if not ok:
                 raise ConfigError(f"invalid {name}={getattr(out, name)!r} in the training configuration")
@@ -140,6 +168,8 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
     model = build(cfg.arch, tuple(x_train.shape[1:]), num_classes, **cfg.arch_options)
     optimizer = OPTIMIZERS[cfg.optimizer].factory(model, cfg)
     shuffle = torch.Generator().manual_seed(cfg.seed)
+    factor = (lambda e: 0.5 * (1 + np.cos(np.pi * e / cfg.epochs))) if cfg.schedule == "cosine" else (lambda e: 1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     history: list[dict] = []
     first_epoch = 0
     state_file = _resume_path(out)
@@ -150,6 +180,7 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
                               "delete it or rerun with that configuration")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
         shuffle.set_state(state["shuffle"])
         torch.set_rng_state(state["torch_rng"])
         history, first_epoch = state["history"], state["epoch"]
@@ -167,11 +198,14 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
             xb, yb = xt[idx], yt[idx]
             logits = model(xb)
             loss = F.cross_entropy(logits, yb)
+            if cfg.dbort:
+                loss = loss + dbort_loss(logits)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             total_loss += float(loss.detach()) * len(idx)
             correct += int((logits.argmax(1) == yb).sum())
+        scheduler.step()
         record = {"epoch": epoch + 1, "loss": total_loss / len(xt), "train_accuracy": correct / len(xt),
                   "seconds": time.perf_counter() - t0}
         history.append(record)
@@ -179,6 +213,7 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
             state_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = state_file.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
                         "shuffle": shuffle.get_state(), "torch_rng": torch.get_rng_state(),
                         "history": history, "epoch": epoch + 1, "config": asdict(cfg)}, tmp)
             os.replace(tmp, state_file)
@@ -191,14 +226,16 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
     meta = {
         "arch": cfg.arch, "arch_options": cfg.arch_options, "in_shape": list(x_train.shape[1:]),
         "num_classes": num_classes, "optimizer": cfg.optimizer,
-        "hyperparameters": {k: getattr(cfg, k) for k in ("lr", "momentum", "weight_decay", "batch_size", "epochs")}
-        | {"options": cfg.options},
+        "hyperparameters": {k: getattr(cfg, k) for k in ("lr", "momentum", "weight_decay", "batch_size", "epochs",
+                                                         "dbort", "schedule")}
+        | {"options": {**BORT_DEFAULTS, **cfg.options} if cfg.optimizer.startswith("bort") else cfg.options},
         "seed": cfg.seed, "epochs": cfg.epochs,
         "data": {"name": cfg.data, "train_size": len(x_train), "test_size": len(x_test),
                  "train_limit": cfg.train_limit, "sha256": array_sha256(x_train, y_train, x_test, y_test)},
         "test_accuracy": accuracy, "history": history,
         "wall_time_s": round(time.perf_counter() - start, 2),
         "torch_version": torch.__version__, "python_version": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
     }
     model.metadata = meta
     if out is not None:

@@ -1,0 +1,38 @@
+"""How far a model's weights are from bounded orthogonality."""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+from torch import nn
+
+from bort.optim import constrained_parameters
+
+
+def constraint_error(model: nn.Module, amplitude: float | None = None) -> pd.DataFrame:
+    """Per conv / linear layer: orthogonality and boundedness errors on the feasible side.
+
+    W is viewed as (out, n). The feasible side is the rows when out <= n (G = W W^T, out x out),
+    else the columns (G = W^T W, n x n). With c the amplitude (default: tr(G) / dim, the c that
+    best fits G, which makes the error scale-free):
+
+    * ``orth_error`` = ||G - cI||_F / ||cI||_F
+    * ``bound_error`` = RMS over rows (columns) of (||w_i|| - sqrt(c)) / sqrt(c)
+
+    Returns
+    -------
+    pandas.DataFrame with columns layer, out, n, side, c, orth_error, bound_error.
+    """
+    rows = []
+    for name, p in constrained_parameters(model):
+        w = p.detach().double().reshape(p.shape[0], -1)
+        side = "rows" if w.shape[0] <= w.shape[1] else "columns"
+        gram = w @ w.T if side == "rows" else w.T @ w
+        dim = gram.shape[0]
+        c = float(gram.diagonal().mean()) if amplitude is None else float(amplitude)
+        eye = torch.eye(dim, dtype=gram.dtype)
+        orth = float((gram - c * eye).norm() / (c * dim ** 0.5))
+        norms = gram.diagonal().clamp_min(0).sqrt()
+        bound = float(((norms - c ** 0.5) / c ** 0.5).pow(2).mean().sqrt())
+        rows.append({"layer": name.removesuffix(".weight"), "out": w.shape[0], "n": w.shape[1], "side": side,
+                     "c": c, "orth_error": orth, "bound_error": bound})
+    return pd.DataFrame(rows, columns=["layer", "out", "n", "side", "c", "orth_error", "bound_error"])

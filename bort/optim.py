@@ -1,0 +1,173 @@
+"""Bort optimizers (Zhang et al., ICLR 2023): SGD and AdamW with a bounded-orthogonality correction.
+
+Each constrained parameter (ndim >= 2) is viewed as W (out, n) and corrected by
+gamma * Delta(W) (see :mod:`bort.corrections`):
+
+* :class:`Bort` (SGD form): g <- grad + gamma Delta(W) + wd W; momentum; W <- W - lr g.
+* :class:`BortAdamW` (decoupled): W <- W (1 - lr wd); W <- W - lr gamma Delta(W); then Adam on grad.
+
+With gamma = 0 they are exactly ``torch.optim.SGD`` and ``torch.optim.AdamW``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from audit.errors import ConfigError
+from bort.corrections import check_amplitude, check_mode, correction, feasible_mode
+
+
+def _check(name: str, value: float, upper: float | None = None) -> None:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (upper and value >= upper):
+        bound = f" and < {upper}" if upper else ""
+        raise ConfigError(f"Bort: {name} must be finite, >= 0{bound}; got {value!r}")
+
+
+class _BortBase(torch.optim.Optimizer):
+    def __init__(self, params, defaults: dict):
+        for group in [defaults] + [g for g in (params if isinstance(params, list) else []) if isinstance(g, dict)]:
+            self._validate(group)
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def _validate(group: dict) -> None:
+        for key in ("lr", "weight_decay", "gamma"):
+            if key in group:
+                _check(key, group[key])
+        if "momentum" in group:
+            _check("momentum", group["momentum"], 1.0)
+        if "mode" in group:
+            check_mode(group["mode"])
+        if "amplitude" in group:
+            group["amplitude"] = check_amplitude(group["amplitude"])
+
+    def add_param_group(self, param_group: dict) -> None:
+        self._validate(param_group)
+        super().add_param_group(param_group)
+
+    @staticmethod
+    def _delta(p: torch.Tensor, group: dict) -> torch.Tensor | None:
+        """gamma * Delta(W) shaped like p, or None when p is not constrained."""
+        if group["gamma"] == 0 or p.ndim < 2:
+            return None
+        w = p.detach().reshape(p.shape[0], -1)
+        mode = feasible_mode(group["mode"], w.shape) if group["feasible_side"] else group["mode"]
+        return correction(w, mode, group["amplitude"]).reshape(p.shape).mul_(group["gamma"])
+
+
+class Bort(_BortBase):
+    """Bort, SGD form: the correction joins the gradient before momentum.
+
+    Parameters
+    ----------
+    params : iterable of parameters or param groups (see :func:`param_groups`)
+    lr, momentum, weight_decay : as ``torch.optim.SGD`` (no dampening, no Nesterov)
+    gamma : float
+        Strength of the correction; 0 disables it.
+    amplitude : float or "adaptive"
+        c in W W^T = c I; "adaptive" recomputes the squared mean row norm each step.
+    mode : str
+        One of :data:`bort.corrections.MODES`.
+    feasible_side : bool
+        Apply row modes to the columns of tall weights (out > in k k), the only feasible side.
+    """
+
+    def __init__(self, params: Iterable, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                 gamma: float = 0.05, amplitude: float | str = 1.0, mode: str = "l1-full-row",
+                 feasible_side: bool = True):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma,
+                                      amplitude=amplitude, mode=mode, feasible_side=feasible_side))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                delta = self._delta(p, group)
+                if delta is not None:
+                    g = g.add(delta)
+                if group["weight_decay"]:
+                    g = g.add(p, alpha=group["weight_decay"])
+                if group["momentum"]:
+                    state = self.state[p]
+                    buf = state.get("momentum_buffer")
+                    if buf is None:
+                        buf = state["momentum_buffer"] = torch.clone(g).detach()
+                    else:
+                        buf.mul_(group["momentum"]).add_(g)
+                    g = buf
+                p.add_(g, alpha=-group["lr"])
+        return loss
+
+
+class BortAdamW(_BortBase):
+    """Bort, AdamW form: decoupled weight decay, then the correction, then Adam on the task gradient.
+
+    Parameters as :class:`Bort`, with ``betas`` and ``eps`` as ``torch.optim.AdamW``.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, gamma: float = 0.05,
+                 amplitude: float | str = 1.0, mode: str = "l1-full-row", feasible_side: bool = True):
+        for b in betas:
+            _check("betas", b, 1.0)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, gamma=gamma,
+                                      amplitude=amplitude, mode=mode, feasible_side=feasible_side))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                delta = self._delta(p, group)
+                if delta is not None:
+                    p.sub_(delta, alpha=group["lr"])
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                step = float(state["step"])
+                state["exp_avg"].lerp_(p.grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                step_size = group["lr"] / (1 - beta1 ** step)
+                denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** step)).add_(group["eps"])
+                p.addcdiv_(state["exp_avg"], denom, value=-step_size)
+        return loss
+
+
+def constrained_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The conv and linear weights of ``model``: the parameters Bort constrains."""
+    kinds = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+    return [(f"{name}.weight" if name else "weight", m.weight) for name, m in model.named_modules()
+            if isinstance(m, kinds) and m.weight is not None]
+
+
+def param_groups(model: nn.Module, gamma: float, weight_decay: float = 0.0) -> list[dict]:
+    """Two param groups: conv / linear weights with ``gamma``; everything else (biases, norms) gamma 0.
+
+    Both groups get ``weight_decay``, so with gamma = 0 training equals the plain optimizer's.
+    """
+    weights = {id(p) for _, p in constrained_parameters(model)}
+    constrained = [p for p in model.parameters() if id(p) in weights]
+    free = [p for p in model.parameters() if id(p) not in weights]
+    groups = [{"params": constrained, "gamma": gamma, "weight_decay": weight_decay},
+              {"params": free, "gamma": 0.0, "weight_decay": weight_decay}]
+    return [g for g in groups if g["params"]]

@@ -56,6 +56,9 @@ def _bort_factory(kind):
     def factory(model: nn.Module, c: "TrainConfig") -> torch.optim.Optimizer:
         from bort.optim import Bort, BortAdamW, param_groups
 
+        unknown = set(c.options) - set(BORT_DEFAULTS)
+        if unknown:
+            raise ConfigError(f"unknown Bort option(s) {', '.join(sorted(unknown))}; valid: {', '.join(BORT_DEFAULTS)}")
         o = {**BORT_DEFAULTS, **c.options}
         groups = param_groups(model, o["gamma"], c.weight_decay)
         common = dict(lr=c.lr, weight_decay=c.weight_decay, gamma=o["gamma"], amplitude=o["amplitude"], mode=o["mode"])

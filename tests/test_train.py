@@ -92,3 +92,28 @@ def test_one_epoch_on_5000_fashion_mnist_images(full_fashion_mnist, tmp_path, ca
     meta = json.loads((tmp_path / "cnn.json").read_text())
     assert meta["data"]["test_size"] == 10000 and meta["data"]["train_size"] == 5000
     assert meta["test_accuracy"] >= 0.75, meta["test_accuracy"]
+
+
+def test_cli_bort_options_are_recorded(tmp_path):
+    rc = main(["train", "--arch", "cnn", "--data", "fashion-mnist-sample", "--epochs", "1", "--train-limit", "64",
+               "--optimizer", "bort", "--gamma", "0.1", "--amplitude", "adaptive", "--bort-mode", "l2-full",
+               "--dbort", "--out", str(tmp_path / "b.pt"), "--quiet"])
+    assert rc == 0
+    meta = json.loads((tmp_path / "b.json").read_text())
+    assert meta["optimizer"] == "bort" and meta["hyperparameters"]["dbort"] is True
+    assert meta["hyperparameters"]["options"] == {"gamma": 0.1, "amplitude": "adaptive", "mode": "l2-full"}
+
+
+def test_bort_options_bad_input(tmp_path, capsys):
+    base = ["train", "--data", "fashion-mnist-sample", "--epochs", "1", "--train-limit", "32", "--quiet",
+            "--out", str(tmp_path / "x.pt")]
+    assert main(base + ["--gamma", "0.1"]) == 2
+    assert "need --optimizer bort" in capsys.readouterr().err
+    assert main(base + ["--optimizer", "bort", "--gamma", "-1"]) == 2
+    assert "gamma must be finite, >= 0" in capsys.readouterr().err
+    assert main(base + ["--optimizer", "bort-adamw", "--bort-mode", "l1-full"]) == 2
+    assert "unknown Bort mode 'l1-full'" in capsys.readouterr().err
+    assert main(base + ["--optimizer", "bort", "--amplitude", "big"]) == 2
+    assert "expected a number or 'adaptive'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="unknown Bort option"):
+        _quiet(TrainConfig(optimizer="bort", options={"gama": 0.1}, **SAMPLE))

@@ -31,3 +31,7 @@ def unknown_name(kind: str, name: object, valid: Iterable[str], error: type[Audi
     close = difflib.get_close_matches(str(name), valid, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return error(f"unknown {kind} {name!r}; valid: {', '.join(valid)}.{hint}")
+
+
+class AttributionError(AuditError):
+    """A model or request the attribution engine cannot handle: the node, its type, what to do."""

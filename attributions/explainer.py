@@ -1,0 +1,255 @@
+"""The Explainer: one object per (model, method), with captum's ``attribute`` interface.
+
+The forward pass runs every node of the traced graph functionally and keeps its output; the
+backward pass walks the nodes in reverse, asking each node's rule for its inputs' signals. The
+signal carries a leading K axis, so ``propagate`` pushes K injected vectors through ONE backward
+pass over one forward pass. The user's model is only read: no hooks, no mode switches, no copies.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from captum.attr import Attribution, IntegratedGradients, NoiseTunnel
+from captum.log import log_usage
+from torch import nn
+
+from attributions.controls import sobel_magnitude
+from attributions.graph import LINEAR_KINDS, Graph, trace
+from attributions.layers import OPS, pool
+from attributions.methods import Method, build_method
+from attributions.rules import Context
+from audit.errors import AttributionError
+
+
+class Explainer(Attribution):
+    """Attribution maps and backward-chain signals of one method on one model.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Any traceable model mapping (B, ...) inputs to (B, classes) logits. Evaluated with eval
+        semantics (BatchNorm running statistics, no dropout) whatever its mode; never modified.
+    method : str
+        A name from :func:`attributions.available_methods`.
+    **params
+        The method's parameters, e.g. ``epsilon=1e-6``.
+
+    Examples
+    --------
+    >>> ex = Explainer(model, "lrp-epsilon-plus", epsilon=1e-6)
+    >>> maps = ex.attribute(x, target=y)                 # shaped like x
+    >>> taps = ex.propagate(x, inject_at="classifier.2", vectors=torch.randn(5, *logits.shape))
+    """
+
+    def __init__(self, model: nn.Module, method: str, **params):
+        if not isinstance(model, nn.Module):
+            raise AttributionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.method: Method = build_method(method, **params)
+        self.graph: Graph | None = trace(model) if self.method.engine != "control" else None
+        self._ops = {n.name: OPS[n.kind](n) for n in self.graph.nodes if n.kind in LINEAR_KINDS} if self.graph else {}
+        self._first = self.graph.first_layers() if self.graph else set()
+        self._noise = torch.Generator().manual_seed(self.method.params.get("seed", 0))
+        Attribution.__init__(self, self.forward)
+
+    # --- introspection -----------------------------------------------------------------------------
+
+    @property
+    def layers(self) -> list[str]:
+        """Recordable / injectable node names, in forward order."""
+        self._need_graph("layers")
+        return self.graph.layers
+
+    def has_convergence_delta(self) -> bool:
+        return False
+
+    @property
+    def multiplies_by_inputs(self) -> bool:
+        return self.method.signal != "gradient" or self.method.times_input
+
+    def __repr__(self) -> str:
+        return f"Explainer({type(self.model).__name__}, {self.method.name!r})"
+
+    # --- forward -----------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's output computed by the graph (eval semantics); differentiable."""
+        self._need_graph("forward")
+        return self._run(x)[self.graph.output]
+
+    def _run(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        env = {"input": x}
+        for node in self.graph.nodes[1:]:
+            env[node.name] = self._eval(node, env)
+        return env
+
+    def _eval(self, node, env):
+        kind = node.kind
+        x = env[node.inputs[0]] if node.inputs else None
+        if kind in LINEAR_KINDS:
+            op = self._ops[node.name]
+            w, b = op.weights()
+            return op.forward(x, w, b)
+        if kind == "relu":
+            return F.relu(x)
+        if kind == "leaky_relu":
+            return F.leaky_relu(x, node.params["negative_slope"])
+        if kind == "maxpool":
+            return pool(node, x)
+        if kind == "add":
+            return env[node.inputs[0]] + env[node.inputs[1]]
+        if kind == "cat":
+            return torch.cat([env[i] for i in node.inputs], dim=node.params["dim"])
+        if kind == "pass":
+            return x
+        if isinstance(node.module, nn.Flatten):
+            return x.flatten(node.module.start_dim, node.module.end_dim)
+        if isinstance(node.module, nn.Unflatten):
+            return x.unflatten(node.module.dim, node.module.unflattened_size)
+        return node.evaluate(env)  # reshape-like methods and non-tensor values
+
+    # --- backward ----------------------------------------------------------------------------------
+
+    def _backward(self, env: dict, ref: dict | None, start: str, signal: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Propagate ``signal`` (K, B, ...) from node ``start`` down to the input; every node's signal."""
+        rules = self.method.rules
+        pending = {start: signal}
+        taps = {}
+        names = [n.name for n in self.graph.nodes]
+        for node in reversed(self.graph.nodes[: names.index(start) + 1]):
+            s = pending.pop(node.name, None)
+            if s is None:
+                continue
+            taps[node.name] = s
+            if node.kind == "input":
+                break
+            kind = node.kind
+            inputs = [env[i] for i in node.inputs]
+            if kind in LINEAR_KINDS or kind in ("relu", "leaky_relu", "maxpool", "add"):
+                rule = rules["first"] if (node.name in self._first and "first" in rules) else rules[kind]
+                ctx = Context(node, inputs, env[node.name], self._ops.get(node.name),
+                              [ref[i] for i in node.inputs] if ref else None, ref[node.name] if ref else None)
+                outs = rule.backward(ctx, s)
+                targets = node.inputs
+            elif kind == "cat":
+                sizes = [env[i].shape[node.params["dim"]] for i in node.inputs]
+                dim = node.params["dim"] % env[node.name].ndim + 1
+                outs, targets = list(torch.split(s, sizes, dim=dim)), node.inputs
+            else:  # reshape-like and pass: the signal takes the first input's shape
+                x = inputs[0]
+                outs, targets = [s.reshape(s.shape[0], *x.shape)], node.inputs[:1]
+            for name, o in zip(targets, outs):
+                pending[name] = o if name not in pending else pending[name] + o
+        return taps
+
+    def _signals(self, x: torch.Tensor, start: str, make_signal) -> tuple[dict, dict]:
+        with torch.no_grad():
+            env = self._run(x)
+            ref = self._run(torch.zeros_like(x[:1])) if self.method.signal == "multiplier" else None
+            taps = self._backward(env, ref, start, make_signal(env))
+        if ref is not None:  # DeepLIFT's signal: multiplier times the difference from the reference
+            taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
+        return taps, env
+
+    # --- public API --------------------------------------------------------------------------------
+
+    @log_usage()
+    def attribute(self, inputs, target=None, **kwargs) -> torch.Tensor:
+        """Attribution maps for ``inputs`` (B, ...), shaped like the inputs.
+
+        Parameters
+        ----------
+        inputs : tensor (B, ...), or a 1-tuple of it (captum style)
+        target : int, (B,) tensor or list, or None for the predicted class
+        **kwargs : passed to captum for ``integrated-gradients`` (e.g. ``n_steps``)
+        """
+        as_tuple = isinstance(inputs, tuple)
+        x = self._check_input(inputs[0] if as_tuple else inputs)
+        m = self.method
+        if m.engine == "control":
+            maps = sobel_magnitude(x) if m.name == "edge" else torch.randn(x.shape, generator=self._noise).to(x)
+        elif m.name == "integrated-gradients":
+            t = self._targets(self.forward(x).detach(), target)
+            n_steps = kwargs.pop("n_steps", m.params["n_steps"])
+            maps = IntegratedGradients(self.forward).attribute(x, target=t, n_steps=n_steps, **kwargs).detach()
+        elif m.name == "smoothgrad":
+            t = self._targets(self.forward(x).detach(), target)
+            sigma = m.params["noise"] * float(x.max() - x.min())
+            maps = NoiseTunnel(Explainer(self.model, "gradient")).attribute(
+                x, nt_type="smoothgrad", nt_samples=m.params["samples"], stdevs=sigma, target=t).detach()
+        else:
+            def start(env):
+                logits = env[self.graph.output]
+                t = self._targets(logits, target)
+                onehot = torch.zeros_like(logits).scatter_(1, t[:, None], 1.0)
+                return (onehot * logits if m.output == "logit" else onehot)[None]
+
+            taps, _ = self._signals(x, self.graph.output, start)
+            maps = taps["input"][0]
+            if m.times_input:
+                maps = maps * x
+        return (maps,) if as_tuple else maps
+
+    def propagate(self, x: torch.Tensor, inject_at: str, vectors: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Inject K vectors as the backward signal at ``inject_at`` and record the signal below.
+
+        Parameters
+        ----------
+        x : (B, ...) inputs
+        inject_at : a name from :attr:`layers`
+        vectors : (K, B, *shape of that node's output)
+
+        Returns
+        -------
+        dict : {node name: (K, B, *node shape)} for every node below ``inject_at`` that the signal
+            reaches, plus ``"input"``. One forward pass and one batched backward pass.
+        """
+        if not self.method.chain:
+            raise AttributionError(f"{self.method.name!r} is not a backward chain of rules; propagate supports "
+                                   f"the graph methods only")
+        x = self._check_input(x)
+        if inject_at not in self.graph.layers:
+            from audit.errors import unknown_name
+            raise unknown_name("layer", inject_at, self.graph.layers, AttributionError)
+
+        def start(env):
+            expected = (env[inject_at].shape[0],) + tuple(env[inject_at].shape[1:])
+            if vectors.ndim < 2 or tuple(vectors.shape[1:]) != expected:
+                raise AttributionError(f"vectors must be (K, {', '.join(map(str, expected))}) for layer "
+                                       f"{inject_at!r}, got {tuple(vectors.shape)}")
+            return vectors.to(env[inject_at].dtype)
+
+        taps, _ = self._signals(x, inject_at, start)
+        taps.pop(inject_at, None)
+        return taps
+
+    # --- checks ------------------------------------------------------------------------------------
+
+    def _need_graph(self, what: str) -> None:
+        if self.graph is None:
+            raise AttributionError(f"{what} is not available for the control method {self.method.name!r}")
+
+    @staticmethod
+    def _check_input(x) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise AttributionError(f"inputs must be a floating-point tensor (B, ...), got "
+                                   f"{getattr(x, 'dtype', type(x).__name__)}")
+        if x.ndim < 2 or x.shape[0] == 0:
+            raise AttributionError(f"inputs must have a batch axis and at least one sample, got shape {tuple(x.shape)}")
+        if not torch.isfinite(x).all():
+            raise AttributionError("inputs contain NaN or infinite values")
+        return x.detach()
+
+    @staticmethod
+    def _targets(logits: torch.Tensor, target) -> torch.Tensor:
+        b, classes = logits.shape[0], logits.shape[1]
+        if target is None:
+            return logits.argmax(1)
+        t = torch.as_tensor(target, dtype=torch.long)
+        if t.ndim == 0:
+            t = t.expand(b)
+        if t.shape != (b,):
+            raise AttributionError(f"target must be an int or have shape ({b},), got shape {tuple(t.shape)}")
+        if bool(((t < 0) | (t >= classes)).any()):
+            raise AttributionError(f"target out of range: the model has {classes} classes, got {t.tolist()}")
+        return t

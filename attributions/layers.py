@@ -1,0 +1,170 @@
+"""Linear operations of the graph (dense, conv, affine BatchNorm, average pooling) as one interface.
+
+Rules see a layer only through :class:`LinearOp`: ``forward(x, W, b)`` and ``transpose(s, W)``
+(the vector-Jacobian product of the bias-free map), with the effective weights (BatchNorm
+folded) and their sign parts. Signals carry a leading K axis: (K, B, ...), stored activations
+are (B, ...), so K injected vectors share one forward pass.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attributions.graph import Node
+
+
+class LinearOp:
+    """z = W x + b for one node; W is None for parameter-free maps (pooling)."""
+
+    has_negative_weights = True
+
+    def __init__(self, node: Node):
+        self.node = node
+
+    def weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The effective (W, b) now, BatchNorm folded in."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply the layer with weights ``w`` (and bias ``b``) to ``x`` (N, ...)."""
+        raise NotImplementedError
+
+    def _transpose(self, s: torch.Tensor, w: torch.Tensor | None, in_shape: torch.Size) -> torch.Tensor:
+        raise NotImplementedError
+
+    def transpose(self, s: torch.Tensor, w: torch.Tensor | None, in_shape: torch.Size) -> torch.Tensor:
+        """W^T s for a signal (K, B, ...out) -> (K, B, ...in); ``in_shape`` is the stored input's (B, ...)."""
+        k, b = s.shape[:2]
+        flat = self._transpose(s.reshape(k * b, *s.shape[2:]), w, torch.Size((k * b, *in_shape[1:])))
+        return flat.reshape(k, b, *in_shape[1:])
+
+    def transpose_sum(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], in_shape: torch.Size) -> torch.Tensor:
+        """sum_i W_i^T s_i; layers with weights stack the pairs into one transposed operation."""
+        return sum(self.transpose(s, w, in_shape) for s, w in pairs)
+
+
+def _bias(module: nn.Module, out: int, like: torch.Tensor) -> torch.Tensor:
+    return module.bias if module.bias is not None else torch.zeros(out, dtype=like.dtype, device=like.device)
+
+
+def _fold(node: Node, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    bn = node.bn
+    if bn is None:
+        return w, b
+    scale, shift = bn_affine(bn)
+    return w * scale.reshape(-1, *([1] * (w.ndim - 1))), b * scale + shift
+
+
+def bn_affine(bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eval-mode BatchNorm as y = scale * x + shift, per channel."""
+    var = bn.running_var if bn.running_var is not None else torch.ones(bn.num_features)
+    mean = bn.running_mean if bn.running_mean is not None else torch.zeros(bn.num_features)
+    scale = torch.rsqrt(var + bn.eps)
+    if bn.weight is not None:
+        scale = scale * bn.weight
+    shift = -mean * scale + (bn.bias if bn.bias is not None else 0.0)
+    return scale, shift
+
+
+class DenseOp(LinearOp):
+    def weights(self):
+        m = self.node.module
+        return _fold(self.node, m.weight, _bias(m, m.out_features, m.weight))
+
+    def forward(self, x, w, b=None):
+        return F.linear(x, w, b)
+
+    def _transpose(self, s, w, in_shape):
+        return s @ w
+
+    def transpose_sum(self, pairs, in_shape):
+        if len(pairs) == 1:
+            return self.transpose(*pairs[0], in_shape)
+        s = torch.cat([p[0] for p in pairs], dim=-1)
+        return self.transpose(s, torch.cat([p[1] for p in pairs], dim=0), in_shape)
+
+
+class ConvOp(LinearOp):
+    def weights(self):
+        m = self.node.module
+        return _fold(self.node, m.weight, _bias(m, m.out_channels, m.weight))
+
+    def _conv(self):
+        m = self.node.module
+        if isinstance(m.padding, str) or m.padding_mode != "zeros":
+            raise NotImplementedError("string or non-zero padding modes")
+        return m
+
+    def forward(self, x, w, b=None):
+        m = self._conv()
+        fn = F.conv2d if w.ndim == 4 else F.conv1d
+        return fn(x, w, b, m.stride, m.padding, m.dilation, m.groups)
+
+    def _transpose(self, s, w, in_shape):
+        m = self._conv()
+        fn = torch.nn.grad.conv2d_input if w.ndim == 4 else torch.nn.grad.conv1d_input
+        return fn(in_shape, w, s, m.stride, m.padding, m.dilation, m.groups)
+
+    def transpose_sum(self, pairs, in_shape):
+        if len(pairs) == 1 or self.node.module.groups != 1:
+            return super().transpose_sum(pairs, in_shape)
+        s = torch.cat([p[0] for p in pairs], dim=2)
+        return self.transpose(s, torch.cat([p[1] for p in pairs], dim=0), in_shape)
+
+
+class AffineOp(LinearOp):
+    """A BatchNorm that could not be folded: y = scale * x + shift per channel (axis 1)."""
+
+    def weights(self):
+        return bn_affine(self.node.module)
+
+    @staticmethod
+    def _shape(w, x):
+        return w.reshape(1, -1, *([1] * (x.ndim - 2)))
+
+    def forward(self, x, w, b=None):
+        out = x * self._shape(w, x)
+        return out if b is None else out + self._shape(b, x)
+
+    def _transpose(self, s, w, in_shape):
+        return s * self._shape(w, s)
+
+
+class PoolOp(LinearOp):
+    """Average pooling (fixed or adaptive): linear, non-negative, parameter-free."""
+
+    has_negative_weights = False
+
+    def weights(self):
+        return None, None
+
+    def forward(self, x, w=None, b=None):
+        return pool(self.node, x)
+
+    def _transpose(self, s, w, in_shape):
+        with torch.enable_grad():
+            probe = torch.zeros(in_shape, dtype=s.dtype, device=s.device, requires_grad=True)
+            return torch.autograd.grad(self.forward(probe), probe, s)[0]
+
+
+def pool(node: Node, x: torch.Tensor, return_indices: bool = False):
+    """Run a pooling node functionally (a module's own hooks are never triggered)."""
+    m = node.module
+    if m is None:
+        if return_indices:
+            raise NotImplementedError
+        return node.evaluate({node.inputs[0]: x})
+    one_d = x.ndim == 3
+    if isinstance(m, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)):
+        return (F.adaptive_avg_pool1d if one_d else F.adaptive_avg_pool2d)(x, m.output_size)
+    if isinstance(m, (nn.AvgPool1d, nn.AvgPool2d)):
+        if one_d:
+            return F.avg_pool1d(x, m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad)
+        return F.avg_pool2d(x, m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad,
+                            m.divisor_override)
+    fn = F.max_pool1d if one_d else F.max_pool2d
+    return fn(x, m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode, return_indices=return_indices)
+
+
+OPS = {"dense": DenseOp, "conv": ConvOp, "affine": AffineOp, "avgpool": PoolOp}

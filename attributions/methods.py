@@ -1,0 +1,222 @@
+"""Methods as data: which rule runs at which node kind, what the signal is, how it starts.
+
+A method never adds a code path to the engine: it is a table from node kinds (``dense``,
+``conv``, ``affine``, ``avgpool``, ``relu``, ``leaky_relu``, ``maxpool``, ``add``, and
+``first`` for the linear layers that read the input) to rules.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+from attributions import rules as R
+from audit.errors import ConfigError, unknown_name
+
+
+@dataclass(frozen=True)
+class Method:
+    """One attribution method.
+
+    ``signal``: ``relevance`` (LRP / DTD: starts as the explained logit, or one-hot), ``gradient``
+    (starts one-hot), ``multiplier`` (DeepLIFT: starts one-hot; the recorded signal is the
+    multiplier times the difference from the reference). ``engine``: ``graph`` (our rules),
+    ``captum`` (delegated) or ``control`` (model-independent).
+    """
+
+    name: str
+    description: str
+    reference: str
+    signal: str = "gradient"
+    rules: dict = field(default_factory=dict)
+    output: str = "onehot"
+    times_input: bool = False
+    engine: str = "graph"
+    params: dict = field(default_factory=dict)
+
+    @property
+    def chain(self) -> bool:
+        """Whether the method is a backward chain that ``propagate`` can follow."""
+        return self.engine == "graph"
+
+
+def _gradient_rules(relu: R.Rule) -> dict:
+    g = R.Gradient()
+    return {"dense": g, "conv": g, "affine": g, "avgpool": g, "relu": relu, "leaky_relu": relu,
+            "maxpool": R.WinnerTakeAll(), "add": R.Copy()}
+
+
+def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabilizer: float = 1e-6) -> dict:
+    rules = {"dense": dense, "conv": conv, "affine": R.Epsilon(stabilizer), "avgpool": R.Epsilon(stabilizer),
+             "relu": R.Pass(), "leaky_relu": R.Pass(), "maxpool": R.WinnerTakeAll(),
+             "add": R.ProportionalSplit(stabilizer)}
+    if first is not None:
+        rules["first"] = first
+    return rules
+
+
+def _deeplift_rules(linear: R.Rule, eps: float) -> dict:
+    return {"dense": linear, "conv": linear, "affine": linear, "avgpool": linear, "relu": R.Rescale(eps),
+            "leaky_relu": R.Rescale(eps), "maxpool": R.DeepLiftMaxPool(eps), "add": R.Copy()}
+
+
+SIXT = "Sixt, Granz, Landgraf 2020, When Explanations Lie (ICML)"
+BACH = "Bach et al. 2015, On Pixel-Wise Explanations by LRP (PLoS ONE)"
+MONTAVON = "Montavon et al. 2019, Layer-Wise Relevance Propagation: An Overview"
+KOHLBRENNER = "Kohlbrenner et al. 2020, Towards Best Practice in Explaining Neural Network Decisions with LRP"
+
+
+def _gradient():
+    return Method("gradient", "plain input gradient (saliency)", "Simonyan et al. 2014",
+                  rules=_gradient_rules(R.ReLUGradient("gradient")))
+
+
+def _input_x_gradient():
+    return Method("input-x-gradient", "gradient times input", "Shrikumar et al. 2016",
+                  rules=_gradient_rules(R.ReLUGradient("gradient")), times_input=True)
+
+
+def _guided_backprop():
+    return Method("guided-backprop", "gradient with negative signals removed at every ReLU",
+                  "Springenberg et al. 2015", rules=_gradient_rules(R.ReLUGradient("guided")))
+
+
+def _deconvnet():
+    return Method("deconvnet", "ReLU applied to the backward signal, forward mask ignored",
+                  "Zeiler & Fergus 2014", rules=_gradient_rules(R.ReLUGradient("deconv")))
+
+
+def _lrp(name, description, reference, dense, conv, first=None, output="logit", stabilizer=1e-6):
+    return Method(name, description, reference, signal="relevance", output=output,
+                  rules=_lrp_rules(dense, conv, first, stabilizer))
+
+
+def _lrp_z(stabilizer: float = 1e-9):
+    return _lrp("lrp-z", "LRP-z: relevance in proportion to each input's contribution z_ij", BACH,
+                R.Epsilon(stabilizer), R.Epsilon(stabilizer), stabilizer=stabilizer)
+
+
+def _lrp_epsilon(epsilon: float = 1e-6):
+    return _lrp("lrp-epsilon", "LRP-epsilon: the z rule with a stabiliser epsilon", BACH,
+                R.Epsilon(epsilon), R.Epsilon(epsilon))
+
+
+def _zplus(stabilizer: float = 1e-6):
+    rule = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
+    return _lrp("lrp-zplus", "LRP-z+: positive contributions only, bias ignored", MONTAVON, rule, rule)
+
+
+def _alpha_beta(alpha: float, beta: float):
+    def build(stabilizer: float = 1e-6):
+        rule = R.AlphaBeta(alpha, beta, bias=True, stabilizer=stabilizer)
+        return _lrp(f"lrp-alpha{alpha:g}beta{beta:g}",
+                    f"LRP-alpha{alpha:g}beta{beta:g}: positive contributions x{alpha:g}, negative x{beta:g}",
+                    BACH, rule, rule)
+    return build
+
+
+def _lrp_gamma(gamma: float = 0.25, epsilon: float = 1e-6):
+    rule = R.Gamma(gamma, epsilon)
+    return _lrp("lrp-gamma", "LRP-gamma: positive weights favoured by gamma", MONTAVON, rule, rule)
+
+
+def _epsilon_plus(epsilon: float = 1e-6, stabilizer: float = 1e-6):
+    return _lrp("lrp-epsilon-plus", "LRP-epsilon on dense layers, z+ on convolutions", KOHLBRENNER,
+                R.Epsilon(epsilon), R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer))
+
+
+def _epsilon_alpha2beta1(epsilon: float = 1e-6, stabilizer: float = 1e-6):
+    return _lrp("lrp-epsilon-alpha2beta1", "LRP-epsilon on dense layers, alpha2beta1 on convolutions",
+                KOHLBRENNER, R.Epsilon(epsilon), R.AlphaBeta(2.0, 1.0, stabilizer=stabilizer))
+
+
+def _deep_taylor(low: float = 0.0, high: float = 1.0, stabilizer: float = 1e-6):
+    zplus = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
+    return _lrp("deep-taylor", "Deep Taylor decomposition: z+ on hidden layers, zB on the input layer",
+                "Montavon et al. 2017, Explaining Nonlinear Classification Decisions with Deep Taylor "
+                "Decomposition", zplus, zplus, first=R.ZB(low, high, stabilizer))
+
+
+def _excitation_backprop(stabilizer: float = 1e-6):
+    rule = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
+    return _lrp("excitation-backprop", "Excitation Backprop: marginal winning probabilities via positive "
+                "weights, starting from a one-hot probability", "Zhang et al. 2016 (ECCV)", rule, rule,
+                output="onehot")
+
+
+def _deeplift(eps: float = 1e-10):
+    return Method("deeplift", "DeepLIFT Rescale with a zero reference (as captum's DeepLift)",
+                  "Shrikumar et al. 2017 (ICML)", signal="multiplier", rules=_deeplift_rules(R.Gradient(), eps))
+
+
+def _deeplift_ablation(eps: float = 1e-10):
+    return Method("deeplift-ablation", "DeepLIFT without positive/negative intermixing (non-negative chain)",
+                  SIXT, signal="multiplier", rules=_deeplift_rules(R.DeepLiftAblation(), eps))
+
+
+def _integrated_gradients(n_steps: int = 50):
+    return Method("integrated-gradients", "integrated gradients from a zero baseline (captum)",
+                  "Sundararajan et al. 2017 (ICML)", engine="captum", params={"n_steps": n_steps})
+
+
+def _smoothgrad(noise: float = 0.15, samples: int = 50):
+    return Method("smoothgrad", "gradient averaged over Gaussian-noised inputs (captum NoiseTunnel); noise "
+                  "is sigma as a fraction of the input range", "Smilkov et al. 2017", engine="captum",
+                  params={"noise": noise, "samples": samples})
+
+
+def _edge():
+    return Method("edge", "control: Sobel gradient magnitude of the input, model-independent",
+                  "Adebayo et al. 2018 (NeurIPS)", engine="control")
+
+
+def _random(seed: int = 0):
+    return Method("random", "control: seeded Gaussian noise, a fresh draw per call",
+                  "Adebayo et al. 2018 (NeurIPS)", engine="control", params={"seed": seed})
+
+
+BUILDERS: dict[str, Callable[..., Method]] = {
+    "gradient": _gradient,
+    "input-x-gradient": _input_x_gradient,
+    "integrated-gradients": _integrated_gradients,
+    "smoothgrad": _smoothgrad,
+    "guided-backprop": _guided_backprop,
+    "deconvnet": _deconvnet,
+    "lrp-z": _lrp_z,
+    "lrp-epsilon": _lrp_epsilon,
+    "lrp-zplus": _zplus,
+    "lrp-alpha1beta0": _alpha_beta(1.0, 0.0),
+    "lrp-alpha2beta1": _alpha_beta(2.0, 1.0),
+    "lrp-alpha5beta4": _alpha_beta(5.0, 4.0),
+    "lrp-gamma": _lrp_gamma,
+    "lrp-epsilon-plus": _epsilon_plus,
+    "lrp-epsilon-alpha2beta1": _epsilon_alpha2beta1,
+    "deep-taylor": _deep_taylor,
+    "excitation-backprop": _excitation_backprop,
+    "deeplift": _deeplift,
+    "deeplift-ablation": _deeplift_ablation,
+    "edge": _edge,
+    "random": _random,
+}
+
+
+def build_method(name: str, **params) -> Method:
+    """The method ``name`` with its parameters (e.g. ``epsilon=1e-6``); errors name the valid ones."""
+    builder = BUILDERS.get(name)
+    if builder is None:
+        raise unknown_name("attribution method", name, BUILDERS)
+    accepted = inspect.signature(builder).parameters
+    bad = set(params) - set(accepted)
+    if bad:
+        raise ConfigError(f"method {name!r} has no parameter {', '.join(sorted(bad))}; "
+                          f"parameters: {', '.join(accepted) or 'none'}")
+    return builder(**params)
+
+
+def available_methods() -> dict[str, str]:
+    """Method name -> one-line description and reference."""
+    out = {}
+    for name in BUILDERS:
+        m = build_method(name)
+        out[name] = f"{m.description} [{m.reference}]"
+    return out

@@ -1,0 +1,278 @@
+"""Rules: the backward of one node kind, given the node's stored forward tensors.
+
+A rule maps the signal at a node's output, shaped (K, B, ...), to the signals at its tensor
+inputs. Signals are relevance for LRP rules, (modified) gradients for gradient rules and
+multipliers for DeepLIFT. Conventions follow zennit / iNNvestigate: a stabiliser adds epsilon
+with the sign of the denominator (sign(0) = +1); alpha-beta splits inputs and weights by sign.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attributions.layers import LinearOp, pool
+
+
+@dataclass
+class Context:
+    """What a rule may read: the node's op, its inputs and output, and (DeepLIFT) their references."""
+
+    node: object
+    inputs: list[torch.Tensor]
+    output: torch.Tensor
+    op: LinearOp | None = None
+    ref_inputs: list[torch.Tensor] | None = None
+    ref_output: torch.Tensor | None = None
+
+    @property
+    def x(self) -> torch.Tensor:
+        return self.inputs[0]
+
+
+def stabilize(z: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """z + epsilon * sign(z), with sign(0) = +1."""
+    return z + epsilon * torch.where(z >= 0, 1.0, -1.0).to(z.dtype)
+
+
+class Rule:
+    """Backward of one node: ``backward(ctx, signal) -> [signal per tensor input]``."""
+
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+
+# --- linear layers ---------------------------------------------------------------------------------
+
+class Gradient(Rule):
+    """The plain vector-Jacobian product W^T s (also DeepLIFT's multipliers through linear layers)."""
+
+    def backward(self, ctx, signal):
+        w, _ = ctx.op.weights()
+        return [ctx.op.transpose(signal, w, ctx.x.shape)]
+
+
+class Epsilon(Rule):
+    """LRP-epsilon: R_in = x * W^T (R / stab(z)), z = W x + b. With a tiny epsilon: LRP-z."""
+
+    def __init__(self, epsilon: float = 1e-6):
+        self.epsilon = epsilon
+
+    def backward(self, ctx, signal):
+        w, _ = ctx.op.weights()
+        s = signal / stabilize(ctx.output, self.epsilon)
+        return [ctx.x * ctx.op.transpose(s, w, ctx.x.shape)]
+
+
+class AlphaBeta(Rule):
+    """LRP-alpha-beta, alpha - beta = 1, inputs and weights split by sign.
+
+    z+ = x+ w+ + x- w- (+ b+), z- = x+ w- + x- w+ (+ b-); positive relevance flows along z+
+    scaled by alpha, negative along z- scaled by beta. ``bias=False`` drops the bias (the
+    classic z+ rule). alpha = 1, beta = 0 is z+.
+    """
+
+    def __init__(self, alpha: float = 1.0, beta: float = 0.0, bias: bool = True, stabilizer: float = 1e-6):
+        if abs(alpha - beta - 1.0) > 1e-9:
+            raise ValueError(f"alpha - beta must be 1, got alpha={alpha}, beta={beta}")
+        self.alpha, self.beta, self.bias, self.stabilizer = alpha, beta, bias, stabilizer
+
+    def backward(self, ctx, signal):
+        op, x = ctx.op, ctx.x
+        w, b = op.weights()
+        wp, wn = w.clamp(min=0), w.clamp(max=0)
+        bp = b.clamp(min=0) if self.bias else None
+        bn = b.clamp(max=0) if self.bias else None
+        if bool((x >= 0).all()):
+            # Inputs after a ReLU: x- = 0, so z- follows from z without a second forward.
+            zp = op.forward(x, wp, bp)
+            pairs = [(signal * (self.alpha / stabilize(zp, self.stabilizer)), wp)]
+            if self.beta:
+                zn = (ctx.output - zp) if self.bias else op.forward(x, wn)
+                pairs.append((signal * (-self.beta / stabilize(zn, self.stabilizer)), wn))
+            return [x * op.transpose_sum(pairs, x.shape)]
+        xp, xn = x.clamp(min=0), x.clamp(max=0)
+        zp = op.forward(xp, wp, bp) + op.forward(xn, wn)
+        sp = signal * (self.alpha / stabilize(zp, self.stabilizer))
+        out = xp * op.transpose(sp, wp, x.shape) + xn * op.transpose(sp, wn, x.shape)
+        if self.beta:
+            zn = op.forward(xp, wn, bn) + op.forward(xn, wp)
+            sn = signal * (self.beta / stabilize(zn, self.stabilizer))
+            out = out - xp * op.transpose(sn, wn, x.shape) - xn * op.transpose(sn, wp, x.shape)
+        return [out]
+
+
+class Gamma(Rule):
+    """LRP-gamma: weights and bias W + gamma W+, b + gamma b+, stabilised by epsilon."""
+
+    def __init__(self, gamma: float = 0.25, epsilon: float = 1e-6):
+        self.gamma, self.epsilon = gamma, epsilon
+
+    def backward(self, ctx, signal):
+        w, b = ctx.op.weights()
+        wg, bg = w + self.gamma * w.clamp(min=0), b + self.gamma * b.clamp(min=0)
+        z = ctx.op.forward(ctx.x, wg, bg)
+        s = signal / stabilize(z, self.epsilon)
+        return [ctx.x * ctx.op.transpose(s, wg, ctx.x.shape)]
+
+
+class _InputFree(Rule):
+    """Relevance shared by fixed non-negative weights V: R_in = V^T (R / (V 1))."""
+
+    def _weights(self, w):
+        raise NotImplementedError
+
+    def backward(self, ctx, signal):
+        w, _ = ctx.op.weights()
+        v = self._weights(w)
+        z = ctx.op.forward(torch.ones_like(ctx.x), v)
+        return [ctx.op.transpose(signal / stabilize(z, 1e-12), v, ctx.x.shape)]
+
+
+class WSquare(_InputFree):
+    """LRP-w^2: relevance shared in proportion to the squared weights (input-independent)."""
+
+    def _weights(self, w):
+        return w * w
+
+
+class Flat(_InputFree):
+    """LRP-flat: relevance shared uniformly over each output's receptive field."""
+
+    def _weights(self, w):
+        return torch.ones_like(w)
+
+
+class ZB(Rule):
+    """Deep Taylor zB for inputs bounded in [low, high]:
+    z = W x - W+ low - W- high, R_in = x W^T s - low W+^T s - high W-^T s, s = R / stab(z)."""
+
+    def __init__(self, low: float = 0.0, high: float = 1.0, stabilizer: float = 1e-6):
+        self.low, self.high, self.stabilizer = low, high, stabilizer
+
+    def backward(self, ctx, signal):
+        op, x = ctx.op, ctx.x
+        w, _ = op.weights()
+        wp, wn = w.clamp(min=0), w.clamp(max=0)
+        low, high = torch.full_like(x, self.low), torch.full_like(x, self.high)
+        z = op.forward(x, w) - op.forward(low, wp) - op.forward(high, wn)
+        s = signal / stabilize(z, self.stabilizer)
+        return [x * op.transpose(s, w, x.shape) - low * op.transpose(s, wp, x.shape)
+                - high * op.transpose(s, wn, x.shape)]
+
+
+class DeepLiftAblation(Rule):
+    """DeepLIFT multipliers without the sign intermixing (Sixt et al. 2020, cross_mxts=False).
+
+    Units with delta_x != 0 receive multipliers only through W+ (positive multipliers for
+    delta_x > 0, negative for delta_x < 0, which in the Rescale form are the same multipliers);
+    units with delta_x = 0 keep the full W. The chain becomes non-negative.
+    """
+
+    def backward(self, ctx, signal):
+        op, x = ctx.op, ctx.x
+        w, _ = op.weights()
+        wp = w.clamp(min=0) if op.has_negative_weights else w
+        out = op.transpose(signal, wp, x.shape)
+        still = (x - ctx.ref_inputs[0]) == 0
+        if op.has_negative_weights and bool(still.any()):
+            out = torch.where(still, op.transpose(signal, w, x.shape), out)
+        return [out]
+
+
+# --- nonlinearities, pooling, residual adds ----------------------------------------------------------
+
+class Pass(Rule):
+    """Identity: relevance passes a ReLU unchanged (LRP, Deep Taylor)."""
+
+    def backward(self, ctx, signal):
+        return [signal]
+
+
+class ReLUGradient(Rule):
+    """Gradient of ReLU / LeakyReLU; ``guided`` keeps only positive results (Guided Backprop),
+    ``deconv`` ignores the forward mask and keeps positive signals (DeconvNet)."""
+
+    def __init__(self, mode: str = "gradient"):
+        self.mode = mode
+
+    def backward(self, ctx, signal):
+        if self.mode == "deconv":
+            return [signal.clamp(min=0)]
+        slope = ctx.node.params.get("negative_slope", 0.0)
+        local = torch.where(ctx.x > 0, 1.0, slope).to(signal.dtype)
+        out = signal * local
+        return [out.clamp(min=0) if self.mode == "guided" else out]
+
+
+class Rescale(Rule):
+    """DeepLIFT's Rescale rule: multiplier delta_y / delta_x, the gradient where |delta_x| < eps."""
+
+    def __init__(self, eps: float = 1e-10):
+        self.eps = eps
+
+    def backward(self, ctx, signal):
+        dx = ctx.x - ctx.ref_inputs[0]
+        dy = ctx.output - ctx.ref_output
+        slope = ctx.node.params.get("negative_slope", 0.0)
+        grad = torch.where(ctx.x > 0, 1.0, slope).to(signal.dtype)
+        ratio = torch.where(dx.abs() < self.eps, grad, dy / torch.where(dx.abs() < self.eps, 1.0, dx))
+        return [signal * ratio]
+
+
+def _unpool(signal: torch.Tensor, indices: torch.Tensor, in_shape: torch.Size) -> torch.Tensor:
+    """Scatter-add (K, B, C, *out) signals to the max positions given by indices (B, C, *out)."""
+    k, b, c = signal.shape[:3]
+    idx = indices.reshape(1, b, c, -1).expand(k, b, c, -1)
+    out = torch.zeros(k, b, c, in_shape[2:].numel(), dtype=signal.dtype, device=signal.device)
+    return out.scatter_add_(3, idx, signal.reshape(k, b, c, -1)).reshape(k, b, *in_shape[1:])
+
+
+class WinnerTakeAll(Rule):
+    """Max pooling: the whole signal goes to the winning input (the max-pooling gradient)."""
+
+    def backward(self, ctx, signal):
+        _, indices = pool(ctx.node, ctx.x, return_indices=True)
+        return [_unpool(signal, indices, ctx.x.shape)]
+
+
+class DeepLiftMaxPool(Rule):
+    """Max pooling as captum's DeepLift treats it: multipliers from the change of the cross
+    maximum of input and reference outputs, the gradient where |delta_x| < eps."""
+
+    def __init__(self, eps: float = 1e-10):
+        self.eps = eps
+
+    def backward(self, ctx, signal):
+        x, ref = ctx.x, ctx.ref_inputs[0]
+        out, out_ref = ctx.output, ctx.ref_output
+        _, idx = pool(ctx.node, x, return_indices=True)
+        _, idx_ref = pool(ctx.node, ref, return_indices=True)
+        cross = torch.maximum(out, out_ref)
+        num = (_unpool(signal * (cross - out_ref), idx, x.shape)
+               + _unpool(signal * (out - cross), idx_ref.expand_as(idx), x.shape))
+        dx = x - ref
+        small = dx.abs() < self.eps
+        return [torch.where(small, _unpool(signal, idx, x.shape), num / torch.where(small, 1.0, dx))]
+
+
+class ProportionalSplit(Rule):
+    """A residual add a + b: relevance split in proportion to each branch's value (stabilised)."""
+
+    def __init__(self, epsilon: float = 1e-6):
+        self.epsilon = epsilon
+
+    def backward(self, ctx, signal):
+        s = signal / stabilize(ctx.output, self.epsilon)
+        return [s * x for x in ctx.inputs]
+
+
+class Copy(Rule):
+    """The gradient of an add: the same signal to every input."""
+
+    def backward(self, ctx, signal):
+        return [signal for _ in ctx.inputs]

@@ -129,6 +129,8 @@ def trace(model: nn.Module) -> Graph:
         When the model cannot be traced, or a node's operation is not supported (naming the node,
         its type and the supported set).
     """
+    if _module_kind(model) is not None:
+        model = nn.Sequential(model)  # a bare layer: trace it as a call site, not through its forward
     try:
         gm = torch.fx.symbolic_trace(model)
     except Exception as exc:  # fx raises several types for data-dependent control flow

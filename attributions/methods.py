@@ -98,12 +98,13 @@ def _lrp_z(stabilizer: float = 1e-9):
 
 def _lrp_epsilon(epsilon: float = 1e-6):
     return _lrp("lrp-epsilon", "LRP-epsilon: the z rule with a stabiliser epsilon", BACH,
-                R.Epsilon(epsilon), R.Epsilon(epsilon))
+                R.Epsilon(epsilon), R.Epsilon(epsilon), stabilizer=epsilon)
 
 
 def _zplus(stabilizer: float = 1e-6):
     rule = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
-    return _lrp("lrp-zplus", "LRP-z+: positive contributions only, bias ignored", MONTAVON, rule, rule)
+    return _lrp("lrp-zplus", "LRP-z+: positive contributions only, bias ignored", MONTAVON, rule, rule,
+                stabilizer=stabilizer)
 
 
 def _alpha_beta(alpha: float, beta: float):
@@ -111,37 +112,38 @@ def _alpha_beta(alpha: float, beta: float):
         rule = R.AlphaBeta(alpha, beta, bias=True, stabilizer=stabilizer)
         return _lrp(f"lrp-alpha{alpha:g}beta{beta:g}",
                     f"LRP-alpha{alpha:g}beta{beta:g}: positive contributions x{alpha:g}, negative x{beta:g}",
-                    BACH, rule, rule)
+                    BACH, rule, rule, stabilizer=stabilizer)
     return build
 
 
 def _lrp_gamma(gamma: float = 0.25, epsilon: float = 1e-6):
     rule = R.Gamma(gamma, epsilon)
-    return _lrp("lrp-gamma", "LRP-gamma: positive weights favoured by gamma", MONTAVON, rule, rule)
+    return _lrp("lrp-gamma", "LRP-gamma: positive weights favoured by gamma", MONTAVON, rule, rule,
+                stabilizer=epsilon)
 
 
 def _epsilon_plus(epsilon: float = 1e-6, stabilizer: float = 1e-6):
     return _lrp("lrp-epsilon-plus", "LRP-epsilon on dense layers, z+ on convolutions", KOHLBRENNER,
-                R.Epsilon(epsilon), R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer))
+                R.Epsilon(epsilon), R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer), stabilizer=stabilizer)
 
 
 def _epsilon_alpha2beta1(epsilon: float = 1e-6, stabilizer: float = 1e-6):
     return _lrp("lrp-epsilon-alpha2beta1", "LRP-epsilon on dense layers, alpha2beta1 on convolutions",
-                KOHLBRENNER, R.Epsilon(epsilon), R.AlphaBeta(2.0, 1.0, stabilizer=stabilizer))
+                KOHLBRENNER, R.Epsilon(epsilon), R.AlphaBeta(2.0, 1.0, stabilizer=stabilizer), stabilizer=stabilizer)
 
 
 def _deep_taylor(low: float = 0.0, high: float = 1.0, stabilizer: float = 1e-6):
     zplus = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
     return _lrp("deep-taylor", "Deep Taylor decomposition: z+ on hidden layers, zB on the input layer",
                 "Montavon et al. 2017, Explaining Nonlinear Classification Decisions with Deep Taylor "
-                "Decomposition", zplus, zplus, first=R.ZB(low, high, stabilizer))
+                "Decomposition", zplus, zplus, first=R.ZB(low, high, stabilizer), stabilizer=stabilizer)
 
 
 def _excitation_backprop(stabilizer: float = 1e-6):
     rule = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
     return _lrp("excitation-backprop", "Excitation Backprop: marginal winning probabilities via positive "
                 "weights, starting from a one-hot probability", "Zhang et al. 2016 (ECCV)", rule, rule,
-                output="onehot")
+                output="onehot", stabilizer=stabilizer)
 
 
 def _deeplift(eps: float = 1e-10):

@@ -1,0 +1,159 @@
+"""Hand-derived single-layer answers, LRP identities, and property tests over random nets."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from attributions import Explainer
+from tests.engine_models import ResidualNet
+
+
+def _dense(weight, bias):
+    layer = nn.Linear(len(weight), 1).double()
+    layer.weight.data = torch.tensor([weight], dtype=torch.float64)
+    layer.bias.data = torch.tensor([bias], dtype=torch.float64)
+    return layer
+
+
+# One output z = 2 x0 - x1 + 3 x2 + 0.5 at x = (1, 2, -1): contributions 2, -2, -3.
+# Split by the signs of inputs AND weights: positive part x+w+ + x-w- = 2 (only i = 0), plus b+ = 0.5;
+# negative part x+w- + x-w+ = -2 - 3. The explained logit is z = -2.5.
+X = torch.tensor([[1.0, 2.0, -1.0]], dtype=torch.float64)
+LAYER = _dense([2.0, -1.0, 3.0], 0.5)
+
+
+@pytest.mark.parametrize("method,expected", [
+    # alpha2beta1: 2 * (2 / 2.5) z on input 0; -1 * (-2 / -5) z and -1 * (-3 / -5) z on inputs 1, 2.
+    ("lrp-alpha2beta1", [2 * 2 / 2.5, -(-2 / -5), -(-3 / -5)]),
+    # alpha1beta0 keeps the positive bias in the denominator: 2 / 2.5 of z.
+    ("lrp-alpha1beta0", [2 / 2.5, 0.0, 0.0]),
+    # z+ ignores the bias: all of z to input 0.
+    ("lrp-zplus", [1.0, 0.0, 0.0]),
+    # z rule: each contribution over z (bias absorbs its share).
+    ("lrp-z", [2 / -2.5, -2 / -2.5, -3 / -2.5]),
+    # alpha5beta4: 5 * (2 / 2.5) z, then -4 * (c / -5) z for the negative contributions.
+    ("lrp-alpha5beta4", [5 * 2 / 2.5, -4 * (-2 / -5), -4 * (-3 / -5)]),
+])
+def test_single_dense_layer_by_hand(method, expected):
+    z = -2.5
+    relevance = Explainer(LAYER, method, stabilizer=1e-12).attribute(X, target=0)
+    torch.testing.assert_close(relevance, torch.tensor([expected], dtype=torch.float64) * z, rtol=1e-9, atol=1e-9)
+
+
+def test_single_layer_flat_and_wsquare_and_zb():
+    # w^2 rule: shares 4 : 1 : 9 of z; flat: thirds; zB with bounds [-1, 2]:
+    # z = x.w - l.w+ - h.w- = (2 - 2 - 3) - (-1)(2 + 3) - 2(-1) = 4, shares x w - l w+ - h w- per input.
+    from attributions import rules as R
+    from attributions.graph import trace
+    from attributions.layers import DenseOp
+    from attributions.rules import Context
+
+    node = trace(nn.Sequential(LAYER)).nodes[1]
+    ctx = Context(node, [X], LAYER(X).detach(), DenseOp(node))
+    signal = torch.tensor([[[7.0]]], dtype=torch.float64)
+    torch.testing.assert_close(R.WSquare().backward(ctx, signal)[0][0], torch.tensor([[4, 1, 9]]) * 7 / 14.0,
+                               check_dtype=False)
+    torch.testing.assert_close(R.Flat().backward(ctx, signal)[0][0], torch.full((1, 3), 7 / 3.0), check_dtype=False)
+    zb = R.ZB(low=-1.0, high=2.0, stabilizer=0.0).backward(ctx, signal)[0][0]
+    shares = torch.tensor([[2 - (-1) * 2, -2 - 2 * (-1), -3 - (-1) * 3]], dtype=torch.float64)
+    torch.testing.assert_close(zb, shares / 4.0 * 7)
+
+
+def test_conv_zplus_by_hand():
+    conv = nn.Conv2d(1, 1, (1, 2), bias=False).double()
+    conv.weight.data = torch.tensor([[[[1.0, -2.0]]]], dtype=torch.float64)
+    x = torch.tensor([[[[3.0, 1.0, 2.0]]]], dtype=torch.float64)
+    model = nn.Sequential(conv, nn.Flatten(), _dense([1.0, 1.0], 0.0))
+    # outputs: 3 - 2 = 1 and 1 - 4 = -3; logit -2 with unit dense weights, relevance -2 split by z+ of
+    # the dense layer (inputs 1 and -3 are not both non-negative: x+w+ = 1, x-w- = 0) -> all on output 0,
+    # then z+ of the conv sends output 0's relevance to pixel 0 (3 * 1 is its only positive contribution).
+    relevance = Explainer(model, "lrp-zplus", stabilizer=1e-12).attribute(x, target=0)
+    torch.testing.assert_close(relevance, torch.tensor([[[[-2.0, 0.0, 0.0]]]], dtype=torch.float64))
+
+
+def _bias_free_residual():
+    torch.manual_seed(0)
+    return ResidualNet(bias=False).double().eval()
+
+
+def test_lrp_z_equals_input_times_gradient_on_bias_free_relu_nets():
+    model = _bias_free_residual()
+    x = torch.rand(4, 1, 8, 8, dtype=torch.float64)
+    lrp = Explainer(model, "lrp-z", stabilizer=1e-15).attribute(x, target=2)
+    ixg = Explainer(model, "input-x-gradient").attribute(x, target=2)
+    assert float((lrp - ixg).abs().max()) <= 1e-5 * float(ixg.abs().max())
+
+
+def test_z_rule_conserves_relevance_on_bias_free_nets():
+    model = _bias_free_residual()
+    x = torch.rand(4, 1, 8, 8, dtype=torch.float64)
+    relevance = Explainer(model, "lrp-z", stabilizer=1e-15).attribute(x, target=1)
+    torch.testing.assert_close(relevance.flatten(1).sum(1), model(x)[:, 1].detach(), rtol=1e-8, atol=1e-10)
+
+
+def test_excitation_backprop_starts_from_a_probability_of_one():
+    # Without residual adds (where a negative branch can carry relevance z+ cannot pass on), the
+    # bias-free z+ chain conserves the initial probability mass of 1.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, bias=False), nn.ReLU(), nn.Conv2d(4, 4, 3, bias=False), nn.ReLU(),
+                          nn.AvgPool2d(2), nn.Flatten(), nn.Linear(16, 3, bias=False)).double().eval()
+    x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
+    eb = Explainer(model, "excitation-backprop", stabilizer=1e-15).attribute(x, target=0)
+    torch.testing.assert_close(eb.flatten(1).sum(1), torch.ones(2, dtype=torch.float64), rtol=1e-5, atol=1e-6)
+
+
+@st.composite
+def nets(draw):
+    """Small random conv nets: optional max-pooling, average pooling, residual add, BatchNorm."""
+    width = draw(st.integers(2, 5))
+    layers: list[nn.Module] = [nn.Conv2d(1, width, 3, padding=1)]
+    if draw(st.booleans()):
+        layers.append(nn.BatchNorm2d(width))
+    layers.append(nn.ReLU())
+    residual = draw(st.booleans())
+    pool = draw(st.sampled_from(["max", "avg", "none"]))
+    seed = draw(st.integers(0, 10_000))
+    return layers, width, residual, pool, seed
+
+
+class _Net(nn.Module):
+    def __init__(self, spec):
+        super().__init__()
+        layers, width, residual, pool, seed = spec
+        torch.manual_seed(seed)
+        self.stem = nn.Sequential(*layers)
+        self.body = nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.ReLU())
+        self.residual = residual
+        self.pool = {"max": nn.MaxPool2d(2), "avg": nn.AvgPool2d(2), "none": nn.Identity()}[pool]
+        side = 3 if pool != "none" else 6
+        self.head = nn.Linear(width * side * side, 3)
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.3, 0.3)
+                m.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        h = self.stem(x)
+        h = self.body(h) + h if self.residual else self.body(h)
+        return self.head(torch.flatten(self.pool(h), 1))
+
+
+@settings(max_examples=15, deadline=None)
+@given(nets())
+def test_properties_over_random_architectures(spec):
+    model = _Net(spec).double().eval()
+    x = torch.rand(2, 1, 6, 6, dtype=torch.float64)
+    xg = x.clone().requires_grad_()
+    grad, = torch.autograd.grad(model(xg)[:, 1].sum(), xg)
+    ours = Explainer(model, "gradient").attribute(x, target=1)
+    assert float((ours - grad).abs().max()) <= 1e-10 + 1e-8 * float(grad.abs().max())
+    dl = Explainer(model, "deeplift").attribute(x, target=1)
+    delta = (model(x)[:, 1] - model(torch.zeros_like(x[:1]))[:, 1]).detach()
+    torch.testing.assert_close(dl.flatten(1).sum(1), delta, rtol=1e-8, atol=1e-10)
+    for method in ("lrp-epsilon-plus", "deeplift-ablation", "guided-backprop"):
+        ex = Explainer(model, method)
+        vectors = torch.randn(3, 2, 3, dtype=torch.float64)
+        together = ex.propagate(x, ex.graph.output, vectors)["input"]
+        apart = torch.cat([ex.propagate(x, ex.graph.output, vectors[k:k + 1])["input"] for k in range(3)])
+        torch.testing.assert_close(together, apart, rtol=1e-10, atol=1e-12)

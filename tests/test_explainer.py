@@ -1,0 +1,210 @@
+"""The Explainer's API: graph handling, propagate, the user's model left untouched, bad input."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attributions import Explainer, available_methods
+from attributions import rules as R
+from audit.errors import AttributionError, ConfigError
+from audit.zoo import build
+from tests.engine_models import FunctionalNet, ResidualNet
+
+METHODS = list(available_methods())
+GRAPH_METHODS = [m for m in METHODS if m not in ("integrated-gradients", "smoothgrad", "edge", "random")]
+
+
+def test_available_methods_lists_every_method_with_a_reference():
+    expected = {"gradient", "input-x-gradient", "integrated-gradients", "smoothgrad", "guided-backprop", "deconvnet",
+                "lrp-z", "lrp-epsilon", "lrp-zplus", "lrp-alpha1beta0", "lrp-alpha2beta1", "lrp-alpha5beta4",
+                "lrp-gamma", "lrp-epsilon-plus", "lrp-epsilon-alpha2beta1", "deep-taylor", "excitation-backprop",
+                "deeplift", "deeplift-ablation", "edge", "random"}
+    methods = available_methods()
+    assert set(methods) == expected
+    assert all("[" in text and "]" in text for text in methods.values())
+
+
+def test_functional_ops_reuse_and_layer_names():
+    torch.manual_seed(0)
+    model = FunctionalNet().eval()
+    ex = Explainer(model, "gradient")
+    assert ex.layers[:4] == ["a", "relu", "b", "relu#1"]
+    assert "shared" in ex.layers and "shared#1" in ex.layers  # one node per call site
+    x = torch.rand(2, 1, 8, 8)
+    xg = x.clone().requires_grad_()
+    grad, = torch.autograd.grad(model(xg)[:, 3].sum(), xg)
+    torch.testing.assert_close(ex.attribute(x, target=3), grad)
+    for method in METHODS:
+        assert Explainer(model, method).attribute(x, target=1).shape == x.shape
+
+
+def test_batchnorm_is_folded_into_the_layer_before_it():
+    graph = Explainer(build("resnet"), "gradient").graph
+    kinds = {n.kind for n in graph.nodes}
+    assert "affine" not in kinds
+    assert sum(n.bn is not None for n in graph.nodes) == 21
+    # A BatchNorm that follows an add cannot be folded: it stays an affine node.
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.ReLU(), nn.Flatten(), nn.BatchNorm1d(8),
+                          nn.Linear(8, 2)).eval()
+    nodes = Explainer(model, "gradient").graph.nodes
+    assert [n.kind for n in nodes] == ["input", "conv", "relu", "reshape", "affine", "dense"]
+
+
+@pytest.mark.parametrize("arch,shape", [("resnet50", (1, 3, 32, 32)), ("vgg16", (1, 3, 32, 32))])
+def test_imagenet_zoo_models_trace_and_explain(arch, shape):
+    torch.manual_seed(0)
+    model = build(arch, shape[1:], 10).eval()
+    x = torch.rand(*shape)
+    xg = x.clone().requires_grad_()
+    grad, = torch.autograd.grad(model(xg)[:, 4].sum(), xg)
+    ours = Explainer(model, "gradient").attribute(x, target=4)
+    assert float((ours - grad).abs().max()) <= 1e-5 * float(grad.abs().max())
+    assert Explainer(model, "lrp-epsilon-plus").attribute(x, target=4).shape == x.shape
+
+
+def test_propagate_records_every_node_below_the_injection_point():
+    torch.manual_seed(0)
+    model = build("cnn").eval()
+    ex = Explainer(model, "lrp-zplus")
+    x = torch.rand(3, 1, 28, 28)
+    taps = ex.propagate(x, "classifier.0", torch.randn(5, 3, 128))
+    below = ex.layers[: ex.layers.index("classifier.0")]
+    assert set(taps) == set(below) | {"input"}
+    assert taps["features.3"].shape == (5, 3, 32, 14, 14) and taps["input"].shape == (5, 3, 1, 28, 28)
+
+
+def test_propagate_is_one_batched_backward(monkeypatch):
+    calls = []
+    original = R.AlphaBeta.backward
+
+    def counting(self, ctx, signal):
+        calls.append(signal.shape[0])
+        return original(self, ctx, signal)
+
+    monkeypatch.setattr(R.AlphaBeta, "backward", counting)
+    model = build("cnn").eval()
+    ex = Explainer(model, "lrp-zplus")
+    x = torch.rand(2, 1, 28, 28)
+    ex.propagate(x, "classifier.2", torch.randn(1, 2, 10))
+    once = len(calls)
+    calls.clear()
+    ex.propagate(x, "classifier.2", torch.randn(9, 2, 10))
+    assert len(calls) == once == 6 and set(calls) == {9}
+
+
+def test_deeplift_taps_are_contributions():
+    model = ResidualNet().double().eval()
+    x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
+    ex = Explainer(model, "deeplift")
+    logits = model(x).detach()
+    taps = ex.propagate(x, "fc", torch.eye(3, dtype=torch.float64)[1].expand(1, 2, 3))
+    delta = (logits[:, 1] - model(torch.zeros_like(x[:1]))[:, 1]).detach()
+    for name in ("r2", "r0", "c0", "input"):  # contributions sum to the output difference at every full cut
+        torch.testing.assert_close(taps[name][0].flatten(1).sum(1), delta)
+
+
+def _snapshot(model):
+    return (copy.deepcopy(model.state_dict()), [p.requires_grad for p in model.parameters()], model.training,
+            {n: (dict(m._forward_hooks), dict(m._forward_pre_hooks), dict(m._backward_hooks))
+             for n, m in model.named_modules()})
+
+
+def test_the_users_model_is_never_changed():
+    torch.manual_seed(0)
+    model = build("vgg", batch_norm=True)
+    model.train()
+    model.features[0].weight.requires_grad_(False)
+    fired = []
+    model.features[2].register_forward_hook(lambda *a: fired.append(1))
+    before = _snapshot(model)
+    x = torch.rand(2, 1, 28, 28)
+    for method in METHODS:
+        ex = Explainer(model, method, **({"samples": 2} if method == "smoothgrad" else {}))
+        ex.attribute(x, target=1)
+        if ex.method.chain:
+            ex.propagate(x, ex.layers[-1], torch.randn(2, 2, 10))
+        if ex.method.engine != "control":
+            with pytest.raises(AttributionError):
+                ex.attribute(x, target=10)
+    after = _snapshot(model)
+    assert before[1:3] == after[1:3] and before[3].keys() == after[3].keys()
+    assert all(before[3][k] == after[3][k] for k in before[3])
+    assert all(torch.equal(before[0][k], after[0][k]) for k in before[0])
+    assert fired == []
+
+
+def test_eval_semantics_whatever_the_models_mode():
+    torch.manual_seed(0)
+    model = build("vgg", batch_norm=True)
+    x = torch.rand(4, 1, 28, 28)
+    model.eval()
+    expected = Explainer(model, "gradient").attribute(x, target=0)
+    model.train()
+    torch.testing.assert_close(Explainer(model, "gradient").attribute(x, target=0), expected)
+
+
+class _Branchy(nn.Module):
+    def forward(self, x):
+        return x * 2 if x.sum() > 0 else x
+
+
+class _Sigmoid(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.act = nn.Sigmoid()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+class _Constant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(x) + 1.0
+
+
+def test_bad_models_and_requests_are_clear_errors():
+    with pytest.raises(AttributionError, match="could not trace _Branchy"):
+        Explainer(_Branchy(), "gradient")
+    with pytest.raises(AttributionError, match="module 'act' of type Sigmoid.*Supported: Conv1d"):
+        Explainer(_Sigmoid(), "gradient")
+    with pytest.raises(AttributionError, match="adds a constant"):
+        Explainer(_Constant(), "gradient")
+    with pytest.raises(ConfigError, match="unknown attribution method 'lrp-epsilonplus'.*Did you mean 'lrp-epsilon-plus'"):
+        Explainer(build("cnn"), "lrp-epsilonplus")
+    with pytest.raises(ConfigError, match="has no parameter gamma"):
+        Explainer(build("cnn"), "lrp-epsilon", gamma=0.1)
+    ex = Explainer(build("cnn").eval(), "lrp-epsilon")
+    x = torch.rand(2, 1, 28, 28)
+    with pytest.raises(AttributionError, match="target out of range"):
+        ex.attribute(x, target=torch.tensor([1, 12]))
+    with pytest.raises(AttributionError, match=r"shape \(2,\)"):
+        ex.attribute(x, target=[1, 2, 3])
+    with pytest.raises(AttributionError, match="NaN"):
+        ex.attribute(x.masked_fill(x > 0.9, float("nan")), target=1)
+    with pytest.raises(AttributionError, match="floating-point"):
+        ex.attribute(torch.ones(2, 1, 28, 28, dtype=torch.long))
+    with pytest.raises(AttributionError, match="unknown layer 'classifier.9'"):
+        ex.propagate(x, "classifier.9", torch.randn(1, 2, 10))
+    with pytest.raises(AttributionError, match=r"vectors must be \(K, 2, 10\)"):
+        ex.propagate(x, "classifier.2", torch.randn(3, 2, 9))
+    with pytest.raises(AttributionError, match="not a backward chain"):
+        Explainer(build("cnn"), "integrated-gradients").propagate(x, "classifier.2", torch.randn(1, 2, 10))
+
+
+def test_controls():
+    x = torch.zeros(1, 1, 6, 6)
+    x[..., 3:] = 1.0
+    edge = Explainer(nn.Identity(), "edge").attribute(x)
+    assert float(edge[..., 0].abs().max()) == 0.0 and float(edge[0, 0, 2, 2]) == 4.0 and float(edge[0, 0, 2, 3]) == 4.0
+    a = Explainer(nn.Identity(), "random", seed=3)
+    b = Explainer(nn.Identity(), "random", seed=3)
+    first = a.attribute(x)
+    torch.testing.assert_close(first, b.attribute(x))
+    assert not torch.equal(first, a.attribute(x))  # a fresh draw per call, reproducible per seed

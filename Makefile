@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: demo test checkpoints data clean
+.PHONY: demo test bench checkpoints data clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ demo: $(STAMP)
 
 test: $(STAMP) data
 	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
 
 checkpoints: $(STAMP) data
 	$(PY) -m audit retrain-shipped

@@ -94,8 +94,9 @@ class Explainer(Attribution):
             return F.relu(x)
         if kind == "leaky_relu":
             return F.leaky_relu(x, node.params["negative_slope"])
-        if kind == "maxpool":
-            return pool(node, x)
+        if kind == "maxpool":  # the winners are kept for the backward pass
+            out, env[(node.name, "indices")] = pool(node, x, return_indices=True)
+            return out
         if kind == "add":
             return env[node.inputs[0]] + env[node.inputs[1]]
         if kind == "cat":
@@ -127,8 +128,10 @@ class Explainer(Attribution):
             inputs = [env[i] for i in node.inputs]
             if kind in LINEAR_KINDS or kind in ("relu", "leaky_relu", "maxpool", "add"):
                 rule = rules["first"] if (node.name in self._first and "first" in rules) else rules[kind]
+                key = (node.name, "indices")
                 ctx = Context(node, inputs, env[node.name], self._ops.get(node.name),
-                              [ref[i] for i in node.inputs] if ref else None, ref[node.name] if ref else None)
+                              [ref[i] for i in node.inputs] if ref else None, ref[node.name] if ref else None,
+                              env.get(key), ref.get(key) if ref else None)
                 outs = rule.backward(ctx, s)
                 targets = node.inputs
             elif kind == "cat":

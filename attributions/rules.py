@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attributions.layers import LinearOp, pool
+from attributions.layers import LinearOp
 
 
 @dataclass
@@ -24,6 +24,8 @@ class Context:
     op: LinearOp | None = None
     ref_inputs: list[torch.Tensor] | None = None
     ref_output: torch.Tensor | None = None
+    indices: torch.Tensor | None = None  # max pooling: the winners of the forward pass
+    ref_indices: torch.Tensor | None = None
 
     @property
     def x(self) -> torch.Tensor:
@@ -169,19 +171,17 @@ class DeepLiftAblation(Rule):
     """DeepLIFT multipliers without the sign intermixing (Sixt et al. 2020, cross_mxts=False).
 
     Units with delta_x != 0 receive multipliers only through W+ (positive multipliers for
-    delta_x > 0, negative for delta_x < 0, which in the Rescale form are the same multipliers);
-    units with delta_x = 0 keep the full W. The chain becomes non-negative.
+    delta_x > 0, negative for delta_x < 0, which in the Rescale form are the same multipliers),
+    so the chain is non-negative. Units with delta_x = 0 would keep the full W, but their
+    contribution (multiplier x delta) is zero, and their multiplier only travels on through units
+    whose difference is zero as well (Rescale gives 0 wherever delta_in != 0): the recorded
+    signals are the same with W+ alone, which saves a second transposed convolution.
     """
 
     def backward(self, ctx, signal):
-        op, x = ctx.op, ctx.x
-        w, _ = op.weights()
-        wp = w.clamp(min=0) if op.has_negative_weights else w
-        out = op.transpose(signal, wp, x.shape)
-        still = (x - ctx.ref_inputs[0]) == 0
-        if op.has_negative_weights and bool(still.any()):
-            out = torch.where(still, op.transpose(signal, w, x.shape), out)
-        return [out]
+        w, _ = ctx.op.weights()
+        wp = w.clamp(min=0) if ctx.op.has_negative_weights else w
+        return [ctx.op.transpose(signal, wp, ctx.x.shape)]
 
 
 # --- nonlinearities, pooling, residual adds ----------------------------------------------------------
@@ -204,8 +204,7 @@ class ReLUGradient(Rule):
         if self.mode == "deconv":
             return [signal.clamp(min=0)]
         slope = ctx.node.params.get("negative_slope", 0.0)
-        local = torch.where(ctx.x > 0, 1.0, slope).to(signal.dtype)
-        out = signal * local
+        out = signal * (ctx.x > 0) if slope == 0 else signal * torch.where(ctx.x > 0, 1.0, slope).to(signal.dtype)
         return [out.clamp(min=0) if self.mode == "guided" else out]
 
 
@@ -236,8 +235,7 @@ class WinnerTakeAll(Rule):
     """Max pooling: the whole signal goes to the winning input (the max-pooling gradient)."""
 
     def backward(self, ctx, signal):
-        _, indices = pool(ctx.node, ctx.x, return_indices=True)
-        return [_unpool(signal, indices, ctx.x.shape)]
+        return [_unpool(signal, ctx.indices, ctx.x.shape)]
 
 
 class DeepLiftMaxPool(Rule):
@@ -250,8 +248,7 @@ class DeepLiftMaxPool(Rule):
     def backward(self, ctx, signal):
         x, ref = ctx.x, ctx.ref_inputs[0]
         out, out_ref = ctx.output, ctx.ref_output
-        _, idx = pool(ctx.node, x, return_indices=True)
-        _, idx_ref = pool(ctx.node, ref, return_indices=True)
+        idx, idx_ref = ctx.indices, ctx.ref_indices
         cross = torch.maximum(out, out_ref)
         num = (_unpool(signal * (cross - out_ref), idx, x.shape)
                + _unpool(signal * (out - cross), idx_ref.expand_as(idx), x.shape))

@@ -1,0 +1,3 @@
+from benchmarks import engine
+
+print(engine.run())

@@ -41,12 +41,16 @@ class Explainer(Attribution):
     >>> taps = ex.propagate(x, inject_at="classifier.2", vectors=torch.randn(5, *logits.shape))
     """
 
-    def __init__(self, model: nn.Module, method: str, **params):
+    def __init__(self, model: nn.Module, method: str, graph: Graph | None = None, **params):
         if not isinstance(model, nn.Module):
             raise AttributionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.method: Method = build_method(method, **params)
-        self.graph: Graph | None = trace(model) if self.method.engine != "control" else None
+        if self.method.engine == "control":
+            graph = None
+        elif graph is None:
+            graph = trace(model)
+        self.graph: Graph | None = graph
         self._ops = {n.name: OPS[n.kind](n) for n in self.graph.nodes if n.kind in LINEAR_KINDS} if self.graph else {}
         self._first = self.graph.first_layers() if self.graph else set()
         self._noise = torch.Generator().manual_seed(self.method.params.get("seed", 0))
@@ -145,10 +149,16 @@ class Explainer(Attribution):
                 pending[name] = o if name not in pending else pending[name] + o
         return taps
 
-    def _signals(self, x: torch.Tensor, start: str, make_signal) -> tuple[dict, dict]:
+    def _forward_envs(self, x: torch.Tensor) -> tuple[dict, dict | None]:
+        """Every node's output for x and, for DeepLIFT, for the zero reference (one image, broadcast)."""
         with torch.no_grad():
             env = self._run(x)
             ref = self._run(torch.zeros_like(x[:1])) if self.method.signal == "multiplier" else None
+        return env, ref
+
+    def _signals(self, x: torch.Tensor, start: str, make_signal, envs=None) -> tuple[dict, dict]:
+        env, ref = envs if envs is not None else self._forward_envs(x)
+        with torch.no_grad():
             taps = self._backward(env, ref, start, make_signal(env))
         if ref is not None:  # DeepLIFT's signal: multiplier times the difference from the reference
             taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
@@ -166,6 +176,7 @@ class Explainer(Attribution):
         target : int, (B,) tensor or list, or None for the predicted class
         **kwargs : passed to captum for ``integrated-gradients`` (e.g. ``n_steps``)
         """
+        envs = kwargs.pop("_envs", None)
         as_tuple = isinstance(inputs, tuple)
         x = self._check_input(inputs[0] if as_tuple else inputs)
         m = self.method
@@ -187,7 +198,7 @@ class Explainer(Attribution):
                 onehot = torch.zeros_like(logits).scatter_(1, t[:, None], 1.0)
                 return (onehot * logits if m.output == "logit" else onehot)[None]
 
-            taps, _ = self._signals(x, self.graph.output, start)
+            taps, _ = self._signals(x, self.graph.output, start, envs)
             maps = taps["input"][0]
             if m.times_input:
                 maps = maps * x
@@ -256,3 +267,36 @@ class Explainer(Attribution):
         if bool(((t < 0) | (t >= classes)).any()):
             raise AttributionError(f"target out of range: the model has {classes} classes, got {t.tolist()}")
         return t
+
+
+def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor) -> tuple[dict, dict | None] | None:
+    """One forward pass (and one reference pass, if a DeepLIFT method needs it) for all the graph
+    methods among ``explainers``, which must share one traced graph (build them with ``graph=``)."""
+    chains = [e for e in explainers.values() if e.method.chain]
+    if not chains:
+        return None
+    if len({id(e.graph) for e in chains}) > 1:
+        raise AttributionError("explainers sharing a forward pass must be built on one traced graph (pass graph=)")
+    x = chains[0]._check_input(x)
+    with torch.no_grad():
+        env = chains[0]._run(x)
+        needs_ref = any(e.method.signal == "multiplier" for e in chains)
+        ref = chains[0]._run(torch.zeros_like(x[:1])) if needs_ref else None
+    return env, ref
+
+
+def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, target, envs=None) -> dict[str, torch.Tensor]:
+    """Maps of several methods on ONE model, sharing one forward pass (see :func:`shared_forward`).
+
+    Returns {label: maps shaped like x}. ``envs`` reuses the result of ``shared_forward`` (e.g. for
+    a second target on the same inputs).
+    """
+    envs = envs if envs is not None else shared_forward(explainers, x)
+    out = {}
+    for label, ex in explainers.items():
+        if ex.method.chain:
+            own = (envs[0], envs[1] if ex.method.signal == "multiplier" else None)
+            out[label] = ex.attribute(x, target=target, _envs=own)
+        else:
+            out[label] = ex.attribute(x, target=target)
+    return out

@@ -9,13 +9,18 @@ import importlib
 from audit.errors import AuditError, ConfigError, DataError, ModelError
 
 __all__ = ["AuditError", "ConfigError", "DataError", "ModelError", "load_dataset", "embedded_sample",
-           "build", "load_checkpoint"]
+           "build", "load_checkpoint", "chain_convergence", "random_logit_test", "parameter_randomization",
+           "summarize"]
 
 _LAZY = {
     "load_dataset": "audit.data",
     "embedded_sample": "audit.data",
     "build": "audit.zoo",
     "load_checkpoint": "audit.zoo",
+    "chain_convergence": "audit.convergence",
+    "random_logit_test": "audit.random_logit",
+    "parameter_randomization": "audit.randomization",
+    "summarize": "audit.summary",
 }
 
 

@@ -1,0 +1,169 @@
+"""Cosine-similarity convergence (CSC) of backward chains, after Sixt et al. 2020, section 3.1.
+
+For each method and injection layer L, K Gaussian vectors replace the backward signal at L's
+output and are propagated down in one batched pass. At every recorded layer, per image and
+position, the channel vectors of the K signals are compared pairwise by |cos|; a chain that
+converges to rank 1 maps every vector to the same direction, so |cos| -> 1. The spectrum of the
+K x D matrix of one image's flattened signals (K >= 8) estimates the chain's top singular values.
+
+Signals are recorded at every node's output. Right before a max-pooling layer only the winning
+positions of each channel carry signal, so channel vectors there are sparse and their |cos| is
+inflated whatever the method; the chain is best read where it enters each conv / dense layer
+(e.g. at the pooling outputs), which :func:`layer_inputs` names.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+from tqdm.auto import tqdm
+
+from attributions.explainer import Explainer
+from attributions.graph import LINEAR_KINDS, trace
+from audit.errors import AuditError, unknown_name
+from audit.inputs import check_inputs
+from audit.methods import resolve_methods
+
+RECORDED_KINDS = LINEAR_KINDS + ("relu", "leaky_relu", "maxpool", "add", "cat", "input")
+COLUMNS = ["method", "inject_at", "layer", "depth", "kind", "channels", "median", "p10", "p25", "p75", "p90", "mean",
+           "baseline", "sigma2_over_sigma1", "effective_rank", "collapsed"]
+
+
+def random_cosine_median(d: int) -> float:
+    """Median |cos| between two independent isotropic Gaussian vectors in dimension d (exact).
+
+    cos^2 follows Beta(1/2, (d - 1) / 2), so the median |cos| is the square root of that law's median.
+    """
+    if d <= 1:
+        return 1.0
+    return math.sqrt(stats.beta.ppf(0.5, 0.5, (d - 1) / 2))
+
+
+def pairwise_abs_cos(signal: torch.Tensor, n_pairs_of: int | None = None) -> np.ndarray:
+    """|cos| of all K(K-1)/2 pairs of channel vectors, pooled over images and positions.
+
+    signal : (K, B, C, *spatial) or (K, B, D) for dense layers. Zero vectors are dropped.
+    """
+    k = signal.shape[0] if n_pairs_of is None else n_pairs_of
+    s = signal[:k].double()
+    vectors = s.reshape(k, s.shape[1], 1, -1) if s.ndim == 3 else s.flatten(3).transpose(2, 3)  # (K, B, P, C)
+    norms = vectors.norm(dim=-1)
+    unit = vectors / norms.clamp_min(1e-300)[..., None]
+    i, j = torch.triu_indices(k, k, offset=1)
+    cos = (unit[i] * unit[j]).sum(-1).abs()
+    keep = (norms[i] > 0) & (norms[j] > 0)
+    return cos[keep].numpy()
+
+
+def spectrum(signal: torch.Tensor) -> tuple[float, float]:
+    """Median over images of sigma2 / sigma1 and of the effective rank (exp of the entropy of the
+    normalised singular values, Roy & Vetterli 2007) of each image's K x D signal matrix."""
+    k, b = signal.shape[:2]
+    mats = signal.double().reshape(k, b, -1).transpose(0, 1)  # (B, K, D)
+    sv = torch.linalg.svdvals(mats)
+    ok = sv[:, 0] > 0
+    if not bool(ok.any()):
+        return float("nan"), float("nan")
+    sv = sv[ok]
+    ratio = sv[:, 1] / sv[:, 0]
+    p = sv / sv.sum(1, keepdim=True)
+    entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(1)
+    return float(ratio.median()), float(torch.exp(entropy).median())
+
+
+def default_injection_layers(ex: Explainer) -> list[str]:
+    """The logits plus the deepest conv layer and one about half-way down the conv stack."""
+    graph = ex.graph
+    linear = [n.name for n in graph.nodes if n.kind in ("conv", "dense") and n.name != graph.output]
+    convs = [n.name for n in graph.nodes if n.kind == "conv"]
+    picks = [graph.output]
+    if convs:
+        picks += [convs[-1], convs[len(convs) // 2]]
+    elif linear:
+        picks.append(linear[-1])
+    return list(dict.fromkeys(picks))
+
+
+def layer_inputs(ex: Explainer) -> dict[str, str]:
+    """For each conv / dense node, the node whose output it reads (where the chain enters it)."""
+    return {n.name: n.inputs[0] for n in ex.graph.nodes if n.kind in ("conv", "dense")}
+
+
+def _vector_seed(seed: int, layer: str) -> int:
+    return zlib.crc32(f"{seed}:{layer}".encode())
+
+
+def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_at=None, n_vectors: int = 5,
+                      seed: int = 0, threshold: float = 0.99, spectrum_vectors: int = 8,
+                      progress: bool = True) -> pd.DataFrame:
+    """Layer-wise cosine-similarity convergence of each method's backward chain.
+
+    Parameters
+    ----------
+    model : nn.Module (B, ...) -> (B, classes)
+    x : (B, ...) images; y : (B,) labels (unused by the protocol; checked for consistency)
+    methods : names, "all", or a comma-separated string; non-chain methods (integrated-gradients,
+        smoothgrad, controls) are skipped
+    inject_at : layer name(s); None = the logits plus a few deeper layers
+    n_vectors : K, the Gaussian vectors compared pairwise (Sixt et al.: 5)
+    seed : seeds the vectors (the same vectors for every method)
+    threshold : a layer is ``collapsed`` when its median |cos| reaches it
+    spectrum_vectors : vectors used for the spectrum estimate (at least 8; the first ``n_vectors``
+        of them give the |cos| statistics)
+
+    Returns
+    -------
+    DataFrame, one row per method x injection layer x recorded layer (columns: see ``COLUMNS``).
+    """
+    x, _ = check_inputs(model, x, y)
+    names = resolve_methods(methods)
+    if n_vectors < 2:
+        raise AuditError(f"n_vectors must be at least 2 (pairs are compared), got {n_vectors}")
+    graph = trace(model)
+    explainers = {m: Explainer(model, m, graph=graph) for m in names}
+    explainers = {m: e for m, e in explainers.items() if e.method.chain}
+    if not explainers:
+        raise AuditError(f"none of {names} is a backward chain; CSC applies to the graph methods")
+    any_ex = next(iter(explainers.values()))
+    layers = any_ex.layers
+    targets = [inject_at] if isinstance(inject_at, str) else (inject_at or default_injection_layers(any_ex))
+    for t in targets:
+        if t not in layers:
+            raise unknown_name("layer", t, layers, AuditError)
+    depth = {name: i for i, name in enumerate(["input"] + layers)}
+    kinds = {n.name: n.kind for n in graph.nodes}
+    with torch.no_grad():
+        env = any_ex._run(x)
+        ref = any_ex._run(torch.zeros_like(x[:1]))
+    k_total = max(n_vectors, spectrum_vectors)
+    rows = []
+    jobs = [(m, t) for m in explainers for t in targets]
+    for method, target in tqdm(jobs, desc="CSC", disable=not progress):
+        ex = explainers[method]
+        shape = env[target].shape
+        gen = torch.Generator().manual_seed(_vector_seed(seed, target))
+        vectors = torch.randn(k_total, *shape, generator=gen, dtype=torch.float64).to(env[target].dtype)
+        own_ref = ref if ex.method.signal == "multiplier" else None
+        taps, _ = ex._signals(x, target, lambda e: vectors, envs=(env, own_ref))
+        taps.pop(target, None)
+        size_l = int(np.prod(shape[1:]))
+        for layer, signal in taps.items():
+            if kinds.get(layer, "input") not in RECORDED_KINDS:
+                continue
+            channels = signal.shape[2]
+            if channels == 1 and signal.ndim > 3:
+                continue  # one channel: |cos| is trivially 1
+            cos = pairwise_abs_cos(signal, n_vectors)
+            ratio, rank = spectrum(signal)
+            q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
+            rows.append({"method": method, "inject_at": target, "layer": layer, "depth": depth[layer],
+                         "kind": kinds.get(layer, "input"), "channels": channels, "median": q[2], "p10": q[0],
+                         "p25": q[1], "p75": q[3], "p90": q[4], "mean": float(cos.mean()) if cos.size else np.nan,
+                         "baseline": random_cosine_median(min(channels, size_l)),
+                         "sigma2_over_sigma1": ratio, "effective_rank": rank,
+                         "collapsed": bool(q[2] >= threshold)})
+    return pd.DataFrame(rows, columns=COLUMNS)

@@ -1,0 +1,32 @@
+"""Per-method summaries of the tidy result tables: medians with bootstrap intervals."""
+from __future__ import annotations
+
+import pandas as pd
+
+from audit.stats import bootstrap_ci
+
+METRICS = ("ssim", "spearman", "spearman_abs", "hog", "median")
+ID_COLUMNS = ("model", "method", "stage", "layer", "inject_at", "depth")
+
+
+def summarize(df: pd.DataFrame, level: float = 0.99, n_resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
+    """Median and ``level`` bootstrap interval of each metric column, per method (and per stage,
+    layer, injection layer and model where the table has them).
+
+    Returns one row per group with columns ``<metric>``, ``<metric>_low``, ``<metric>_high`` and ``n``.
+    """
+    keys = [c for c in ID_COLUMNS if c in df.columns]
+    metrics = [c for c in METRICS if c in df.columns]
+    if not keys or not metrics:
+        from audit.errors import AuditError
+        raise AuditError(f"summarize needs a result table with a method column and metric columns "
+                         f"({', '.join(METRICS)}); got columns {list(df.columns)}")
+    rows = []
+    for group, part in df.groupby(keys, sort=False):
+        row = dict(zip(keys, group if isinstance(group, tuple) else (group,)))
+        for m in metrics:
+            est, low, high = bootstrap_ci(part[m].to_numpy(), level, n_resamples, seed)
+            row |= {m: est, f"{m}_low": low, f"{m}_high": high}
+        row["n"] = len(part)
+        rows.append(row)
+    return pd.DataFrame(rows)

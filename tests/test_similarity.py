@@ -1,0 +1,97 @@
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from skimage.metrics import structural_similarity
+
+from audit.errors import AuditError, ConfigError
+from audit.similarity import hog_similarity, normalize_map, reduce_map, spearman, ssim
+from audit.stats import bootstrap_ci
+
+
+def _pairs(n=5, size=28, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.rand(n, size, size, generator=g, dtype=torch.float64)
+    b = (a + 0.4 * torch.rand(n, size, size, generator=g, dtype=torch.float64)).clamp(0, 1)
+    return a, b
+
+
+@pytest.mark.parametrize("ours,theirs", [
+    (dict(win_size=5), dict(win_size=5)),
+    (dict(win_size=7), dict(win_size=7)),
+    (dict(win_size=3), dict(win_size=3)),
+    (dict(gaussian=True), dict(gaussian_weights=True, sigma=1.5)),
+    (dict(win_size=5, use_sample_covariance=False), dict(win_size=5, use_sample_covariance=False)),
+])
+def test_ssim_matches_scikit_image(ours, theirs):
+    a, b = _pairs()
+    got = ssim(a, b, data_range=1.0, **ours).numpy()
+    want = np.array([structural_similarity(x.numpy(), y.numpy(), data_range=1.0, **theirs) for x, y in zip(a, b)])
+    assert np.abs(got - want).max() <= 1e-6
+
+
+def test_ssim_data_range_and_rectangular_maps():
+    a, b = _pairs(3, 28)
+    a, b = 4 * a[:, :, :20], 4 * b[:, :, :20]
+    want = [structural_similarity(x.numpy(), y.numpy(), data_range=4.0, win_size=5) for x, y in zip(a, b)]
+    assert np.abs(ssim(a, b, data_range=4.0).numpy() - want).max() <= 1e-6
+
+
+def test_flip_invariant_ssim_takes_the_better_sign():
+    a, _ = _pairs(4)
+    flipped = 1.0 - a
+    assert (ssim(a, flipped) < 0.5).all()
+    torch.testing.assert_close(ssim(a, flipped, flip_invariant=True), torch.ones(4, dtype=torch.float64))
+    # On raw maps: normalising -m with symmetric clipping gives 1 - normalise(m).
+    raw = torch.randn(4, 16, 16, dtype=torch.float64)
+    torch.testing.assert_close(normalize_map(-raw), 1 - normalize_map(raw))
+
+
+def test_ssim_bad_shapes():
+    with pytest.raises(AuditError, match="one shape"):
+        ssim(torch.zeros(2, 8, 8), torch.zeros(2, 8, 9))
+    with pytest.raises(AuditError, match="win_size"):
+        ssim(torch.zeros(2, 4, 4), torch.zeros(2, 4, 4), win_size=5)
+
+
+def test_normalize_map_clips_and_rescales():
+    m = torch.arange(1000, dtype=torch.float64).reshape(1, 10, 100)
+    m[0, 0, 0] = -1e6  # an outlier below the 0.5th percentile
+    n = normalize_map(m)
+    assert float(n.min()) == 0.0 and float(n.max()) == 1.0
+    assert float(n[0, 0, 1]) == 0.0  # clipped together with the outlier
+    assert float(normalize_map(torch.ones(1, 5, 5)).abs().max()) == 0.0
+
+
+def test_reduce_map():
+    maps = torch.tensor([[[[1.0]], [[-3.0]], [[0.5]]]])  # (1, 3, 1, 1)
+    assert float(reduce_map(maps, "sum")) == -1.5 and float(reduce_map(maps, "max-abs")) == 3.0
+    with pytest.raises(ConfigError, match="valid: sum, max-abs"):
+        reduce_map(maps, "mean")
+
+
+def test_spearman_and_hog_match_scipy():
+    a, b = _pairs(3, 16)
+    a[0, :4] = 0.0
+    b[0, :4] = 0.0  # ties
+    got = spearman(a, b)
+    want = [stats.spearmanr(x.flatten(), y.flatten()).statistic for x, y in zip(a.numpy(), b.numpy())]
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+    assert np.isnan(spearman(torch.ones(1, 4, 4), torch.rand(1, 4, 4)))[0]
+    h = hog_similarity(a, a)
+    np.testing.assert_allclose(h, 1.0)
+    assert (hog_similarity(a, torch.rand(3, 16, 16, dtype=torch.float64)) < 0.9).all()
+
+
+def test_bootstrap_ci():
+    rng = np.random.default_rng(0)
+    values = rng.normal(0.5, 0.1, 200)
+    est, low, high = bootstrap_ci(values, level=0.99, seed=1)
+    assert est == pytest.approx(np.median(values)) and low < est < high
+    assert bootstrap_ci(values, seed=1) == (est, low, high)  # seeded: bit for bit
+    narrow = bootstrap_ci(values, level=0.5, seed=1)
+    assert narrow[2] - narrow[1] < high - low
+    wide = bootstrap_ci(values[:20], level=0.99, seed=1)
+    assert wide[2] - wide[1] > high - low
+    assert np.isnan(bootstrap_ci([np.nan])[0])
+    assert bootstrap_ci([1.0, np.nan, 3.0], seed=0)[0] == 2.0

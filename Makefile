@@ -28,6 +28,7 @@ test: $(STAMP) data
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
+	$(PY) -m pip install -c constraints.txt -e '.[bench]'
 	$(PY) -m benchmarks
 
 checkpoints: $(STAMP) data

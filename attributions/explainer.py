@@ -166,6 +166,40 @@ class Explainer(Attribution):
 
     # --- public API --------------------------------------------------------------------------------
 
+    def maps_for_targets(self, x: torch.Tensor, targets: list, envs=None, **kwargs) -> torch.Tensor:
+        """Maps for several targets at once: (K, B, ...) for K target specifications.
+
+        For the graph methods the K explained outputs travel down in ONE batched backward pass
+        over one forward pass; other methods run once per target.
+        """
+        x = self._check_input(x)
+        m = self.method
+        if m.engine == "control":
+            maps = [sobel_magnitude(x) if m.name == "edge" else torch.randn(x.shape, generator=self._noise).to(x)
+                    for _ in targets]
+        elif m.name == "integrated-gradients":
+            logits = self.forward(x).detach()
+            n_steps = kwargs.pop("n_steps", m.params["n_steps"])
+            maps = [IntegratedGradients(self.forward).attribute(x, target=self._targets(logits, t), n_steps=n_steps,
+                                                                 **kwargs).detach() for t in targets]
+        elif m.name == "smoothgrad":
+            logits = self.forward(x).detach()
+            sigma = m.params["noise"] * float(x.max() - x.min())
+            tunnel = NoiseTunnel(Explainer(self.model, "gradient", graph=self.graph))
+            maps = [tunnel.attribute(x, nt_type="smoothgrad", nt_samples=m.params["samples"], stdevs=sigma,
+                                     target=self._targets(logits, t)).detach() for t in targets]
+        else:
+            def start(env):
+                logits = env[self.graph.output]
+                onehots = torch.stack([torch.zeros_like(logits).scatter_(1, self._targets(logits, t)[:, None], 1.0)
+                                       for t in targets])
+                return onehots * logits if m.output == "logit" else onehots
+
+            taps, _ = self._signals(x, self.graph.output, start, envs)
+            out = taps["input"]
+            return out * x if m.times_input else out
+        return torch.stack(maps)
+
     @log_usage()
     def attribute(self, inputs, target=None, **kwargs) -> torch.Tensor:
         """Attribution maps for ``inputs`` (B, ...), shaped like the inputs.
@@ -178,30 +212,7 @@ class Explainer(Attribution):
         """
         envs = kwargs.pop("_envs", None)
         as_tuple = isinstance(inputs, tuple)
-        x = self._check_input(inputs[0] if as_tuple else inputs)
-        m = self.method
-        if m.engine == "control":
-            maps = sobel_magnitude(x) if m.name == "edge" else torch.randn(x.shape, generator=self._noise).to(x)
-        elif m.name == "integrated-gradients":
-            t = self._targets(self.forward(x).detach(), target)
-            n_steps = kwargs.pop("n_steps", m.params["n_steps"])
-            maps = IntegratedGradients(self.forward).attribute(x, target=t, n_steps=n_steps, **kwargs).detach()
-        elif m.name == "smoothgrad":
-            t = self._targets(self.forward(x).detach(), target)
-            sigma = m.params["noise"] * float(x.max() - x.min())
-            maps = NoiseTunnel(Explainer(self.model, "gradient")).attribute(
-                x, nt_type="smoothgrad", nt_samples=m.params["samples"], stdevs=sigma, target=t).detach()
-        else:
-            def start(env):
-                logits = env[self.graph.output]
-                t = self._targets(logits, target)
-                onehot = torch.zeros_like(logits).scatter_(1, t[:, None], 1.0)
-                return (onehot * logits if m.output == "logit" else onehot)[None]
-
-            taps, _ = self._signals(x, self.graph.output, start, envs)
-            maps = taps["input"][0]
-            if m.times_input:
-                maps = maps * x
+        maps = self.maps_for_targets(inputs[0] if as_tuple else inputs, [target], envs, **kwargs)[0]
         return (maps,) if as_tuple else maps
 
     def propagate(self, x: torch.Tensor, inject_at: str, vectors: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -285,18 +296,16 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor) -> tuple[d
     return env, ref
 
 
-def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, target, envs=None) -> dict[str, torch.Tensor]:
-    """Maps of several methods on ONE model, sharing one forward pass (see :func:`shared_forward`).
+def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: list, envs=None
+                   ) -> dict[str, torch.Tensor]:
+    """Maps of several methods on ONE model for K targets: {label: (K, B, ...)}.
 
-    Returns {label: maps shaped like x}. ``envs`` reuses the result of ``shared_forward`` (e.g. for
-    a second target on the same inputs).
+    The graph methods share one forward pass (see :func:`shared_forward`; ``envs`` reuses one) and
+    each explains all K targets in one batched backward pass.
     """
     envs = envs if envs is not None else shared_forward(explainers, x)
     out = {}
     for label, ex in explainers.items():
-        if ex.method.chain:
-            own = (envs[0], envs[1] if ex.method.signal == "multiplier" else None)
-            out[label] = ex.attribute(x, target=target, _envs=own)
-        else:
-            out[label] = ex.attribute(x, target=target)
+        own = (envs[0], envs[1] if ex.method.signal == "multiplier" else None) if ex.method.chain else None
+        out[label] = ex.maps_for_targets(x, targets, own)
     return out

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from audit.methods import default_reduction
-from audit.similarity import hog_similarity, normalize_map, reduce_map, spearman, ssim
+from audit.similarity import hog_features, normalize_map, reduce_map, spearman, ssim
 
 
 def heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> dict[str, torch.Tensor]:
@@ -14,10 +14,20 @@ def heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> di
     return {m: reduce_map(v.detach().double(), reduction.get(m, default_reduction(m))) for m, v in maps.items()}
 
 
-def map_similarities(a: torch.Tensor, b: torch.Tensor, win_size: int = 5) -> dict[str, np.ndarray]:
-    """Scores between raw heatmaps a and b (N, H, W): flip-invariant SSIM of the normalised maps,
-    Spearman of the raw maps (signed and of |.|), Spearman of the normalised maps' HOG features."""
-    na, nb = normalize_map(a), normalize_map(b)
-    return {"ssim": ssim(na, nb, win_size=win_size, data_range=1.0, flip_invariant=True).numpy(),
-            "spearman": spearman(a, b), "spearman_abs": spearman(a.abs(), b.abs()),
-            "hog": hog_similarity(na, nb)}
+class ReferenceMaps:
+    """Raw heatmaps (N, H, W) that later maps are compared with; their normalised form and HOG
+    descriptors are computed once."""
+
+    def __init__(self, raw: torch.Tensor, win_size: int = 5):
+        self.raw, self.win_size = raw, win_size
+        self.normalized = normalize_map(raw)
+        self.hog = hog_features(self.normalized)
+
+    def compare(self, other: torch.Tensor) -> dict[str, np.ndarray]:
+        """Flip-invariant SSIM of the normalised maps, Spearman of the raw maps (signed and of
+        |.|), and Spearman of the normalised maps' HOG descriptors; each (N,)."""
+        norm = normalize_map(other)
+        return {"ssim": ssim(self.normalized, norm, win_size=self.win_size, data_range=1.0,
+                             flip_invariant=True).numpy(),
+                "spearman": spearman(self.raw, other), "spearman_abs": spearman(self.raw.abs(), other.abs()),
+                "hog": spearman(torch.from_numpy(self.hog), torch.from_numpy(hog_features(norm)))}

@@ -45,15 +45,15 @@ def random_logit_test(model: torch.nn.Module, x, y, methods="all", seed: int = 0
     names = resolve_methods(methods)
     graph = trace(model)
     explainers = {m: Explainer(model, m, graph=graph) for m in names}
-    classes = next(e for e in explainers.values() if e.graph is not None).forward(x).shape[1]
+    envs = shared_forward(explainers, x)
+    classes = envs[0][graph.output].shape[1] if envs else Explainer(model, "gradient", graph=graph).forward(x).shape[1]
     check_labels(y, classes)
     r = random_classes(y, classes, seed)
-    envs = shared_forward(explainers, x)
     rows = []
     for m in tqdm(names, desc="random-logit", disable=not progress):
-        one = {m: explainers[m]}
-        true_map = heatmaps(attribute_many(one, x, y, envs), reduction)[m]
-        rand_map = heatmaps(attribute_many(one, x, r, envs), reduction)[m]
+        both = attribute_many({m: explainers[m]}, x, [y, r], envs)[m]  # one batched backward for both classes
+        true_map = heatmaps({m: both[0]}, reduction)[m]
+        rand_map = heatmaps({m: both[1]}, reduction)[m]
         s = ssim(normalize_map(true_map), normalize_map(rand_map), win_size=5, data_range=1.0, flip_invariant=True)
         sp, sa = spearman(true_map, rand_map), spearman(true_map.abs(), rand_map.abs())
         for i in range(len(x)):

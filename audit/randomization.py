@@ -14,17 +14,16 @@ from __future__ import annotations
 import copy
 import zlib
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from attributions.explainer import Explainer, attribute_many
+from attributions.explainer import Explainer, attribute_many, shared_forward
 from attributions.graph import trace
 from audit.errors import AuditError
 from audit.inputs import check_inputs, check_labels
-from audit.maps import heatmaps, map_similarities
+from audit.maps import ReferenceMaps, heatmaps
 from audit.methods import check_option, resolve_methods
 
 ORDERS = ("cascading", "independent", "bottom-up")
@@ -115,24 +114,26 @@ def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = 
     check_option("target", target, TARGETS)
     names = resolve_methods(methods)
     n_stages = 1 + len(parameterised_layers(model))
-    reference = None
+    reference, graph = None, None
     rows = []
     stages = randomization_stages(model, order, bn, seed)  # lazily: cascading stages share one copy
     for stage, layer, stage_model in tqdm(stages, total=n_stages, desc=f"randomization ({order})",
                                           disable=not progress):
-        graph = trace(stage_model)
+        if graph is None or order == "independent":  # cascading stages modify one copy: trace it once
+            graph = trace(stage_model)
         # the random control draws afresh at every stage (seeded by the stage), a floor for the scores
         explainers = {m: Explainer(stage_model, m, graph=graph, **({"seed": seed + stage} if m == "random" else {}))
                       for m in names}
-        logits = next(iter(explainers.values())).forward(x).detach() if graph else None
+        envs = shared_forward(explainers, x)
+        logits = envs[0][graph.output] if envs else next(iter(explainers.values())).forward(x).detach()
         if stage == 0:
             check_labels(y, logits.shape[1])
         t = y if target == "true" else logits.argmax(1)
-        maps = heatmaps(attribute_many(explainers, x, t), reduction)
+        maps = heatmaps({m: v[0] for m, v in attribute_many(explainers, x, [t], envs).items()}, reduction)
         if reference is None:
-            reference = maps
+            reference = {m: ReferenceMaps(v) for m, v in maps.items()}
         for m in names:
-            sims = map_similarities(reference[m], maps[m])
+            sims = reference[m].compare(maps[m])
             for i in range(len(x)):
                 rows.append({"method": m, "stage": stage, "layer": layer, "image": i,
                              **{k: float(v[i]) for k, v in sims.items()}})

@@ -50,13 +50,23 @@ def _gaussian_kernel(sigma: float, truncate: float, dtype) -> torch.Tensor:
     return k / k.sum()
 
 
+def _box_mean(x: torch.Tensor, size: int, dim: int) -> torch.Tensor:
+    """Valid-mode moving average along ``dim`` by differences of a cumulative sum (O(1) per value)."""
+    c = torch.cumsum(x, dim=dim)
+    c = torch.cat([torch.zeros_like(c.narrow(dim, 0, 1)), c], dim=dim)
+    n = x.shape[dim] - size + 1
+    return (c.narrow(dim, size, n) - c.narrow(dim, 0, n)) / size
+
+
 def _filter(x: torch.Tensor, win_size: int, gaussian: bool, sigma: float) -> torch.Tensor:
-    """Valid-mode local means of (N, 1, H, W): a uniform box or a separable Gaussian window."""
+    """Valid-mode local means over the last two axes: a uniform box or a separable Gaussian window."""
     if not gaussian:
-        return F.avg_pool2d(x, win_size, stride=1)
+        return _box_mean(_box_mean(x, win_size, -1), win_size, -2)
     k = _gaussian_kernel(sigma, 3.5, x.dtype)
-    x = F.conv2d(x, k.reshape(1, 1, -1, 1))
-    return F.conv2d(x, k.reshape(1, 1, 1, -1))
+    shape = x.shape
+    x = x.reshape(-1, 1, *shape[-2:])
+    x = F.conv2d(F.conv2d(x, k.reshape(1, 1, -1, 1)), k.reshape(1, 1, 1, -1))
+    return x.reshape(*shape[:-2], *x.shape[-2:])
 
 
 def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int | None = 5, data_range: float = 1.0,
@@ -90,10 +100,8 @@ def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int | None = 5, data_range:
         return torch.maximum(ssim(a, b, win_size, data_range, gaussian, False, sigma, use_sample_covariance),
                              ssim(a, data_range - b, win_size, data_range, gaussian, False, sigma,
                                   use_sample_covariance))
-    x, y = a.double()[:, None], b.double()[:, None]
-    stack = _filter(torch.cat([x, y, x * x, y * y, x * y], dim=1).reshape(-1, 1, *x.shape[2:]),
-                    win_size, gaussian, sigma).reshape(x.shape[0], 5, *[s - win_size + 1 for s in x.shape[2:]])
-    ux, uy, uxx, uyy, uxy = stack.unbind(1)
+    x, y = a.double(), b.double()
+    ux, uy, uxx, uyy, uxy = _filter(torch.stack([x, y, x * x, y * y, x * y]), win_size, gaussian, sigma).unbind(0)
     n = win_size ** 2
     cov_norm = n / (n - 1) if use_sample_covariance else 1.0
     vx, vy, vxy = cov_norm * (uxx - ux * ux), cov_norm * (uyy - uy * uy), cov_norm * (uxy - ux * uy)

@@ -1,3 +1,5 @@
-from benchmarks import engine
+from benchmarks import audit_speed, engine
 
 print(engine.run())
+print()
+print(audit_speed.run())

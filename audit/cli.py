@@ -70,7 +70,34 @@ def _retrain_shipped(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from audit.demo import run_demo
 
-    run_demo(seed=args.seed, progress=not args.quiet)
+    run_demo(out=args.out, seed=args.seed, progress=not args.quiet)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from audit.config import load_config
+    from audit.runner import run_audit
+
+    config = load_config(args.config, models=args.models, methods=args.methods, tests=args.tests,
+                         n_images=args.n_images, seed=args.seed, device=args.device, data=args.data,
+                         data_root=args.data_root, weights=args.weights)
+    result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet)
+    print(f"report: {result.write_report()}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from reports import build_report
+
+    print(f"report: {build_report(args.dir, args.out)}")
+    return 0
+
+
+def _methods(args: argparse.Namespace) -> int:
+    from attributions import available_methods
+
+    for name, text in available_methods().items():
+        print(f"  {name:24s} {text}")
     return 0
 
 
@@ -115,10 +142,35 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=_retrain_shipped)
 
-    d = sub.add_parser("demo", help="the main job on the embedded sample")
+    d = sub.add_parser("demo", help="the full audit of cnn-sgd against cnn-bort on the embedded sample")
+    d.add_argument("--out", default="demo-output")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_demo)
+
+    a = sub.add_parser("run", help="audit models: CSC, random-logit and parameter randomization, with a report")
+    a.add_argument("--models", default=None, help="comma-separated: shipped names, checkpoint paths, module:factory")
+    a.add_argument("--weights", default=None, help="state_dict for a module:factory model")
+    a.add_argument("--methods", default=None, help='comma-separated method names, or "all"')
+    a.add_argument("--tests", default=None, help="comma-separated: csc, random-logit, cascading, independent, bottom-up")
+    a.add_argument("--n-images", type=int, default=None)
+    a.add_argument("--data", default=None, help='"embedded" (default) or a data set name')
+    a.add_argument("--data-root", default=None)
+    a.add_argument("--config", default=None, help="a TOML file with the same keys (underscores)")
+    a.add_argument("--seed", type=int, default=None)
+    a.add_argument("--device", default=None, choices=["cpu", "cuda"])
+    a.add_argument("--out", required=True, help="the run folder (results, manifest, report)")
+    a.add_argument("--resume", action="store_true", help="skip the units a previous run finished")
+    a.add_argument("--quiet", action="store_true")
+    a.set_defaults(func=_run)
+
+    rp = sub.add_parser("report", help="rebuild the report of a finished run without recomputing")
+    rp.add_argument("dir")
+    rp.add_argument("--out", default=None, help="default: the run folder")
+    rp.set_defaults(func=_report)
+
+    me = sub.add_parser("methods", help="list the attribution methods")
+    me.set_defaults(func=_methods)
     return p
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import zlib
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import nn
@@ -89,7 +90,7 @@ def _module_name(model: nn.Module, module: nn.Module) -> str:
 
 def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
                             target: str = "true", seed: int = 0, reduction: dict | None = None,
-                            progress: bool = True) -> pd.DataFrame:
+                            progress: bool = True, keep_maps: int = 0):
     """Similarity of each method's maps at every randomisation stage to the trained model's maps.
 
     Parameters
@@ -102,11 +103,13 @@ def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = 
     target : true (the label, as Sixt) | predicted (each stage's own prediction, as Adebayo)
     seed : seeds the re-initialisations
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
+    keep_maps : also return the raw heatmaps of the first ``keep_maps`` images at every stage
 
     Returns
     -------
     DataFrame, one row per method x stage x image: method, stage, layer (the layer re-initialised at
     that stage; "original" for stage 0), image, ssim (flip-invariant), spearman, spearman_abs, hog.
+    With ``keep_maps``: (DataFrame, {method: (stages, keep_maps, H, W) array}).
     """
     x, y = check_inputs(model, x, y)
     if y is None:
@@ -115,7 +118,7 @@ def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = 
     names = resolve_methods(methods)
     n_stages = 1 + len(parameterised_layers(model))
     reference, graph = None, None
-    rows = []
+    rows, kept = [], {m: [] for m in names}
     stages = randomization_stages(model, order, bn, seed)  # lazily: cascading stages share one copy
     for stage, layer, stage_model in tqdm(stages, total=n_stages, desc=f"randomization ({order})",
                                           disable=not progress):
@@ -125,7 +128,7 @@ def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = 
         explainers = {m: Explainer(stage_model, m, graph=graph, **({"seed": seed + stage} if m == "random" else {}))
                       for m in names}
         envs = shared_forward(explainers, x)
-        logits = envs[0][graph.output] if envs else next(iter(explainers.values())).forward(x).detach()
+        logits = envs[0][graph.output] if envs else Explainer(stage_model, "gradient", graph=graph).forward(x).detach()
         if stage == 0:
             check_labels(y, logits.shape[1])
         t = y if target == "true" else logits.argmax(1)
@@ -133,8 +136,11 @@ def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = 
         if reference is None:
             reference = {m: ReferenceMaps(v) for m, v in maps.items()}
         for m in names:
+            if keep_maps:
+                kept[m].append(maps[m][:keep_maps].numpy())
             sims = reference[m].compare(maps[m])
             for i in range(len(x)):
                 rows.append({"method": m, "stage": stage, "layer": layer, "image": i,
                              **{k: float(v[i]) for k, v in sims.items()}})
-    return pd.DataFrame(rows, columns=COLUMNS)
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    return (df, {m: np.stack(v) for m, v in kept.items()}) if keep_maps else df

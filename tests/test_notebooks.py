@@ -1,0 +1,23 @@
+"""The notebooks run headless, with small settings, without error."""
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+
+
+def test_the_three_notebooks_exist():
+    assert {p.name for p in NOTEBOOKS} == {"quickstart.ipynb", "rank_one_collapse.ipynb", "bort_vs_sgd.ipynb"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_executes(path, monkeypatch):
+    monkeypatch.setenv("AUDIT_NOTEBOOK_FAST", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors

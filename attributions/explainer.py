@@ -156,12 +156,15 @@ class Explainer(Attribution):
             ref = self._run(torch.zeros_like(x[:1])) if self.method.signal == "multiplier" else None
         return env, ref
 
-    def _signals(self, x: torch.Tensor, start: str, make_signal, envs=None) -> tuple[dict, dict]:
+    def _signals(self, x: torch.Tensor, start: str, make_signal, envs=None, keep=None) -> tuple[dict, dict]:
+        """Every node's signal (or only those named in ``keep``) for the signal ``make_signal(env)`` at ``start``."""
         env, ref = envs if envs is not None else self._forward_envs(x)
         with torch.no_grad():
             taps = self._backward(env, ref, start, make_signal(env))
-        if ref is not None:  # DeepLIFT's signal: multiplier times the difference from the reference
-            taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
+            if keep is not None:
+                taps = {k: v for k, v in taps.items() if k in keep}
+            if ref is not None:  # DeepLIFT's signal: multiplier times the difference from the reference
+                taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
         return taps, env
 
     # --- public API --------------------------------------------------------------------------------
@@ -195,7 +198,7 @@ class Explainer(Attribution):
                                        for t in targets])
                 return onehots * logits if m.output == "logit" else onehots
 
-            taps, _ = self._signals(x, self.graph.output, start, envs)
+            taps, _ = self._signals(x, self.graph.output, start, envs, keep={"input"})
             out = taps["input"]
             return out * x if m.times_input else out
         return torch.stack(maps)

@@ -33,8 +33,8 @@ class Context:
 
 
 def stabilize(z: torch.Tensor, epsilon: float) -> torch.Tensor:
-    """z + epsilon * sign(z), with sign(0) = +1."""
-    return z + epsilon * torch.where(z >= 0, 1.0, -1.0).to(z.dtype)
+    """z + epsilon * sign(z), with sign(0) = +1 (copysign of +0 is +)."""
+    return z + torch.copysign(torch.tensor(epsilon, dtype=z.dtype), z)
 
 
 class Rule:
@@ -216,11 +216,14 @@ class Rescale(Rule):
 
     def backward(self, ctx, signal):
         dx = ctx.x - ctx.ref_inputs[0]
-        dy = ctx.output - ctx.ref_output
+        ratio = (ctx.output - ctx.ref_output).div_(dx)  # where dx ~ 0 the quotient is replaced below
         slope = ctx.node.params.get("negative_slope", 0.0)
-        grad = torch.where(ctx.x > 0, 1.0, slope).to(signal.dtype)
-        ratio = torch.where(dx.abs() < self.eps, grad, dy / torch.where(dx.abs() < self.eps, 1.0, dx))
-        return [signal * ratio]
+        grad = ctx.x > 0 if slope == 0 else torch.where(ctx.x > 0, 1.0, slope).to(signal.dtype)
+        return [signal * torch.where(dx.abs_() < self.eps, grad, ratio)]
+
+
+def _pair(v) -> list[int]:
+    return list(v) if isinstance(v, (tuple, list)) else [v, v]
 
 
 def _unpool(signal: torch.Tensor, indices: torch.Tensor, in_shape: torch.Size) -> torch.Tensor:
@@ -235,6 +238,12 @@ class WinnerTakeAll(Rule):
     """Max pooling: the whole signal goes to the winning input (the max-pooling gradient)."""
 
     def backward(self, ctx, signal):
+        m = ctx.node.module
+        if signal.shape[0] == 1 and ctx.x.ndim == 4:  # torch's own kernel for a single signal
+            grad = torch.ops.aten.max_pool2d_with_indices_backward(
+                signal[0], ctx.x, _pair(m.kernel_size), _pair(m.stride or m.kernel_size), _pair(m.padding),
+                _pair(m.dilation), m.ceil_mode, ctx.indices)
+            return [grad[None]]
         return [_unpool(signal, ctx.indices, ctx.x.shape)]
 
 
@@ -250,8 +259,9 @@ class DeepLiftMaxPool(Rule):
         out, out_ref = ctx.output, ctx.ref_output
         idx, idx_ref = ctx.indices, ctx.ref_indices
         cross = torch.maximum(out, out_ref)
-        num = (_unpool(signal * (cross - out_ref), idx, x.shape)
-               + _unpool(signal * (out - cross), idx_ref.expand_as(idx), x.shape))
+        num = _unpool(signal * (cross - out_ref), idx, x.shape)
+        if bool((out < out_ref).any()):  # windows where the reference's maximum is the larger one
+            num = num + _unpool(signal * (out - cross), idx_ref.expand_as(idx), x.shape)
         dx = x - ref
         small = dx.abs() < self.eps
         return [torch.where(small, _unpool(signal, idx, x.shape), num / torch.where(small, 1.0, dx))]

@@ -6,14 +6,13 @@ folder, which is renamed into place only once the checksum matches.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from audit.atomic import atomic_write
 from audit.errors import DataError
 
 CHUNK = 1 << 16
@@ -43,28 +42,24 @@ def fetch(url: str, dest: Path, sha256: str, progress: bool = True, timeout: flo
         Show a progress bar (bytes).
     """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    h = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as out:
-            try:
-                request = urllib.request.Request(url, headers={"User-Agent": "attribution-audit"})
-                with urllib.request.urlopen(request, timeout=timeout) as resp:
-                    total = int(resp.headers.get("Content-Length") or 0) or None
-                    with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name, disable=not progress) as bar:
-                        for block in iter(lambda: resp.read(CHUNK), b""):
-                            out.write(block)
-                            h.update(block)
-                            bar.update(len(block))
-            except (urllib.error.URLError, OSError) as exc:
-                raise DataError(f"could not download {url} ({exc}); without network, fetch the file elsewhere "
-                                f"and place it at {dest}") from exc
+
+    def write(out) -> None:
+        h = hashlib.sha256()
+        try:
+            request = urllib.request.Request(url, headers={"User-Agent": "attribution-audit"})
+            with urllib.request.urlopen(request, timeout=timeout) as resp:
+                total = int(resp.headers.get("Content-Length") or 0) or None
+                with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name, disable=not progress) as bar:
+                    for block in iter(lambda: resp.read(CHUNK), b""):
+                        out.write(block)
+                        h.update(block)
+                        bar.update(len(block))
+        except (urllib.error.URLError, OSError) as exc:
+            raise DataError(f"could not download {url} ({exc}); without network, fetch the file elsewhere "
+                            f"and place it at {dest}") from exc
         if h.hexdigest() != sha256.lower():
             raise DataError(f"checksum mismatch for {url}: got sha256 {h.hexdigest()}, expected {sha256}; "
                             "the file was not kept (a corrupt download or a changed mirror)")
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    atomic_write(dest, write)
     return dest

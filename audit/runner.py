@@ -12,7 +12,6 @@ import json
 import os
 import platform
 import re
-import tempfile
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -24,6 +23,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from audit.atomic import atomic_write_bytes
 from audit.config import AuditConfig
 from audit.errors import ConfigError, ModelError
 
@@ -92,18 +92,6 @@ def audit_images(config: AuditConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _csv_bytes(df: pd.DataFrame) -> bytes:
     return df.to_csv(index=False, float_format="%.10g").encode()
 
@@ -149,7 +137,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         if previous != json.loads(json.dumps(asdict(config))):
             raise ConfigError(f"{out} holds a run with another configuration; resume needs the same one")
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(manifest_path, json.dumps({"config": asdict(config), "status": "running"}, indent=2).encode())
+    atomic_write_bytes(manifest_path, json.dumps({"config": asdict(config), "status": "running"}, indent=2).encode())
     x, y = audit_images(config)
     labels = {spec: label_for(spec) for spec in config.models}
     units = [(spec, test, method) for spec in config.models for test in config.tests for method in config.methods]
@@ -169,20 +157,20 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         timings[key] = round(time.perf_counter() - start, 3)
         if maps is not None and config.heatmap_examples:
             buffer = _npz_bytes(maps[method], x[: config.heatmap_examples].numpy())
-            _atomic_write(unit.with_suffix(".npz"), buffer)
-        _atomic_write(unit, _csv_bytes(df))  # last: its presence marks the unit finished
+            atomic_write_bytes(unit.with_suffix(".npz"), buffer)
+        atomic_write_bytes(unit, _csv_bytes(df))  # last: its presence marks the unit finished
         log(f"{key}: {_summary_line(test, df)} ({timings[key]:.1f} s)")
     tables = _join(out, config, labels)
     info = model_table({spec: models.get(spec) or resolve_model(spec, config.weights) for spec in config.models},
                        labels, x)
-    _atomic_write(out / "results" / "models.csv", _csv_bytes(info))
+    atomic_write_bytes(out / "results" / "models.csv", _csv_bytes(info))
     tables["models"] = info
     old = json.loads(manifest_path.read_text()).get("timings_s", {}) if resume and manifest_path.exists() else {}
     manifest = {"config": asdict(config), "status": "complete", "seeds": {"audit": config.seed},
                 "images": {"source": config.data, "n": len(x), "labels": y.tolist()},
                 "versions": versions(), "timings_s": {**old, **timings},
                 "units": len(units), "results": sorted(str(p.relative_to(out)) for p in (out / "results").glob("*.csv"))}
-    _atomic_write(manifest_path, json.dumps(manifest, indent=2).encode())
+    atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
     return AuditResult(out, config, tables)
 
 
@@ -208,7 +196,7 @@ def _join(out: Path, config: AuditConfig, labels: dict) -> dict[str, pd.DataFram
         table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
         if not table.empty:
             table = table[["model"] + [c for c in table.columns if c != "model"]]
-        _atomic_write(out / "results" / RESULT_FILES[test], _csv_bytes(table))
+        atomic_write_bytes(out / "results" / RESULT_FILES[test], _csv_bytes(table))
         tables[test] = table
     return tables
 
@@ -244,7 +232,8 @@ def versions() -> dict:
 
 def load_results(out: str | os.PathLike) -> AuditResult:
     """Read a finished run's tables back (for ``attribution-audit report``)."""
-    from audit.config import AuditConfig
+    from audit.atomic import atomic_write_bytes
+from audit.config import AuditConfig
 
     out = Path(out)
     manifest_path = out / "manifest.json"

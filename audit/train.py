@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from audit.atomic import atomic_write
 from audit.data import array_sha256, load_dataset
 from audit.errors import ConfigError, unknown_name
 from audit.zoo import build, save_checkpoint
@@ -213,13 +214,11 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
                   "seconds": time.perf_counter() - t0}
         history.append(record)
         if state_file is not None:
-            state_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = state_file.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "scheduler": scheduler.state_dict(),
-                        "shuffle": shuffle.get_state(), "torch_rng": torch.get_rng_state(),
-                        "history": history, "epoch": epoch + 1, "config": asdict(cfg)}, tmp)
-            os.replace(tmp, state_file)
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict(), "shuffle": shuffle.get_state(),
+                     "torch_rng": torch.get_rng_state(), "history": history, "epoch": epoch + 1,
+                     "config": asdict(cfg)}
+            atomic_write(state_file, lambda f: torch.save(state, f))
         log(f"epoch {epoch + 1}/{cfg.epochs}: loss {record['loss']:.4f}, "
             f"train accuracy {record['train_accuracy']:.4f} ({record['seconds']:.1f} s)")
 

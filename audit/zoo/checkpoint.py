@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from audit.atomic import atomic_write, atomic_write_bytes
 from audit.errors import ModelError, unknown_name
 
 SHIPPED = resources.files("audit").joinpath("checkpoints")
@@ -30,17 +30,6 @@ def available_checkpoints() -> dict[str, dict]:
     return out
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def save_checkpoint(model: nn.Module, metadata: dict, path: str | os.PathLike) -> Path:
     """Write ``path`` (.pt, the state_dict) and its .json metadata, each atomically.
 
@@ -49,9 +38,8 @@ def save_checkpoint(model: nn.Module, metadata: dict, path: str | os.PathLike) -
     pt = Path(path).with_suffix(".pt")
     pt.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    _atomic_write(pt, lambda f: torch.save(state, f))
-    text = json.dumps(metadata, indent=2, sort_keys=True) + "\n"
-    _atomic_write(pt.with_suffix(".json"), lambda f: f.write(text.encode()))
+    atomic_write(pt, lambda f: torch.save(state, f))
+    atomic_write_bytes(pt.with_suffix(".json"), (json.dumps(metadata, indent=2, sort_keys=True) + "\n").encode())
     return pt
 
 

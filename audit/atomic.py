@@ -1,0 +1,34 @@
+"""Atomic file writes: a temporary file in the target folder, renamed into place when complete."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
+    """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``.
+
+    If ``write`` raises, nothing is left behind and ``path`` keeps its old content. The file
+    gets the permissions a plain ``open`` would give it (0666 less the umask).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically."""
+    return atomic_write(path, lambda f: f.write(data))

@@ -1,0 +1,72 @@
+"""The shipped checkpoints: recipes, recorded accuracy reproduced, and the Bort targets."""
+import numpy as np
+import pytest
+import torch
+
+from audit.data import embedded_sample, load_dataset
+from audit.train import evaluate
+from audit.zoo import available_checkpoints, load_checkpoint
+from audit.zoo.checkpoint import SHIPPED
+from audit.zoo.recipes import RECIPES
+from bort.compare import first_conv
+from bort.invert import reconstruction_quality
+from bort.metrics import constraint_error
+
+TWINS = [("cnn-sgd", "cnn-bort"), ("vgg-sgd", "vgg-bort"), ("resnet-sgd", "resnet-bort")]
+
+
+def test_every_recipe_is_shipped_small_and_described_by_its_metadata():
+    shipped = available_checkpoints()
+    assert set(shipped) == set(RECIPES)
+    for name, recipe in RECIPES.items():
+        meta = shipped[name]
+        assert (meta["arch"], meta["optimizer"], meta["seed"], meta["epochs"]) == (
+            recipe.arch, recipe.optimizer, recipe.seed, recipe.epochs), name
+        hp = meta["hyperparameters"]
+        assert (hp["lr"], hp["batch_size"], hp["dbort"], hp["schedule"]) == (
+            recipe.lr, recipe.batch_size, recipe.dbort, recipe.schedule), name
+        for key, value in recipe.options.items():
+            assert hp["options"][key] == value, (name, key)
+        assert meta["data"]["name"] == "fashion-mnist" and meta["data"]["train_size"] == 60000
+    total = sum(p.stat().st_size for p in SHIPPED.iterdir() if p.name.endswith(".pt"))
+    assert total < 8 * 2 ** 20
+
+
+def test_recorded_accuracy_is_reproduced_on_the_full_test_split(full_fashion_mnist):
+    x, y = load_dataset("fashion-mnist", "test")
+    for name, meta in available_checkpoints().items():
+        assert evaluate(load_checkpoint(name), x, y) == pytest.approx(meta["test_accuracy"], abs=1e-4), name
+
+
+@pytest.mark.parametrize("baseline,bort", TWINS)
+def test_bort_keeps_accuracy_and_is_ten_times_more_orthogonal(baseline, bort):
+    shipped = available_checkpoints()
+    assert shipped[bort]["test_accuracy"] >= shipped[baseline]["test_accuracy"] - 0.005
+    err_bort = constraint_error(load_checkpoint(bort)).orth_error.mean()
+    err_base = constraint_error(load_checkpoint(baseline)).orth_error.mean()
+    assert err_bort <= err_base / 10
+
+
+@pytest.mark.parametrize("baseline,bort", TWINS[:2])
+def test_bort_layers_reconstruct_their_input_better(baseline, bort):
+    x = torch.from_numpy(embedded_sample()[0][::10])
+    scores = {}
+    for name in (baseline, bort):
+        model = load_checkpoint(name)
+        scores[name] = float(reconstruction_quality(model, x, first_conv(model)).ssim.median())
+    assert scores[bort] > scores[baseline] + 0.05, scores
+
+
+def test_trained_models_collapse_for_the_zplus_family():
+    from attributions import Explainer
+    from audit import chain_convergence
+    from audit.convergence import layer_inputs
+
+    x = torch.from_numpy(embedded_sample()[0][::125])
+    family = ["lrp-zplus", "lrp-alpha1beta0", "deep-taylor", "excitation-backprop", "deeplift-ablation"]
+    for name in ("cnn-sgd", "cnn-bort"):
+        model = load_checkpoint(name)
+        entry = layer_inputs(Explainer(model, "gradient"))["features.3"]  # the first conv reading 16 channels
+        df = chain_convergence(model, x, None, family, inject_at="classifier.2", progress=False)
+        at = df[df.layer == entry].set_index("method")["median"]
+        assert (at >= 0.99).all(), (name, at.to_dict())

@@ -13,7 +13,7 @@ def sobel_magnitude(x: torch.Tensor) -> torch.Tensor:
     Borders are replicated, so a constant image has zero magnitude everywhere.
     """
     b, c, h, w = x.shape
-    kernels = torch.stack([_SOBEL, _SOBEL.T]).to(x.dtype).unsqueeze(1)  # (2, 1, 3, 3)
+    kernels = torch.stack([_SOBEL, _SOBEL.T]).to(x).unsqueeze(1)  # (2, 1, 3, 3)
     flat = F.pad(x.reshape(b * c, 1, h, w), (1, 1, 1, 1), mode="replicate")
     g = F.conv2d(flat, kernels)
     return g.pow(2).sum(1).sqrt().reshape(b, c, h, w)

@@ -273,7 +273,7 @@ class Explainer(Attribution):
         b, classes = logits.shape[0], logits.shape[1]
         if target is None:
             return logits.argmax(1)
-        t = torch.as_tensor(target, dtype=torch.long)
+        t = torch.as_tensor(target, dtype=torch.long).to(logits.device)
         if t.ndim == 0:
             t = t.expand(b)
         if t.shape != (b,):

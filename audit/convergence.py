@@ -49,7 +49,7 @@ def pairwise_abs_cos(signal: torch.Tensor, n_pairs_of: int | None = None) -> np.
     signal : (K, B, C, *spatial) or (K, B, D) for dense layers. Zero vectors are dropped.
     """
     k = signal.shape[0] if n_pairs_of is None else n_pairs_of
-    s = signal[:k].double()
+    s = signal[:k].detach().cpu().double()
     vectors = s.reshape(k, s.shape[1], 1, -1) if s.ndim == 3 else s.flatten(3).transpose(2, 3)  # (K, B, P, C)
     norms = vectors.norm(dim=-1)
     unit = vectors / norms.clamp_min(1e-300)[..., None]
@@ -146,7 +146,7 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
         ex = explainers[method]
         shape = env[target].shape
         gen = torch.Generator().manual_seed(_vector_seed(seed, target))
-        vectors = torch.randn(k_total, *shape, generator=gen, dtype=torch.float64).to(env[target].dtype)
+        vectors = torch.randn(k_total, *shape, generator=gen, dtype=torch.float64).to(env[target])
         own_ref = ref if ex.method.signal == "multiplier" else None
         taps, _ = ex._signals(x, target, lambda e: vectors, envs=(env, own_ref))
         taps.pop(target, None)

@@ -11,7 +11,7 @@ from audit.similarity import hog_features, normalize_map, reduce_map, spearman, 
 def heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> dict[str, torch.Tensor]:
     """{method: (N, C, H, W) maps} -> {method: (N, H, W) raw heatmaps}, reduced per DESIGN 3.2."""
     reduction = reduction or {}
-    return {m: reduce_map(v.detach().double(), reduction.get(m, default_reduction(m))) for m, v in maps.items()}
+    return {m: reduce_map(v.detach().cpu().double(), reduction.get(m, default_reduction(m))) for m, v in maps.items()}
 
 
 class ReferenceMaps:

@@ -138,7 +138,9 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             raise ConfigError(f"{out} holds a run with another configuration; resume needs the same one")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(manifest_path, json.dumps({"config": asdict(config), "status": "running"}, indent=2).encode())
+    device = _device(config.device)
     x, y = audit_images(config)
+    x = x.to(device)
     labels = {spec: label_for(spec) for spec in config.models}
     units = [(spec, test, method) for spec in config.models for test in config.tests for method in config.methods]
     timings = {}
@@ -150,19 +152,19 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         if unit.exists():
             continue
         if spec not in models:
-            models[spec] = resolve_model(spec, config.weights)
+            models[spec] = resolve_model(spec, config.weights).to(device)
         torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
         start = time.perf_counter()
         df, maps = _run_unit(test, models[spec], x, y, method, config)
         timings[key] = round(time.perf_counter() - start, 3)
         if maps is not None and config.heatmap_examples:
-            buffer = _npz_bytes(maps[method], x[: config.heatmap_examples].numpy())
+            buffer = _npz_bytes(maps[method], x[: config.heatmap_examples].cpu().numpy())
             atomic_write_bytes(unit.with_suffix(".npz"), buffer)
         atomic_write_bytes(unit, _csv_bytes(df))  # last: its presence marks the unit finished
         log(f"{key}: {_summary_line(test, df)} ({timings[key]:.1f} s)")
     tables = _join(out, config, labels)
-    info = model_table({spec: models.get(spec) or resolve_model(spec, config.weights) for spec in config.models},
-                       labels, x)
+    info = model_table({spec: models.get(spec) or resolve_model(spec, config.weights).to(device)
+                        for spec in config.models}, labels, x)
     atomic_write_bytes(out / "results" / "models.csv", _csv_bytes(info))
     tables["models"] = info
     old = json.loads(manifest_path.read_text()).get("timings_s", {}) if resume and manifest_path.exists() else {}
@@ -172,6 +174,12 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                 "units": len(units), "results": sorted(str(p.relative_to(out)) for p in (out / "results").glob("*.csv"))}
     atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
     return AuditResult(out, config, tables)
+
+
+def _device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but torch sees no CUDA device here; use --device cpu")
+    return torch.device(name)
 
 
 def _npz_bytes(maps: np.ndarray, images: np.ndarray) -> bytes:
@@ -232,9 +240,6 @@ def versions() -> dict:
 
 def load_results(out: str | os.PathLike) -> AuditResult:
     """Read a finished run's tables back (for ``attribution-audit report``)."""
-    from audit.atomic import atomic_write_bytes
-from audit.config import AuditConfig
-
     out = Path(out)
     manifest_path = out / "manifest.json"
     if not manifest_path.exists():

@@ -48,6 +48,21 @@ class _BortBase(torch.optim.Optimizer):
         self._validate(param_group)
         super().add_param_group(param_group)
 
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, group)
+        return loss
+
+    def _update(self, p: torch.nn.Parameter, group: dict) -> None:
+        raise NotImplementedError
+
     @staticmethod
     def _delta(p: torch.Tensor, group: dict) -> torch.Tensor | None:
         """gamma * Delta(W) shaped like p, or None when p is not constrained."""
@@ -81,32 +96,22 @@ class Bort(_BortBase):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma,
                                       amplitude=amplitude, mode=mode, feasible_side=feasible_side))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                delta = self._delta(p, group)
-                if delta is not None:
-                    g = g.add(delta)
-                if group["weight_decay"]:
-                    g = g.add(p, alpha=group["weight_decay"])
-                if group["momentum"]:
-                    state = self.state[p]
-                    buf = state.get("momentum_buffer")
-                    if buf is None:
-                        buf = state["momentum_buffer"] = torch.clone(g).detach()
-                    else:
-                        buf.mul_(group["momentum"]).add_(g)
-                    g = buf
-                p.add_(g, alpha=-group["lr"])
-        return loss
+    def _update(self, p, group):
+        g = p.grad
+        delta = self._delta(p, group)
+        if delta is not None:
+            g = g.add(delta)
+        if group["weight_decay"]:
+            g = g.add(p, alpha=group["weight_decay"])
+        if group["momentum"]:
+            state = self.state[p]
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = torch.clone(g).detach()
+            else:
+                buf.mul_(group["momentum"]).add_(g)
+            g = buf
+        p.add_(g, alpha=-group["lr"])
 
 
 class BortAdamW(_BortBase):
@@ -123,34 +128,24 @@ class BortAdamW(_BortBase):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, gamma=gamma,
                                       amplitude=amplitude, mode=mode, feasible_side=feasible_side))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                delta = self._delta(p, group)
-                if delta is not None:
-                    p.sub_(delta, alpha=group["lr"])
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                step = float(state["step"])
-                state["exp_avg"].lerp_(p.grad, 1 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                step_size = group["lr"] / (1 - beta1 ** step)
-                denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** step)).add_(group["eps"])
-                p.addcdiv_(state["exp_avg"], denom, value=-step_size)
-        return loss
+    def _update(self, p, group):
+        beta1, beta2 = group["betas"]
+        p.mul_(1 - group["lr"] * group["weight_decay"])
+        delta = self._delta(p, group)
+        if delta is not None:
+            p.sub_(delta, alpha=group["lr"])
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["step"] += 1
+        step = float(state["step"])
+        state["exp_avg"].lerp_(p.grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        step_size = group["lr"] / (1 - beta1 ** step)
+        denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** step)).add_(group["eps"])
+        p.addcdiv_(state["exp_avg"], denom, value=-step_size)
 
 
 def constrained_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:

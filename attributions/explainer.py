@@ -149,11 +149,13 @@ class Explainer(Attribution):
                 pending[name] = o if name not in pending else pending[name] + o
         return taps
 
-    def _forward_envs(self, x: torch.Tensor) -> tuple[dict, dict | None]:
-        """Every node's output for x and, for DeepLIFT, for the zero reference (one image, broadcast)."""
+    def _forward_envs(self, x: torch.Tensor, with_ref: bool | None = None) -> tuple[dict, dict | None]:
+        """Every node's output for x and (DeepLIFT, or ``with_ref``) for the zero reference: one image,
+        broadcast against the batch."""
+        with_ref = self.method.signal == "multiplier" if with_ref is None else with_ref
         with torch.no_grad():
             env = self._run(x)
-            ref = self._run(torch.zeros_like(x[:1])) if self.method.signal == "multiplier" else None
+            ref = self._run(torch.zeros_like(x[:1])) if with_ref else None
         return env, ref
 
     def _signals(self, x: torch.Tensor, start: str, make_signal, envs=None, keep=None) -> tuple[dict, dict]:
@@ -291,12 +293,7 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor) -> tuple[d
         return None
     if len({id(e.graph) for e in chains}) > 1:
         raise AttributionError("explainers sharing a forward pass must be built on one traced graph (pass graph=)")
-    x = chains[0]._check_input(x)
-    with torch.no_grad():
-        env = chains[0]._run(x)
-        needs_ref = any(e.method.signal == "multiplier" for e in chains)
-        ref = chains[0]._run(torch.zeros_like(x[:1])) if needs_ref else None
-    return env, ref
+    return chains[0]._forward_envs(chains[0]._check_input(x), any(e.method.signal == "multiplier" for e in chains))
 
 
 def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: list, envs=None

@@ -22,7 +22,7 @@ import torch
 from scipy import stats
 from tqdm.auto import tqdm
 
-from attributions.explainer import Explainer
+from attributions.explainer import Explainer, shared_forward
 from attributions.graph import LINEAR_KINDS, trace
 from audit.errors import AuditError, unknown_name
 from audit.inputs import check_inputs
@@ -43,12 +43,13 @@ def random_cosine_median(d: int) -> float:
     return math.sqrt(stats.beta.ppf(0.5, 0.5, (d - 1) / 2))
 
 
-def pairwise_abs_cos(signal: torch.Tensor, n_pairs_of: int | None = None) -> np.ndarray:
-    """|cos| of all K(K-1)/2 pairs of channel vectors, pooled over images and positions.
+def pairwise_abs_cos(signal: torch.Tensor, k: int | None = None) -> np.ndarray:
+    """|cos| of all k(k-1)/2 pairs of channel vectors, pooled over images and positions.
 
-    signal : (K, B, C, *spatial) or (K, B, D) for dense layers. Zero vectors are dropped.
+    signal : (K, B, C, *spatial) or (K, B, D) for dense layers; the first ``k`` (default all K)
+    vectors are compared. Zero vectors are dropped.
     """
-    k = signal.shape[0] if n_pairs_of is None else n_pairs_of
+    k = signal.shape[0] if k is None else k
     s = signal[:k].detach().cpu().double()
     vectors = s.reshape(k, s.shape[1], 1, -1) if s.ndim == 3 else s.flatten(3).transpose(2, 3)  # (K, B, P, C)
     norms = vectors.norm(dim=-1)
@@ -136,9 +137,7 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
             raise unknown_name("layer", t, layers, AuditError)
     depth = {name: i for i, name in enumerate(["input"] + layers)}
     kinds = {n.name: n.kind for n in graph.nodes}
-    with torch.no_grad():
-        env = any_ex._run(x)
-        ref = any_ex._run(torch.zeros_like(x[:1]))
+    env, ref = shared_forward(explainers, x)
     k_total = max(n_vectors, spectrum_vectors)
     rows = []
     jobs = [(m, t) for m in explainers for t in targets]

@@ -122,7 +122,7 @@ def locate(name: str, split: str, root: str | os.PathLike | None = None) -> list
         how.insert(0, f"install Debian's package: apt-get install {source.apt}")
     raise DataError(f"{name} {split} split not found: missing {stems[0]} (raw or .gz); searched "
                     f"{', '.join(str(d) for d in dirs)}. To get it: " + "; or ".join(how) +
-                    f"; or place the files in one of those folders.")
+                    "; or place the files in one of those folders.")
 
 
 def download_dataset(name: str, root: str | os.PathLike | None = None, progress: bool = True) -> Path:

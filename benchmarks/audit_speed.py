@@ -7,7 +7,6 @@ similarity; Quantus computes one similarity), so the ratios are conservative.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 from skimage.metrics import structural_similarity
 

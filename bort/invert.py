@@ -8,7 +8,6 @@ Orthogonal weights reconstruct well; unconstrained ones do not.
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F

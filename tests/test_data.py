@@ -1,5 +1,4 @@
 import functools
-import gzip
 import hashlib
 import http.server
 import pickle

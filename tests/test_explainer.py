@@ -3,7 +3,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attributions import Explainer, available_methods

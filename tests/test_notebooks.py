@@ -1,5 +1,4 @@
 """The notebooks run headless, with small settings, without error."""
-import os
 from pathlib import Path
 
 import nbformat

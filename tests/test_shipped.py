@@ -1,5 +1,4 @@
 """The shipped checkpoints: recipes, recorded accuracy reproduced, and the Bort targets."""
-import numpy as np
 import pytest
 import torch
 

@@ -110,8 +110,10 @@ def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int | None = 5, data_range:
     n = win_size ** 2
     cov_norm = n / (n - 1) if use_sample_covariance else 1.0
     window = _window(win_size, gaussian, sigma)
-    # Blocks of maps small enough to stay in cache: the many elementwise steps are memory-bound.
-    chunk = max(1, (1 << 16) // (a.shape[1] * a.shape[2]))
+    # Blocks of maps small enough to stay in cache (the elementwise steps are memory-bound), large
+    # enough to amortise the per-operation overhead; large maps go one at a time (measured best).
+    pixels = a.shape[1] * a.shape[2]
+    chunk = max(1, (1 << 18) // pixels) if max(a.shape[1:]) <= 64 else 1
     out = torch.cat([_ssim_block(a[i:i + chunk].double(), b[i:i + chunk].double(), window, cov_norm, data_range,
                                  flip_invariant) for i in range(0, a.shape[0], chunk)])
     return out.to(a.dtype if a.is_floating_point() else torch.float64)
@@ -119,22 +121,27 @@ def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int | None = 5, data_range:
 
 def _ssim_block(x, y, window, cov_norm, data_range, flip_invariant) -> torch.Tensor:
     ux, uy, uxx, uyy, uxy = _filter(torch.stack([x, y, x * x, y * y, x * y]), window).unbind(0)
-    vx = (uxx - ux * ux).mul_(cov_norm)
-    vy = (uyy - uy * uy).mul_(cov_norm)
-    vxy = (uxy - ux * uy).mul_(cov_norm)
     c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
-    den_v = (vx + vy).add_(c2)
-    sq = ux * ux
+    # S = (2 ux uy + c1)(2 vxy + c2) / ((ux^2 + uy^2 + c1)(vx + vy + c2)), with the variances
+    # written through a = ux uy and q = ux^2 + uy^2 to keep the number of passes low.
+    a = ux * uy
+    q = torch.addcmul(ux * ux, uy, uy)
+    second = uxx.add_(uyy)  # uxx + uyy, reused for vx + vy
 
-    def mean_ssim(u2, cov):
-        num = (ux * u2).mul_(2).add_(c1).mul_(cov.mul(2).add_(c2))
-        return num.div_((u2 * u2).add_(sq).add_(c1).mul_(den_v)).mean(dim=(1, 2))
+    def mean_ssim(a, q, cov_xy):
+        num = (a * 2).add_(c1).mul_((cov_xy - a).mul_(2 * cov_norm).add_(c2))
+        den = (q + c1).mul_((second - q).mul_(cov_norm).add_(c2))
+        return num.div_(den).mean(dim=(1, 2))
 
-    s = mean_ssim(uy, vxy)
+    s = mean_ssim(a, q, uxy)
     if flip_invariant:
-        # The statistics of data_range - y follow from y's: means data_range - uy, same variance,
-        # negated covariance; so SSIM against the flipped map costs no further filtering.
-        s = torch.maximum(s, mean_ssim(data_range - uy, -vxy))
+        # data_range - y has the mean data_range - uy, the same variance and the negated covariance
+        # (E[x (R - y)] = R ux - E[xy]), so SSIM against the flipped map needs no further filtering.
+        ux_r = ux * data_range
+        a_f = ux_r - a
+        q_f = q.add(uy, alpha=-2 * data_range).add_(data_range ** 2)
+        second.add_(uy, alpha=-2 * data_range).add_(data_range ** 2)  # E[(R - y)^2] = R^2 - 2R uy + uyy
+        s = torch.maximum(s, mean_ssim(a_f, q_f, ux_r - uxy))
     return s
 
 

@@ -49,6 +49,9 @@ def verdict_table(tables: dict, config) -> pd.DataFrame:
             fails.append("weight-insensitive")
         row["verdict"] = "fail: " + ", ".join(fails) if fails else "pass"
         rows.append(row)
+    order = {m: i for i, m in enumerate(config.methods)}
+    model_order = {m: i for i, m in enumerate(dict.fromkeys(models.model))}
+    rows.sort(key=lambda r: (model_order[r["model"]], order.get(r["method"], len(order))))
     return pd.DataFrame(rows)
 
 

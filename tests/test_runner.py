@@ -121,3 +121,19 @@ def test_user_model_from_a_factory_and_a_checkpoint_file_left_unchanged(tmp_path
     result = run_audit(config, tmp_path / "run", progress=False, log=lambda s: None)
     assert set(result.tables["random-logit"].model) == {"mine", "mymodels_make"}
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+def test_tables_tex_compiles_when_latex_is_installed(finished, tmp_path):
+    import shutil
+
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex not installed (apt-get install texlive-latex-recommended)")
+    out, result = finished
+    result.write_report()
+    doc = tmp_path / "doc.tex"
+    doc.write_text("\\documentclass{article}\n\\usepackage{booktabs}\n\\usepackage[margin=1cm,landscape]{geometry}\n"
+                   f"\\begin{{document}}\n\\input{{{out / 'tables.tex'}}}\n\\end{{document}}\n")
+    run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert (tmp_path / "doc.pdf").exists()

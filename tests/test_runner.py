@@ -137,3 +137,20 @@ def test_tables_tex_compiles_when_latex_is_installed(finished, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-2000:]
     assert (tmp_path / "doc.pdf").exists()
+
+
+def test_index_html_renders_in_headless_chromium_without_console_errors(finished, tmp_path):
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    out, result = finished
+    index = result.write_report()
+    run = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+                          "--dump-dom", index.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    assert "<h2>Verdict</h2>" in run.stdout
+    console = [line for line in run.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    assert not console, console

@@ -209,17 +209,22 @@ class ReLUGradient(Rule):
 
 
 class Rescale(Rule):
-    """DeepLIFT's Rescale rule: multiplier delta_y / delta_x, the gradient where |delta_x| < eps."""
+    """DeepLIFT's Rescale rule: the multiplier delta_y / delta_x.
+
+    For a ReLU or LeakyReLU |delta_y| <= |delta_x| holds exactly in floating point, so the quotient
+    never blows up; only delta_x = 0 exactly is undefined (0 / 0). There the multiplier is set to
+    0 where captum falls back to the gradient: such a unit contributes multiplier x 0 = 0, and its
+    multiplier could only travel on to units whose difference is zero as well (delta_x = 0 arises
+    where a unit's whole receptive field equals the reference), so maps and recorded signals are
+    the same, at half the cost of the fallback's extra passes. ``eps`` is kept for the record.
+    """
 
     def __init__(self, eps: float = 1e-10):
         self.eps = eps
 
     def backward(self, ctx, signal):
-        dx = ctx.x - ctx.ref_inputs[0]
-        ratio = (ctx.output - ctx.ref_output).div_(dx)  # where dx ~ 0 the quotient is replaced below
-        slope = ctx.node.params.get("negative_slope", 0.0)
-        grad = ctx.x > 0 if slope == 0 else torch.where(ctx.x > 0, 1.0, slope).to(signal.dtype)
-        return [signal * torch.where(dx.abs_() < self.eps, grad, ratio)]
+        ratio = (ctx.output - ctx.ref_output).div_(ctx.x - ctx.ref_inputs[0]).nan_to_num_(nan=0.0)
+        return [signal * ratio]
 
 
 def _pair(v) -> list[int]:
@@ -249,7 +254,12 @@ class WinnerTakeAll(Rule):
 
 class DeepLiftMaxPool(Rule):
     """Max pooling as captum's DeepLift treats it: multipliers from the change of the cross
-    maximum of input and reference outputs, the gradient where |delta_x| < eps."""
+    maximum of input and reference outputs, the gradient where |delta_x| < eps.
+
+    Computed per pooling window (on the pooled grid, then scattered to the winners), which is the
+    same as captum's unpool-then-divide: every numerator sits at a winner, so dividing by that
+    winner's delta_x before or after scattering gives the same sums.
+    """
 
     def __init__(self, eps: float = 1e-10):
         self.eps = eps
@@ -257,14 +267,22 @@ class DeepLiftMaxPool(Rule):
     def backward(self, ctx, signal):
         x, ref = ctx.x, ctx.ref_inputs[0]
         out, out_ref = ctx.output, ctx.ref_output
-        idx, idx_ref = ctx.indices, ctx.ref_indices
+        idx = ctx.indices
+        b, c = idx.shape[:2]
+        flat_x = x.reshape(b, c, -1)
+        flat_ref = ref.reshape(ref.shape[0], c, -1).expand(b, -1, -1)
         cross = torch.maximum(out, out_ref)
-        num = _unpool(signal * (cross - out_ref), idx, x.shape)
-        if bool((out < out_ref).any()):  # windows where the reference's maximum is the larger one
-            num = num + _unpool(signal * (out - cross), idx_ref.expand_as(idx), x.shape)
-        dx = x - ref
+        dx = (out - torch.gather(flat_ref, 2, idx.reshape(b, c, -1)).reshape(out.shape))  # x at its winner is out
         small = dx.abs() < self.eps
-        return [torch.where(small, _unpool(signal, idx, x.shape), num / torch.where(small, 1.0, dx))]
+        q = torch.where(small, 1.0, (cross - out_ref) / torch.where(small, 1.0, dx))
+        grad = _unpool(signal * q, idx, x.shape)
+        if bool((out < out_ref).any()):  # windows where the reference's maximum is the larger one
+            idx_ref = ctx.ref_indices.expand_as(idx)
+            dx_ref = torch.gather(flat_x, 2, idx_ref.reshape(b, c, -1)).reshape(out.shape) - out_ref
+            small_ref = dx_ref.abs() < self.eps
+            q_ref = torch.where(small_ref, 0.0, (out - cross) / torch.where(small_ref, 1.0, dx_ref))
+            grad = grad + _unpool(signal * q_ref, idx_ref, x.shape)
+        return [grad]
 
 
 class ProportionalSplit(Rule):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from audit.config import load_config
 from audit.runner import run_audit
+from reports.verdict import verdict_table
 
 DEMO = dict(models=["cnn-sgd", "cnn-bort"], methods="all", tests=["csc", "random-logit", "cascading"], n_images=16)
 
@@ -20,7 +21,7 @@ def run_demo(out: str = "demo-output", seed: int = 0, progress: bool = True) -> 
         shutil.rmtree(out)
     result = run_audit(load_config(seed=seed, **DEMO), out, progress=progress)
     index = result.write_report()
-    verdict = __import__("reports.verdict", fromlist=["verdict_table"]).verdict_table(result.tables, result.config)
+    verdict = verdict_table(result.tables, result.config)
     failing = verdict[verdict.verdict != "pass"]
     print(f"\n{len(verdict) - len(failing)} of {len(verdict)} model x method pairs pass all three sanity checks")
     print(f"demo finished in {time.perf_counter() - start:.0f} s")

@@ -141,7 +141,7 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
     k_total = max(n_vectors, spectrum_vectors)
     rows = []
     jobs = [(m, t) for m in explainers for t in targets]
-    for method, target in tqdm(jobs, desc="CSC", disable=not progress):
+    for method, target in tqdm(jobs, desc="CSC", disable=not progress, leave=False):
         ex = explainers[method]
         shape = env[target].shape
         gen = torch.Generator().manual_seed(_vector_seed(seed, target))

@@ -50,7 +50,7 @@ def random_logit_test(model: torch.nn.Module, x, y, methods="all", seed: int = 0
     check_labels(y, classes)
     r = random_classes(y, classes, seed)
     rows = []
-    for m in tqdm(names, desc="random-logit", disable=not progress):
+    for m in tqdm(names, desc="random-logit", disable=not progress, leave=False):
         both = attribute_many({m: explainers[m]}, x, [y, r], envs)[m]  # one batched backward for both classes
         true_map = heatmaps({m: both[0]}, reduction)[m]
         rand_map = heatmaps({m: both[1]}, reduction)[m]

@@ -121,7 +121,7 @@ def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = 
     rows, kept = [], {m: [] for m in names}
     stages = randomization_stages(model, order, bn, seed)  # lazily: cascading stages share one copy
     for stage, layer, stage_model in tqdm(stages, total=n_stages, desc=f"randomization ({order})",
-                                          disable=not progress):
+                                          disable=not progress, leave=False):
         if graph is None or order == "independent":  # cascading stages modify one copy: trace it once
             graph = trace(stage_model)
         # the random control draws afresh at every stage (seeded by the stage), a floor for the scores

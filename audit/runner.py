@@ -96,7 +96,7 @@ def _csv_bytes(df: pd.DataFrame) -> bytes:
     return df.to_csv(index=False, float_format="%.10g").encode()
 
 
-def _run_unit(test: str, model: nn.Module, x, y, method: str, config: AuditConfig):
+def _run_unit(test: str, model: nn.Module, x, y, method: str, config: AuditConfig, progress: bool = False):
     from audit import chain_convergence, parameter_randomization, random_logit_test
     from attributions.methods import build_method
 
@@ -104,11 +104,11 @@ def _run_unit(test: str, model: nn.Module, x, y, method: str, config: AuditConfi
         if not build_method(method).chain:
             return pd.DataFrame(), None
         return chain_convergence(model, x, y, [method], n_vectors=config.n_vectors, seed=config.seed,
-                                 threshold=config.csc_threshold, progress=False), None
+                                 threshold=config.csc_threshold, progress=progress), None
     if test == "random-logit":
-        return random_logit_test(model, x, y, [method], seed=config.seed, progress=False), None
+        return random_logit_test(model, x, y, [method], seed=config.seed, progress=progress), None
     return parameter_randomization(model, x, y, [method], order=test, bn=config.bn, target=config.target,
-                                   seed=config.seed, progress=False, keep_maps=config.heatmap_examples)
+                                   seed=config.seed, progress=progress, keep_maps=config.heatmap_examples)
 
 
 def _summary_line(test: str, df: pd.DataFrame) -> str:
@@ -155,13 +155,13 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             models[spec] = resolve_model(spec, config.weights).to(device)
         torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
         start = time.perf_counter()
-        df, maps = _run_unit(test, models[spec], x, y, method, config)
+        df, maps = _run_unit(test, models[spec], x, y, method, config, progress)
         timings[key] = round(time.perf_counter() - start, 3)
         if maps is not None and config.heatmap_examples:
             buffer = _npz_bytes(maps[method], x[: config.heatmap_examples].cpu().numpy())
             atomic_write_bytes(unit.with_suffix(".npz"), buffer)
         atomic_write_bytes(unit, _csv_bytes(df))  # last: its presence marks the unit finished
-        log(f"{key}: {_summary_line(test, df)} ({timings[key]:.1f} s)")
+        (bar.write if progress else log)(f"{key}: {_summary_line(test, df)} ({timings[key]:.1f} s)")
     tables = _join(out, config, labels)
     info = model_table({spec: models.get(spec) or resolve_model(spec, config.weights).to(device)
                         for spec in config.models}, labels, x)

@@ -207,3 +207,21 @@ def test_controls():
     first = a.attribute(x)
     torch.testing.assert_close(first, b.attribute(x))
     assert not torch.equal(first, a.attribute(x))  # a fresh draw per call, reproducible per seed
+
+
+def test_conv1d_batchnorm1d_leaky_relu_and_pooling_1d():
+    from captum.attr import DeepLift
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(2, 4, 3, padding=1), nn.BatchNorm1d(4), nn.LeakyReLU(0.1), nn.Conv1d(4, 4, 3),
+                          nn.MaxPool1d(2), nn.AvgPool1d(2), nn.Flatten(), nn.Linear(24, 3)).double().eval()
+    model[1].running_mean.uniform_(-0.5, 0.5)
+    x = torch.randn(3, 2, 26, dtype=torch.float64)
+    xg = x.clone().requires_grad_()
+    grad, = torch.autograd.grad(model(xg)[:, 2].sum(), xg)
+    torch.testing.assert_close(Explainer(model, "gradient").attribute(x, target=2), grad)
+    ref = DeepLift(model).attribute(x, target=2).detach()
+    ours = Explainer(model, "deeplift").attribute(x, target=2)
+    assert float((ours - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+    delta = (model(x)[:, 2] - model(torch.zeros_like(x[:1]))[:, 2]).detach()
+    torch.testing.assert_close(ours.flatten(1).sum(1), delta)

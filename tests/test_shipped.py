@@ -56,16 +56,17 @@ def test_bort_layers_reconstruct_their_input_better(baseline, bort):
     assert scores[bort] > scores[baseline] + 0.05, scores
 
 
-def test_trained_models_collapse_for_the_zplus_family():
-    from attributions import Explainer
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_trained_models_collapse_for_the_zplus_family(name):
+    """Where the chain enters the first conv that reads >= 16 channels, from the logits."""
+    from attributions.graph import trace
     from audit import chain_convergence
-    from audit.convergence import layer_inputs
 
     x = torch.from_numpy(embedded_sample()[0][::125])
     family = ["lrp-zplus", "lrp-alpha1beta0", "deep-taylor", "excitation-backprop", "deeplift-ablation"]
-    for name in ("cnn-sgd", "cnn-bort"):
-        model = load_checkpoint(name)
-        entry = layer_inputs(Explainer(model, "gradient"))["features.3"]  # the first conv reading 16 channels
-        df = chain_convergence(model, x, None, family, inject_at="classifier.2", progress=False)
-        at = df[df.layer == entry].set_index("method")["median"]
-        assert (at >= 0.99).all(), (name, at.to_dict())
+    model = load_checkpoint(name)
+    graph = trace(model)
+    entry = next(n for n in graph.nodes if n.kind == "conv" and n.module.in_channels >= 16).inputs[0]
+    df = chain_convergence(model, x, None, family, inject_at=graph.output, progress=False)
+    at = df[df.layer == entry].set_index("method")["median"]
+    assert len(at) == len(family) and (at >= 0.99).all(), at.to_dict()

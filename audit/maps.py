@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from audit.methods import default_reduction
-from audit.similarity import hog_features, normalize_map, reduce_map, spearman, ssim
+from audit.similarity import hog_features, hog_similarity, normalize_map, reduce_map, spearman, ssim
 
 
 def heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> dict[str, torch.Tensor]:
@@ -30,4 +30,4 @@ class ReferenceMaps:
         return {"ssim": ssim(self.normalized, norm, win_size=self.win_size, data_range=1.0,
                              flip_invariant=True).numpy(),
                 "spearman": spearman(self.raw, other), "spearman_abs": spearman(self.raw.abs(), other.abs()),
-                "hog": spearman(torch.from_numpy(self.hog), torch.from_numpy(hog_features(norm)))}
+                "hog": hog_similarity(self.hog, norm)}

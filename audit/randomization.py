@@ -60,11 +60,15 @@ def reset_batchnorm(bn: nn.Module) -> None:
         bn.running_var.fill_(1.0)
 
 
-def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "reset", seed: int = 0):
-    """Yield (stage, layer name, model copy) for stage 0 (the original) and each randomisation stage."""
+def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "reset", seed: int = 0,
+                         layers: list | None = None):
+    """Yield (stage, layer name, model copy) for stage 0 (the original) and each randomisation stage.
+
+    ``layers``: the result of :func:`parameterised_layers` when the caller already has it.
+    """
     check_option("order", order, ORDERS)
     check_option("BatchNorm policy", bn, BN_POLICIES)
-    layers = parameterised_layers(model)
+    layers = layers if layers is not None else parameterised_layers(model)
     sequence = list(reversed(layers)) if order in ("cascading", "independent") else layers
     current = copy.deepcopy(model)
     yield 0, "original", current
@@ -116,11 +120,11 @@ def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = 
         raise AuditError("parameter_randomization needs the labels y")
     check_option("target", target, TARGETS)
     names = resolve_methods(methods)
-    n_stages = 1 + len(parameterised_layers(model))
+    layers = parameterised_layers(model)
     reference, graph = None, None
     rows, kept = [], {m: [] for m in names}
-    stages = randomization_stages(model, order, bn, seed)  # lazily: cascading stages share one copy
-    for stage, layer, stage_model in tqdm(stages, total=n_stages, desc=f"randomization ({order})",
+    stages = randomization_stages(model, order, bn, seed, layers)  # lazily: cascading stages share one copy
+    for stage, layer, stage_model in tqdm(stages, total=1 + len(layers), desc=f"randomization ({order})",
                                           disable=not progress, leave=False):
         if graph is None or order == "independent":  # cascading stages modify one copy: trace it once
             graph = trace(stage_model)

@@ -163,8 +163,10 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         atomic_write_bytes(unit, _csv_bytes(df))  # last: its presence marks the unit finished
         (bar.write if progress else log)(f"{key}: {_summary_line(test, df)} ({timings[key]:.1f} s)")
     tables = _join(out, config, labels)
-    info = model_table({spec: models.get(spec) or resolve_model(spec, config.weights).to(device)
-                        for spec in config.models}, labels, x)
+    for spec in config.models:  # units all resumed: the models were not needed until now
+        if spec not in models:
+            models[spec] = resolve_model(spec, config.weights).to(device)
+    info = model_table(models, labels, x, y)
     atomic_write_bytes(out / "results" / "models.csv", _csv_bytes(info))
     tables["models"] = info
     old = json.loads(manifest_path.read_text()).get("timings_s", {}) if resume and manifest_path.exists() else {}
@@ -209,7 +211,7 @@ def _join(out: Path, config: AuditConfig, labels: dict) -> dict[str, pd.DataFram
     return tables
 
 
-def model_table(models: dict, labels: dict, x: torch.Tensor) -> pd.DataFrame:
+def model_table(models: dict, labels: dict, x: torch.Tensor, y: torch.Tensor) -> pd.DataFrame:
     """Per model: recorded training facts, accuracy on the audit images, constraint error."""
     from bort.metrics import constraint_error
 
@@ -224,7 +226,7 @@ def model_table(models: dict, labels: dict, x: torch.Tensor) -> pd.DataFrame:
                      "optimizer": meta.get("optimizer", "unknown"), "test_accuracy": meta.get("test_accuracy"),
                      "epochs": meta.get("epochs"), "orth_error_mean": float(err.orth_error.mean()) if len(err) else None,
                      "orth_error_max": float(err.orth_error.max()) if len(err) else None,
-                     "audit_images_predicted": int(len(pred))})
+                     "audit_accuracy": float((pred.cpu() == y).double().mean())})
     return pd.DataFrame(rows)
 
 

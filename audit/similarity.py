@@ -165,6 +165,11 @@ def hog_features(maps: torch.Tensor, orientations: int = 9) -> np.ndarray:
                          feature_vector=True) for m in maps.double().numpy()])
 
 
-def hog_similarity(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
-    """Spearman correlation of the HOG descriptors of each pair of (N, H, W) maps -> (N,)."""
-    return spearman(torch.from_numpy(hog_features(a)), torch.from_numpy(hog_features(b)))
+def hog_similarity(a, b) -> np.ndarray:
+    """Spearman correlation of the HOG descriptors of each pair of maps -> (N,).
+
+    a, b : (N, H, W) maps, or descriptors already computed by :func:`hog_features` (N, F).
+    """
+    fa = a if isinstance(a, np.ndarray) else hog_features(a)
+    fb = b if isinstance(b, np.ndarray) else hog_features(b)
+    return spearman(torch.from_numpy(fa), torch.from_numpy(fb))

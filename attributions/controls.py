@@ -1,8 +1,11 @@
-"""Model-independent control maps for the sanity checks."""
+"""Model-independent control maps for the sanity checks: what a method looks like that ignores
+the model entirely (the Sobel edge map) or everything (seeded noise)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from attributions.engines import Engine
 
 _SOBEL = torch.tensor([[1.0, 0.0, -1.0], [2.0, 0.0, -2.0], [1.0, 0.0, -1.0]])
 
@@ -17,3 +20,25 @@ def sobel_magnitude(x: torch.Tensor) -> torch.Tensor:
     flat = F.pad(x.reshape(b * c, 1, h, w), (1, 1, 1, 1), mode="replicate")
     g = F.conv2d(flat, kernels)
     return g.pow(2).sum(1).sqrt().reshape(b, c, h, w)
+
+
+class EdgeControl(Engine):
+    """The Sobel magnitude of the input, the same for every target and every model."""
+
+    needs_graph = False
+
+    def maps(self, ex, x, targets, envs=None, **kwargs):
+        return torch.stack([sobel_magnitude(x) for _ in targets])
+
+
+class NoiseControl(Engine):
+    """Gaussian noise from a generator seeded once per engine: a fresh draw per map."""
+
+    needs_graph = False
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def maps(self, ex, x, targets, envs=None, **kwargs):
+        return torch.stack([torch.randn(x.shape, generator=self.generator).to(x) for _ in targets])

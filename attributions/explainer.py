@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from captum.attr import Attribution, IntegratedGradients, NoiseTunnel
+from captum.attr import Attribution
 from captum.log import log_usage
 from torch import nn
 
-from attributions.controls import sobel_magnitude
+from attributions.errors import AttributionError, unknown_name
 from attributions.graph import LINEAR_KINDS, Graph, trace
 from attributions.layers import OPS, pool
 from attributions.methods import Method, build_method
-from attributions.rules import Context
-from audit.errors import AttributionError
+from attributions.rules import Context, Rule, resolve
+
+RULE_KINDS = LINEAR_KINDS + ("relu", "leaky_relu", "maxpool", "add")  # the kinds whose backward is a rule
 
 
 class Explainer(Attribution):
@@ -31,6 +32,14 @@ class Explainer(Attribution):
         semantics (BatchNorm running statistics, no dropout) whatever its mode; never modified.
     method : str
         A name from :func:`attributions.available_methods`.
+    graph : Graph, optional
+        The model's traced graph, when several explainers share one (see :func:`attributions.graph.trace`).
+    rules : dict, optional
+        Overrides of the method's rule table: keys are node kinds (``"conv"``, ``"dense"``,
+        ``"affine"``, ``"avgpool"``, ``"relu"``, ``"maxpool"``, ``"add"``, ``"first"`` for the
+        linear layers reading the input) or node / module names (names win over kinds, kinds
+        over ``"first"``... see :meth:`rule_for`); values are rule names from
+        :func:`attributions.rules.available` or :class:`~attributions.rules.Rule` objects.
     **params
         The method's parameters, e.g. ``epsilon=1e-6``.
 
@@ -39,22 +48,64 @@ class Explainer(Attribution):
     >>> ex = Explainer(model, "lrp-epsilon-plus", epsilon=1e-6)
     >>> maps = ex.attribute(x, target=y)                 # shaped like x
     >>> taps = ex.propagate(x, inject_at="classifier.2", vectors=torch.randn(5, *logits.shape))
+    >>> zennit_like = Explainer(model, "lrp-epsilon", rules={"conv": "zplus", "first": "flat"})
     """
 
-    def __init__(self, model: nn.Module, method: str, graph: Graph | None = None, **params):
+    def __init__(self, model: nn.Module, method: str, graph: Graph | None = None, rules: dict | None = None,
+                 **params):
         if not isinstance(model, nn.Module):
             raise AttributionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.method: Method = build_method(method, **params)
-        if self.method.engine == "control":
+        if not self.method.engine.needs_graph:
             graph = None
         elif graph is None:
             graph = trace(model)
         self.graph: Graph | None = graph
+        if rules and not self.method.chain:
+            raise AttributionError(f"{self.method.name!r} is not a chain of rules; rules= applies to the graph "
+                                   "methods only")
         self._ops = {n.name: OPS[n.kind](n) for n in self.graph.nodes if n.kind in LINEAR_KINDS} if self.graph else {}
-        self._first = self.graph.first_layers() if self.graph else set()
-        self._noise = torch.Generator().manual_seed(self.method.params.get("seed", 0))
+        self._rules = self._rule_table(rules or {}) if self.method.chain else {}
         Attribution.__init__(self, self.forward)
+
+    def _rule_table(self, overrides: dict) -> dict[str, Rule]:
+        """The rule of every rule-driven node: a name override, else a kind override, else the method's
+        ``first`` rule for the layers reading the input, else the method's rule for the kind."""
+        graph = self.graph
+        nodes = [n for n in graph.nodes if n.kind in RULE_KINDS]
+        names = {n.name for n in nodes} | {n.name.split("#")[0] for n in nodes}
+        by_kind, by_name = {}, {}
+        for key, value in overrides.items():
+            if key in RULE_KINDS or key == "first":
+                by_kind[key] = resolve(value)
+            elif key in names:
+                by_name[key] = resolve(value)
+            else:
+                raise unknown_name("rule key (a node kind or a node name)", key,
+                                   list(RULE_KINDS) + ["first"] + sorted(names), AttributionError)
+        table = {**self.method.rules, **by_kind}
+        first = graph.first_layers()
+        out = {}
+        for node in nodes:
+            rule = by_name.get(node.name, by_name.get(node.name.split("#")[0]))
+            if rule is None:
+                rule = table["first"] if node.name in first and "first" in table else table[node.kind]
+            if node.kind not in rule.kinds:
+                raise AttributionError(f"rule {rule!r} cannot act on node {node.name!r} of kind {node.kind!r}; it "
+                                       f"acts on {', '.join(rule.kinds)}")
+            out[node.name] = rule
+        return out
+
+    def rule_for(self, node: str) -> Rule:
+        """The rule that runs at ``node`` (a name from :attr:`layers`)."""
+        if node not in self._rules:
+            raise unknown_name("rule-driven node", node, self._rules, AttributionError)
+        return self._rules[node]
+
+    def sibling(self, method: str, **params) -> "Explainer":
+        """An explainer of another method on the same model and traced graph."""
+        return Explainer(self.model, method, graph=self.graph, **params)
 
     # --- introspection -----------------------------------------------------------------------------
 
@@ -65,7 +116,28 @@ class Explainer(Attribution):
         return self.graph.layers
 
     def has_convergence_delta(self) -> bool:
-        return False
+        """Whether the method promises what its maps sum to (captum's API); see :meth:`compute_convergence_delta`."""
+        return self.method.completeness is not None
+
+    def compute_convergence_delta(self, attributions: torch.Tensor, inputs: torch.Tensor, target=None
+                                  ) -> torch.Tensor:
+        """How far each map's sum is from what the method promises, (B,).
+
+        DeepLIFT and integrated gradients (zero reference): sum - (f(x) - f(0)) for the explained
+        output (completeness; exact for DeepLIFT, a Riemann error for IG). LRP from the logit:
+        sum - f(x) (conservation; biases, stabilisers and constants absorb part of it, so it is
+        exact only on bias-free models).
+        """
+        if not self.has_convergence_delta():
+            raise AttributionError(f"{self.method.name!r} promises no completeness or conservation")
+        x = self._check_input(inputs)
+        with torch.no_grad():
+            logits = self.forward(x)
+            t = self.targets(logits, target)
+            expected = logits.gather(1, t[:, None])[:, 0]
+            if self.method.completeness == "difference":
+                expected = expected - self.forward(torch.zeros_like(x[:1]))[0, t]
+        return attributions.detach().reshape(len(x), -1).sum(1).to(expected.dtype) - expected
 
     @property
     def multiplies_by_inputs(self) -> bool:
@@ -117,7 +189,6 @@ class Explainer(Attribution):
 
     def _backward(self, env: dict, ref: dict | None, start: str, signal: torch.Tensor) -> dict[str, torch.Tensor]:
         """Propagate ``signal`` (K, B, ...) from node ``start`` down to the input; every node's signal."""
-        rules = self.method.rules
         pending = {start: signal}
         taps = {}
         names = [n.name for n in self.graph.nodes]
@@ -130,8 +201,8 @@ class Explainer(Attribution):
                 break
             kind = node.kind
             inputs = [env[i] for i in node.inputs]
-            if kind in LINEAR_KINDS or kind in ("relu", "leaky_relu", "maxpool", "add"):
-                rule = rules["first"] if (node.name in self._first and "first" in rules) else rules[kind]
+            if kind in RULE_KINDS:
+                rule = self._rules[node.name]
                 key = (node.name, "indices")
                 ctx = Context(node, inputs, env[node.name], self._ops.get(node.name),
                               [ref[i] for i in node.inputs] if ref else None, ref[node.name] if ref else None,
@@ -175,36 +246,26 @@ class Explainer(Attribution):
         """Maps for several targets at once: (K, B, ...) for K target specifications.
 
         For the graph methods the K explained outputs travel down in ONE batched backward pass
-        over one forward pass; other methods run once per target.
+        over one forward pass; the method's engine decides for the others.
         """
-        x = self._check_input(x)
+        return self.method.engine.maps(self, self._check_input(x), targets, envs, **kwargs)
+
+    def chain_maps(self, x: torch.Tensor, targets: list, envs=None) -> torch.Tensor:
+        """The rule chain's maps for K targets (K, B, ...): one forward, one batched backward."""
         m = self.method
-        if m.engine == "control":
-            maps = [sobel_magnitude(x) if m.name == "edge" else torch.randn(x.shape, generator=self._noise).to(x)
-                    for _ in targets]
-        elif m.name == "integrated-gradients":
-            logits = self.forward(x).detach()
-            n_steps = kwargs.pop("n_steps", m.params["n_steps"])
-            maps = [IntegratedGradients(self.forward).attribute(x, target=self._targets(logits, t), n_steps=n_steps,
-                                                                 **kwargs).detach() for t in targets]
-        elif m.name == "smoothgrad":
-            logits = self.forward(x).detach()
-            sigma = m.params["noise"] * float(x.max() - x.min())
-            tunnel = NoiseTunnel(Explainer(self.model, "gradient", graph=self.graph))
-            maps = [tunnel.attribute(x, nt_type="smoothgrad", nt_samples=m.params["samples"], stdevs=sigma,
-                                     target=self._targets(logits, t)).detach() for t in targets]
-        else:
-            def start(env):
-                logits = env[self.graph.output]
-                onehots = torch.stack([torch.zeros_like(logits).scatter_(1, self._targets(logits, t)[:, None], 1.0)
-                                       for t in targets])
-                return onehots * logits if m.output == "logit" else onehots
 
-            taps, _ = self._signals(x, self.graph.output, start, envs, keep={"input"})
-            out = taps["input"]
-            return out * x if m.times_input else out
-        return torch.stack(maps)
+        def start(env):
+            logits = env[self.graph.output]
+            onehots = torch.stack([torch.zeros_like(logits).scatter_(1, self.targets(logits, t)[:, None], 1.0)
+                                   for t in targets])
+            return onehots * logits if m.output == "logit" else onehots
 
+        taps, _ = self._signals(x, self.graph.output, start, envs, keep={"input"})
+        out = taps["input"]
+        return out * x if m.times_input else out
+
+    # captum's NoiseTunnel calls ``attribute.__wrapped__``, which captum's own decorator provides:
+    # without it NoiseTunnel(Explainer(...)) fails. Its usage logging is inert outside captum.
     @log_usage()
     def attribute(self, inputs, target=None, **kwargs) -> torch.Tensor:
         """Attribution maps for ``inputs`` (B, ...), shaped like the inputs.
@@ -239,7 +300,6 @@ class Explainer(Attribution):
                                    f"the graph methods only")
         x = self._check_input(x)
         if inject_at not in self.graph.layers:
-            from audit.errors import unknown_name
             raise unknown_name("layer", inject_at, self.graph.layers, AttributionError)
 
         def start(env):
@@ -261,17 +321,11 @@ class Explainer(Attribution):
 
     @staticmethod
     def _check_input(x) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise AttributionError(f"inputs must be a floating-point tensor (B, ...), got "
-                                   f"{getattr(x, 'dtype', type(x).__name__)}")
-        if x.ndim < 2 or x.shape[0] == 0:
-            raise AttributionError(f"inputs must have a batch axis and at least one sample, got shape {tuple(x.shape)}")
-        if not torch.isfinite(x).all():
-            raise AttributionError("inputs contain NaN or infinite values")
-        return x.detach()
+        return check_input(x)
 
     @staticmethod
-    def _targets(logits: torch.Tensor, target) -> torch.Tensor:
+    def targets(logits: torch.Tensor, target) -> torch.Tensor:
+        """The explained class per sample (B,): ``target`` as an int, a (B,) sequence, or None (argmax)."""
         b, classes = logits.shape[0], logits.shape[1]
         if target is None:
             return logits.argmax(1)
@@ -283,6 +337,18 @@ class Explainer(Attribution):
         if bool(((t < 0) | (t >= classes)).any()):
             raise AttributionError(f"target out of range: the model has {classes} classes, got {t.tolist()}")
         return t
+
+
+def check_input(x) -> torch.Tensor:
+    """``x`` detached, after checking it is a finite floating-point tensor (B, ...) with B >= 1."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise AttributionError(f"inputs must be a floating-point tensor (B, ...), got "
+                               f"{getattr(x, 'dtype', type(x).__name__)}")
+    if x.ndim < 2 or x.shape[0] == 0:
+        raise AttributionError(f"inputs must have a batch axis and at least one sample, got shape {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise AttributionError("inputs contain NaN or infinite values")
+    return x.detach()
 
 
 def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor) -> tuple[dict, dict | None] | None:

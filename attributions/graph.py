@@ -16,7 +16,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from audit.errors import AttributionError
+from attributions.errors import AttributionError
 
 SUPPORTED = ("Conv1d, Conv2d, Linear, BatchNorm1d/2d (folded into the conv / linear before it, else an "
              "affine node), ReLU (module, functional, in-place), LeakyReLU, MaxPool1d/2d, AvgPool1d/2d, "

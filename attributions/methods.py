@@ -1,8 +1,11 @@
-"""Methods as data: which rule runs at which node kind, what the signal is, how it starts.
+"""Methods as data: a rule table (which rule runs at which node kind), an output convention, and
+the engine that computes the maps.
 
-A method never adds a code path to the engine: it is a table from node kinds (``dense``,
-``conv``, ``affine``, ``avgpool``, ``relu``, ``leaky_relu``, ``maxpool``, ``add``, and
-``first`` for the linear layers that read the input) to rules.
+A graph method's rule table maps node kinds (``dense``, ``conv``, ``affine``, ``avgpool``,
+``relu``, ``leaky_relu``, ``maxpool``, ``add``, and ``first`` for the linear layers that read the
+input) to rules; ``Explainer(..., rules={...})`` overrides entries by kind or by node name. The
+methods outside the rule engine (integrated gradients, SmoothGrad, the controls) carry their
+own engine object, so the explainer never branches on a method's name.
 """
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from attributions import rules as R
-from audit.errors import ConfigError, unknown_name
+from attributions.controls import EdgeControl, NoiseControl
+from attributions.engines import CHAIN, Engine, IntegratedGradientsEngine, SmoothGradEngine
+from attributions.errors import AttributionError, unknown_name
 
 
 @dataclass(frozen=True)
@@ -20,8 +25,11 @@ class Method:
 
     ``signal``: ``relevance`` (LRP / DTD: starts as the explained logit, or one-hot), ``gradient``
     (starts one-hot), ``multiplier`` (DeepLIFT: starts one-hot; the recorded signal is the
-    multiplier times the difference from the reference). ``engine``: ``graph`` (our rules),
-    ``captum`` (delegated) or ``control`` (model-independent).
+    multiplier times the difference from the reference). ``engine``: the rule chain, a captum
+    method or a model-independent control. ``heatmap``: how maps become heatmaps for the
+    similarity checks (``sum`` of channels for relevance and contributions, ``max-abs`` for
+    gradient-like maps). ``completeness``: what a map's sum equals where the method promises it
+    (``difference``: f(x) - f(0) for the explained output; ``output``: f(x); None: no promise).
     """
 
     name: str
@@ -31,13 +39,15 @@ class Method:
     rules: dict = field(default_factory=dict)
     output: str = "onehot"
     times_input: bool = False
-    engine: str = "graph"
+    engine: Engine = CHAIN
     params: dict = field(default_factory=dict)
+    heatmap: str = "sum"
+    completeness: str | None = None
 
     @property
     def chain(self) -> bool:
-        """Whether the method is a backward chain that ``propagate`` can follow."""
-        return self.engine == "graph"
+        """Whether the method is a backward chain of rules that ``propagate`` can follow."""
+        return self.engine.chain
 
 
 def _gradient_rules(relu: R.Rule) -> dict:
@@ -56,8 +66,8 @@ def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabili
 
 
 def _deeplift_rules(linear: R.Rule, eps: float) -> dict:
-    return {"dense": linear, "conv": linear, "affine": linear, "avgpool": linear, "relu": R.Rescale(eps),
-            "leaky_relu": R.Rescale(eps), "maxpool": R.DeepLiftMaxPool(eps), "add": R.Copy()}
+    return {"dense": linear, "conv": linear, "affine": linear, "avgpool": linear, "relu": R.Rescale(),
+            "leaky_relu": R.Rescale(), "maxpool": R.DeepLiftMaxPool(eps), "add": R.Copy()}
 
 
 SIXT = "Sixt, Granz, Landgraf 2020, When Explanations Lie (ICML)"
@@ -68,7 +78,7 @@ KOHLBRENNER = "Kohlbrenner et al. 2020, Towards Best Practice in Explaining Neur
 
 def _gradient():
     return Method("gradient", "plain input gradient (saliency)", "Simonyan et al. 2014",
-                  rules=_gradient_rules(R.ReLUGradient("gradient")))
+                  rules=_gradient_rules(R.ReLUGradient("gradient")), heatmap="max-abs")
 
 
 def _input_x_gradient():
@@ -78,17 +88,17 @@ def _input_x_gradient():
 
 def _guided_backprop():
     return Method("guided-backprop", "gradient with negative signals removed at every ReLU",
-                  "Springenberg et al. 2015", rules=_gradient_rules(R.ReLUGradient("guided")))
+                  "Springenberg et al. 2015", rules=_gradient_rules(R.ReLUGradient("guided")), heatmap="max-abs")
 
 
 def _deconvnet():
     return Method("deconvnet", "ReLU applied to the backward signal, forward mask ignored",
-                  "Zeiler & Fergus 2014", rules=_gradient_rules(R.ReLUGradient("deconv")))
+                  "Zeiler & Fergus 2014", rules=_gradient_rules(R.ReLUGradient("deconv")), heatmap="max-abs")
 
 
 def _lrp(name, description, reference, dense, conv, first=None, output="logit", stabilizer=1e-6):
     return Method(name, description, reference, signal="relevance", output=output,
-                  rules=_lrp_rules(dense, conv, first, stabilizer))
+                  rules=_lrp_rules(dense, conv, first, stabilizer), completeness="output" if output == "logit" else None)
 
 
 def _lrp_z(stabilizer: float = 1e-9):
@@ -148,7 +158,8 @@ def _excitation_backprop(stabilizer: float = 1e-6):
 
 def _deeplift(eps: float = 1e-10):
     return Method("deeplift", "DeepLIFT Rescale with a zero reference (as captum's DeepLift)",
-                  "Shrikumar et al. 2017 (ICML)", signal="multiplier", rules=_deeplift_rules(R.Gradient(), eps))
+                  "Shrikumar et al. 2017 (ICML)", signal="multiplier", rules=_deeplift_rules(R.Gradient(), eps),
+                  completeness="difference")
 
 
 def _deeplift_ablation(eps: float = 1e-10):
@@ -158,23 +169,25 @@ def _deeplift_ablation(eps: float = 1e-10):
 
 def _integrated_gradients(n_steps: int = 50):
     return Method("integrated-gradients", "integrated gradients from a zero baseline (captum)",
-                  "Sundararajan et al. 2017 (ICML)", engine="captum", params={"n_steps": n_steps})
+                  "Sundararajan et al. 2017 (ICML)", engine=IntegratedGradientsEngine(n_steps),
+                  params={"n_steps": n_steps}, completeness="difference")
 
 
 def _smoothgrad(noise: float = 0.15, samples: int = 50):
     return Method("smoothgrad", "gradient averaged over Gaussian-noised inputs (captum NoiseTunnel); noise "
-                  "is sigma as a fraction of the input range", "Smilkov et al. 2017", engine="captum",
-                  params={"noise": noise, "samples": samples})
+                  "is sigma as a fraction of the input range", "Smilkov et al. 2017",
+                  engine=SmoothGradEngine(noise, samples), params={"noise": noise, "samples": samples},
+                  heatmap="max-abs")
 
 
 def _edge():
     return Method("edge", "control: Sobel gradient magnitude of the input, model-independent",
-                  "Adebayo et al. 2018 (NeurIPS)", engine="control")
+                  "Adebayo et al. 2018 (NeurIPS)", engine=EdgeControl(), heatmap="max-abs")
 
 
 def _random(seed: int = 0):
     return Method("random", "control: seeded Gaussian noise, a fresh draw per call",
-                  "Adebayo et al. 2018 (NeurIPS)", engine="control", params={"seed": seed})
+                  "Adebayo et al. 2018 (NeurIPS)", engine=NoiseControl(seed), params={"seed": seed})
 
 
 BUILDERS: dict[str, Callable[..., Method]] = {
@@ -206,11 +219,11 @@ def build_method(name: str, **params) -> Method:
     """The method ``name`` with its parameters (e.g. ``epsilon=1e-6``); errors name the valid ones."""
     builder = BUILDERS.get(name)
     if builder is None:
-        raise unknown_name("attribution method", name, BUILDERS)
+        raise unknown_name("attribution method", name, BUILDERS, AttributionError)
     accepted = inspect.signature(builder).parameters
     bad = set(params) - set(accepted)
     if bad:
-        raise ConfigError(f"method {name!r} has no parameter {', '.join(sorted(bad))}; "
+        raise AttributionError(f"method {name!r} has no parameter {', '.join(sorted(bad))}; "
                           f"parameters: {', '.join(accepted) or 'none'}")
     return builder(**params)
 

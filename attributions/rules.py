@@ -4,14 +4,23 @@ A rule maps the signal at a node's output, shaped (K, B, ...), to the signals at
 inputs. Signals are relevance for LRP rules, (modified) gradients for gradient rules and
 multipliers for DeepLIFT. Conventions follow zennit / iNNvestigate: a stabiliser adds epsilon
 with the sign of the denominator (sign(0) = +1); alpha-beta splits inputs and weights by sign.
+
+Each rule class names the node kinds it can act on (``kinds``); :data:`NAMED` lists the rules a
+user can pick by name in ``Explainer(..., rules={...})``, and :func:`available` their formulas.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
+from attributions.errors import AttributionError, unknown_name
+from attributions.graph import LINEAR_KINDS
 from attributions.layers import LinearOp
+
+WEIGHTED_KINDS = ("dense", "conv", "affine")  # linear kinds with a weight tensor
+ACTIVATION_KINDS = ("relu", "leaky_relu")
 
 
 @dataclass
@@ -38,7 +47,12 @@ def stabilize(z: torch.Tensor, epsilon: float) -> torch.Tensor:
 
 
 class Rule:
-    """Backward of one node: ``backward(ctx, signal) -> [signal per tensor input]``."""
+    """Backward of one node: ``backward(ctx, signal) -> [signal per tensor input]``.
+
+    ``kinds``: the node kinds the rule can act on (a rule map that puts it elsewhere is refused).
+    """
+
+    kinds: tuple[str, ...] = ()
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         raise NotImplementedError
@@ -53,6 +67,8 @@ class Rule:
 class Gradient(Rule):
     """The plain vector-Jacobian product W^T s (also DeepLIFT's multipliers through linear layers)."""
 
+    kinds = LINEAR_KINDS
+
     def backward(self, ctx, signal):
         w, _ = ctx.op.weights()
         return [ctx.op.transpose(signal, w, ctx.x.shape)]
@@ -60,6 +76,8 @@ class Gradient(Rule):
 
 class Epsilon(Rule):
     """LRP-epsilon: R_in = x * W^T (R / stab(z)), z = W x + b. With a tiny epsilon: LRP-z."""
+
+    kinds = LINEAR_KINDS
 
     def __init__(self, epsilon: float = 1e-6):
         self.epsilon = epsilon
@@ -77,6 +95,8 @@ class AlphaBeta(Rule):
     scaled by alpha, negative along z- scaled by beta. ``bias=False`` drops the bias (the
     classic z+ rule). alpha = 1, beta = 0 is z+.
     """
+
+    kinds = WEIGHTED_KINDS
 
     def __init__(self, alpha: float = 1.0, beta: float = 0.0, bias: bool = True, stabilizer: float = 1e-6):
         if abs(alpha - beta - 1.0) > 1e-9:
@@ -111,6 +131,8 @@ class AlphaBeta(Rule):
 class Gamma(Rule):
     """LRP-gamma: weights and bias W + gamma W+, b + gamma b+, stabilised by epsilon."""
 
+    kinds = WEIGHTED_KINDS
+
     def __init__(self, gamma: float = 0.25, epsilon: float = 1e-6):
         self.gamma, self.epsilon = gamma, epsilon
 
@@ -124,6 +146,8 @@ class Gamma(Rule):
 
 class _InputFree(Rule):
     """Relevance shared by fixed non-negative weights V: R_in = V^T (R / (V 1))."""
+
+    kinds = WEIGHTED_KINDS
 
     def _weights(self, w):
         raise NotImplementedError
@@ -153,6 +177,8 @@ class ZB(Rule):
     """Deep Taylor zB for inputs bounded in [low, high]:
     z = W x - W+ low - W- high, R_in = x W^T s - low W+^T s - high W-^T s, s = R / stab(z)."""
 
+    kinds = WEIGHTED_KINDS
+
     def __init__(self, low: float = 0.0, high: float = 1.0, stabilizer: float = 1e-6):
         self.low, self.high, self.stabilizer = low, high, stabilizer
 
@@ -178,6 +204,8 @@ class DeepLiftAblation(Rule):
     signals are the same with W+ alone, which saves a second transposed convolution.
     """
 
+    kinds = LINEAR_KINDS
+
     def backward(self, ctx, signal):
         w, _ = ctx.op.weights()
         wp = w.clamp(min=0) if ctx.op.has_negative_weights else w
@@ -189,6 +217,8 @@ class DeepLiftAblation(Rule):
 class Pass(Rule):
     """Identity: relevance passes a ReLU unchanged (LRP, Deep Taylor)."""
 
+    kinds = ACTIVATION_KINDS
+
     def backward(self, ctx, signal):
         return [signal]
 
@@ -196,6 +226,8 @@ class Pass(Rule):
 class ReLUGradient(Rule):
     """Gradient of ReLU / LeakyReLU; ``guided`` keeps only positive results (Guided Backprop),
     ``deconv`` ignores the forward mask and keeps positive signals (DeconvNet)."""
+
+    kinds = ACTIVATION_KINDS
 
     def __init__(self, mode: str = "gradient"):
         self.mode = mode
@@ -216,11 +248,10 @@ class Rescale(Rule):
     0 where captum falls back to the gradient: such a unit contributes multiplier x 0 = 0, and its
     multiplier could only travel on to units whose difference is zero as well (delta_x = 0 arises
     where a unit's whole receptive field equals the reference), so maps and recorded signals are
-    the same, at half the cost of the fallback's extra passes. ``eps`` is kept for the record.
+    the same, at half the cost of the fallback's extra passes.
     """
 
-    def __init__(self, eps: float = 1e-10):
-        self.eps = eps
+    kinds = ACTIVATION_KINDS
 
     def backward(self, ctx, signal):
         ratio = (ctx.output - ctx.ref_output).div_(ctx.x - ctx.ref_inputs[0]).nan_to_num_(nan=0.0)
@@ -242,6 +273,8 @@ def _unpool(signal: torch.Tensor, indices: torch.Tensor, in_shape: torch.Size) -
 class WinnerTakeAll(Rule):
     """Max pooling: the whole signal goes to the winning input (the max-pooling gradient)."""
 
+    kinds = ("maxpool",)
+
     def backward(self, ctx, signal):
         m = ctx.node.module
         if signal.shape[0] == 1 and ctx.x.ndim == 4:  # torch's own kernel for a single signal
@@ -260,6 +293,8 @@ class DeepLiftMaxPool(Rule):
     same as captum's unpool-then-divide: every numerator sits at a winner, so dividing by that
     winner's delta_x before or after scattering gives the same sums.
     """
+
+    kinds = ("maxpool",)
 
     def __init__(self, eps: float = 1e-10):
         self.eps = eps
@@ -288,6 +323,8 @@ class DeepLiftMaxPool(Rule):
 class ProportionalSplit(Rule):
     """A residual add a + b: relevance split in proportion to each branch's value (stabilised)."""
 
+    kinds = ("add",)
+
     def __init__(self, epsilon: float = 1e-6):
         self.epsilon = epsilon
 
@@ -299,5 +336,47 @@ class ProportionalSplit(Rule):
 class Copy(Rule):
     """The gradient of an add: the same signal to every input."""
 
+    kinds = ("add",)
+
     def backward(self, ctx, signal):
         return [signal for _ in ctx.inputs]
+
+
+@dataclass(frozen=True)
+class NamedRule:
+    """A rule a user can choose by name: how to build it and what it computes."""
+
+    build: Callable[[], Rule]
+    formula: str
+
+
+# z = W x + b is the layer's pre-activation, s = R / stab(z); R_in is the relevance of the inputs.
+NAMED: dict[str, NamedRule] = {
+    "gradient": NamedRule(Gradient, "s_in = W^T s (the plain vector-Jacobian product)"),
+    "epsilon": NamedRule(lambda: Epsilon(1e-6), "R_in = x * W^T (R / (z + eps sign z)), eps = 1e-6"),
+    "zplus": NamedRule(lambda: AlphaBeta(1.0, 0.0, bias=False),
+                       "R_in = x+ * W+^T (R / z+) + x- * W-^T (R / z+), z+ = W+ x+ + W- x-, bias ignored"),
+    "alpha1beta0": NamedRule(lambda: AlphaBeta(1.0, 0.0), "alpha-beta with alpha = 1, beta = 0, positive bias kept"),
+    "alpha2beta1": NamedRule(lambda: AlphaBeta(2.0, 1.0),
+                             "R_in = 2 (positive contributions / z+) R - 1 (negative contributions / z-) R"),
+    "gamma": NamedRule(lambda: Gamma(0.25, 1e-6), "epsilon rule on W + gamma W+, b + gamma b+, gamma = 0.25"),
+    "flat": NamedRule(Flat, "R_in = 1^T (R / (1 1)): uniform over each output's receptive field"),
+    "wsquare": NamedRule(WSquare, "R_in = (W*W)^T (R / ((W*W) 1)): in proportion to the squared weights"),
+    "zbox": NamedRule(lambda: ZB(0.0, 1.0),
+                      "R_in = (x W^T - l W+^T - h W-^T) (R / (W x - W+ l - W- h)), inputs in [l, h] = [0, 1]"),
+    "pass": NamedRule(Pass, "R_in = R (identity through an activation)"),
+}
+
+
+def available() -> dict[str, str]:
+    """Rule name -> its formula and the node kinds it acts on."""
+    return {name: f"{spec.formula} [{', '.join(spec.build().kinds)}]" for name, spec in NAMED.items()}
+
+
+def resolve(rule: "str | Rule") -> Rule:
+    """A rule object from a name in :data:`NAMED` or a :class:`Rule` instance."""
+    if isinstance(rule, Rule):
+        return rule
+    if isinstance(rule, str) and rule in NAMED:
+        return NAMED[rule].build()
+    raise unknown_name("rule", rule, NAMED, AttributionError)

@@ -1,30 +1,21 @@
-"""What is checked: data, model zoo, training, and (as they land) the audit tests.
+"""What is checked: the sanity checks and their measures, the data and models they run on, and
+the runner that puts them together.
 
-Submodules are imported on first use so that ``import audit`` stays light.
+Subpackages: ``checks`` (one module per sanity check, a registry), ``measures`` (similarity,
+heatmaps, statistics), ``data`` (data sets, formats, downloads), ``models`` (zoo, checkpoints,
+training, recipes), ``run`` (configuration, runner, results). The command line (``audit.cli``)
+sits above them and the report builder (``reports``).
 """
-from __future__ import annotations
-
-import importlib
-
+from audit.checks import (CHECKS, chain_convergence, get_check, parameter_randomization, random_logit_test,
+                          randomization_with_maps)
+from audit.data import balanced_sample, embedded_sample, load_dataset
 from audit.errors import AuditError, ConfigError, DataError, ModelError
+from audit.measures import bootstrap_ci, heatmaps, spearman, ssim, summarize
+from audit.models import TrainConfig, available_checkpoints, build, load_checkpoint, save_checkpoint, train
+from audit.run import AuditConfig, AuditResult, load_config, load_results, run_audit
 
-__all__ = ["AuditError", "ConfigError", "DataError", "ModelError", "load_dataset", "embedded_sample",
-           "build", "load_checkpoint", "chain_convergence", "random_logit_test", "parameter_randomization",
-           "summarize"]
-
-_LAZY = {
-    "load_dataset": "audit.data",
-    "embedded_sample": "audit.data",
-    "build": "audit.zoo",
-    "load_checkpoint": "audit.zoo",
-    "chain_convergence": "audit.convergence",
-    "random_logit_test": "audit.random_logit",
-    "parameter_randomization": "audit.randomization",
-    "summarize": "audit.summary",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'audit' has no attribute {name!r}")
+__all__ = ["CHECKS", "AuditConfig", "AuditError", "AuditResult", "ConfigError", "DataError", "ModelError",
+           "TrainConfig", "available_checkpoints", "balanced_sample", "bootstrap_ci", "build", "chain_convergence",
+           "embedded_sample", "get_check", "heatmaps", "load_checkpoint", "load_config", "load_dataset",
+           "load_results", "parameter_randomization", "random_logit_test", "randomization_with_maps", "run_audit",
+           "save_checkpoint", "spearman", "ssim", "summarize", "train"]

@@ -1,11 +1,45 @@
-"""Command line: ``attribution-audit`` (= ``python -m audit``)."""
+"""Command line: ``attribution-audit`` (= ``python -m audit``).
+
+The top of the import layers: the only module that calls both the runner and the report builder.
+"""
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import time
+from pathlib import Path
 from typing import Sequence
 
-from audit.errors import AuditError, ConfigError
+from attributions import available_methods
+from attributions.errors import ToolkitError, unknown_name
+from audit.checks import CHECKS, check_options
+from audit.errors import ConfigError
+from audit.models import ARCHS, OPTIMIZERS, SHIPPED, TrainConfig, available_checkpoints, train
+from audit.models.recipes import RECIPES
+from audit.run import load_config, run_audit
+from reports import build_report, verdict_table
+
+
+# The main job: cnn-sgd against its Bort twin cnn-bort, every method, the three checks of Sixt et al.,
+# on the embedded Fashion-MNIST sample.
+DEMO = dict(models=["cnn-sgd", "cnn-bort"], methods="all", tests=["csc", "random-logit", "cascading"], n_images=16)
+
+
+def run_demo(out: str = "demo-output", seed: int = 0, progress: bool = True) -> Path:
+    """Run the demo audit into ``out`` (replacing an earlier demo there), write its report, print a summary."""
+    start = time.perf_counter()
+    folder = Path(out)
+    if (folder / "manifest.json").exists():
+        shutil.rmtree(folder)
+    result = run_audit(load_config(seed=seed, **DEMO), folder, progress=progress)
+    index = build_report(result.out)
+    verdict = verdict_table(result.tables, result.config)
+    passing = int((verdict.verdict == "pass").sum())
+    print(f"\n{passing} of {len(verdict)} model x method pairs pass all three sanity checks")
+    print(f"demo finished in {time.perf_counter() - start:.0f} s")
+    print(f"report: {index.resolve()}")
+    return index
 
 
 def _number(text: str) -> float:
@@ -16,13 +50,11 @@ def _number(text: str) -> float:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from audit.train import TrainConfig, train
-
     arch_options = {"batch_norm": True} if args.batch_norm else {}
     amplitude = args.amplitude if args.amplitude in (None, "adaptive") else _number(args.amplitude)
     options = {k: v for k, v in (("gamma", args.gamma), ("amplitude", amplitude), ("mode", args.bort_mode))
                if v is not None}
-    if options and not args.optimizer.startswith("bort"):
+    if options and not getattr(OPTIMIZERS.get(args.optimizer), "constrained", False):
         raise ConfigError(f"--gamma / --amplitude / --bort-mode need --optimizer bort or bort-adamw, "
                           f"not {args.optimizer!r}")
     config = TrainConfig(arch=args.arch, optimizer=args.optimizer, epochs=args.epochs, batch_size=args.batch_size,
@@ -35,12 +67,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from audit.zoo import ARCHS, available_checkpoints
-
-    print("architectures (audit.zoo.build):")
+    print("architectures (audit.models.build):")
     for name, arch in ARCHS.items():
         print(f"  {name:10s} {arch.description}")
-    print("shipped checkpoints (audit.zoo.load_checkpoint):")
+    print("shipped checkpoints (audit.models.load_checkpoint):")
     shipped = available_checkpoints()
     for name, meta in shipped.items():
         print(f"  {name:12s} {meta['arch']:7s} {meta['optimizer']:10s} test accuracy {meta['test_accuracy']:.4f} "
@@ -51,15 +81,10 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _retrain_shipped(args: argparse.Namespace) -> int:
-    from audit.train import train
-    from audit.zoo.checkpoint import SHIPPED
-    from audit.zoo.recipes import RECIPES
-
     names = args.names or list(RECIPES)
     for name in names:
         if name not in RECIPES:
-            from audit.errors import unknown_name
-            raise unknown_name("shipped checkpoint", name, RECIPES)
+            raise unknown_name("shipped checkpoint", name, RECIPES, ConfigError)
     out_dir = args.out_dir or str(SHIPPED)
     for name in names:
         print(f"== {name}", flush=True)
@@ -68,34 +93,26 @@ def _retrain_shipped(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from audit.demo import run_demo
-
     run_demo(out=args.out, seed=args.seed, progress=not args.quiet)
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
-    from audit.config import load_config
-    from audit.runner import run_audit
-
+    options = {name: getattr(args, name) for name in check_options()}
     config = load_config(args.config, models=args.models, methods=args.methods, tests=args.tests,
                          n_images=args.n_images, seed=args.seed, device=args.device, data=args.data,
-                         data_root=args.data_root, weights=args.weights)
+                         data_root=args.data_root, weights=args.weights, **options)
     result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet)
-    print(f"report: {result.write_report()}")
+    print(f"report: {build_report(result.out)}")
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
-    from reports import build_report
-
     print(f"report: {build_report(args.dir, args.out)}")
     return 0
 
 
 def _methods(args: argparse.Namespace) -> int:
-    from attributions import available_methods
-
     for name, text in available_methods().items():
         print(f"  {name:24s} {text}")
     return 0
@@ -152,7 +169,8 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--models", default=None, help="comma-separated: shipped names, checkpoint paths, module:factory")
     a.add_argument("--weights", default=None, help="state_dict for a module:factory model")
     a.add_argument("--methods", default=None, help='comma-separated method names, or "all"')
-    a.add_argument("--tests", default=None, help="comma-separated: csc, random-logit, cascading, independent, bottom-up")
+    a.add_argument("--tests", default=None, help="comma-separated: " + "; ".join(
+        f"{c.name} ({c.description})" for c in CHECKS.values()))
     a.add_argument("--n-images", type=int, default=None)
     a.add_argument("--data", default=None, help='"embedded" (default) or a data set name')
     a.add_argument("--data-root", default=None)
@@ -162,6 +180,11 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--out", required=True, help="the run folder (results, manifest, report)")
     a.add_argument("--resume", action="store_true", help="skip the units a previous run finished")
     a.add_argument("--quiet", action="store_true")
+    for option in check_options().values():  # every check's own keys, as in the TOML file
+        kind = type(option.default)
+        a.add_argument(f"--{option.name.replace('_', '-')}", dest=option.name, default=None,
+                       type=kind if kind in (int, float) else str, choices=option.choices or None,
+                       help=f"{option.help} (default {option.default})")
     a.set_defaults(func=_run)
 
     rp = sub.add_parser("report", help="rebuild the report of a finished run without recomputing")
@@ -178,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except AuditError as exc:
+    except ToolkitError as exc:
         print(f"attribution-audit {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

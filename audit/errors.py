@@ -1,16 +1,16 @@
-"""The toolkit's own exception types.
+"""The audit's exception types.
 
-Every error the toolkit raises on bad input is an :class:`AuditError`, so a caller can catch
-them all at once; the subclasses say which part of the input was wrong.
+Every error the audit raises on bad input is an :class:`AuditError` (a
+:class:`~attributions.errors.ToolkitError`, like the engine's and Bort's errors); the
+subclasses say which part of the input was wrong.
 """
 from __future__ import annotations
 
-import difflib
-from typing import Iterable
+from attributions.errors import ToolkitError
 
 
-class AuditError(ValueError):
-    """Bad input to the toolkit: what was wrong, where, and what to do about it."""
+class AuditError(ToolkitError):
+    """Bad input to an audit: what was wrong, where, and what to do about it."""
 
 
 class DataError(AuditError):
@@ -23,15 +23,3 @@ class ModelError(AuditError):
 
 class ConfigError(AuditError):
     """An option, name or hyper-parameter is invalid."""
-
-
-def unknown_name(kind: str, name: object, valid: Iterable[str], error: type[AuditError] = ConfigError) -> AuditError:
-    """Build the error for an unknown name, listing the valid ones and the closest match."""
-    valid = sorted(valid)
-    close = difflib.get_close_matches(str(name), valid, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return error(f"unknown {kind} {name!r}; valid: {', '.join(valid)}.{hint}")
-
-
-class AttributionError(AuditError):
-    """A model or request the attribution engine cannot handle: the node, its type, what to do."""

@@ -1,31 +1,59 @@
-"""Validation of the images and labels handed to the audit tests."""
+"""Validation of what a user hands the audit: models, images, labels, method lists, options."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from audit.errors import AuditError
+from attributions.errors import AttributionError, unknown_name
+from attributions.explainer import check_input
+from attributions.methods import BUILDERS
+from audit.errors import AuditError, ConfigError
 
 
 def check_inputs(model, x, y=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x as a float tensor (B, ...) and y as an int64 tensor (B,), or a clear error."""
+    """x as a float tensor (B, ...) and y as an int64 tensor (B,), or a clear error.
+
+    ``x`` may be a tensor or an array; the checks on it are the engine's own (finite, floating
+    point, a batch axis), reported as :class:`AuditError`.
+    """
     if not isinstance(model, torch.nn.Module):
         raise AuditError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
-    if not x.is_floating_point() or x.ndim < 2 or x.shape[0] == 0:
-        raise AuditError(f"x must be a non-empty float array (B, C, H, W), got {x.dtype} {tuple(x.shape)}")
-    if not torch.isfinite(x).all():
-        raise AuditError("x contains NaN or infinite values")
+    try:
+        x = check_input(x)
+    except AttributionError as exc:
+        raise AuditError(f"x: {exc}") from None
     if y is not None:
         y = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
         if y.is_floating_point() or y.ndim != 1 or y.shape[0] != x.shape[0]:
             raise AuditError(f"y must be integer labels of shape ({x.shape[0]},) to match x, got {y.dtype} "
                              f"{tuple(y.shape)}")
         y = y.long()
-    return x.detach(), y
+    return x, y
 
 
 def check_labels(y: torch.Tensor, num_classes: int) -> None:
+    """Labels must index the model's classes."""
     if bool(((y < 0) | (y >= num_classes)).any()):
         raise AuditError(f"labels out of range: the model has {num_classes} classes, labels span "
                          f"{int(y.min())}..{int(y.max())}")
+
+
+def resolve_methods(methods) -> list[str]:
+    """A list of method names from a name, a comma-separated string, a list, or "all"."""
+    if isinstance(methods, str):
+        methods = list(BUILDERS) if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]
+    methods = list(methods)
+    if not methods:
+        raise ConfigError("no attribution method given")
+    for m in methods:
+        if m not in BUILDERS:
+            raise unknown_name("attribution method", m, BUILDERS, ConfigError)
+    return methods
+
+
+def check_option(kind: str, value: str, valid: tuple[str, ...]) -> str:
+    """``value`` when it is one of ``valid``, else a :class:`ConfigError` naming the valid ones."""
+    if value not in valid:
+        raise unknown_name(kind, value, valid, ConfigError)
+    return value

@@ -26,7 +26,8 @@ import math
 
 import torch
 
-from audit.errors import ConfigError, unknown_name
+from bort.errors import BortError
+from attributions.errors import unknown_name
 
 MODES = ("l2-full", "l1-full-row", "l1-full-col", "l2-row", "l2-col", "l1-row", "l1-col")
 _COLUMN_TWIN = {"l1-full-row": "l1-full-col", "l2-row": "l2-col", "l1-row": "l1-col"}
@@ -34,7 +35,7 @@ _COLUMN_TWIN = {"l1-full-row": "l1-full-col", "l2-row": "l2-col", "l1-row": "l1-
 
 def check_mode(mode: str) -> str:
     if mode not in MODES:
-        raise unknown_name("Bort mode", mode, MODES, ConfigError)
+        raise unknown_name("Bort mode", mode, MODES, BortError)
     return mode
 
 
@@ -42,7 +43,7 @@ def check_amplitude(amplitude: float | str) -> float | str:
     if amplitude == "adaptive":
         return amplitude
     if isinstance(amplitude, str) or not math.isfinite(float(amplitude)) or float(amplitude) <= 0:
-        raise ConfigError(f"amplitude must be a positive finite number or 'adaptive', got {amplitude!r}")
+        raise BortError(f"amplitude must be a positive finite number or 'adaptive', got {amplitude!r}")
     return float(amplitude)
 
 

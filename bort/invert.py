@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from audit.errors import ModelError
+from bort.errors import BortError
 
 _IDENTITY = (nn.ReLU, nn.LeakyReLU, nn.Dropout, nn.Identity)
 _POOLS = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
@@ -23,7 +23,7 @@ def _chain(model: nn.Module, x: torch.Tensor, layer: str) -> list[tuple[str, nn.
     """(name, module, input, output) of each leaf module run, in order, up to ``layer``; checks it is a chain."""
     names = dict(model.named_modules())
     if layer not in names:
-        raise ModelError(f"no module named {layer!r} in the model; modules: {', '.join(n for n in names if n)}")
+        raise BortError(f"no module named {layer!r} in the model; modules: {', '.join(n for n in names if n)}")
     calls, handles = [], []
     for name, module in model.named_modules():
         if name and not list(module.children()):
@@ -43,7 +43,7 @@ def _chain(model: nn.Module, x: torch.Tensor, layer: str) -> list[tuple[str, nn.
     previous = x
     for name, _, inp, out in chain:
         if inp is not previous and not (inp.shape == previous.shape and torch.equal(inp, previous)):
-            raise ModelError(f"reconstruct needs a plain chain of modules up to {layer!r}; the input of {name!r} "
+            raise BortError(f"reconstruct needs a plain chain of modules up to {layer!r}; the input of {name!r} "
                              "is not the previous module's output (branching or functional code in forward)")
         previous = out
     return chain
@@ -53,7 +53,7 @@ def _invert(module: nn.Module, y: torch.Tensor, inp: torch.Tensor) -> torch.Tens
     if isinstance(module, nn.Conv2d):
         w = module.weight.reshape(module.out_channels, -1)
         if module.groups != 1:
-            raise ModelError("reconstruct supports ungrouped convolutions only")
+            raise BortError("reconstruct supports ungrouped convolutions only")
         b = module.bias if module.bias is not None else torch.zeros(module.out_channels)
         y = (y - b[:, None, None]) / w.pow(2).sum(1)[:, None, None]
         cols = torch.einsum("oi,bol->bil", w, y.flatten(2))
@@ -75,7 +75,7 @@ def _invert(module: nn.Module, y: torch.Tensor, inp: torch.Tensor) -> torch.Tens
         return y.reshape(inp.shape)
     if isinstance(module, _IDENTITY):
         return y
-    raise ModelError(f"reconstruct cannot invert a {type(module).__name__}; supported: Conv2d, Linear, BatchNorm, "
+    raise BortError(f"reconstruct cannot invert a {type(module).__name__}; supported: Conv2d, Linear, BatchNorm, "
                      "pooling, Flatten, ReLU, Dropout, Identity")
 
 

@@ -16,14 +16,14 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from audit.errors import ConfigError
+from bort.errors import BortError
 from bort.corrections import check_amplitude, check_mode, correction, feasible_mode
 
 
 def _check(name: str, value: float, upper: float | None = None) -> None:
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (upper and value >= upper):
         bound = f" and < {upper}" if upper else ""
-        raise ConfigError(f"Bort: {name} must be finite, >= 0{bound}; got {value!r}")
+        raise BortError(f"Bort: {name} must be finite, >= 0{bound}; got {value!r}")
 
 
 class _BortBase(torch.optim.Optimizer):

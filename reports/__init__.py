@@ -1,4 +1,5 @@
-"""Audit results to HTML / Markdown / LaTeX reports and figures."""
-from reports.build import build_report
+"""Audit results to HTML / Markdown / LaTeX reports and figures, from one section model."""
+from reports.build import build_report, report_sections
+from reports.verdict import bort_comparison, verdict_table
 
-__all__ = ["build_report"]
+__all__ = ["bort_comparison", "build_report", "report_sections", "verdict_table"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 import base64
 import html
 
-import pandas as pd
+from audit.sections import Section, Table
+from reports.tables import rows
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -17,29 +18,35 @@ pre { background: #f6f6f6; padding: 1em; font-size: 11px; overflow-x: auto; }
 """
 
 
-def table_html(df: pd.DataFrame) -> str:
-    if df.empty:
+def table_html(table: Table) -> str:
+    header, body = rows(table.frame)
+    if not body:
         return "<p>(no rows)</p>"
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = []
-    for row in df.itertuples(index=False):
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
+    lines = []
+    for row in body:
         cells = []
-        for col, v in zip(df.columns, row):
-            text = f"{v:.4g}" if isinstance(v, float) and v == v else ("" if isinstance(v, float) else str(v))
+        for col, text in zip(header, row):
             cls = ""
             if col == "verdict":
                 cls = ' class="pass"' if text == "pass" else ' class="fail"'
             cells.append(f"<td{cls}>{html.escape(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        lines.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>"
 
 
 def image_html(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def page(title: str, sections: list[tuple[str, str]]) -> str:
-    """sections: (heading, inner HTML)."""
-    parts = [f"<section><h2>{html.escape(h)}</h2>{body}</section>" for h, body in sections]
+def render(title: str, sections: list[Section], pngs: dict[str, bytes]) -> str:
+    """The page: each section's text, figures (``pngs``: figure name -> PNG bytes), tables and code."""
+    parts = []
+    for s in sections:
+        body = f"<p>{html.escape(s.text)}</p>" if s.text else ""
+        body += "".join(image_html(pngs[f.name], f.caption) for f in s.figures)
+        body += "".join(table_html(t) for t in s.tables)
+        body += f"<pre>{html.escape(s.code)}</pre>" if s.code else ""
+        parts.append(f"<section><h2>{html.escape(s.title)}</h2>{body}</section>")
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>\n")

@@ -1,29 +1,27 @@
-"""tables.tex: the verdict, Bort comparison and model tables as booktabs tabulars."""
+"""tables.tex: every table of the report as a booktabs tabular."""
 from __future__ import annotations
 
-import pandas as pd
+from audit.sections import Section, Table
+from reports.tables import rows
 
 _ESCAPE = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
            "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
 
 
-def escape(text) -> str:
+def escape(text: object) -> str:
     return "".join(_ESCAPE.get(ch, ch) for ch in str(text))
 
 
-def tabular(df: pd.DataFrame, caption: str, label: str) -> str:
+def tabular(table: Table) -> str:
     """A table environment with a booktabs tabular (needs \\usepackage{booktabs})."""
-    cols = "l" * len(df.columns)
-    lines = [r"\begin{table}[ht]", r"\centering", r"\small", rf"\caption{{{escape(caption)}}}",
-             rf"\label{{{label}}}", rf"\begin{{tabular}}{{{cols}}}", r"\toprule",
-             " & ".join(escape(c) for c in df.columns) + r" \\", r"\midrule"]
-    for row in df.itertuples(index=False):
-        lines.append(" & ".join(escape(_fmt(v)) for v in row) + r" \\")
+    header, body = rows(table.frame)
+    lines = [r"\begin{table}[ht]", r"\centering", r"\small", rf"\caption{{{escape(table.caption)}}}",
+             rf"\label{{tab:{table.label}}}", rf"\begin{{tabular}}{{{'l' * len(header)}}}", r"\toprule",
+             " & ".join(escape(c) for c in header) + r" \\", r"\midrule"]
+    lines += [" & ".join(escape(v) for v in row) + r" \\" for row in body]
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}", ""]
     return "\n".join(lines)
 
 
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return "" if v != v else f"{v:.3g}"
-    return str(v)
+def render(sections: list[Section]) -> str:
+    return "% requires \\usepackage{booktabs}\n" + "\n".join(tabular(t) for s in sections for t in s.tables)

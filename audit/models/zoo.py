@@ -1,4 +1,4 @@
-"""Model zoo: ``build(name)`` for the architectures we audit, ``load_checkpoint`` for trained ones."""
+"""Model zoo: ``build(name)`` for the architectures we audit."""
 from __future__ import annotations
 
 import inspect
@@ -7,12 +7,10 @@ from typing import Callable
 
 from torch import nn
 
-from audit.errors import ModelError, unknown_name
-from audit.zoo.checkpoint import available_checkpoints, load_checkpoint, save_checkpoint
-from audit.zoo.imagenet import VGG16, ResNet50
-from audit.zoo.small import SmallCNN, SmallResNet, SmallVGG
-
-__all__ = ["ARCHS", "build", "load_checkpoint", "save_checkpoint", "available_checkpoints"]
+from attributions.errors import unknown_name
+from audit.errors import ModelError
+from audit.models.imagenet import VGG16, ResNet50
+from audit.models.small import SmallCNN, SmallResNet, SmallVGG
 
 
 @dataclass(frozen=True)

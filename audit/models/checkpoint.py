@@ -5,6 +5,7 @@ The metadata says how to rebuild the model (``arch``, ``in_shape``, ``num_classe
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from importlib import resources
@@ -13,10 +14,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from attributions.errors import unknown_name
 from audit.atomic import atomic_write, atomic_write_bytes
-from audit.errors import ModelError, unknown_name
+from audit.errors import ModelError
+from audit.models.zoo import build
 
-SHIPPED = resources.files("audit").joinpath("checkpoints")
+SHIPPED = resources.files("audit.models").joinpath("checkpoints")
 
 
 def available_checkpoints() -> dict[str, dict]:
@@ -65,8 +68,6 @@ def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
 
     Returns the model in eval mode, with the metadata dict attached as ``model.metadata``.
     """
-    from audit.zoo import build
-
     pt, meta_path = _resolve(name_or_path)
     try:
         meta = json.loads(meta_path.read_text())
@@ -87,3 +88,23 @@ def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
     model.eval()
     model.metadata = meta
     return model
+
+
+def resolve_model(spec: str, weights: str | None = None) -> nn.Module:
+    """A shipped checkpoint name, a checkpoint path, or ``module:factory`` (weights from ``weights``)."""
+    if ":" in spec and not Path(spec).exists():
+        module_name, _, factory = spec.partition(":")
+        try:
+            model = getattr(importlib.import_module(module_name), factory)()
+        except (ImportError, AttributeError) as exc:
+            raise ModelError(f"cannot build {spec!r}: {exc}; give module:factory with an importable module "
+                             "and a function returning an nn.Module") from exc
+        if not isinstance(model, nn.Module):
+            raise ModelError(f"{spec!r} returned {type(model).__name__}, not an nn.Module")
+        if weights:
+            try:
+                model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+            except Exception as exc:
+                raise ModelError(f"cannot load weights {weights} into {spec!r}: {exc}") from exc
+        return model.eval()
+    return load_checkpoint(spec)

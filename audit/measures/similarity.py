@@ -10,8 +10,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 from scipy import stats
+from skimage.feature import hog
+
+from audit.errors import AuditError, ConfigError
 
 REDUCTIONS = ("sum", "max-abs")
+# SSIM's constants as Wang et al. 2004 and scikit-image define them: C1 = (K1 L)^2, C2 = (K2 L)^2.
+K1, K2 = 0.01, 0.03
+WINDOW = 5  # the uniform window side of the random-logit and randomization checks (Sixt et al. 2020)
+GAUSSIAN_SIGMA = 1.5
+GAUSSIAN_TRUNCATE = 3.5  # scikit-image's Gaussian window: radius int(truncate * sigma + 0.5)
 
 
 def reduce_map(maps: torch.Tensor, mode: str) -> torch.Tensor:
@@ -24,7 +32,6 @@ def reduce_map(maps: torch.Tensor, mode: str) -> torch.Tensor:
         return maps.sum(1)
     if mode == "max-abs":
         return maps.abs().amax(1)
-    from audit.errors import ConfigError
     raise ConfigError(f"unknown heatmap reduction {mode!r}; valid: {', '.join(REDUCTIONS)}")
 
 
@@ -46,7 +53,7 @@ def _window(win_size: int, gaussian: bool, sigma: float) -> torch.Tensor:
     """1-D window weights: a uniform box, or scikit-image's Gaussian (truncate 3.5, normalised)."""
     if not gaussian:
         return torch.full((win_size,), 1.0 / win_size, dtype=torch.float64)
-    radius = int(3.5 * sigma + 0.5)
+    radius = int(GAUSSIAN_TRUNCATE * sigma + 0.5)
     k = torch.exp(-0.5 * (torch.arange(-radius, radius + 1, dtype=torch.float64) / sigma) ** 2)
     return k / k.sum()
 
@@ -80,8 +87,8 @@ def _shift_add(x: torch.Tensor, window: torch.Tensor, dim: int) -> torch.Tensor:
     return out
 
 
-def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int | None = 5, data_range: float = 1.0,
-         gaussian: bool = False, flip_invariant: bool = False, sigma: float = 1.5,
+def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int = WINDOW, data_range: float = 1.0,
+         gaussian: bool = False, flip_invariant: bool = False, sigma: float = GAUSSIAN_SIGMA,
          use_sample_covariance: bool = True) -> torch.Tensor:
     """Mean structural similarity of each pair of maps.
 
@@ -100,12 +107,10 @@ def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int | None = 5, data_range:
     (N,) tensor of SSIM values, as ``skimage.metrics.structural_similarity`` with the same settings.
     """
     if a.shape != b.shape or a.ndim != 3:
-        from audit.errors import AuditError
         raise AuditError(f"ssim needs two (N, H, W) tensors of one shape, got {tuple(a.shape)} and {tuple(b.shape)}")
     if gaussian:
-        win_size = 2 * int(3.5 * sigma + 0.5) + 1
+        win_size = 2 * int(GAUSSIAN_TRUNCATE * sigma + 0.5) + 1
     if win_size % 2 != 1 or win_size > min(a.shape[1:]):
-        from audit.errors import AuditError
         raise AuditError(f"win_size must be odd and at most the map side {min(a.shape[1:])}, got {win_size}")
     n = win_size ** 2
     cov_norm = n / (n - 1) if use_sample_covariance else 1.0
@@ -121,7 +126,7 @@ def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int | None = 5, data_range:
 
 def _ssim_block(x, y, window, cov_norm, data_range, flip_invariant) -> torch.Tensor:
     ux, uy, uxx, uyy, uxy = _filter(torch.stack([x, y, x * x, y * y, x * y]), window).unbind(0)
-    c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
+    c1, c2 = (K1 * data_range) ** 2, (K2 * data_range) ** 2
     # S = (2 ux uy + c1)(2 vxy + c2) / ((ux^2 + uy^2 + c1)(vx + vy + c2)), with the variances
     # written through a = ux uy and q = ux^2 + uy^2 to keep the number of passes low.
     a = ux * uy
@@ -158,8 +163,6 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
 
 def hog_features(maps: torch.Tensor, orientations: int = 9) -> np.ndarray:
     """scikit-image HOG descriptors of (N, H, W) maps: cells of about a quarter of the side, 2x2 blocks."""
-    from skimage.feature import hog
-
     cell = max(2, min(maps.shape[1:]) // 4)
     return np.stack([hog(m, orientations=orientations, pixels_per_cell=(cell, cell), cells_per_block=(2, 2),
                          feature_vector=True) for m in maps.double().numpy()])

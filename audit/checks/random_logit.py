@@ -13,11 +13,12 @@ from tqdm.auto import tqdm
 
 from attributions.explainer import Explainer, attribute_many, shared_forward
 from attributions.graph import trace
+from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.errors import AuditError
-from audit.inputs import check_inputs, check_labels
-from audit.maps import heatmaps
-from audit.methods import resolve_methods
-from audit.similarity import normalize_map, spearman, ssim
+from audit.inputs import check_inputs, check_labels, resolve_methods
+from audit.measures.heatmaps import heatmaps
+from audit.measures.similarity import WINDOW, normalize_map, spearman, ssim
+from audit.sections import Figure, ReportContext, Section, new_figure
 
 COLUMNS = ["method", "image", "true_class", "random_class", "ssim", "spearman", "spearman_abs"]
 
@@ -54,9 +55,40 @@ def random_logit_test(model: torch.nn.Module, x, y, methods="all", seed: int = 0
         both = attribute_many({m: explainers[m]}, x, [y, r], envs)[m]  # one batched backward for both classes
         true_map = heatmaps({m: both[0]}, reduction)[m]
         rand_map = heatmaps({m: both[1]}, reduction)[m]
-        s = ssim(normalize_map(true_map), normalize_map(rand_map), win_size=5, data_range=1.0, flip_invariant=True)
+        s = ssim(normalize_map(true_map), normalize_map(rand_map), win_size=WINDOW, data_range=1.0,
+                 flip_invariant=True)
         sp, sa = spearman(true_map, rand_map), spearman(true_map.abs(), rand_map.abs())
         for i in range(len(x)):
             rows.append({"method": m, "image": i, "true_class": int(y[i]), "random_class": int(r[i]),
                          "ssim": float(s[i]), "spearman": float(sp[i]), "spearman_abs": float(sa[i])})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _run(model, x, y, method, config, progress) -> UnitResult:
+    return UnitResult(random_logit_test(model, x, y, [method], seed=config.seed, progress=progress))
+
+
+def random_logit_figure(logit: pd.DataFrame, model: str) -> Figure:
+    """Box plots of the per-image SSIM between the true-class and random-class maps, per method."""
+    part = logit[logit.model == model]
+    methods = list(dict.fromkeys(part.method))
+    fig, ax = new_figure(7, 3.5)
+    ax.boxplot([part[part.method == m].ssim for m in methods])
+    ax.set_xticks(range(1, len(methods) + 1), methods, rotation=70, fontsize=7)
+    ax.set_ylabel("SSIM, true vs random class")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"{model}: random-logit test")
+    return Figure(f"random_logit_{model}", fig, f"random logit {model}")
+
+
+def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
+    return [Section("Random-logit test", figures=[random_logit_figure(table, m) for m in table.model.unique()])]
+
+
+CHECK = Check(
+    name="random-logit", title="Random-logit test", reference="Sixt et al. 2020", result_file="random_logit.csv",
+    columns=COLUMNS, run=_run, summary=lambda df: f"median SSIM {df.ssim.median():.3f}", sections=_sections,
+    verdict=MedianScore("random_logit_ssim", "random_logit", "class-insensitive", "random_logit_pass"), order=20,
+    description="maps for the true class and a random other class compared by flip-invariant SSIM and Spearman",
+    options=(Option("random_logit_pass", 0.8, "median SSIM from which a method counts as class-insensitive",
+                    valid=lambda v: 0 < v <= 1, rule="in (0, 1]"),))

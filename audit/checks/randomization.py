@@ -17,15 +17,18 @@ import zlib
 import numpy as np
 import pandas as pd
 import torch
+from matplotlib.figure import Figure as MplFigure
 from torch import nn
 from tqdm.auto import tqdm
 
 from attributions.explainer import Explainer, attribute_many, shared_forward
 from attributions.graph import trace
+from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.errors import AuditError
-from audit.inputs import check_inputs, check_labels
-from audit.maps import ReferenceMaps, heatmaps
-from audit.methods import check_option, resolve_methods
+from audit.inputs import check_inputs, check_labels, check_option, resolve_methods
+from audit.measures.heatmaps import ReferenceMaps, heatmaps
+from audit.measures.statistics import summarize
+from audit.sections import Figure, ReportContext, Section, new_figure
 
 ORDERS = ("cascading", "independent", "bottom-up")
 BN_POLICIES = ("reset", "keep-stats")
@@ -94,8 +97,19 @@ def _module_name(model: nn.Module, module: nn.Module) -> str:
 
 def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
                             target: str = "true", seed: int = 0, reduction: dict | None = None,
-                            progress: bool = True, keep_maps: int = 0):
+                            progress: bool = True) -> pd.DataFrame:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps.
+
+    Parameters and returns as :func:`randomization_with_maps`, without the maps.
+    """
+    return randomization_with_maps(model, x, y, methods, order, bn, target, seed, reduction, progress, 0)[0]
+
+
+def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
+                            target: str = "true", seed: int = 0, reduction: dict | None = None,
+                            progress: bool = True, keep_maps: int = 0) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """Similarity of each method's maps at every randomisation stage to the trained model's maps,
+    and the raw heatmaps of the first ``keep_maps`` images at every stage.
 
     Parameters
     ----------
@@ -107,13 +121,13 @@ def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = 
     target : true (the label, as Sixt) | predicted (each stage's own prediction, as Adebayo)
     seed : seeds the re-initialisations
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
-    keep_maps : also return the raw heatmaps of the first ``keep_maps`` images at every stage
+    keep_maps : how many images' raw heatmaps to keep at every stage
 
     Returns
     -------
     DataFrame, one row per method x stage x image: method, stage, layer (the layer re-initialised at
-    that stage; "original" for stage 0), image, ssim (flip-invariant), spearman, spearman_abs, hog.
-    With ``keep_maps``: (DataFrame, {method: (stages, keep_maps, H, W) array}).
+    that stage; "original" for stage 0), image, ssim (flip-invariant), spearman, spearman_abs, hog;
+    and {method: (stages, keep_maps, H, W) array} (empty arrays when ``keep_maps`` is 0).
     """
     x, y = check_inputs(model, x, y)
     if y is None:
@@ -147,4 +161,89 @@ def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = 
                 rows.append({"method": m, "stage": stage, "layer": layer, "image": i,
                              **{k: float(v[i]) for k, v in sims.items()}})
     df = pd.DataFrame(rows, columns=COLUMNS)
-    return (df, {m: np.stack(v) for m, v in kept.items()}) if keep_maps else df
+    return df, {m: np.stack(v) if v else np.zeros((0, 0) + tuple(x.shape[2:])) for m, v in kept.items()}
+
+
+def randomization_figure(frame: pd.DataFrame, model: str, order: str) -> Figure:
+    """Median SSIM to the trained model's maps per stage, with the 99 % bootstrap band."""
+    part = frame[frame.model == model]
+    summary = summarize(part[["method", "stage", "layer", "image", "ssim"]], n_resamples=2000)
+    fig, ax = new_figure(7, 4)
+    for method, rows in summary.groupby("method", sort=False):
+        rows = rows.sort_values("stage")
+        ax.plot(rows.stage, rows.ssim, marker=".", label=method)
+        ax.fill_between(rows.stage, rows.ssim_low, rows.ssim_high, alpha=0.15)
+    stages = summary.drop_duplicates("stage").sort_values("stage")
+    ax.set_xticks(stages.stage, stages.layer, rotation=60, fontsize=7)
+    ax.set_ylabel("SSIM to the trained model's map")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"{model}: {order} parameter randomization")
+    ax.legend(fontsize=6, ncol=2)
+    return Figure(f"randomization_{order}_{model}", fig, f"{order} {model}")
+
+
+def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str, image: int, order: str) -> Figure:
+    """Adebayo-style grid: one row per method, one column per randomization stage."""
+    methods = list(maps)
+    n_stages = len(stage_names)
+    fig = MplFigure(figsize=(1.1 * n_stages, 1.1 * len(methods)))
+    axes = fig.subplots(len(methods), n_stages, squeeze=False)
+    for r, m in enumerate(methods):
+        for c in range(n_stages):
+            ax = axes[r, c]
+            heat = maps[m][c, image]
+            scale = float(np.abs(heat).max()) or 1.0  # symmetric around 0: signed maps keep their sign
+            ax.imshow(heat, cmap="coolwarm", vmin=-scale, vmax=scale)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c == 0:
+                ax.set_ylabel(m, fontsize=6, rotation=0, ha="right", va="center")
+            if r == 0:
+                ax.set_title(stage_names[c], fontsize=6, rotation=60)
+    fig.suptitle(f"{model}, image {image}: maps as layers are randomized ({order})", fontsize=8, y=1.04)
+    return Figure(f"heatmaps_{model}_image{image}" + ("" if order == "cascading" else f"_{order}"), fig,
+                  f"heatmaps {model} {image}")
+
+
+def _checks() -> list[Check]:
+    options = (Option("bn", "reset", "BatchNorm after a re-initialised layer: reset (Sixt) or keep-stats (Adebayo)",
+                      choices=BN_POLICIES),
+               Option("target", "true", "explained class: the true label (Sixt) or each stage's prediction (Adebayo)",
+                      choices=TARGETS))
+    full = MedianScore("full_randomization_ssim", "full_randomization", "weight-insensitive", "randomization_pass",
+                       select=lambda df: df[df.stage == df.stage.max()])
+    out = []
+    for position, order in enumerate(ORDERS):
+        def run(model, x, y, method, config, progress, order=order) -> UnitResult:
+            df, maps = randomization_with_maps(model, x, y, [method], order=order, bn=config.bn, target=config.target,
+                                               seed=config.seed, progress=progress, keep_maps=config.heatmap_examples)
+            return UnitResult(df, maps[method] if config.heatmap_examples else None)
+
+        def sections(table: pd.DataFrame, context: ReportContext, order=order) -> list[Section]:
+            out = [Section(f"Parameter randomization ({order})",
+                           figures=[randomization_figure(table, m, order) for m in table.model.unique()])]
+            grids = []
+            for m in table.model.unique():
+                maps = context.examples(m, order, list(table.method.unique()))
+                if maps:
+                    stages = list(table[table.model == m].drop_duplicates("stage").sort_values("stage").layer)
+                    grids += [heatmap_grid(maps, stages, m, i, order) for i in range(next(iter(maps.values())).shape[1])]
+            if grids:
+                out.append(Section(f"Heatmaps under {order} randomization", figures=grids))
+            return out
+
+        cascading = order == "cascading"
+        out.append(Check(
+            name=order, title=f"Parameter randomization ({order})", result_file=f"randomization_{order.replace('-', '_')}.csv",
+            reference="Adebayo et al. 2018; Sixt et al. 2020" if order != "bottom-up" else "Hedstroem et al. 2023",
+            columns=COLUMNS, run=run, sections=sections, order=30 + position,
+            summary=lambda df: f"median SSIM at full randomization {df[df.stage == df.stage.max()].ssim.median():.3f}",
+            verdict=full if cascading else None,
+            options=options + ((Option("randomization_pass", 0.5, "median SSIM after randomizing every layer from "
+                                       "which a method counts as weight-insensitive", valid=lambda v: 0 < v <= 1,
+                                       rule="in (0, 1]"),) if cascading else ()),
+            description=f"layers re-initialised {order} in forward order; maps compared with the trained model's"))
+    return out
+
+
+CHECKS = _checks()

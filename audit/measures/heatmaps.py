@@ -4,21 +4,27 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from audit.methods import default_reduction
-from audit.similarity import hog_features, hog_similarity, normalize_map, reduce_map, spearman, ssim
+from attributions.methods import build_method
+from audit.measures.similarity import WINDOW, hog_features, hog_similarity, normalize_map, reduce_map, spearman, ssim
 
 
 def heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> dict[str, torch.Tensor]:
-    """{method: (N, C, H, W) maps} -> {method: (N, H, W) raw heatmaps}, reduced per DESIGN 3.2."""
+    """{method: (N, C, H, W) maps} -> {method: (N, H, W) raw heatmaps}.
+
+    Each method's own reduction (:attr:`attributions.Method.heatmap`: the signed channel sum for
+    relevance and contributions, the largest magnitude for gradient-like maps) unless
+    ``reduction`` names another for it.
+    """
     reduction = reduction or {}
-    return {m: reduce_map(v.detach().cpu().double(), reduction.get(m, default_reduction(m))) for m, v in maps.items()}
+    return {m: reduce_map(v.detach().cpu().double(), reduction.get(m, build_method(m).heatmap))
+            for m, v in maps.items()}
 
 
 class ReferenceMaps:
     """Raw heatmaps (N, H, W) that later maps are compared with; their normalised form and HOG
     descriptors are computed once."""
 
-    def __init__(self, raw: torch.Tensor, win_size: int = 5):
+    def __init__(self, raw: torch.Tensor, win_size: int = WINDOW):
         self.raw, self.win_size = raw, win_size
         self.normalized = normalize_map(raw)
         self.hog = hog_features(self.normalized)

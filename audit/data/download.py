@@ -18,15 +18,6 @@ from audit.errors import DataError
 CHUNK = 1 << 16
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def fetch(url: str, dest: Path, sha256: str, progress: bool = True, timeout: float = 60.0) -> Path:
     """Download ``url`` to ``dest`` and verify it.
 

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from audit.download import fetch
-from audit.errors import ConfigError, DataError, unknown_name
-from audit.formats import read_cifar_batch, read_idx, read_image_folder
+from attributions.errors import unknown_name
+from audit.data.download import fetch
+from audit.data.formats import read_cifar_batch, read_idx, read_image_folder
+from audit.errors import ConfigError, DataError
 
 SPLITS = ("train", "test")
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                         "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 _IDX_NAMES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
               "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 _CIFAR_NAMES = {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)}
@@ -231,7 +230,7 @@ def embedded_sample() -> tuple[np.ndarray, np.ndarray]:
     """The embedded real sample: 1,000 Fashion-MNIST test images, 100 per class (MIT licence).
 
     The images are, for each class, the first 100 of that class in the official test split, in
-    their original order (see ``make_embedded_sample``); ``audit/assets/FASHION-MNIST-LICENSE``
+    their original order (see ``make_embedded_sample``); ``audit/data/assets/FASHION-MNIST-LICENSE``
     holds the licence notice.
 
     Returns
@@ -239,13 +238,13 @@ def embedded_sample() -> tuple[np.ndarray, np.ndarray]:
     x : numpy.ndarray, (1000, 1, 28, 28) float32 in [0, 1]
     y : numpy.ndarray, (1000,) int64
     """
-    with resources.files("audit").joinpath("assets", SAMPLE_FILE).open("rb") as f, np.load(f) as npz:
+    with resources.files("audit.data").joinpath("assets", SAMPLE_FILE).open("rb") as f, np.load(f) as npz:
         return _to_float(npz["images"][:, None]), npz["labels"].astype(np.int64)
 
 
 def embedded_sample_indices() -> np.ndarray:
     """Indices of the embedded images in the official Fashion-MNIST test split, (1000,) int64."""
-    with resources.files("audit").joinpath("assets", SAMPLE_FILE).open("rb") as f, np.load(f) as npz:
+    with resources.files("audit.data").joinpath("assets", SAMPLE_FILE).open("rb") as f, np.load(f) as npz:
         return npz["indices"].astype(np.int64)
 
 
@@ -272,3 +271,17 @@ def array_sha256(*arrays: np.ndarray) -> str:
     for a in arrays:
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
+
+
+def balanced_sample(name: str, n: int, root: str | os.PathLike | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` class-balanced test images of data set ``name`` ("embedded": the shipped sample): the first
+    of each class in order, round-robin. Returns x (n, C, H, W) float32 and y (n,) int64."""
+    x, y = embedded_sample() if name == "embedded" else load_dataset(name, "test", root)
+    order: list[int] = []
+    per_class = {c: list(np.flatnonzero(y == c)) for c in np.unique(y)}
+    while len(order) < n and any(per_class.values()):
+        for c in sorted(per_class):
+            if per_class[c] and len(order) < n:
+                order.append(per_class[c].pop(0))
+    idx = np.array(order)
+    return x[idx], y[idx]

@@ -11,7 +11,7 @@ what 2 CPU cores train in about an hour for all seven.
 """
 from __future__ import annotations
 
-from audit.train import TrainConfig
+from audit.models.training import TrainConfig
 
 _COMMON = dict(data="fashion-mnist", batch_size=128, lr=0.02, momentum=0.9, weight_decay=5e-4, seed=0,
                schedule="cosine")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from audit.zoo.small import _vgg_features
+from audit.models.small import _vgg_features
 
 
 class VGG16(nn.Module):

@@ -1,7 +1,7 @@
 """Training the zoo models: seeded, deterministic on the CPU, resumable per epoch.
 
-The optimizer is looked up in ``OPTIMIZERS`` by name; other packages (``bort``) register theirs
-with :func:`register_optimizer`, so the trainer has one code path for all of them.
+The optimizer is looked up in ``OPTIMIZERS`` by name (plain SGD / AdamW and the Bort forms);
+:func:`register_optimizer` adds more, so the trainer has one code path for all of them.
 """
 from __future__ import annotations
 
@@ -18,23 +18,28 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from attributions.errors import unknown_name
 from audit.atomic import atomic_write
-from audit.data import array_sha256, load_dataset
-from audit.errors import ConfigError, unknown_name
-from audit.zoo import build, save_checkpoint
-from bort.dbort import dbort_loss
+from audit.data.datasets import array_sha256, load_dataset
+from audit.errors import ConfigError
+from audit.models.checkpoint import save_checkpoint
+from audit.models.zoo import build
+from bort import Bort, BortAdamW, dbort_loss, param_groups
 
 OptimizerFactory = Callable[[nn.Module, "TrainConfig"], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """How to build an optimizer, and its default learning rate and weight decay."""
+    """How to build an optimizer, its default learning rate and weight decay, and whether it
+    constrains the weights (``constrained``: the Bort forms; baseline-vs-Bort twins are told apart
+    by it)."""
 
     factory: OptimizerFactory
     lr: float
     weight_decay: float
     description: str
+    constrained: bool = False
 
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {}
@@ -55,8 +60,6 @@ register_optimizer("adamw", OptimizerSpec(
 
 def _bort_factory(kind):
     def factory(model: nn.Module, c: "TrainConfig") -> torch.optim.Optimizer:
-        from bort.optim import Bort, BortAdamW, param_groups
-
         unknown = set(c.options) - set(BORT_DEFAULTS)
         if unknown:
             raise ConfigError(f"unknown Bort option(s) {', '.join(sorted(unknown))}; valid: {', '.join(BORT_DEFAULTS)}")
@@ -70,9 +73,9 @@ def _bort_factory(kind):
 # The reference recipe's Bort settings (DESIGN.md 3.5); TrainConfig.options overrides them.
 BORT_DEFAULTS = {"gamma": 0.05, "amplitude": 1.0, "mode": "l1-full-row"}
 register_optimizer("bort", OptimizerSpec(_bort_factory("sgd"), lr=0.02, weight_decay=5e-4,
-                                         description="Bort, SGD form (Zhang et al. 2023)"))
+                                         description="Bort, SGD form (Zhang et al. 2023)", constrained=True))
 register_optimizer("bort-adamw", OptimizerSpec(_bort_factory("adamw"), lr=1e-3, weight_decay=1e-2,
-                                               description="Bort, decoupled AdamW form"))
+                                               description="Bort, decoupled AdamW form", constrained=True))
 
 
 SCHEDULES = ("constant", "cosine")
@@ -109,7 +112,7 @@ class TrainConfig:
         """A copy with the optimizer defaults filled in, after validating every field."""
         spec = OPTIMIZERS.get(self.optimizer)
         if spec is None:
-            raise unknown_name("optimizer", self.optimizer, OPTIMIZERS)
+            raise unknown_name("optimizer", self.optimizer, OPTIMIZERS, ConfigError)
         out = TrainConfig(**{**asdict(self), "lr": spec.lr if self.lr is None else self.lr,
                              "weight_decay": spec.weight_decay if self.weight_decay is None else self.weight_decay})
         checks = [("epochs", out.epochs >= 1), ("batch_size", out.batch_size >= 1),
@@ -230,7 +233,7 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
         "num_classes": num_classes, "optimizer": cfg.optimizer,
         "hyperparameters": {k: getattr(cfg, k) for k in ("lr", "momentum", "weight_decay", "batch_size", "epochs",
                                                          "dbort", "schedule")}
-        | {"options": {**BORT_DEFAULTS, **cfg.options} if cfg.optimizer.startswith("bort") else cfg.options},
+        | {"options": {**BORT_DEFAULTS, **cfg.options} if OPTIMIZERS[cfg.optimizer].constrained else cfg.options},
         "seed": cfg.seed, "epochs": cfg.epochs,
         "data": {"name": cfg.data, "train_size": len(x_train), "test_size": len(x_test),
                  "train_limit": cfg.train_limit, "sha256": array_sha256(x_train, y_train, x_test, y_test)},

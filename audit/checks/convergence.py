@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -22,15 +23,18 @@ import torch
 from scipy import stats
 from tqdm.auto import tqdm
 
+from attributions.errors import unknown_name
 from attributions.explainer import Explainer, shared_forward
 from attributions.graph import LINEAR_KINDS, trace
-from audit.errors import AuditError, unknown_name
-from audit.inputs import check_inputs
-from audit.methods import resolve_methods
+from attributions.methods import build_method
+from audit.checks.base import Check, Option, UnitResult, VerdictCell, VerdictRule
+from audit.errors import AuditError
+from audit.inputs import check_inputs, resolve_methods
+from audit.sections import Figure, ReportContext, Section, new_figure
 
 RECORDED_KINDS = LINEAR_KINDS + ("relu", "leaky_relu", "maxpool", "add", "cat", "input")
-COLUMNS = ["method", "inject_at", "layer", "depth", "kind", "channels", "median", "p10", "p25", "p75", "p90", "mean",
-           "baseline", "sigma2_over_sigma1", "effective_rank", "collapsed"]
+COLUMNS = ["method", "inject_at", "is_logits", "layer", "depth", "kind", "channels", "median", "p10", "p25", "p75",
+           "p90", "mean", "baseline", "sigma2_over_sigma1", "effective_rank", "collapsed"]
 
 
 def random_cosine_median(d: int) -> float:
@@ -159,10 +163,77 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
             cos = pairwise_abs_cos(signal, n_vectors)
             ratio, rank = spectrum(signal)
             q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
-            rows.append({"method": method, "inject_at": target, "layer": layer, "depth": depth[layer],
+            rows.append({"method": method, "inject_at": target, "is_logits": target == graph.output, "layer": layer, "depth": depth[layer],
                          "kind": kinds.get(layer, "input"), "channels": channels, "median": q[2], "p10": q[0],
                          "p25": q[1], "p75": q[3], "p90": q[4], "mean": float(cos.mean()) if cos.size else np.nan,
                          "baseline": random_cosine_median(min(channels, size_l)),
                          "sigma2_over_sigma1": ratio, "effective_rank": rank,
                          "collapsed": bool(q[2] >= threshold)})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+@dataclass(frozen=True)
+class Collapse(VerdictRule):
+    """Fails when the chain injected at the logits reaches the collapse threshold at some layer;
+    shows the layer nearest the logits where it does, with its median |cos|."""
+
+    score_column: str = "csc_max_median"
+    text_column: str = "collapse_layer"
+    failure: str = "rank-1 collapse"
+    threshold: str = "csc_threshold"
+
+    def evaluate(self, part, config):
+        logits = part[part.is_logits.astype(bool)].sort_values("depth", ascending=False)
+        if logits.empty:
+            return VerdictCell(float("nan"), "n/a", None)
+        top = float(logits["median"].max())
+        hit = logits[logits["median"] >= getattr(config, self.threshold)]
+        if hit.empty:
+            return VerdictCell(top, f"none (max {top:.3f})", False)
+        return VerdictCell(top, f"{hit.layer.iloc[0]} ({hit['median'].iloc[0]:.3f})", True)
+
+
+def _run(model, x, y, method, config, progress) -> UnitResult:
+    return UnitResult(chain_convergence(model, x, y, [method], n_vectors=config.n_vectors, seed=config.seed,
+                                        threshold=config.csc_threshold, progress=progress))
+
+
+def _summary(df: pd.DataFrame) -> str:
+    top = df[df.is_logits.astype(bool)]
+    return f"min median |cos| {top['median'].min():.3f}, max {top['median'].max():.3f}"
+
+
+def csc_figure(csc: pd.DataFrame, model: str) -> Figure:
+    """1 - median |cos| per recorded layer (log axis) for the logit injection, one line per method,
+    with the random-vector baseline dashed; a collapsed chain drops toward 0."""
+    part = csc[(csc.model == model) & csc.is_logits.astype(bool)]
+    fig, ax = new_figure(7, 4)
+    for method, rows in part.groupby("method", sort=False):
+        rows = rows.sort_values("depth")
+        ax.plot(rows.depth, (1 - rows["median"]).clip(lower=1e-6), marker=".", label=method)
+    base = part.drop_duplicates("depth").sort_values("depth")
+    ax.plot(base.depth, 1 - base.baseline, "k--", label="random baseline")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer depth (input = 0)")
+    ax.set_ylabel("1 - median |cos|")
+    ax.set_title(f"{model}: convergence of the backward chain from the logits")
+    ax.legend(fontsize=6, ncol=2)
+    return Figure(f"csc_{model}", fig, f"CSC {model}")
+
+
+def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
+    return [Section("Cosine-similarity convergence", "1 - median |cos| between backward signals of independent "
+                    "random vectors injected at the logits (log axis); the dashed line is the exact random-vector "
+                    "baseline.", figures=[csc_figure(table, m) for m in table.model.unique()])]
+
+
+CHECK = Check(
+    name="csc", title="Cosine-similarity convergence", reference="Sixt et al. 2020, section 3.1",
+    result_file="csc.csv", columns=COLUMNS, run=_run, summary=_summary, sections=_sections, verdict=Collapse(),
+    applies=lambda method: build_method(method).chain, order=10,
+    description="K Gaussian vectors injected at the logits and deeper layers; median |cos| of the backward "
+                "signals per layer against the exact random baseline",
+    options=(Option("n_vectors", 5, "K, the Gaussian vectors compared pairwise", valid=lambda v: v >= 2,
+                    rule="at least 2"),
+             Option("csc_threshold", 0.99, "median |cos| at which a layer counts as collapsed",
+                    valid=lambda v: 0 < v <= 1, rule="in (0, 1]")))

@@ -6,8 +6,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from bort.invert import reconstruction_quality
-from bort.metrics import constraint_error
+from audit.data.datasets import embedded_sample
+from audit.models.checkpoint import available_checkpoints, load_checkpoint
+from bort import BortError, constraint_error, reconstruction_quality
 
 
 def first_conv(model: nn.Module) -> str:
@@ -18,13 +19,11 @@ def first_conv(model: nn.Module) -> str:
 def model_summary(name: str, model: nn.Module, x: np.ndarray) -> dict:
     """One row: recorded training facts, the mean and max orthogonality error now, and the median
     SSIM of reconstructing ``x`` (N, C, H, W) from the first conv layer (NaN where not a chain)."""
-    from audit.errors import ModelError
-
     meta = getattr(model, "metadata", {})
     err = constraint_error(model)
     try:
         ssim = float(reconstruction_quality(model, torch.from_numpy(x), first_conv(model)).ssim.median())
-    except ModelError:
+    except BortError:
         ssim = float("nan")
     return {"model": name, "arch": meta.get("arch"), "optimizer": meta.get("optimizer"),
             "dbort": meta.get("hyperparameters", {}).get("dbort", False),
@@ -36,8 +35,5 @@ def model_summary(name: str, model: nn.Module, x: np.ndarray) -> dict:
 
 def shipped_summary(n_images: int = 100) -> pd.DataFrame:
     """``model_summary`` for every shipped checkpoint, on the first ``n_images`` embedded images."""
-    from audit.data import embedded_sample
-    from audit.zoo import available_checkpoints, load_checkpoint
-
     x, _ = embedded_sample()
     return pd.DataFrame([model_summary(n, load_checkpoint(n), x[:n_images]) for n in available_checkpoints()])

@@ -1,0 +1,72 @@
+"""How a method turns inputs into maps: the rule chain, or a captum method run over the graph.
+
+Every method carries one engine object; :meth:`Explainer.maps_for_targets` hands it the work,
+so adding a method outside the rule engine adds an engine class, not a branch.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from captum.attr import IntegratedGradients, NoiseTunnel
+
+if TYPE_CHECKING:  # only for annotations: the explainer imports the methods, which import us
+    from attributions.explainer import Explainer
+
+
+class Engine:
+    """Computes maps for K target specifications: ``maps(ex, x, targets, envs) -> (K, B, ...)``.
+
+    ``chain``: whether the maps come from the rule chain (then ``propagate`` can follow it).
+    ``needs_graph``: whether the engine runs the model (controls do not).
+    """
+
+    chain = False
+    needs_graph = True
+
+    def maps(self, ex: "Explainer", x: torch.Tensor, targets: list, envs: Any = None, **kwargs) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in vars(self).items())})"
+
+
+class RuleChain(Engine):
+    """The method's rule table, run by the explainer's reverse-mode interpreter."""
+
+    chain = True
+
+    def maps(self, ex, x, targets, envs=None, **kwargs):
+        return ex.chain_maps(x, targets, envs)
+
+
+CHAIN = RuleChain()
+
+
+class IntegratedGradientsEngine(Engine):
+    """captum's IntegratedGradients from a zero baseline over the graph's forward (Riemann trapezoid)."""
+
+    def __init__(self, n_steps: int = 50):
+        self.n_steps = n_steps
+
+    def maps(self, ex, x, targets, envs=None, **kwargs):
+        logits = ex.forward(x).detach()
+        n_steps = kwargs.pop("n_steps", self.n_steps)
+        ig = IntegratedGradients(ex.forward)
+        return torch.stack([ig.attribute(x, target=ex.targets(logits, t), n_steps=n_steps, **kwargs).detach()
+                            for t in targets])
+
+
+class SmoothGradEngine(Engine):
+    """captum's NoiseTunnel (smoothgrad) around the plain gradient; ``noise`` is sigma as a fraction
+    of the input range."""
+
+    def __init__(self, noise: float = 0.15, samples: int = 50):
+        self.noise, self.samples = noise, samples
+
+    def maps(self, ex, x, targets, envs=None, **kwargs):
+        logits = ex.forward(x).detach()
+        sigma = self.noise * float(x.max() - x.min())
+        tunnel = NoiseTunnel(ex.sibling("gradient"))
+        return torch.stack([tunnel.attribute(x, nt_type="smoothgrad", nt_samples=self.samples, stdevs=sigma,
+                                             target=ex.targets(logits, t)).detach() for t in targets])

@@ -1,0 +1,58 @@
+"""The sanity checks and their registry.
+
+A check is one module of this package that defines ``CHECK`` (or ``CHECKS``, several checks from
+one parameterised definition) as :class:`~audit.checks.base.Check` objects. The registry finds
+them by scanning the package, so adding a check adds a module; the configuration, the runner,
+the verdict table, the CLI's ``--tests`` and the report all read :data:`CHECKS`.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from attributions.errors import unknown_name
+from audit.checks.base import Check, MedianScore, Option, UnitResult, VerdictCell, VerdictRule
+from audit.checks.convergence import chain_convergence
+from audit.checks.random_logit import random_logit_test
+from audit.checks.randomization import parameter_randomization, randomization_with_maps
+from audit.errors import ConfigError
+
+_SUPPORT = {"base"}  # modules of this package that hold no check
+
+
+def _discover() -> dict[str, Check]:
+    found: list[Check] = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name in _SUPPORT:
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        found += [getattr(module, "CHECK")] if hasattr(module, "CHECK") else list(getattr(module, "CHECKS", []))
+    names = [c.name for c in found]
+    if len(set(names)) != len(names):
+        raise RuntimeError(f"two checks share a name: {sorted(names)}")
+    return {c.name: c for c in sorted(found, key=lambda c: (c.order, c.name))}
+
+
+CHECKS: dict[str, Check] = _discover()
+
+
+def get_check(name: str) -> Check:
+    """The registered check ``name`` (a ``--tests`` name), or a :class:`ConfigError` naming the valid ones."""
+    if name not in CHECKS:
+        raise unknown_name("test", name, CHECKS, ConfigError)
+    return CHECKS[name]
+
+
+def check_options() -> dict[str, Option]:
+    """Every configuration key the registered checks read (one entry per name, in registry order)."""
+    out: dict[str, Option] = {}
+    for check in CHECKS.values():
+        for option in check.options:
+            if option.name in out and out[option.name].default != option.default:
+                raise RuntimeError(f"checks disagree on the default of option {option.name!r}")
+            out.setdefault(option.name, option)
+    return out
+
+
+__all__ = ["CHECKS", "Check", "MedianScore", "Option", "UnitResult", "VerdictCell", "VerdictRule", "chain_convergence",
+           "check_options", "get_check", "parameter_randomization", "random_logit_test", "randomization_with_maps"]

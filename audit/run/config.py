@@ -1,0 +1,117 @@
+"""The audit configuration: defaults, a TOML file, and command-line overrides, validated.
+
+The general keys are the fields of :class:`AuditConfig`; every check adds its own keys
+(:func:`audit.checks.check_options`), read as attributes too (``config.csc_threshold``). Keys are
+flat in TOML, on the command line and in the manifest.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from attributions.errors import unknown_name
+from audit.checks import check_options, get_check
+from audit.errors import ConfigError
+from audit.inputs import resolve_methods
+
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass
+class AuditConfig:
+    """What to audit and how. Every field is recorded in the run's manifest.
+
+    models : shipped checkpoint names, checkpoint paths, or ``module:factory`` (with ``weights``)
+    methods : method names or "all"
+    tests : names of registered checks (``attribution-audit run --help`` lists them)
+    data : "embedded" (the shipped Fashion-MNIST sample) or a data set name for ``load_dataset``
+    n_images : images audited per model (class-balanced, first of each class in order)
+    heatmap_examples : images whose heatmaps the randomization checks keep for the report
+    options : the checks' own keys (defaults from the registry), also readable as attributes
+    """
+
+    models: list = field(default_factory=lambda: ["cnn-sgd", "cnn-bort"])
+    methods: list | str = "all"
+    tests: list = field(default_factory=lambda: ["csc", "random-logit", "cascading"])
+    n_images: int = 32
+    seed: int = 0
+    device: str = "cpu"
+    data: str = "embedded"
+    data_root: str | None = None
+    weights: str | None = None
+    heatmap_examples: int = 2
+    options: dict = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names that are not fields: the checks' options
+        options = self.__dict__.get("options", {})
+        if name in options:
+            return options[name]
+        known = check_options()
+        if name in known:
+            return known[name].default
+        raise AttributeError(f"AuditConfig has no key {name!r}")
+
+    def validated(self) -> "AuditConfig":
+        """A copy with list fields normalised and option defaults filled in, after checking every value."""
+        out = AuditConfig(**{**asdict(self), "options": dict(self.options)})
+        out.models = _as_list(out.models)
+        out.tests = _as_list(out.tests)
+        out.methods = resolve_methods(out.methods)
+        if not out.models:
+            raise ConfigError("no model given")
+        if not out.tests:
+            raise ConfigError("no test given")
+        for t in out.tests:
+            get_check(t)
+        known = check_options()
+        for key in out.options:
+            if key not in known:
+                raise unknown_name("check option", key, known, ConfigError)
+        out.options = {name: option.check(out.options.get(name, option.default)) for name, option in known.items()}
+        checks = [("n_images", out.n_images >= 2), ("device", out.device in DEVICES),
+                  ("heatmap_examples", 0 <= out.heatmap_examples <= out.n_images)]
+        for name, ok in checks:
+            if not ok:
+                raise ConfigError(f"invalid {name}={getattr(out, name)!r} in the audit configuration")
+        return out
+
+    def to_dict(self) -> dict:
+        """The flat form (general keys, then the checks' keys) written to the manifest."""
+        general = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        return {**general, **self.options}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "AuditConfig":
+        """The inverse of :meth:`to_dict` (unvalidated); unknown keys are a :class:`ConfigError`."""
+        general = {f.name for f in fields(cls)} - {"options"}
+        known = check_options()
+        for key in values:
+            if key not in general and key not in known:
+                raise unknown_name("configuration key", key, sorted(general | set(known)), ConfigError)
+        return cls(**{k: v for k, v in values.items() if k in general},
+                   options={k: v for k, v in values.items() if k in known})
+
+
+def _as_list(value) -> list:
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return list(value)
+
+
+def load_config(path: str | Path | None = None, **overrides) -> AuditConfig:
+    """Defaults, then the TOML file (top-level keys = configuration keys), then ``overrides`` (None skipped).
+
+    An unknown key is an error naming the closest valid one.
+    """
+    values: dict = {}
+    if path is not None:
+        try:
+            values = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read the configuration {path}: {exc}") from exc
+    values |= {k: v for k, v in overrides.items() if v is not None}
+    return AuditConfig.from_dict(values).validated()
+

@@ -1,0 +1,168 @@
+"""The audit runner: models x checks x methods as resumable units, tidy tables, a manifest.
+
+Each unit (one model, one check, one method) is computed with its own seed and written
+atomically to ``DIR/units/<model>/<test>/<method>.csv``; ``resume`` skips the units already
+written, so a run killed at any point finishes with the same files as an uninterrupted one.
+The unit tables are then joined into ``DIR/results/<check's result file>`` beside ``manifest.json``.
+What a unit computes, and how it is summarised, is the check's (:mod:`audit.checks`).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import platform
+import re
+import time
+import zlib
+from pathlib import Path
+from typing import Callable
+
+import captum
+import numpy as np
+import pandas as pd
+import scipy
+import skimage
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from attributions.explainer import Explainer
+from audit.atomic import atomic_write_bytes
+from audit.checks import CHECKS, Check, UnitResult
+from audit.data import balanced_sample
+from audit.errors import ConfigError
+from audit.models.checkpoint import resolve_model
+from audit.run.config import AuditConfig
+from audit.run.results import MODELS_FILE, AuditResult, read_table, unit_path
+from bort import constraint_error
+
+
+def label_for(spec: str) -> str:
+    """A folder-safe label for a model specification."""
+    base = Path(spec).stem if (os.sep in spec or spec.endswith(".pt")) else spec
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", base)
+
+
+def audit_images(config: AuditConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n_images`` class-balanced images of the configured data (see :func:`audit.data.balanced_sample`)."""
+    x, y = balanced_sample(config.data, config.n_images, config.data_root)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def _csv_bytes(df: pd.DataFrame) -> bytes:
+    return df.to_csv(index=False, float_format="%.10g").encode()
+
+
+def _run_unit(check: Check, model: nn.Module, x, y, method: str, config: AuditConfig, progress: bool) -> UnitResult:
+    if not check.applies(method):
+        return UnitResult(pd.DataFrame(columns=list(check.columns)))
+    return check.run(model, x, y, method, config, progress)
+
+
+def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resume: bool = False,
+              progress: bool = True, log: Callable[[str], None] = print) -> AuditResult:
+    """Run every unit of ``config`` into ``out`` and join the results (see the module docstring)."""
+    config = config.validated()
+    out = Path(out)
+    manifest_path = out / "manifest.json"
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise ConfigError(f"{out} is not empty; pass resume=True (--resume) to continue that run, or choose "
+                          "another folder")
+    if resume and manifest_path.exists():
+        previous = json.loads(manifest_path.read_text())["config"]
+        if previous != json.loads(json.dumps(config.to_dict())):
+            raise ConfigError(f"{out} holds a run with another configuration; resume needs the same one")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(manifest_path, json.dumps({"config": config.to_dict(), "status": "running"}, indent=2).encode())
+    device = _device(config.device)
+    x, y = audit_images(config)
+    x = x.to(device)
+    labels = {spec: label_for(spec) for spec in config.models}
+    units = [(spec, CHECKS[test], method) for spec in config.models for test in config.tests
+             for method in config.methods]
+    timings = {}
+    models: dict[str, nn.Module] = {}
+    bar = tqdm(units, desc="audit", disable=not progress)
+    for spec, check, method in bar:
+        unit = unit_path(out, labels[spec], check.name, method)
+        key = f"{labels[spec]}/{check.name}/{method}"
+        if unit.exists():
+            continue
+        if spec not in models:
+            models[spec] = resolve_model(spec, config.weights).to(device)
+        torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
+        start = time.perf_counter()
+        result = _run_unit(check, models[spec], x, y, method, config, progress)
+        timings[key] = round(time.perf_counter() - start, 3)
+        if result.maps is not None:
+            atomic_write_bytes(unit.with_suffix(".npz"), _npz_bytes(result.maps, x[: config.heatmap_examples].cpu().numpy()))
+        atomic_write_bytes(unit, _csv_bytes(result.table))  # last: its presence marks the unit finished
+        line = check.summary(result.table) if not result.table.empty else f"does not apply to {method}: skipped"
+        (bar.write if progress else log)(f"{key}: {line} ({timings[key]:.1f} s)")
+    tables = _join(out, config, labels)
+    for spec in config.models:  # units all resumed: the models were not needed until now
+        if spec not in models:
+            models[spec] = resolve_model(spec, config.weights).to(device)
+    info = model_table(models, labels, x, y)
+    atomic_write_bytes(out / "results" / MODELS_FILE, _csv_bytes(info))
+    tables["models"] = info
+    old = json.loads(manifest_path.read_text()).get("timings_s", {}) if resume and manifest_path.exists() else {}
+    manifest = {"config": config.to_dict(), "status": "complete", "seeds": {"audit": config.seed},
+                "images": {"source": config.data, "n": len(x), "labels": y.tolist()},
+                "versions": versions(), "timings_s": {**old, **timings},
+                "units": len(units), "results": sorted(str(p.relative_to(out)) for p in (out / "results").glob("*.csv"))}
+    atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
+    return AuditResult(out, config, tables)
+
+
+def _device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but torch sees no CUDA device here; use --device cpu")
+    return torch.device(name)
+
+
+def _npz_bytes(maps: np.ndarray, images: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, maps=maps.astype(np.float32), images=images.astype(np.float32))
+    return buffer.getvalue()
+
+
+def _join(out: Path, config: AuditConfig, labels: dict) -> dict[str, pd.DataFrame]:
+    tables = {}
+    for test in config.tests:
+        check = CHECKS[test]
+        parts = []
+        for spec in config.models:
+            for method in config.methods:
+                df = read_table(unit_path(out, labels[spec], test, method))
+                if not df.empty:
+                    parts.append(df.assign(model=labels[spec]))
+        table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(check.columns))
+        table = table[["model"] + [c for c in table.columns if c != "model"]] if parts else table
+        atomic_write_bytes(out / "results" / check.result_file, _csv_bytes(table))
+        tables[test] = table
+    return tables
+
+
+def model_table(models: dict, labels: dict, x: torch.Tensor, y: torch.Tensor) -> pd.DataFrame:
+    """Per model: recorded training facts, accuracy on the audit images, constraint error."""
+    rows = []
+    for spec, model in models.items():
+        meta = getattr(model, "metadata", {}) or {}
+        err = constraint_error(model)
+        with torch.no_grad():
+            pred = Explainer(model, "gradient").forward(x).argmax(1)
+        rows.append({"model": labels[spec], "arch": meta.get("arch", type(model).__name__),
+                     "optimizer": meta.get("optimizer", "unknown"), "test_accuracy": meta.get("test_accuracy"),
+                     "epochs": meta.get("epochs"), "orth_error_mean": float(err.orth_error.mean()) if len(err) else None,
+                     "orth_error_max": float(err.orth_error.max()) if len(err) else None,
+                     "audit_accuracy": float((pred.cpu() == y).double().mean())})
+    return pd.DataFrame(rows)
+
+
+def versions() -> dict:
+    """The versions of the software that computed the results."""
+    return {"python": platform.python_version(), "torch": torch.__version__, "captum": captum.__version__,
+            "numpy": np.__version__, "scipy": scipy.__version__, "scikit-image": skimage.__version__,
+            "pandas": pd.__version__}

@@ -1,0 +1,63 @@
+"""The report's section model: what a check (or the report itself) contributes to a report.
+
+A section is plain data (a title, text, tables, figures) built once; :mod:`reports` renders the
+same sections to HTML, Markdown and LaTeX. Figures are matplotlib ``Figure`` objects made without
+pyplot, so building a section never touches a global plotting state or a display.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure as MplFigure
+
+
+@dataclass
+class Table:
+    """A table of a section: ``frame`` with a ``caption``; ``label`` keys it in LaTeX (``tab:<label>``)."""
+
+    frame: pd.DataFrame
+    caption: str
+    label: str
+
+
+@dataclass
+class Figure:
+    """A figure of a section: saved as ``figures/<name>.png`` and ``.pdf``."""
+
+    name: str
+    figure: MplFigure
+    caption: str
+
+
+@dataclass
+class Section:
+    """A titled part of the report: a paragraph, figures, tables, and a preformatted block (``code``)."""
+
+    title: str
+    text: str = ""
+    tables: list[Table] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+    code: str = ""
+
+
+@dataclass
+class ReportContext:
+    """What a check may read when it builds its sections besides its own table.
+
+    ``config``: the run's configuration; ``examples(model, test, methods)``: the example heatmaps
+    the run kept, {method: (stages, images, H, W)}; ``run``: the run folder.
+    """
+
+    config: object
+    run: Path
+    examples: Callable[[str, str, list], dict[str, np.ndarray]]
+
+
+def new_figure(width: float, height: float) -> tuple[MplFigure, object]:
+    """A pyplot-free figure of ``width`` x ``height`` inches and its one axes."""
+    fig = MplFigure(figsize=(width, height))
+    return fig, fig.subplots()

@@ -11,8 +11,8 @@ import torch
 from skimage.metrics import structural_similarity
 
 from audit.data import embedded_sample
-from audit.similarity import ssim
-from audit.zoo import load_checkpoint
+from audit.measures.similarity import ssim
+from audit.models import load_checkpoint
 from benchmarks.timing import median_times, table
 
 

@@ -5,8 +5,13 @@ from scipy import stats
 from skimage.metrics import structural_similarity
 
 from audit.errors import AuditError, ConfigError
-from audit.similarity import hog_similarity, normalize_map, reduce_map, spearman, ssim
-from audit.stats import bootstrap_ci
+from audit.measures.similarity import (
+    hog_similarity,
+    normalize_map,
+    reduce_map,
+    spearman,
+    ssim,
+)
 
 
 def _pairs(n=5, size=28, seed=0):
@@ -82,16 +87,3 @@ def test_spearman_and_hog_match_scipy():
     np.testing.assert_allclose(h, 1.0)
     assert (hog_similarity(a, torch.rand(3, 16, 16, dtype=torch.float64)) < 0.9).all()
 
-
-def test_bootstrap_ci():
-    rng = np.random.default_rng(0)
-    values = rng.normal(0.5, 0.1, 200)
-    est, low, high = bootstrap_ci(values, level=0.99, seed=1)
-    assert est == pytest.approx(np.median(values)) and low < est < high
-    assert bootstrap_ci(values, seed=1) == (est, low, high)  # seeded: bit for bit
-    narrow = bootstrap_ci(values, level=0.5, seed=1)
-    assert narrow[2] - narrow[1] < high - low
-    wide = bootstrap_ci(values[:20], level=0.99, seed=1)
-    assert wide[2] - wide[1] > high - low
-    assert np.isnan(bootstrap_ci([np.nan])[0])
-    assert bootstrap_ci([1.0, np.nan, 3.0], seed=0)[0] == 2.0

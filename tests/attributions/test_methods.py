@@ -1,12 +1,26 @@
 """Our maps against captum's, in float64: max |difference| <= 1e-5 of the map's max |value|."""
 import pytest
 import torch
-from captum.attr import (Deconvolution, DeepLift, GuidedBackprop, InputXGradient, IntegratedGradients,
-                         NoiseTunnel, Saliency)
+from captum.attr import (
+    Deconvolution,
+    DeepLift,
+    GuidedBackprop,
+    InputXGradient,
+    IntegratedGradients,
+    NoiseTunnel,
+    Saliency,
+)
 
 from attributions import Explainer
-from audit.zoo import build
-from tests.engine_models import ConvPoolNet, ResidualNet, randomize_batchnorm, set_biases
+from attributions.rules import WinnerTakeAll
+from audit.models import build
+from tests.engine_models import (
+    ConvPoolNet,
+    ResidualNet,
+    randomize_batchnorm,
+    set_biases,
+)
+
 
 def _close(ours, ref):
     ref = ref.detach()
@@ -62,9 +76,7 @@ def test_deeplift_maxpool_rule_is_exercised():
     max-pooling rule differs from the plain gradient: our match is not a coincidence."""
     model, x = MODELS["convpool"], _x("convpool")
     ours = Explainer(model, "deeplift").attribute(x, target=2)
-    grad_pool = Explainer(model, "deeplift")
-    from attributions.rules import WinnerTakeAll
-    grad_pool.method.rules["maxpool"] = WinnerTakeAll()
+    grad_pool = Explainer(model, "deeplift", rules={"maxpool": WinnerTakeAll()})
     assert float((grad_pool.attribute(x, target=2) - ours).abs().max()) > 1e-3 * float(ours.abs().max())
 
 

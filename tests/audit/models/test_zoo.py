@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from audit.errors import ConfigError, ModelError
-from audit.zoo import ARCHS, build, load_checkpoint, save_checkpoint
+from audit.models import ARCHS, build, load_checkpoint, save_checkpoint
 
 SMALL = ["cnn", "vgg", "resnet"]
 

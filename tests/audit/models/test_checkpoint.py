@@ -2,12 +2,12 @@
 import pytest
 import torch
 
-from audit.data import embedded_sample, load_dataset
-from audit.train import evaluate
-from audit.zoo import available_checkpoints, load_checkpoint
-from audit.zoo.checkpoint import SHIPPED
-from audit.zoo.recipes import RECIPES
-from bort.compare import first_conv
+from audit.data.datasets import embedded_sample, load_dataset
+from audit.models import available_checkpoints, load_checkpoint
+from audit.models.checkpoint import SHIPPED
+from audit.models.compare import first_conv
+from audit.models.recipes import RECIPES
+from audit.models.training import evaluate
 from bort.invert import reconstruction_quality
 from bort.metrics import constraint_error
 

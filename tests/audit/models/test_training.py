@@ -5,8 +5,8 @@ import torch
 
 from audit.cli import main
 from audit.errors import ConfigError
-from audit.train import OPTIMIZERS, TrainConfig, train
-from audit.zoo import load_checkpoint
+from audit.models import load_checkpoint
+from audit.models.training import OPTIMIZERS, TrainConfig, train
 
 SAMPLE = dict(data="fashion-mnist-sample", train_limit=256, batch_size=32)
 

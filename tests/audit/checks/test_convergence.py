@@ -1,0 +1,100 @@
+"""The audit tests: CSC theory and replication, random-logit, parameter randomization, summaries."""
+import numpy as np
+import pytest
+import torch
+
+from audit import (
+    chain_convergence,
+)
+from audit.checks.convergence import COLUMNS as CSC_COLUMNS
+from audit.checks.convergence import (
+    layer_inputs,
+    pairwise_abs_cos,
+    random_cosine_median,
+)
+from audit.errors import AuditError, ConfigError
+from audit.models import build
+
+ZPLUS_FAMILY = ["lrp-zplus", "lrp-alpha1beta0", "deep-taylor", "excitation-backprop", "deeplift-ablation"]
+
+
+def _first_wide_conv_input(model, ex_layers_inputs, width=16):
+    from attributions.graph import trace
+
+    graph = trace(model)
+    for node in graph.nodes:
+        if node.kind == "conv" and node.module.in_channels >= width:
+            return ex_layers_inputs[node.name]
+    raise AssertionError("no conv with enough input channels")
+
+
+def test_random_cosine_baseline_is_exact():
+    assert random_cosine_median(3) == pytest.approx(0.5, abs=1e-12)  # 0.6745 / sqrt(3) would say 0.39
+    g = torch.Generator().manual_seed(0)
+    for d in (2, 10, 64):
+        v = torch.randn(2, 200_000, d, generator=g, dtype=torch.float64)
+        cos = ((v[0] * v[1]).sum(1) / (v[0].norm(dim=1) * v[1].norm(dim=1))).abs()
+        assert random_cosine_median(d) == pytest.approx(float(cos.median()), abs=0.005)
+    assert random_cosine_median(1) == 1.0
+
+
+def test_theory_nonnegative_products_converge_gaussian_products_do_not():
+    g = torch.Generator().manual_seed(0)
+    k = 8
+
+    def chain_cos(d, factors, make):
+        r = torch.randn(k, d, generator=g, dtype=torch.float64)
+        for _ in range(factors):
+            r = r @ make(d)
+        return float(np.median(pairwise_abs_cos(r[:, None, :])))
+
+    def nonneg(d):
+        return torch.rand(d, d, generator=g, dtype=torch.float64)
+
+    def gaussian(d):
+        return torch.randn(d, d, generator=g, dtype=torch.float64) / d ** 0.5
+
+    assert chain_cos(32, 20, nonneg) >= 0.999
+    assert chain_cos(256, 20, nonneg) >= 0.999
+    # Gaussian products align only slowly (their Lyapunov spectrum spreads): far from rank 1 after
+    # 20 factors in a wide layer, and near the random baseline after a few.
+    assert chain_cos(256, 20, gaussian) < 0.3
+    assert chain_cos(256, 3, gaussian) < 2.5 * random_cosine_median(256)
+
+
+def test_csc_replication_on_a_random_init_vgg():
+    torch.manual_seed(0)
+    model = build("vgg").eval()
+    x = torch.rand(8, 1, 28, 28)
+    df = chain_convergence(model, x, None, ZPLUS_FAMILY + ["gradient", "deeplift", "lrp-z"], progress=False)
+    assert list(df.columns) == CSC_COLUMNS
+    from attributions import Explainer
+    layer = _first_wide_conv_input(model, layer_inputs(Explainer(model, "gradient")))
+    at = df[(df.inject_at == "classifier.6") & (df.layer == layer)].set_index("method")
+    assert at.loc["gradient", "channels"] == 16
+    for m in ZPLUS_FAMILY:
+        assert at.loc[m, "median"] >= 0.99 and at.loc[m, "collapsed"], (m, at.loc[m, "median"])
+        assert at.loc[m, "sigma2_over_sigma1"] < 0.05 and at.loc[m, "effective_rank"] < 1.2
+    assert at.loc["gradient", "median"] <= 2 * at.loc["gradient", "baseline"]
+    assert at.loc["gradient", "baseline"] == pytest.approx(random_cosine_median(10))  # min(16 channels, 10 logits)
+    for m in ("deeplift", "lrp-z"):
+        assert at.loc[m, "median"] < 0.99 and not at.loc[m, "collapsed"]
+    assert set(df.inject_at) == {"classifier.6", "features.17", "features.11"}
+
+
+def test_csc_is_reproducible_and_checks_its_input():
+    torch.manual_seed(0)
+    model = build("cnn").eval()
+    x = torch.rand(3, 1, 28, 28)
+    a = chain_convergence(model, x, None, "lrp-epsilon,gradient", inject_at="classifier.0", progress=False)
+    b = chain_convergence(model, x, None, ["lrp-epsilon", "gradient"], inject_at="classifier.0", progress=False)
+    assert a.equals(b)
+    with pytest.raises(AuditError, match="unknown layer 'fc9'"):
+        chain_convergence(model, x, None, "gradient", inject_at="fc9", progress=False)
+    with pytest.raises(AuditError, match="NaN"):
+        chain_convergence(model, x * float("nan"), None, "gradient", progress=False)
+    with pytest.raises(ConfigError, match="unknown attribution method"):
+        chain_convergence(model, x, None, "gradients", progress=False)
+    with pytest.raises(AuditError, match="not a backward chain|none of"):
+        chain_convergence(model, x, None, "integrated-gradients", progress=False)
+

@@ -1,0 +1,77 @@
+"""The audit tests: CSC theory and replication, random-logit, parameter randomization, summaries."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from audit import (
+    parameter_randomization,
+    random_logit_test,
+)
+from audit.checks.randomization import parameterised_layers, randomization_stages
+from audit.errors import AuditError, ConfigError
+from audit.models import build
+
+
+@pytest.fixture(scope="module")
+def trained():
+    from audit.data.datasets import embedded_sample
+    from audit.models import load_checkpoint
+
+    x, y = embedded_sample()
+    return load_checkpoint("cnn-sgd"), torch.from_numpy(x[::125]), torch.from_numpy(y[::125])
+
+
+def test_cascading_randomization(trained):
+    model, x, y = trained
+    before = copy.deepcopy(model.state_dict())
+    torch.manual_seed(123)
+    df = parameter_randomization(model, x, y, ["gradient", "edge", "lrp-zplus"], seed=0, progress=False)
+    assert list(df.columns) == ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog"]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    layers = [n for n, _, _ in parameterised_layers(model)]
+    assert layers == ["features.0", "features.3", "features.5", "features.8", "classifier.0", "classifier.2"]
+    order = df[df.method == "gradient"].drop_duplicates("stage").layer.tolist()
+    assert order == ["original"] + layers[::-1]
+    med = df.groupby(["method", "stage"]).ssim.median()
+    assert (df[df.method == "edge"].ssim >= 0.99).all()
+    assert med["gradient", len(layers)] < 0.5
+    torch.manual_seed(999)  # the global RNG does not matter: each layer has its own seeded generator
+    again = parameter_randomization(model, x, y, ["gradient", "edge", "lrp-zplus"], seed=0, progress=False)
+    assert df.equals(again)
+
+
+def test_independent_and_bottom_up_orders_and_batchnorm_policy():
+    torch.manual_seed(0)
+    model = build("resnet").eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+    stages = list((s, n, {k: v.clone() for k, v in m.state_dict().items()})
+                  for s, n, m in randomization_stages(model, "independent", "keep-stats", seed=1))
+    original = stages[0][2]
+    for stage, name, state in stages[1:4]:
+        changed = {k.rsplit(".", 1)[0] for k in state if not torch.equal(state[k], original[k])}
+        assert changed == {name}, (name, changed)  # one layer at a time; BatchNorm statistics kept
+    bottom = [n for _, n, _ in randomization_stages(model, "bottom-up", seed=1)]
+    assert bottom[1] == "conv1" and bottom[-1] == "fc"
+    _, _, reset_model = next(s for s in randomization_stages(model, "cascading", "reset", seed=1) if s[1] == "layer3.2.conv2")
+    bn = reset_model.layer3[2].bn2
+    assert torch.equal(bn.running_mean, torch.zeros(64)) and torch.equal(bn.weight.data, torch.ones(64))
+
+
+def test_randomization_bad_input(trained):
+    model, x, y = trained
+    with pytest.raises(ConfigError, match="unknown order 'top-down'"):
+        parameter_randomization(model, x, y, "gradient", order="top-down", progress=False)
+    with pytest.raises(ConfigError, match="unknown BatchNorm policy"):
+        parameter_randomization(model, x, y, "gradient", bn="freeze", progress=False)
+    with pytest.raises(ConfigError, match="unknown target"):
+        parameter_randomization(model, x, y, "gradient", target="random", progress=False)
+    with pytest.raises(AuditError, match="labels out of range"):
+        parameter_randomization(model, x, y + 20, "gradient", progress=False)
+    with pytest.raises(AuditError, match="shape"):
+        random_logit_test(model, x, y[:-1], "gradient", progress=False)
+

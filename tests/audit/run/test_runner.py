@@ -1,0 +1,56 @@
+"""The runner, CLI and report end to end on tiny configurations."""
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from audit.cli import main
+from audit.run.config import load_config
+from audit.run.runner import run_audit
+
+
+def _results(out: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted((out / "results").glob("*.csv"))}
+
+
+def test_resume_after_sigkill_gives_identical_results(tmp_path):
+    args = ["--models", "cnn-sgd", "--methods", "gradient,lrp-zplus,deeplift,lrp-epsilon,edge",
+            "--tests", "random-logit,cascading", "--n-images", "4", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "audit", "run", *args, "--out", str(killed)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def written() -> int:
+        return len(list((killed / "units").rglob("*.csv"))) if (killed / "units").exists() else 0
+
+    deadline = time.time() + 120
+    while time.time() < deadline and written() < 3 and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = written()
+    assert 0 < done < 10, f"the kill should land part way ({done} of 10 units written)"
+    assert not (killed / "results").exists()
+    assert main(["run", *args, "--out", str(killed), "--resume"]) == 0
+    fresh = tmp_path / "fresh"
+    assert main(["run", *args, "--out", str(fresh)]) == 0
+    assert _results(killed) == _results(fresh)
+
+
+def test_user_model_from_a_factory_and_a_checkpoint_file_left_unchanged(tmp_path, monkeypatch):
+    from audit.models import build, save_checkpoint
+
+    path = save_checkpoint(build("cnn"), {"arch": "cnn", "in_shape": [1, 28, 28], "num_classes": 10},
+                           tmp_path / "mine.pt")
+    (tmp_path / "mymodels.py").write_text("from audit.models import build\n\ndef make():\n    return build('cnn')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    config = load_config(models=[str(path), "mymodels:make"], weights=None, methods=["gradient", "lrp-zplus"],
+                         tests=["random-logit"], n_images=2)
+    result = run_audit(config, tmp_path / "run", progress=False, log=lambda s: None)
+    assert set(result.tables["random-logit"].model) == {"mine", "mymodels_make"}
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+

@@ -1,0 +1,34 @@
+"""The runner, CLI and report end to end on tiny configurations."""
+import pytest
+
+from audit.cli import main
+from audit.errors import ConfigError, ModelError
+from audit.run.config import load_config
+from audit.run.runner import run_audit
+
+TINY = dict(methods=["gradient", "lrp-zplus", "deeplift", "edge"], tests=["csc", "random-logit", "cascading"],
+            n_images=4)
+
+
+def test_bad_configurations(tmp_path, capsys):
+    toml = tmp_path / "audit.toml"
+    toml.write_text('models = ["cnn-sgd"]\nn_imagse = 4\n')
+    with pytest.raises(ConfigError, match="unknown configuration key 'n_imagse'.*Did you mean 'n_images'"):
+        load_config(toml)
+    with pytest.raises(ConfigError, match="unknown test 'cascade'.*Did you mean 'cascading'"):
+        load_config(tests="csc,cascade")
+    with pytest.raises(ConfigError, match="unknown attribution method"):
+        load_config(methods="gradient,lrp-zplsu")
+    with pytest.raises(ConfigError, match="invalid n_images"):
+        load_config(n_images=1)
+    assert main(["run", "--models", "no-such-model", "--methods", "gradient", "--tests", "random-logit",
+                 "--n-images", "2", "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    assert "unknown checkpoint" in capsys.readouterr().err
+    with pytest.raises(ModelError, match="cannot build 'nomodule:make'"):
+        run_audit(load_config(models=["nomodule:make"], methods=["gradient"], tests=["random-logit"], n_images=2),
+                  tmp_path / "y", progress=False, log=lambda s: None)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "file").write_text("x")
+    with pytest.raises(ConfigError, match="not empty"):
+        run_audit(load_config(models=["cnn-sgd"], **TINY), tmp_path / "busy", progress=False)
+

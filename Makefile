@@ -24,7 +24,10 @@ data:
 demo: $(STAMP)
 	$(PY) -m audit demo
 
+# Lint and type checks first (seconds), then the suite.
 test: $(STAMP) data
+	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

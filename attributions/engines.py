@@ -5,13 +5,22 @@ so adding a method outside the rule engine adds an engine class, not a branch.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
-from captum.attr import IntegratedGradients, NoiseTunnel
+from captum.attr import Attribution, IntegratedGradients, NoiseTunnel
 
-if TYPE_CHECKING:  # only for annotations: the explainer imports the methods, which import us
-    from attributions.explainer import Explainer
+
+class Explaining(Protocol):
+    """What an engine may ask of the explainer that runs it (the explainer satisfies it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def targets(self, logits: torch.Tensor, target: Any) -> torch.Tensor: ...
+
+    def chain_maps(self, x: torch.Tensor, targets: list, envs: Any = None) -> torch.Tensor: ...
+
+    def sibling(self, method: str, **params: Any) -> Attribution: ...
 
 
 class Engine:
@@ -24,7 +33,7 @@ class Engine:
     chain = False
     needs_graph = True
 
-    def maps(self, ex: "Explainer", x: torch.Tensor, targets: list, envs: Any = None, **kwargs) -> torch.Tensor:
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list, envs: Any = None, **kwargs) -> torch.Tensor:
         raise NotImplementedError
 
     def __repr__(self) -> str:

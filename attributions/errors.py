@@ -7,7 +7,7 @@ its own errors from it without importing a package above it.
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class ToolkitError(ValueError):

@@ -37,8 +37,8 @@ class Explainer(Attribution):
     rules : dict, optional
         Overrides of the method's rule table: keys are node kinds (``"conv"``, ``"dense"``,
         ``"affine"``, ``"avgpool"``, ``"relu"``, ``"maxpool"``, ``"add"``, ``"first"`` for the
-        linear layers reading the input) or node / module names (names win over kinds, kinds
-        over ``"first"``... see :meth:`rule_for`); values are rule names from
+        linear layers reading the input) or node / module names (names win; the user's entries win
+        over the method's; see :meth:`_rule_table`); values are rule names from
         :func:`attributions.rules.available` or :class:`~attributions.rules.Rule` objects.
     **params
         The method's parameters, e.g. ``epsilon=1e-6``.
@@ -70,9 +70,10 @@ class Explainer(Attribution):
         Attribution.__init__(self, self.forward)
 
     def _rule_table(self, overrides: dict) -> dict[str, Rule]:
-        """The rule of every rule-driven node: a name override, else a kind override, else the method's
-        ``first`` rule for the layers reading the input, else the method's rule for the kind."""
-        graph = self.graph
+        """The rule of every rule-driven node, by precedence: the user's rule for its name, the user's
+        ``first`` rule (layers reading the input), the user's rule for its kind, then the method's
+        ``first`` rule and the method's rule for its kind."""
+        graph = self._g
         nodes = [n for n in graph.nodes if n.kind in RULE_KINDS]
         names = {n.name for n in nodes} | {n.name.split("#")[0] for n in nodes}
         by_kind, by_name = {}, {}
@@ -84,13 +85,14 @@ class Explainer(Attribution):
             else:
                 raise unknown_name("rule key (a node kind or a node name)", key,
                                    list(RULE_KINDS) + ["first"] + sorted(names), AttributionError)
-        table = {**self.method.rules, **by_kind}
         first = graph.first_layers()
         out = {}
         for node in nodes:
-            rule = by_name.get(node.name, by_name.get(node.name.split("#")[0]))
-            if rule is None:
-                rule = table["first"] if node.name in first and "first" in table else table[node.kind]
+            # the user's choices before the method's; within each, the first layers' rule before the kind's
+            candidates = [by_name.get(node.name, by_name.get(node.name.split("#")[0]))]
+            for table in (by_kind, self.method.rules):
+                candidates += [table.get("first") if node.name in first else None, table.get(node.kind)]
+            rule = next(r for r in candidates if r is not None)
             if node.kind not in rule.kinds:
                 raise AttributionError(f"rule {rule!r} cannot act on node {node.name!r} of kind {node.kind!r}; it "
                                        f"acts on {', '.join(rule.kinds)}")
@@ -103,7 +105,7 @@ class Explainer(Attribution):
             raise unknown_name("rule-driven node", node, self._rules, AttributionError)
         return self._rules[node]
 
-    def sibling(self, method: str, **params) -> "Explainer":
+    def sibling(self, method: str, **params) -> Explainer:
         """An explainer of another method on the same model and traced graph."""
         return Explainer(self.model, method, graph=self.graph, **params)
 
@@ -112,8 +114,7 @@ class Explainer(Attribution):
     @property
     def layers(self) -> list[str]:
         """Recordable / injectable node names, in forward order."""
-        self._need_graph("layers")
-        return self.graph.layers
+        return self._need_graph("layers").layers
 
     def has_convergence_delta(self) -> bool:
         """Whether the method promises what its maps sum to (captum's API); see :meth:`compute_convergence_delta`."""
@@ -150,12 +151,12 @@ class Explainer(Attribution):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The model's output computed by the graph (eval semantics); differentiable."""
-        self._need_graph("forward")
-        return self._run(x)[self.graph.output]
+        graph = self._need_graph("forward")
+        return self._run(x)[graph.output]
 
     def _run(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         env = {"input": x}
-        for node in self.graph.nodes[1:]:
+        for node in self._g.nodes[1:]:
             env[node.name] = self._eval(node, env)
         return env
 
@@ -191,8 +192,9 @@ class Explainer(Attribution):
         """Propagate ``signal`` (K, B, ...) from node ``start`` down to the input; every node's signal."""
         pending = {start: signal}
         taps = {}
-        names = [n.name for n in self.graph.nodes]
-        for node in reversed(self.graph.nodes[: names.index(start) + 1]):
+        nodes = self._g.nodes
+        names = [n.name for n in nodes]
+        for node in reversed(nodes[: names.index(start) + 1]):
             s = pending.pop(node.name, None)
             if s is None:
                 continue
@@ -255,19 +257,19 @@ class Explainer(Attribution):
         m = self.method
 
         def start(env):
-            logits = env[self.graph.output]
+            logits = env[self._g.output]
             onehots = torch.stack([torch.zeros_like(logits).scatter_(1, self.targets(logits, t)[:, None], 1.0)
                                    for t in targets])
             return onehots * logits if m.output == "logit" else onehots
 
-        taps, _ = self._signals(x, self.graph.output, start, envs, keep={"input"})
+        taps, _ = self._signals(x, self._g.output, start, envs, keep={"input"})
         out = taps["input"]
         return out * x if m.times_input else out
 
     # captum's NoiseTunnel calls ``attribute.__wrapped__``, which captum's own decorator provides:
     # without it NoiseTunnel(Explainer(...)) fails. Its usage logging is inert outside captum.
     @log_usage()
-    def attribute(self, inputs, target=None, **kwargs) -> torch.Tensor:
+    def attribute(self, inputs, target=None, **kwargs) -> torch.Tensor | tuple[torch.Tensor]:
         """Attribution maps for ``inputs`` (B, ...), shaped like the inputs.
 
         Parameters
@@ -299,8 +301,8 @@ class Explainer(Attribution):
             raise AttributionError(f"{self.method.name!r} is not a backward chain of rules; propagate supports "
                                    f"the graph methods only")
         x = self._check_input(x)
-        if inject_at not in self.graph.layers:
-            raise unknown_name("layer", inject_at, self.graph.layers, AttributionError)
+        if inject_at not in self._g.layers:
+            raise unknown_name("layer", inject_at, self._g.layers, AttributionError)
 
         def start(env):
             expected = (env[inject_at].shape[0],) + tuple(env[inject_at].shape[1:])
@@ -315,9 +317,16 @@ class Explainer(Attribution):
 
     # --- checks ------------------------------------------------------------------------------------
 
-    def _need_graph(self, what: str) -> None:
+    def _need_graph(self, what: str) -> Graph:
         if self.graph is None:
             raise AttributionError(f"{what} is not available for the control method {self.method.name!r}")
+        return self.graph
+
+    @property
+    def _g(self) -> Graph:
+        """The traced graph, in code that only the graph methods reach (their explainers always trace one)."""
+        assert self.graph is not None
+        return self.graph
 
     @staticmethod
     def _check_input(x) -> torch.Tensor:

@@ -8,8 +8,9 @@ Weights are read from the model at call time, so an explainer always sees its cu
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx
@@ -205,10 +206,11 @@ def trace(model: nn.Module) -> Graph:
 
 _MAX = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
 _AVG = ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
-_POOL_MODULES = {F.max_pool1d: (nn.MaxPool1d, _MAX), F.max_pool2d: (nn.MaxPool2d, _MAX),
-                 F.avg_pool1d: (nn.AvgPool1d, _AVG[:-1]), F.avg_pool2d: (nn.AvgPool2d, _AVG),
-                 F.adaptive_avg_pool1d: (nn.AdaptiveAvgPool1d, ("input", "output_size")),
-                 F.adaptive_avg_pool2d: (nn.AdaptiveAvgPool2d, ("input", "output_size"))}
+_POOL_MODULES: dict[Callable[..., Any] | str, tuple[type[nn.Module], tuple[str, ...]]] = {
+    F.max_pool1d: (nn.MaxPool1d, _MAX), F.max_pool2d: (nn.MaxPool2d, _MAX),
+    F.avg_pool1d: (nn.AvgPool1d, _AVG[:-1]), F.avg_pool2d: (nn.AvgPool2d, _AVG),
+    F.adaptive_avg_pool1d: (nn.AdaptiveAvgPool1d, ("input", "output_size")),
+    F.adaptive_avg_pool2d: (nn.AdaptiveAvgPool2d, ("input", "output_size"))}
 
 
 def _pool_module(fx_node: torch.fx.Node, name: str) -> nn.Module:
@@ -237,10 +239,12 @@ def _evaluator(fx_node: torch.fx.Node, fx_to_name: dict) -> Callable[[dict], Any
             return type(value)(resolve(v, env) for v in value)
         return value
 
-    if fx_node.op == "call_method":
-        method = fx_node.target.rstrip("_") if fx_node.target.endswith("_") else fx_node.target
-        return lambda env: getattr(resolve(args[0], env), method)(*resolve(args[1:], env), **resolve(kwargs, env))
     target = fx_node.target
+    if fx_node.op == "call_method":
+        assert isinstance(target, str)  # torch.fx: a call_method's target is the method name
+        method = target.rstrip("_") if target.endswith("_") else target
+        return lambda env: getattr(resolve(args[0], env), method)(*resolve(args[1:], env), **resolve(kwargs, env))
+    assert callable(target)  # only call_function nodes remain (the caller passes no module nodes)
     return lambda env: target(*resolve(args, env), **{k: resolve(v, env) for k, v in kwargs.items()})
 
 

@@ -7,6 +7,8 @@ are (B, ...), so K injected vectors share one forward pass.
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -41,10 +43,11 @@ class LinearOp:
 
     def transpose_sum(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], in_shape: torch.Size) -> torch.Tensor:
         """sum_i W_i^T s_i; layers with weights stack the pairs into one transposed operation."""
-        return sum(self.transpose(s, w, in_shape) for s, w in pairs)
+        # callers pass at least one pair, so the sum is a tensor, never sum's start value 0
+        return cast(torch.Tensor, sum(self.transpose(s, w, in_shape) for s, w in pairs))
 
 
-def _bias(module: nn.Module, out: int, like: torch.Tensor) -> torch.Tensor:
+def _bias(module: nn.Linear | nn.Conv1d | nn.Conv2d, out: int, like: torch.Tensor) -> torch.Tensor:
     return module.bias if module.bias is not None else torch.zeros(out, dtype=like.dtype, device=like.device)
 
 
@@ -58,6 +61,7 @@ def _fold(node: Node, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, t
 
 def bn_affine(bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """Eval-mode BatchNorm as y = scale * x + shift, per channel."""
+    assert isinstance(bn, (nn.BatchNorm1d, nn.BatchNorm2d))  # the only "affine" module kinds (graph._MODULE_KINDS)
     var = bn.running_var if bn.running_var is not None else torch.ones(bn.num_features)
     mean = bn.running_mean if bn.running_mean is not None else torch.zeros(bn.num_features)
     scale = torch.rsqrt(var + bn.eps)
@@ -154,17 +158,21 @@ def pool(node: Node, x: torch.Tensor, return_indices: bool = False):
     if m is None:
         if return_indices:
             raise NotImplementedError
+        assert node.evaluate is not None  # a node without a module runs its traced operation
         return node.evaluate({node.inputs[0]: x})
     one_d = x.ndim == 3
     if isinstance(m, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)):
-        return (F.adaptive_avg_pool1d if one_d else F.adaptive_avg_pool2d)(x, m.output_size)
+        # torch types each module's output_size for its own function, not for the one chosen by x.ndim
+        return (F.adaptive_avg_pool1d if one_d else F.adaptive_avg_pool2d)(x, m.output_size)  # type: ignore[arg-type]
     if isinstance(m, (nn.AvgPool1d, nn.AvgPool2d)):
         if one_d:
             return F.avg_pool1d(x, m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad)
         return F.avg_pool2d(x, m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad,
-                            m.divisor_override)
+                            m.divisor_override)  # type: ignore[arg-type]  # 4-D x: m is an AvgPool2d (mypy cannot tell)
     fn = F.max_pool1d if one_d else F.max_pool2d
-    return fn(x, m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode, return_indices=return_indices)
+    # torch's overloads want return_indices as a literal; m is a MaxPool1d / MaxPool2d, typed only as a Module
+    return fn(x, m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode,  # type: ignore[call-overload, misc]
+              return_indices=return_indices)
 
 
 OPS = {"dense": DenseOp, "conv": ConvOp, "affine": AffineOp, "avgpool": PoolOp}

@@ -10,8 +10,8 @@ own engine object, so the explainer never branches on a method's name.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from attributions import rules as R
 from attributions.controls import EdgeControl, NoiseControl

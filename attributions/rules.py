@@ -10,8 +10,8 @@ user can pick by name in ``Explainer(..., rules={...})``, and :func:`available` 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -373,7 +373,7 @@ def available() -> dict[str, str]:
     return {name: f"{spec.formula} [{', '.join(spec.build().kinds)}]" for name, spec in NAMED.items()}
 
 
-def resolve(rule: "str | Rule") -> Rule:
+def resolve(rule: str | Rule) -> Rule:
     """A rule object from a name in :data:`NAMED` or a :class:`Rule` instance."""
     if isinstance(rule, Rule):
         return rule

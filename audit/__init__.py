@@ -6,8 +6,14 @@ heatmaps, statistics), ``data`` (data sets, formats, downloads), ``models`` (zoo
 training, recipes), ``run`` (configuration, runner, results). The command line (``audit.cli``)
 sits above them and the report builder (``reports``).
 """
-from audit.checks import (CHECKS, chain_convergence, get_check, parameter_randomization, random_logit_test,
-                          randomization_with_maps)
+from audit.checks import (
+                          CHECKS,
+                          chain_convergence,
+                          get_check,
+                          parameter_randomization,
+                          random_logit_test,
+                          randomization_with_maps,
+)
 from audit.data import balanced_sample, embedded_sample, load_dataset
 from audit.errors import AuditError, ConfigError, DataError, ModelError
 from audit.measures import bootstrap_ci, heatmaps, spearman, ssim, summarize

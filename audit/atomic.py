@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``.
 
     If ``write`` raises, nothing is left behind and ``path`` keeps its old content. The file

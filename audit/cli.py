@@ -8,8 +8,8 @@ import argparse
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from attributions import available_methods
 from attributions.errors import ToolkitError, unknown_name
@@ -19,7 +19,6 @@ from audit.models import ARCHS, OPTIMIZERS, SHIPPED, TrainConfig, available_chec
 from audit.models.recipes import RECIPES
 from audit.run import load_config, run_audit
 from reports import build_report, verdict_table
-
 
 # The main job: cnn-sgd against its Bort twin cnn-bort, every method, the three checks of Sixt et al.,
 # on the embedded Fashion-MNIST sample.

@@ -6,12 +6,14 @@ pyplot, so building a section never touches a global plotting state or a display
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import cast
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure as MplFigure
 
 
@@ -57,7 +59,7 @@ class ReportContext:
     examples: Callable[[str, str, list], dict[str, np.ndarray]]
 
 
-def new_figure(width: float, height: float) -> tuple[MplFigure, object]:
+def new_figure(width: float, height: float) -> tuple[MplFigure, Axes]:
     """A pyplot-free figure of ``width`` x ``height`` inches and its one axes."""
     fig = MplFigure(figsize=(width, height))
-    return fig, fig.subplots()
+    return fig, cast(Axes, fig.subplots())  # one axes, not an array: subplots() is typed for any grid

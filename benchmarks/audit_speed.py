@@ -45,9 +45,9 @@ def _quantus_rows(rounds: int, n_images: int = 16) -> list[tuple]:
     def quantus_mprt():
         # Quantus's default similarity (Spearman): its SSIM path fails in MPRT 0.6.0 (a list has no
         # .tolist()), and Quantus flattens maps to 1-D before SSIM anyway.
-        return quantus.MPRT(layer_order="top_down", disable_warnings=True, display_progressbar=False)(model=model, x_batch=x, y_batch=y, a_batch=None,
-                                                       explain_func=quantus.explain,
-                                                       explain_func_kwargs={"method": "Saliency"}, device="cpu")
+        mprt = quantus.MPRT(layer_order="top_down", disable_warnings=True, display_progressbar=False)
+        return mprt(model=model, x_batch=x, y_batch=y, a_batch=None, explain_func=quantus.explain,
+                    explain_func_kwargs={"method": "Saliency"}, device="cpu")
 
     def quantus_random_logit():
         return quantus.RandomLogit(num_classes=10, disable_warnings=True, display_progressbar=False)(

@@ -7,10 +7,10 @@ alpha-beta 2.0x. ``propagate`` with K = 5 is compared with one plain gradient of
 from __future__ import annotations
 
 import torch
-from audit.models import build
 from captum.attr import DeepLift, GuidedBackprop
 
 from attributions import Explainer
+from audit.models import build
 from benchmarks.timing import median_times, table
 
 METHODS = {"gradient": 1.0, "guided-backprop": 1.0, "lrp-epsilon": 1.0, "deeplift": 1.0, "deeplift-ablation": 1.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def median_times(candidates: dict[str, Callable[[], object]], rounds: int = 7, warmup: int = 1) -> dict[str, float]:

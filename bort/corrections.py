@@ -23,11 +23,12 @@ feasible only for wide W (out <= n); for a tall W the optimizer applies the colu
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 
-from bort.errors import BortError
 from attributions.errors import unknown_name
+from bort.errors import BortError
 
 MODES = ("l2-full", "l1-full-row", "l1-full-col", "l2-row", "l2-col", "l1-row", "l1-col")
 _COLUMN_TWIN = {"l1-full-row": "l1-full-col", "l2-row": "l2-col", "l1-row": "l1-col"}
@@ -47,7 +48,7 @@ def check_amplitude(amplitude: float | str) -> float | str:
     return float(amplitude)
 
 
-def feasible_mode(mode: str, shape: tuple[int, int]) -> str:
+def feasible_mode(mode: str, shape: tuple[int, ...]) -> str:
     """The column twin of a row mode when W (out, n) is tall (out > n); else ``mode``."""
     return _COLUMN_TWIN.get(mode, mode) if shape[0] > shape[1] else mode
 
@@ -59,7 +60,7 @@ def _uses_columns(mode: str) -> bool:
 def amplitude_value(w: torch.Tensor, mode: str, amplitude: float | str) -> float | torch.Tensor:
     """c: the fixed amplitude, or (adaptive) the squared mean norm of the constrained rows / columns."""
     if amplitude != "adaptive":
-        return amplitude
+        return cast(float, amplitude)  # mypy does not narrow a str | float by comparison with "adaptive"
     return w.norm(dim=0 if _uses_columns(mode) else 1).mean() ** 2
 
 

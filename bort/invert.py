@@ -8,9 +8,12 @@ Orthogonal weights reconstruct well; unconstrained ones do not.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from skimage.metrics import structural_similarity
 from torch import nn
 
 from bort.errors import BortError
@@ -54,10 +57,12 @@ def _invert(module: nn.Module, y: torch.Tensor, inp: torch.Tensor) -> torch.Tens
         w = module.weight.reshape(module.out_channels, -1)
         if module.groups != 1:
             raise BortError("reconstruct supports ungrouped convolutions only")
+        if isinstance(module.padding, str):  # F.fold needs the padding as numbers, not "same" / "valid"
+            raise BortError(f"reconstruct supports numeric convolution padding only, got padding={module.padding!r}")
         b = module.bias if module.bias is not None else torch.zeros(module.out_channels)
         y = (y - b[:, None, None]) / w.pow(2).sum(1)[:, None, None]
         cols = torch.einsum("oi,bol->bil", w, y.flatten(2))
-        spec = dict(output_size=inp.shape[-2:], kernel_size=module.kernel_size, dilation=module.dilation,
+        spec: dict[str, Any] = dict(output_size=inp.shape[-2:], kernel_size=module.kernel_size, dilation=module.dilation,
                     padding=module.padding, stride=module.stride)
         k = module.kernel_size[0] * module.kernel_size[1]
         count = F.fold(torch.ones(1, k, cols.shape[-1], dtype=y.dtype), **spec)
@@ -66,6 +71,8 @@ def _invert(module: nn.Module, y: torch.Tensor, inp: torch.Tensor) -> torch.Tens
         b = module.bias if module.bias is not None else torch.zeros(module.out_features)
         return ((y - b) / module.weight.pow(2).sum(1)) @ module.weight
     if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)):
+        if module.running_mean is None or module.running_var is None:
+            raise BortError("reconstruct needs BatchNorm running statistics (track_running_stats=True)")
         shape = (1, -1) + (1,) * (y.ndim - 2)
         scale = (module.running_var + module.eps).sqrt() / module.weight
         return (y - module.bias.view(shape)) * scale.view(shape) + module.running_mean.view(shape)
@@ -98,8 +105,6 @@ def reconstruction_quality(model: nn.Module, x: torch.Tensor, layer: str) -> pd.
 
     Returns a DataFrame with columns image, layer, ssim (scikit-image, data_range 1).
     """
-    from skimage.metrics import structural_similarity
-
     rec = reconstruct(model, x, layer)
     rows = []
     for i in range(len(x)):

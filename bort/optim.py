@@ -11,13 +11,14 @@ With gamma = 0 they are exactly ``torch.optim.SGD`` and ``torch.optim.AdamW``.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch import nn
 
-from bort.errors import BortError
 from bort.corrections import check_amplitude, check_mode, correction, feasible_mode
+from bort.errors import BortError
 
 
 def _check(name: str, value: float, upper: float | None = None) -> None:
@@ -151,7 +152,8 @@ class BortAdamW(_BortBase):
 def constrained_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """The conv and linear weights of ``model``: the parameters Bort constrains."""
     kinds = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
-    return [(f"{name}.weight" if name else "weight", m.weight) for name, m in model.named_modules()
+    # torch types a conv / linear weight as a plain Tensor; it is registered as a Parameter
+    return [(f"{name}.weight" if name else "weight", cast(nn.Parameter, m.weight)) for name, m in model.named_modules()
             if isinstance(m, kinds) and m.weight is not None]
 
 

@@ -20,20 +20,21 @@ from audit.errors import ConfigError
 _SUPPORT = {"base"}  # modules of this package that hold no check
 
 
-def _discover() -> dict[str, Check]:
+def discover(package: str, path: list[str]) -> dict[str, Check]:
+    """The checks defined by the modules of ``package`` (found on ``path``), in registry order."""
     found: list[Check] = []
-    for info in pkgutil.iter_modules(__path__):
+    for info in pkgutil.iter_modules(path):
         if info.name in _SUPPORT:
             continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        found += [getattr(module, "CHECK")] if hasattr(module, "CHECK") else list(getattr(module, "CHECKS", []))
+        module = importlib.import_module(f"{package}.{info.name}")
+        found += [module.CHECK] if hasattr(module, "CHECK") else list(getattr(module, "CHECKS", []))
     names = [c.name for c in found]
     if len(set(names)) != len(names):
         raise RuntimeError(f"two checks share a name: {sorted(names)}")
     return {c.name: c for c in sorted(found, key=lambda c: (c.order, c.name))}
 
 
-CHECKS: dict[str, Check] = _discover()
+CHECKS: dict[str, Check] = discover(__name__, list(__path__))
 
 
 def get_check(name: str) -> Check:
@@ -55,4 +56,4 @@ def check_options() -> dict[str, Option]:
 
 
 __all__ = ["CHECKS", "Check", "MedianScore", "Option", "UnitResult", "VerdictCell", "VerdictRule", "chain_convergence",
-           "check_options", "get_check", "parameter_randomization", "random_logit_test", "randomization_with_maps"]
+           "check_options", "discover", "get_check", "parameter_randomization", "random_logit_test", "randomization_with_maps"]

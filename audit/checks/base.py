@@ -3,8 +3,9 @@ line, its verdict contribution and its report sections. The runner, the configur
 verdict table, the CLI and the report are all derived from these declarations."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

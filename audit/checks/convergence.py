@@ -83,6 +83,7 @@ def spectrum(signal: torch.Tensor) -> tuple[float, float]:
 def default_injection_layers(ex: Explainer) -> list[str]:
     """The logits plus the deepest conv layer and one about half-way down the conv stack."""
     graph = ex.graph
+    assert graph is not None, f"{ex!r} has no traced graph; injection layers exist for the graph methods only"
     linear = [n.name for n in graph.nodes if n.kind in ("conv", "dense") and n.name != graph.output]
     convs = [n.name for n in graph.nodes if n.kind == "conv"]
     picks = [graph.output]
@@ -95,6 +96,7 @@ def default_injection_layers(ex: Explainer) -> list[str]:
 
 def layer_inputs(ex: Explainer) -> dict[str, str]:
     """For each conv / dense node, the node whose output it reads (where the chain enters it)."""
+    assert ex.graph is not None, f"{ex!r} has no traced graph; layer inputs exist for the graph methods only"
     return {n.name: n.inputs[0] for n in ex.graph.nodes if n.kind in ("conv", "dense")}
 
 
@@ -141,7 +143,9 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
             raise unknown_name("layer", t, layers, AuditError)
     depth = {name: i for i, name in enumerate(["input"] + layers)}
     kinds = {n.name: n.kind for n in graph.nodes}
-    env, ref = shared_forward(explainers, x)
+    envs = shared_forward(explainers, x)
+    assert envs is not None  # every explainer left is a graph method
+    env, ref = envs
     k_total = max(n_vectors, spectrum_vectors)
     rows = []
     jobs = [(m, t) for m in explainers for t in targets]

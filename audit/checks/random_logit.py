@@ -37,7 +37,7 @@ def random_logit_test(model: torch.nn.Module, x, y, methods="all", seed: int = 0
     Returns
     -------
     DataFrame, one row per method x image: method, image, true_class, random_class, ssim
-    (flip-invariant, uniform 5x5 window, data_range 1, on maps normalised per DESIGN 3.2),
+    (flip-invariant, uniform 5x5 window, data_range 1, on maps clipped at the 0.5 / 99.5 percentiles and scaled to [0, 1]),
     spearman (raw heatmaps), spearman_abs (their magnitudes).
     """
     x, y = check_inputs(model, x, y)

@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -114,7 +115,7 @@ def locate(name: str, split: str, root: str | os.PathLike | None = None) -> list
     for d in dirs:
         found = [_find(d, s) for s in stems]
         if all(found):
-            return found
+            return cast(list[Path], found)
     source = SOURCES[name]
     how = [f"pass download=True (or --download) to fetch {', '.join(source.files)} from {source.base_url}"]
     if source.apt:
@@ -138,6 +139,7 @@ def download_dataset(name: str, root: str | os.PathLike | None = None, progress:
         if not dest.exists():
             fetch(source.base_url + file, dest, digest, progress=progress)
     if source.archive:
+        assert source.subdir is not None, f"{name}: a Source with an archive must name its subdir"
         _unpack(target / source.archive, target, source.subdir)
     return target
 
@@ -277,7 +279,7 @@ def balanced_sample(name: str, n: int, root: str | os.PathLike | None = None) ->
     """``n`` class-balanced test images of data set ``name`` ("embedded": the shipped sample): the first
     of each class in order, round-robin. Returns x (n, C, H, W) float32 and y (n,) int64."""
     x, y = embedded_sample() if name == "embedded" else load_dataset(name, "test", root)
-    order: list[int] = []
+    order: list[np.intp] = []
     per_class = {c: list(np.flatnonzero(y == c)) for c in np.unique(y)}
     while len(order) < n and any(per_class.values()):
         for c in sorted(per_class):

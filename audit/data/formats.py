@@ -12,10 +12,12 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
+from PIL import Image, UnidentifiedImageError
 
 from audit.errors import DataError
 
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_DTYPES: dict[int, npt.DTypeLike] = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
 
@@ -103,8 +105,6 @@ def read_image_folder(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     labels : numpy.ndarray, (N,) int64, index into ``classes``
     classes : list of str, the sorted class-folder names
     """
-    from PIL import Image, UnidentifiedImageError
-
     root = Path(root)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     files = [(f, i) for i, c in enumerate(classes) for f in sorted((root / c).iterdir())

@@ -1,7 +1,7 @@
 """Bootstrap confidence intervals, and per-method summaries of the tidy result tables."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -59,7 +59,7 @@ register_optimizer("adamw", OptimizerSpec(
 
 
 def _bort_factory(kind):
-    def factory(model: nn.Module, c: "TrainConfig") -> torch.optim.Optimizer:
+    def factory(model: nn.Module, c: TrainConfig) -> torch.optim.Optimizer:
         unknown = set(c.options) - set(BORT_DEFAULTS)
         if unknown:
             raise ConfigError(f"unknown Bort option(s) {', '.join(sorted(unknown))}; valid: {', '.join(BORT_DEFAULTS)}")
@@ -70,7 +70,7 @@ def _bort_factory(kind):
     return factory
 
 
-# The reference recipe's Bort settings (DESIGN.md 3.5); TrainConfig.options overrides them.
+# The Bort reference code's settings (Zhang et al. 2023); TrainConfig.options overrides them.
 BORT_DEFAULTS = {"gamma": 0.05, "amplitude": 1.0, "mode": "l1-full-row"}
 register_optimizer("bort", OptimizerSpec(_bort_factory("sgd"), lr=0.02, weight_decay=5e-4,
                                          description="Bort, SGD form (Zhang et al. 2023)", constrained=True))
@@ -108,7 +108,7 @@ class TrainConfig:
     dbort: bool = False
     schedule: str = "constant"
 
-    def resolved(self) -> "TrainConfig":
+    def resolved(self) -> TrainConfig:
         """A copy with the optimizer defaults filled in, after validating every field."""
         spec = OPTIMIZERS.get(self.optimizer)
         if spec is None:

@@ -54,7 +54,7 @@ class AuditConfig:
             return known[name].default
         raise AttributeError(f"AuditConfig has no key {name!r}")
 
-    def validated(self) -> "AuditConfig":
+    def validated(self) -> AuditConfig:
         """A copy with list fields normalised and option defaults filled in, after checking every value."""
         out = AuditConfig(**{**asdict(self), "options": dict(self.options)})
         out.models = _as_list(out.models)
@@ -84,7 +84,7 @@ class AuditConfig:
         return {**general, **self.options}
 
     @classmethod
-    def from_dict(cls, values: dict) -> "AuditConfig":
+    def from_dict(cls, values: dict) -> AuditConfig:
         """The inverse of :meth:`to_dict` (unvalidated); unknown keys are a :class:`ConfigError`."""
         general = {f.name for f in fields(cls)} - {"options"}
         known = check_options()

@@ -15,8 +15,8 @@ import platform
 import re
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import captum
 import numpy as np

@@ -225,3 +225,30 @@ def test_conv1d_batchnorm1d_leaky_relu_and_pooling_1d():
     assert float((ours - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
     delta = (model(x)[:, 2] - model(torch.zeros_like(x[:1]))[:, 2]).detach()
     torch.testing.assert_close(ours.flatten(1).sum(1), delta)
+
+
+def test_convergence_delta_where_the_method_promises_a_sum():
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv2d(1, 3, 3, bias=False), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(3 * 6 * 6, 4, bias=False)).double().eval()
+    x = torch.rand(3, 1, 8, 8, dtype=torch.float64)
+    # the epsilon rule's stabiliser absorbs relevance in proportion to epsilon: tiny here
+    for method, params in (("deeplift", {}), ("lrp-z", {}), ("lrp-epsilon", {"epsilon": 1e-12}), ("lrp-zplus", {"stabilizer": 1e-12}),
+                           ("lrp-alpha2beta1", {"stabilizer": 1e-12})):
+        ex = Explainer(model, method, **params)
+        assert ex.has_convergence_delta()
+        delta = ex.compute_convergence_delta(ex.attribute(x, target=2), x, target=2)
+        assert delta.shape == (3,) and float(delta.abs().max()) < 1e-8, (method, delta)
+    ig = Explainer(model, "integrated-gradients")
+    assert float(ig.compute_convergence_delta(ig.attribute(x, target=2, n_steps=200), x, 2).abs().max()) < 1e-3
+    # with biases, DeepLIFT stays complete and the LRP sum loses what the biases absorb
+    biased = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 2)).double().eval()
+    xb = torch.rand(6, 5, dtype=torch.float64)
+    dl = Explainer(biased, "deeplift")
+    assert float(dl.compute_convergence_delta(dl.attribute(xb, target=1), xb, 1).abs().max()) < 1e-8
+    eps = Explainer(biased, "lrp-epsilon")
+    assert float(eps.compute_convergence_delta(eps.attribute(xb, target=1), xb, 1).abs().max()) > 1e-6
+    grad = Explainer(model, "gradient")
+    assert not grad.has_convergence_delta()
+    with pytest.raises(AttributionError, match="promises no completeness"):
+        grad.compute_convergence_delta(x, x, 0)

@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from attributions import Explainer
+from attributions import rules as R
+from attributions.errors import AttributionError
 from tests.engine_models import ResidualNet
 
 
@@ -44,7 +46,6 @@ def test_single_dense_layer_by_hand(method, expected):
 def test_single_layer_flat_and_wsquare_and_zb():
     # w^2 rule: shares 4 : 1 : 9 of z; flat: thirds; zB with bounds [-1, 2]:
     # z = x.w - l.w+ - h.w- = (2 - 2 - 3) - (-1)(2 + 3) - 2(-1) = 4, shares x w - l w+ - h w- per input.
-    from attributions import rules as R
     from attributions.graph import trace
     from attributions.layers import DenseOp
     from attributions.rules import Context
@@ -157,3 +158,56 @@ def test_properties_over_random_architectures(spec):
         together = ex.propagate(x, ex.graph.output, vectors)["input"]
         apart = torch.cat([ex.propagate(x, ex.graph.output, vectors[k:k + 1])["input"] for k in range(3)])
         torch.testing.assert_close(together, apart, rtol=1e-10, atol=1e-12)
+
+
+# --- rule maps: rules chosen by node kind or name, as zennit's composites do ---------------------------
+
+def _small_cnn():
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(4 * 4 * 4, 6), nn.ReLU(), nn.Linear(6, 3)).double().eval()
+
+
+def test_available_rules_list_formulas_and_kinds():
+    listed = R.available()
+    assert {"epsilon", "zplus", "alpha2beta1", "gamma", "flat", "wsquare", "zbox", "pass"} <= set(listed)
+    assert "[dense, conv, affine]" in listed["flat"] and "relu" in listed["pass"]
+
+
+def test_epsilon_with_zplus_on_convolutions_is_exactly_epsilon_plus():
+    model, x = _small_cnn(), torch.rand(3, 1, 8, 8, dtype=torch.float64)
+    mapped = Explainer(model, "lrp-epsilon", rules={"conv": "zplus"}).attribute(x, target=1)
+    assert torch.equal(mapped, Explainer(model, "lrp-epsilon-plus").attribute(x, target=1))
+    # and the map really changed: the override is not a no-op
+    assert not torch.allclose(mapped, Explainer(model, "lrp-epsilon").attribute(x, target=1))
+
+
+def test_names_win_over_kinds_and_kinds_over_first():
+    model = _small_cnn()
+    ex = Explainer(model, "lrp-epsilon", rules={"conv": "zplus", "0": "flat", "dense": R.Gamma(0.5)})
+    assert isinstance(ex.rule_for("0"), R.Flat)  # the first conv, by its name
+    assert isinstance(ex.rule_for("2"), R.AlphaBeta) and isinstance(ex.rule_for("5"), R.Gamma)
+    first = Explainer(model, "deep-taylor", rules={"conv": "epsilon"})
+    assert isinstance(first.rule_for("0"), R.Epsilon)  # a kind override replaces the method's first rule
+    assert isinstance(Explainer(model, "deep-taylor").rule_for("0"), R.ZB)
+    assert isinstance(Explainer(model, "lrp-epsilon", rules={"first": "wsquare"}).rule_for("0"), R.WSquare)
+
+
+def test_flat_and_wsquare_through_the_explainer_match_the_hand_answers():
+    # w^2 shares 4 : 1 : 9 of the explained logit, flat thirds (LAYER, X above; z = -2.5)
+    wsq = Explainer(LAYER, "lrp-epsilon", rules={"dense": "wsquare"}).attribute(X, target=0)
+    torch.testing.assert_close(wsq, torch.tensor([[4.0, 1.0, 9.0]], dtype=torch.float64) / 14 * -2.5)
+    flat = Explainer(LAYER, "lrp-epsilon", rules={"dense": "flat"}).attribute(X, target=0)
+    torch.testing.assert_close(flat, torch.full((1, 3), -2.5 / 3, dtype=torch.float64))
+
+
+def test_bad_rule_maps_are_clear_errors():
+    model = _small_cnn()
+    with pytest.raises(AttributionError, match="unknown rule 'zplsu'.*Did you mean 'zplus'"):
+        Explainer(model, "lrp-epsilon", rules={"conv": "zplsu"})
+    with pytest.raises(AttributionError, match="unknown rule key.*'conv9'"):
+        Explainer(model, "lrp-epsilon", rules={"conv9": "zplus"})
+    with pytest.raises(AttributionError, match="cannot act on node '1' of kind 'relu'"):
+        Explainer(model, "lrp-epsilon", rules={"relu": "zplus"})
+    with pytest.raises(AttributionError, match="not a chain of rules"):
+        Explainer(model, "integrated-gradients", rules={"conv": "zplus"})

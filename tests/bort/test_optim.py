@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from bort.errors import BortError
 from audit.models import build
+from bort.errors import BortError
 from bort.metrics import constraint_error
 from bort.optim import Bort, BortAdamW, constrained_parameters, param_groups
 

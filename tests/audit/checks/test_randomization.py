@@ -52,7 +52,7 @@ def test_independent_and_bottom_up_orders_and_batchnorm_policy():
     stages = list((s, n, {k: v.clone() for k, v in m.state_dict().items()})
                   for s, n, m in randomization_stages(model, "independent", "keep-stats", seed=1))
     original = stages[0][2]
-    for stage, name, state in stages[1:4]:
+    for _stage, name, state in stages[1:4]:
         changed = {k.rsplit(".", 1)[0] for k in state if not torch.equal(state[k], original[k])}
         assert changed == {name}, (name, changed)  # one layer at a time; BatchNorm statistics kept
     bottom = [n for _, n, _ in randomization_stages(model, "bottom-up", seed=1)]

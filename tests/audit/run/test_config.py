@@ -1,0 +1,45 @@
+"""The audit configuration: flat keys from the registry, type checks, the manifest round trip."""
+import pytest
+
+from audit.errors import ConfigError
+from audit.run.config import AuditConfig, load_config
+
+
+def test_defaults_and_check_options_read_as_attributes():
+    config = load_config()
+    assert config.tests == ["csc", "random-logit", "cascading"] and config.csc_threshold == 0.99
+    assert config.bn == "reset" and config.n_vectors == 5 and len(config.methods) == 21
+
+
+def test_toml_file_then_overrides(tmp_path):
+    path = tmp_path / "audit.toml"
+    path.write_text('models = ["cnn-sgd"]\nn_images = 8\ncsc_threshold = 1\nbn = "keep-stats"\n')
+    config = load_config(path, n_images=6)
+    assert config.models == ["cnn-sgd"] and config.n_images == 6 and config.bn == "keep-stats"
+    assert config.csc_threshold == 1.0 and isinstance(config.csc_threshold, float)  # an int widens to a float
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"csc_treshold": 0.9}, "unknown configuration key 'csc_treshold'.*Did you mean 'csc_threshold'"),
+    ({"bn": "freeze"}, "invalid bn='freeze'; valid: reset, keep-stats"),
+    ({"n_vectors": 1}, "invalid n_vectors=1: it must be at least 2"),
+    ({"n_vectors": "5"}, "n_vectors must be a int"),
+    ({"csc_threshold": 1.5}, r"invalid csc_threshold=1.5: it must be in \(0, 1\]"),
+    ({"target": True}, "target must be a str"),
+    ({"tests": "csc,random-logt"}, "unknown test 'random-logt'.*Did you mean 'random-logit'"),
+    ({"tests": ""}, "no test given"),
+    ({"n_images": 1}, "invalid n_images=1"),
+])
+def test_bad_values_are_config_errors(values, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(**values)
+
+
+def test_the_manifest_form_is_flat_and_round_trips():
+    config = load_config(models="cnn-sgd,cnn-bort", randomization_pass=0.4)
+    flat = config.to_dict()
+    assert "options" not in flat and flat["randomization_pass"] == 0.4 and flat["models"] == ["cnn-sgd", "cnn-bort"]
+    again = AuditConfig.from_dict(flat).validated()
+    assert again.to_dict() == flat
+    with pytest.raises(AttributeError, match="no key 'nope'"):
+        _ = config.nope

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from attributions import available_methods
 from attributions.errors import ToolkitError, unknown_name
@@ -22,7 +23,8 @@ from reports import build_report, verdict_table
 
 # The main job: cnn-sgd against its Bort twin cnn-bort, every method, the three checks of Sixt et al.,
 # on the embedded Fashion-MNIST sample.
-DEMO = dict(models=["cnn-sgd", "cnn-bort"], methods="all", tests=["csc", "random-logit", "cascading"], n_images=16)
+DEMO: dict[str, Any] = dict(models=["cnn-sgd", "cnn-bort"], methods="all", tests=["csc", "random-logit", "cascading"],
+                            n_images=16)
 
 
 def run_demo(out: str = "demo-output", seed: int = 0, progress: bool = True) -> Path:

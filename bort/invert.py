@@ -74,8 +74,11 @@ def _invert(module: nn.Module, y: torch.Tensor, inp: torch.Tensor) -> torch.Tens
         if module.running_mean is None or module.running_var is None:
             raise BortError("reconstruct needs BatchNorm running statistics (track_running_stats=True)")
         shape = (1, -1) + (1,) * (y.ndim - 2)
-        scale = (module.running_var + module.eps).sqrt() / module.weight
-        return (y - module.bias.view(shape)) * scale.view(shape) + module.running_mean.view(shape)
+        scale = (module.running_var + module.eps).sqrt()
+        if module.affine:  # without affine parameters BatchNorm only standardises
+            scale = scale / module.weight
+            y = y - module.bias.view(shape)
+        return y * scale.view(shape) + module.running_mean.view(shape)
     if isinstance(module, _POOLS):
         return F.interpolate(y, size=inp.shape[-2:], mode="nearest")
     if isinstance(module, nn.Flatten):

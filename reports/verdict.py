@@ -14,7 +14,7 @@ def verdict_table(tables: dict, config) -> pd.DataFrame:
     """One row per model x method: for each check with a verdict rule among ``tables``, its score and
     display text; then ``verdict``: "pass", or "fail: " and every failing check's reason. A check
     that says nothing for a pair (no rows) neither passes nor fails it."""
-    rules = [(name, CHECKS[name].verdict) for name in CHECKS if CHECKS[name].verdict is not None]
+    rules = [(name, check.verdict) for name, check in CHECKS.items() if check.verdict is not None]
     present = [t for name, t in tables.items() if name in CHECKS and t is not None and not t.empty]
     if not present:
         return pd.DataFrame(columns=["model", "method", "verdict"])

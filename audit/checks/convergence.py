@@ -167,9 +167,9 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
             cos = pairwise_abs_cos(signal, n_vectors)
             ratio, rank = spectrum(signal)
             q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
-            rows.append({"method": method, "inject_at": target, "is_logits": target == graph.output, "layer": layer, "depth": depth[layer],
-                         "kind": kinds.get(layer, "input"), "channels": channels, "median": q[2], "p10": q[0],
-                         "p25": q[1], "p75": q[3], "p90": q[4], "mean": float(cos.mean()) if cos.size else np.nan,
+            rows.append({"method": method, "inject_at": target, "is_logits": target == graph.output, "layer": layer,
+                         "depth": depth[layer], "kind": kinds.get(layer, "input"), "channels": channels, "median": q[2],
+                         "p10": q[0], "p25": q[1], "p75": q[3], "p90": q[4], "mean": float(cos.mean()) if cos.size else np.nan,
                          "baseline": random_cosine_median(min(channels, size_l)),
                          "sigma2_over_sigma1": ratio, "effective_rank": rank,
                          "collapsed": bool(q[2] >= threshold)})

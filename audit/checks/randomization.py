@@ -39,9 +39,11 @@ COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_ab
 def parameterised_layers(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module | None]]:
     """(name, module, folded BatchNorm or None) of each conv / dense / BatchNorm layer, in forward order."""
     graph = trace(model)
-    out, seen = [], set()
+    out: list[tuple[str, nn.Module, nn.Module | None]] = []
+    seen = set()
     for node in graph.nodes:
         if node.kind in ("conv", "dense", "affine") and id(node.module) not in seen:
+            assert node.module is not None  # the graph makes these kinds from module calls only
             seen.add(id(node.module))
             out.append((node.name.split("#")[0], node.module, node.bn))
     return out
@@ -51,16 +53,20 @@ def reinitialise(module: nn.Module, name: str, seed: int) -> None:
     """``module.reset_parameters()`` with a generator seeded by (seed, name); global RNG untouched."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
-        module.reset_parameters()
+        module.reset_parameters()  # type: ignore[operator]  # torch types an unknown attribute as Tensor | Module
 
 
 def reset_batchnorm(bn: nn.Module) -> None:
+    assert isinstance(bn, (nn.BatchNorm1d, nn.BatchNorm2d))  # the only BatchNorm kinds the graph accepts
     with torch.no_grad():
         if bn.weight is not None:
             bn.weight.fill_(1.0)
             bn.bias.zero_()
-        bn.running_mean.zero_()
-        bn.running_var.fill_(1.0)
+        # a BatchNorm built with track_running_stats=False has no statistics to reset
+        if bn.running_mean is not None:
+            bn.running_mean.zero_()
+        if bn.running_var is not None:
+            bn.running_var.fill_(1.0)
 
 
 def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "reset", seed: int = 0,
@@ -136,7 +142,8 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     names = resolve_methods(methods)
     layers = parameterised_layers(model)
     reference, graph = None, None
-    rows, kept = [], {m: [] for m in names}
+    rows: list[dict] = []
+    kept: dict[str, list[np.ndarray]] = {m: [] for m in names}
     stages = randomization_stages(model, order, bn, seed, layers)  # lazily: cascading stages share one copy
     for stage, layer, stage_model in tqdm(stages, total=1 + len(layers), desc=f"randomization ({order})",
                                           disable=not progress, leave=False):

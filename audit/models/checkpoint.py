@@ -24,7 +24,7 @@ SHIPPED = resources.files("audit.models").joinpath("checkpoints")
 
 def available_checkpoints() -> dict[str, dict]:
     """Shipped checkpoint names -> their metadata."""
-    out = {}
+    out: dict[str, dict] = {}
     if not SHIPPED.is_dir():
         return out
     for entry in sorted(SHIPPED.iterdir(), key=lambda p: p.name):

@@ -29,6 +29,7 @@ class VGG16(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                assert m.bias is not None  # _vgg_features builds its convs with a bias
                 nn.init.zeros_(m.bias)
             elif isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, 0, 0.01)
@@ -69,6 +70,12 @@ class Bottleneck(nn.Module):
 
 class ResNet50(nn.Module):
     """ResNet-50. Input (B, C, H, W), H, W >= 32; output (B, num_classes)."""
+
+    # set with setattr in __init__; declared so the type checker knows them
+    layer1: nn.Sequential
+    layer2: nn.Sequential
+    layer3: nn.Sequential
+    layer4: nn.Sequential
 
     def __init__(self, in_shape: tuple[int, int, int] = (3, 224, 224), num_classes: int = 1000):
         super().__init__()

@@ -11,9 +11,11 @@ what 2 CPU cores train in about an hour for all seven.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from audit.models.training import TrainConfig
 
-_COMMON = dict(data="fashion-mnist", batch_size=128, lr=0.02, momentum=0.9, weight_decay=5e-4, seed=0,
+_COMMON: dict[str, Any] = dict(data="fashion-mnist", batch_size=128, lr=0.02, momentum=0.9, weight_decay=5e-4, seed=0,
                schedule="cosine")
 _EPOCHS = {"cnn": 15, "vgg": 15, "resnet": 6}
 _AMPLITUDE = {"cnn": 2.0, "vgg": 2.0, "resnet": 1.0}

@@ -50,12 +50,24 @@ def register_optimizer(name: str, spec: OptimizerSpec) -> None:
     OPTIMIZERS[name] = spec
 
 
-register_optimizer("sgd", OptimizerSpec(
-    lambda m, c: torch.optim.SGD(m.parameters(), lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay),
-    lr=0.02, weight_decay=5e-4, description="SGD with momentum"))
-register_optimizer("adamw", OptimizerSpec(
-    lambda m, c: torch.optim.AdamW(m.parameters(), lr=c.lr, weight_decay=c.weight_decay),
-    lr=1e-3, weight_decay=1e-2, description="AdamW (decoupled weight decay)"))
+def _rates(c: TrainConfig) -> tuple[float, float]:
+    """(lr, weight_decay) of a config the trainer has resolved: factories never see them unset."""
+    assert c.lr is not None and c.weight_decay is not None, "optimizer factories take a TrainConfig.resolved()"
+    return c.lr, c.weight_decay
+
+
+def _sgd(model: nn.Module, c: TrainConfig) -> torch.optim.Optimizer:
+    lr, weight_decay = _rates(c)
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=c.momentum, weight_decay=weight_decay)
+
+
+def _adamw(model: nn.Module, c: TrainConfig) -> torch.optim.Optimizer:
+    lr, weight_decay = _rates(c)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+
+register_optimizer("sgd", OptimizerSpec(_sgd, lr=0.02, weight_decay=5e-4, description="SGD with momentum"))
+register_optimizer("adamw", OptimizerSpec(_adamw, lr=1e-3, weight_decay=1e-2, description="AdamW (decoupled weight decay)"))
 
 
 def _bort_factory(kind):
@@ -64,8 +76,9 @@ def _bort_factory(kind):
         if unknown:
             raise ConfigError(f"unknown Bort option(s) {', '.join(sorted(unknown))}; valid: {', '.join(BORT_DEFAULTS)}")
         o = {**BORT_DEFAULTS, **c.options}
-        groups = param_groups(model, o["gamma"], c.weight_decay)
-        common = dict(lr=c.lr, weight_decay=c.weight_decay, gamma=o["gamma"], amplitude=o["amplitude"], mode=o["mode"])
+        lr, weight_decay = _rates(c)
+        groups = param_groups(model, o["gamma"], weight_decay)
+        common = dict(lr=lr, weight_decay=weight_decay, gamma=o["gamma"], amplitude=o["amplitude"], mode=o["mode"])
         return Bort(groups, momentum=c.momentum, **common) if kind == "sgd" else BortAdamW(groups, **common)
     return factory
 
@@ -113,10 +126,11 @@ class TrainConfig:
         spec = OPTIMIZERS.get(self.optimizer)
         if spec is None:
             raise unknown_name("optimizer", self.optimizer, OPTIMIZERS, ConfigError)
-        out = TrainConfig(**{**asdict(self), "lr": spec.lr if self.lr is None else self.lr,
-                             "weight_decay": spec.weight_decay if self.weight_decay is None else self.weight_decay})
+        lr = spec.lr if self.lr is None else self.lr
+        weight_decay = spec.weight_decay if self.weight_decay is None else self.weight_decay
+        out = TrainConfig(**{**asdict(self), "lr": lr, "weight_decay": weight_decay})
         checks = [("epochs", out.epochs >= 1), ("batch_size", out.batch_size >= 1),
-                  ("lr", np.isfinite(out.lr) and out.lr > 0), ("weight_decay", out.weight_decay >= 0),
+                  ("lr", np.isfinite(lr) and lr > 0), ("weight_decay", weight_decay >= 0),
                   ("momentum", 0 <= out.momentum < 1),
                   ("train_limit", out.train_limit is None or out.train_limit >= 1),
                   ("schedule", out.schedule in SCHEDULES)]
@@ -139,7 +153,7 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 1
     return correct / max(len(x), 1)
 
 
-def _resume_path(out: Path | None) -> Path | None:
+def _resume_path(out: str | os.PathLike | None) -> Path | None:
     return None if out is None else Path(out).with_suffix(".resume.pt")
 
 
@@ -242,7 +256,7 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
         "torch_version": torch.__version__, "python_version": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
     }
-    model.metadata = meta
+    model.metadata = meta  # type: ignore[assignment]  # a plain attribute; torch types Module attributes as Tensor | Module
     if out is not None:
         path = save_checkpoint(model, meta, out)
         if state_file is not None and state_file.exists():

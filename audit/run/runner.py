@@ -164,5 +164,6 @@ def model_table(models: dict, labels: dict, x: torch.Tensor, y: torch.Tensor) ->
 def versions() -> dict:
     """The versions of the software that computed the results."""
     return {"python": platform.python_version(), "torch": torch.__version__, "captum": captum.__version__,
-            "numpy": np.__version__, "scipy": scipy.__version__, "scikit-image": skimage.__version__,
+            "numpy": np.__version__, "scipy": scipy.__version__,
+            "scikit-image": skimage.__version__,  # type: ignore[attr-defined]  # set at runtime, missing from its .pyi
             "pandas": pd.__version__}

@@ -233,8 +233,9 @@ def test_convergence_delta_where_the_method_promises_a_sum():
                           nn.Linear(3 * 6 * 6, 4, bias=False)).double().eval()
     x = torch.rand(3, 1, 8, 8, dtype=torch.float64)
     # the epsilon rule's stabiliser absorbs relevance in proportion to epsilon: tiny here
-    for method, params in (("deeplift", {}), ("lrp-z", {}), ("lrp-epsilon", {"epsilon": 1e-12}), ("lrp-zplus", {"stabilizer": 1e-12}),
-                           ("lrp-alpha2beta1", {"stabilizer": 1e-12})):
+    tiny = {"stabilizer": 1e-12}
+    for method, params in (("deeplift", {}), ("lrp-z", {}), ("lrp-epsilon", {"epsilon": 1e-12}), ("lrp-zplus", tiny),
+                           ("lrp-alpha2beta1", tiny)):
         ex = Explainer(model, method, **params)
         assert ex.has_convergence_delta()
         delta = ex.compute_convergence_delta(ex.attribute(x, target=2), x, target=2)

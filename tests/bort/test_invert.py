@@ -32,3 +32,18 @@ def test_reconstruct_rejects_branching_models_and_unknown_layers():
     with pytest.raises(BortError, match="plain chain"):
         reconstruct(build("resnet"), torch.rand(1, 1, 28, 28), "layer1.1.conv1")
 
+
+
+def test_reconstruct_batchnorm_variants():
+    torch.manual_seed(0)
+    x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
+    plain = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4, affine=False)).double().eval()
+    plain[1].running_mean.uniform_()
+    plain[1].running_var.uniform_(0.5, 2.0)
+    # without affine parameters the BatchNorm's inverse is y * std + mean: the conv's output comes back
+    with torch.no_grad():
+        conv_out = plain[0](x)
+    torch.testing.assert_close(reconstruct(plain[1:], conv_out, "1"), conv_out)
+    untracked = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4, track_running_stats=False)).eval()
+    with pytest.raises(BortError, match="running statistics"):
+        reconstruct(untracked, x.float(), "1")

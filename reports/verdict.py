@@ -71,11 +71,12 @@ def bort_comparison(tables: dict) -> pd.DataFrame:
             if check.verdict is None or frame is None or frame.empty:
                 continue
             for method in frame.method.unique():
-                a = check.verdict.per_image(frame[(frame.model == base) & (frame.method == method)])
-                b = check.verdict.per_image(frame[(frame.model == bort) & (frame.method == method)])
-                if a is None or b is None or len(a) == 0 or len(a) != len(b):
+                base_scores = check.verdict.per_image(frame[(frame.model == base) & (frame.method == method)])
+                bort_scores = check.verdict.per_image(frame[(frame.model == bort) & (frame.method == method)])
+                if base_scores is None or bort_scores is None or len(base_scores) == 0 \
+                        or len(base_scores) != len(bort_scores):
                     continue
-                a, b = a.to_numpy(), b.to_numpy()
+                a, b = base_scores.to_numpy(), bort_scores.to_numpy()
                 diff = b - a
                 p = float(stats.wilcoxon(a, b).pvalue) if np.any(diff != 0) else 1.0
                 rows.append({"baseline": base, "bort": bort, "test": name, "method": method,

@@ -1,4 +1,4 @@
-"""The runner, CLI and report end to end on tiny configurations."""
+"""The command line: bad configurations are our own clear errors, exit code 2."""
 import pytest
 
 from audit.cli import main

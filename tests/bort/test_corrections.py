@@ -1,3 +1,4 @@
+"""The Bort corrections against autograd gradients of their penalties, and by hand."""
 import pytest
 import torch
 

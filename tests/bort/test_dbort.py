@@ -1,3 +1,4 @@
+"""DBort: its loss, and linear DBort converging to the PCA subspace."""
 import numpy as np
 import pytest
 import torch

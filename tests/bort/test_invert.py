@@ -1,3 +1,4 @@
+"""Reconstruction by transposed weights (Bort's invertibility experiment)."""
 import copy
 
 import pytest

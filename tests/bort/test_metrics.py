@@ -1,3 +1,4 @@
+"""The constraint error on known answers."""
 import pytest
 import torch
 from torch import nn

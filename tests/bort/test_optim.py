@@ -1,3 +1,4 @@
+"""The Bort optimizers: convergence to orthogonality, SGD / AdamW at gamma 0, state, groups, errors."""
 import copy
 import io
 

@@ -1,4 +1,4 @@
-"""The runner, CLI and report end to end on tiny configurations."""
+"""The report of a finished run: files, sections, rebuild, LaTeX and browser rendering."""
 import re
 import subprocess
 

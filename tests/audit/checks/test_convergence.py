@@ -1,4 +1,4 @@
-"""The audit tests: CSC theory and replication, random-logit, parameter randomization, summaries."""
+"""Cosine-similarity convergence: the exact baseline, the rank-1 theory, replication on real models."""
 import numpy as np
 import pytest
 import torch

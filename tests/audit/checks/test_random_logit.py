@@ -1,18 +1,9 @@
-"""The audit tests: CSC theory and replication, random-logit, parameter randomization, summaries."""
+"""The random-logit test: class sensitivity of the maps, and the random classes it draws."""
 import pytest
 import torch
 
 from audit import random_logit_test
 from audit.checks.random_logit import random_classes
-
-
-@pytest.fixture(scope="module")
-def trained():
-    from audit.data.datasets import embedded_sample
-    from audit.models import load_checkpoint
-
-    x, y = embedded_sample()
-    return load_checkpoint("cnn-sgd"), torch.from_numpy(x[::125]), torch.from_numpy(y[::125])
 
 
 def test_random_logit_separates_converging_methods_from_the_gradient(trained):

@@ -1,4 +1,4 @@
-"""The audit tests: CSC theory and replication, random-logit, parameter randomization, summaries."""
+"""Parameter randomization: cascading, independent and bottom-up stages, BatchNorm policies, bad input."""
 import copy
 
 import pytest
@@ -12,15 +12,6 @@ from audit import (
 from audit.checks.randomization import parameterised_layers, randomization_stages
 from audit.errors import AuditError, ConfigError
 from audit.models import build
-
-
-@pytest.fixture(scope="module")
-def trained():
-    from audit.data.datasets import embedded_sample
-    from audit.models import load_checkpoint
-
-    x, y = embedded_sample()
-    return load_checkpoint("cnn-sgd"), torch.from_numpy(x[::125]), torch.from_numpy(y[::125])
 
 
 def test_cascading_randomization(trained):

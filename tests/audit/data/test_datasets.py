@@ -1,3 +1,4 @@
+"""Data set lookup, loading and the embedded sample."""
 from dataclasses import replace
 from pathlib import Path
 

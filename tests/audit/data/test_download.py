@@ -1,3 +1,4 @@
+"""Verified, atomic downloads against a local file server."""
 import functools
 import hashlib
 import http.server

@@ -1,3 +1,4 @@
+"""Readers of IDX, CIFAR pickles and image folders: round trips and corrupt files."""
 import pickle
 from pathlib import Path
 

@@ -1,3 +1,4 @@
+"""Batched SSIM against scikit-image, normalisation, reduction, Spearman and HOG against scipy."""
 import numpy as np
 import pytest
 import torch

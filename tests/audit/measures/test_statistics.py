@@ -1,4 +1,4 @@
-"""The audit tests: CSC theory and replication, random-logit, parameter randomization, summaries."""
+"""Bootstrap intervals and per-method summaries of the result tables."""
 import numpy as np
 import pytest
 

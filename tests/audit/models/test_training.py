@@ -1,3 +1,4 @@
+"""The trainer: seeded, deterministic, resumable per epoch, optimizer registry, CLI."""
 import json
 
 import pytest

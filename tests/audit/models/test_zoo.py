@@ -1,3 +1,4 @@
+"""The model zoo: shapes, options, parameter counts, torchvision state_dict keys, checkpoints."""
 import json
 import operator
 

@@ -1,4 +1,4 @@
-"""The runner, CLI and report end to end on tiny configurations."""
+"""The runner: resume after a kill, user models left unchanged."""
 import hashlib
 import os
 import signal

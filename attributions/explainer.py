@@ -14,12 +14,12 @@ from captum.log import log_usage
 from torch import nn
 
 from attributions.errors import AttributionError, unknown_name
-from attributions.graph import LINEAR_KINDS, Graph, trace
+from attributions.graph import LINEAR_KINDS, SIGNAL_KINDS, Graph, trace
 from attributions.layers import OPS, pool
 from attributions.methods import Method, build_method
 from attributions.rules import Context, Rule, resolve
 
-RULE_KINDS = LINEAR_KINDS + ("relu", "leaky_relu", "maxpool", "add")  # the kinds whose backward is a rule
+RULE_KINDS = SIGNAL_KINDS  # every node that carries the signal has a rule
 
 
 class Explainer(Attribution):
@@ -162,29 +162,20 @@ class Explainer(Attribution):
 
     def _eval(self, node, env):
         kind = node.kind
-        x = env[node.inputs[0]] if node.inputs else None
         if kind in LINEAR_KINDS:
             op = self._ops[node.name]
             w, b = op.weights()
-            return op.forward(x, w, b)
+            return op.forward(env[node.inputs[0]], w, b)
         if kind == "relu":
-            return F.relu(x)
+            return F.relu(env[node.inputs[0]])
         if kind == "leaky_relu":
-            return F.leaky_relu(x, node.params["negative_slope"])
+            return F.leaky_relu(env[node.inputs[0]], node.params["negative_slope"])
         if kind == "maxpool":  # the winners are kept for the backward pass
-            out, env[(node.name, "indices")] = pool(node, x, return_indices=True)
+            out, env[(node.name, "indices")] = pool(node, env[node.inputs[0]], return_indices=True)
             return out
         if kind == "add":
             return env[node.inputs[0]] + env[node.inputs[1]]
-        if kind == "cat":
-            return torch.cat([env[i] for i in node.inputs], dim=node.params["dim"])
-        if kind == "pass":
-            return x
-        if isinstance(node.module, nn.Flatten):
-            return x.flatten(node.module.start_dim, node.module.end_dim)
-        if isinstance(node.module, nn.Unflatten):
-            return x.unflatten(node.module.dim, node.module.unflattened_size)
-        return node.evaluate(env)  # reshape-like methods and non-tensor values
+        return node.evaluate(env)  # the traced operation itself (modules through forward, not their hooks)
 
     # --- backward ----------------------------------------------------------------------------------
 
@@ -201,24 +192,12 @@ class Explainer(Attribution):
             taps[node.name] = s
             if node.kind == "input":
                 break
-            kind = node.kind
-            inputs = [env[i] for i in node.inputs]
-            if kind in RULE_KINDS:
-                rule = self._rules[node.name]
-                key = (node.name, "indices")
-                ctx = Context(node, inputs, env[node.name], self._ops.get(node.name),
-                              [ref[i] for i in node.inputs] if ref else None, ref[node.name] if ref else None,
-                              env.get(key), ref.get(key) if ref else None)
-                outs = rule.backward(ctx, s)
-                targets = node.inputs
-            elif kind == "cat":
-                sizes = [env[i].shape[node.params["dim"]] for i in node.inputs]
-                dim = node.params["dim"] % env[node.name].ndim + 1
-                outs, targets = list(torch.split(s, sizes, dim=dim)), node.inputs
-            else:  # reshape-like and pass: the signal takes the first input's shape
-                x = inputs[0]
-                outs, targets = [s.reshape(s.shape[0], *x.shape)], node.inputs[:1]
-            for name, o in zip(targets, outs):
+            key = (node.name, "indices")
+            ctx = Context(node, [env[i] for i in node.inputs], env[node.name], self._ops.get(node.name),
+                          [ref[i] for i in node.inputs] if ref else None, ref[node.name] if ref else None,
+                          env.get(key), ref.get(key) if ref else None, env, ref)
+            outs = self._rules[node.name].backward(ctx, s)
+            for name, o in zip(node.inputs, outs):
                 pending[name] = o if name not in pending else pending[name] + o
         return taps
 

@@ -7,7 +7,7 @@ are (B, ...), so K injected vectors share one forward pass.
 """
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -94,27 +94,54 @@ class ConvOp(LinearOp):
         m = self.node.module
         return _fold(self.node, m.weight, _bias(m, m.out_channels, m.weight))
 
-    def _conv(self):
-        m = self.node.module
-        if isinstance(m.padding, str) or m.padding_mode != "zeros":
-            raise NotImplementedError("string or non-zero padding modes")
-        return m
+    def __init__(self, node: Node):
+        super().__init__(node)
+        self._padding = _explicit_padding(node.module)
 
     def forward(self, x, w, b=None):
-        m = self._conv()
+        m = self.node.module
+        pads, mode, padding = self._padding
+        if pads is not None:
+            x = F.pad(x, pads, mode=mode)
         fn = F.conv2d if w.ndim == 4 else F.conv1d
-        return fn(x, w, b, m.stride, m.padding, m.dilation, m.groups)
+        return fn(x, w, b, m.stride, padding, m.dilation, m.groups)
 
     def _transpose(self, s, w, in_shape):
-        m = self._conv()
+        m = self.node.module
+        pads, mode, padding = self._padding
         fn = torch.nn.grad.conv2d_input if w.ndim == 4 else torch.nn.grad.conv1d_input
-        return fn(in_shape, w, s, m.stride, m.padding, m.dilation, m.groups)
+        if pads is None:
+            return fn(in_shape, w, s, m.stride, padding, m.dilation, m.groups)
+        padded = list(in_shape)
+        for i in range(len(pads) // 2):  # F.pad lists the last dimension first
+            padded[-1 - i] += pads[2 * i] + pads[2 * i + 1]
+        grad = fn(padded, w, s, m.stride, padding, m.dilation, m.groups)
+        # the padding's own adjoint: a crop for zeros, folding the copied borders back for the other modes
+        probe = torch.zeros(in_shape, dtype=s.dtype, device=s.device)
+        return torch.func.vjp(lambda t: F.pad(t, pads, mode=mode), probe)[1](grad)[0]
 
     def transpose_sum(self, pairs, in_shape):
         if len(pairs) == 1 or self.node.module.groups != 1:
             return super().transpose_sum(pairs, in_shape)
         s = torch.cat([p[0] for p in pairs], dim=2)
         return self.transpose(s, torch.cat([p[1] for p in pairs], dim=0), in_shape)
+
+
+def _explicit_padding(module: nn.Module) -> tuple[tuple[int, ...] | None, str, Any]:
+    """(pads for F.pad or None, its mode, the convolution's own padding): ``padding="same"`` and the
+    reflect / replicate / circular modes become an explicit pad before an unpadded convolution."""
+    mode = {"zeros": "constant"}.get(module.padding_mode, module.padding_mode)
+    if isinstance(module.padding, str):
+        if module.padding == "valid":
+            return None, mode, 0
+        pads: list[int] = []
+        for d, k in zip(reversed(module.dilation), reversed(module.kernel_size)):
+            total = d * (k - 1)
+            pads += [total // 2, total - total // 2]
+        return tuple(pads), mode, 0
+    if module.padding_mode != "zeros":
+        return tuple(module._reversed_padding_repeated_twice), mode, 0
+    return None, mode, module.padding
 
 
 class AffineOp(LinearOp):
@@ -158,7 +185,6 @@ def pool(node: Node, x: torch.Tensor, return_indices: bool = False):
     if m is None:
         if return_indices:
             raise NotImplementedError
-        assert node.evaluate is not None  # a node without a module runs its traced operation
         return node.evaluate({node.inputs[0]: x})
     one_d = x.ndim == 3
     if isinstance(m, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)):

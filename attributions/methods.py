@@ -50,16 +50,24 @@ class Method:
         return self.engine.chain
 
 
-def _gradient_rules(relu: R.Rule) -> dict:
-    g = R.Gradient()
+# Data movement takes its exact adjoint in every method; the other traced kinds get each family's rule.
+def _traced(mix: R.Rule, activation: R.Rule, product: R.Rule, norm: R.Rule, softmax: R.Rule) -> dict:
+    return {"move": R.VJP(), "mix": mix, "activation": activation, "product": product, "norm": norm,
+            "softmax": softmax}
+
+
+def _gradient_rules(relu: R.Rule, activation: R.Rule | None = None) -> dict:
+    g, exact = R.Gradient(), R.VJP()
     return {"dense": g, "conv": g, "affine": g, "avgpool": g, "relu": relu, "leaky_relu": relu,
-            "maxpool": R.WinnerTakeAll(), "add": R.Copy()}
+            "maxpool": R.WinnerTakeAll(), "add": R.Copy(), **_traced(exact, activation or exact, exact, exact, exact)}
 
 
 def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabilizer: float = 1e-6) -> dict:
     rules = {"dense": dense, "conv": conv, "affine": R.Epsilon(stabilizer), "avgpool": R.Epsilon(stabilizer),
              "relu": R.Pass(), "leaky_relu": R.Pass(), "maxpool": R.WinnerTakeAll(),
-             "add": R.ProportionalSplit(stabilizer)}
+             "add": R.ProportionalSplit(stabilizer),
+             **_traced(R.LinearZ(stabilizer), R.Pass(), R.GateProduct(stabilizer), R.NormLRP(stabilizer),
+                       R.SoftmaxLRP())}
     if first is not None:
         rules["first"] = first
     return rules
@@ -67,7 +75,8 @@ def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabili
 
 def _deeplift_rules(linear: R.Rule, eps: float) -> dict:
     return {"dense": linear, "conv": linear, "affine": linear, "avgpool": linear, "relu": R.Rescale(),
-            "leaky_relu": R.Rescale(), "maxpool": R.DeepLiftMaxPool(eps), "add": R.Copy()}
+            "leaky_relu": R.Rescale(), "maxpool": R.DeepLiftMaxPool(eps), "add": R.Copy(),
+            **_traced(R.VJP(), R.RescaleAny(), R.DeepLiftProduct(), R.NormDeepLift(), R.SoftmaxDeepLift())}
 
 
 SIXT = "Sixt, Granz, Landgraf 2020, When Explanations Lie (ICML)"
@@ -88,12 +97,14 @@ def _input_x_gradient():
 
 def _guided_backprop():
     return Method("guided-backprop", "gradient with negative signals removed at every ReLU",
-                  "Springenberg et al. 2015", rules=_gradient_rules(R.ReLUGradient("guided")), heatmap="max-abs")
+                  "Springenberg et al. 2015", rules=_gradient_rules(R.ReLUGradient("guided"), R.ActivationGradient("guided")),
+                  heatmap="max-abs")
 
 
 def _deconvnet():
     return Method("deconvnet", "ReLU applied to the backward signal, forward mask ignored",
-                  "Zeiler & Fergus 2014", rules=_gradient_rules(R.ReLUGradient("deconv")), heatmap="max-abs")
+                  "Zeiler & Fergus 2014", rules=_gradient_rules(R.ReLUGradient("deconv"), R.ActivationGradient("deconv")),
+                  heatmap="max-abs")
 
 
 def _lrp(name, description, reference, dense, conv, first=None, output="logit", stabilizer=1e-6):

@@ -14,13 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import LINEAR_KINDS
 from attributions.layers import LinearOp
 
 WEIGHTED_KINDS = ("dense", "conv", "affine")  # linear kinds with a weight tensor
-ACTIVATION_KINDS = ("relu", "leaky_relu")
+ACTIVATION_KINDS = ("relu", "leaky_relu", "activation")
+TRACED_KINDS = ("move", "mix", "activation", "product", "norm", "softmax")  # kinds run as the traced op itself
 
 
 @dataclass
@@ -35,10 +37,25 @@ class Context:
     ref_output: torch.Tensor | None = None
     indices: torch.Tensor | None = None  # max pooling: the winners of the forward pass
     ref_indices: torch.Tensor | None = None
+    env: dict | None = None  # every node's value: the generic rules re-run the node's operation on it
+    ref_env: dict | None = None
 
     @property
     def x(self) -> torch.Tensor:
         return self.inputs[0]
+
+    def apply(self, *inputs: torch.Tensor, reference: bool = False) -> torch.Tensor:
+        """The node's operation with its signal inputs set to ``inputs`` (the rest from the forward pass)."""
+        env = self.ref_env if reference else self.env
+        return self.node.evaluate(env, dict(zip(self.node.inputs, inputs)))  # type: ignore[attr-defined]
+
+    def vjp(self, signal: torch.Tensor, at: list[torch.Tensor] | None = None,
+            function: Callable[..., torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """The exact vector-Jacobian products of ``function`` (default: the node's operation) at ``at``
+        (default: its forward inputs) for K signals (K, B, ...) at once -> one (K, B, ...) per input."""
+        primals = at if at is not None else self.inputs
+        _, pullback = torch.func.vjp(function or self.apply, *primals)
+        return list(torch.func.vmap(pullback)(signal))
 
 
 def stabilize(z: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -215,7 +232,8 @@ class DeepLiftAblation(Rule):
 # --- nonlinearities, pooling, residual adds ----------------------------------------------------------
 
 class Pass(Rule):
-    """Identity: relevance passes a ReLU unchanged (LRP, Deep Taylor)."""
+    """Identity: relevance passes an activation unchanged (LRP, Deep Taylor; for every element-wise
+    activation, as zennit and LXT do)."""
 
     kinds = ACTIVATION_KINDS
 
@@ -227,7 +245,7 @@ class ReLUGradient(Rule):
     """Gradient of ReLU / LeakyReLU; ``guided`` keeps only positive results (Guided Backprop),
     ``deconv`` ignores the forward mask and keeps positive signals (DeconvNet)."""
 
-    kinds = ACTIVATION_KINDS
+    kinds = ("relu", "leaky_relu")
 
     def __init__(self, mode: str = "gradient"):
         self.mode = mode
@@ -251,7 +269,7 @@ class Rescale(Rule):
     the same, at half the cost of the fallback's extra passes.
     """
 
-    kinds = ACTIVATION_KINDS
+    kinds = ("relu", "leaky_relu")
 
     def backward(self, ctx, signal):
         ratio = (ctx.output - ctx.ref_output).div_(ctx.x - ctx.ref_inputs[0]).nan_to_num_(nan=0.0)
@@ -340,6 +358,277 @@ class Copy(Rule):
 
     def backward(self, ctx, signal):
         return [signal for _ in ctx.inputs]
+
+
+# --- traced operations: data movement, linear mixing, activations, products, normalisation, softmax -----
+
+class VJP(Rule):
+    """The exact vector-Jacobian product of the traced operation (autograd, batched over K): the
+    gradient of any node, and the adjoint that every method uses for data movement (indexing,
+    permutes, reshapes, expand, cat, pad, roll...), since moving values neither creates nor mixes them."""
+
+    kinds = TRACED_KINDS
+
+    def backward(self, ctx, signal):
+        if ctx.node.params.get("identity"):
+            return [signal]
+        if ctx.node.params.get("reshape"):  # a plain reshape: its adjoint is the inverse reshape
+            return [signal.reshape(signal.shape[0], *ctx.x.shape)]
+        return ctx.vjp(signal)
+
+
+class ActivationGradient(Rule):
+    """An element-wise activation's backward for the modified-gradient methods, applied at every
+    activation as zennit does for ReLU: ``guided`` clips the gradient below at 0 (Springenberg et al.),
+    ``deconv`` clips the incoming signal and ignores the forward derivative (Zeiler & Fergus)."""
+
+    kinds = ("activation",)
+
+    def __init__(self, mode: str = "guided"):
+        self.mode = mode
+
+    def backward(self, ctx, signal):
+        if self.mode == "deconv":
+            return [signal.clamp(min=0)]
+        return [ctx.vjp(signal)[0].clamp(min=0)]
+
+
+class LinearZ(Rule):
+    """LRP's z rule through a linear operation of the signals (sums, means, scaling, subtraction, a product
+    with a constant): R_i = x_i * (J_i^T (R / stab(z)))[i], z the node's output. Constants the operation
+    adds (a position embedding, a bias) absorb their share; on data movement it equals the adjoint."""
+
+    kinds = ("mix",)
+
+    def __init__(self, epsilon: float = 1e-6):
+        self.epsilon = epsilon
+
+    def backward(self, ctx, signal):
+        s = signal / stabilize(ctx.output, self.epsilon)
+        return [x * g for x, g in zip(ctx.inputs, ctx.vjp(s))]
+
+
+class RescaleAny(Rule):
+    """DeepLIFT's Rescale for any element-wise activation: (f(x) - f(x0)) / (x - x0), and the derivative
+    f'(x) where x = x0 (Shrikumar et al. 2017). Keeps completeness."""
+
+    kinds = ("activation",)
+
+    def __init__(self, tolerance: float = 1e-10):
+        self.tolerance = tolerance
+
+    def backward(self, ctx, signal):
+        dx = ctx.x - ctx.ref_inputs[0]
+        slope = ctx.vjp(torch.ones_like(ctx.output)[None])[0][0]  # f'(x), element-wise
+        small = dx.abs() <= self.tolerance
+        ratio = torch.where(small, slope, (ctx.output - ctx.ref_output) / torch.where(small, 1.0, dx))
+        return [signal * ratio]
+
+
+def _operands(ctx: Context) -> list[str]:
+    return ctx.node.params["operands"]  # type: ignore[attr-defined]
+
+
+def _product_of(ctx: Context, reference: bool = False) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    env = ctx.ref_env if reference else ctx.env
+    pair = ctx.node.params["pair"]  # type: ignore[attr-defined]
+    return lambda a, b: pair(env, a, b)
+
+
+def _gather(ctx: Context, per_operand: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Signals per operand slot -> signals per input node (a signal used twice, as in x * x, sums)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, s in zip(_operands(ctx), per_operand):
+        out[name] = out[name] + s if name in out else s
+    return [out[name] for name in ctx.node.inputs]  # type: ignore[attr-defined]
+
+
+class GateProduct(Rule):
+    """LRP through the product of two signals, "gate as constant" (Ali et al. 2022; Achtibat et al. 2024):
+    an operand computed by a gating function (sigmoid, hardsigmoid, softmax: SE gates, GLU, attention
+    weights) is held constant and the relevance goes to the other operand by the z rule; when neither
+    or both are gates, each operand gets half (AttnLRP's uniform rule for bilinear products)."""
+
+    kinds = ("product",)
+
+    def __init__(self, epsilon: float = 1e-6):
+        self.epsilon = epsilon
+
+    def backward(self, ctx, signal):
+        a, b = (ctx.env[n] for n in _operands(ctx))
+        gates = ctx.node.params.get("gates", [False, False])
+        s = signal / stabilize(ctx.output, self.epsilon)
+        pair = _product_of(ctx)
+        ra = a * ctx.vjp(s, [a], lambda t: pair(t, b))[0]
+        rb = b * ctx.vjp(s, [b], lambda t: pair(a, t))[0]
+        if ctx.node.params.get("quotient"):  # a / b: b is never a signal operand of the z rule
+            return _gather(ctx, [ra, torch.zeros_like(rb)])
+        if gates[0] != gates[1]:
+            return _gather(ctx, [torch.zeros_like(ra), rb] if gates[0] else [ra, torch.zeros_like(rb)])
+        return _gather(ctx, [0.5 * ra, 0.5 * rb])
+
+
+class DeepLiftProduct(Rule):
+    """DeepLIFT through a product of two signals, exact: for a bilinear f, f(a, b) - f(a0, b0) =
+    f(da, (b + b0) / 2) + f((a + a0) / 2, db), so the multipliers are those of the two linear maps
+    (Shrikumar et al. 2017, section 3.5). A quotient a / b is bilinear in a and r = 1 / b, with
+    Rescale on r(b). Keeps completeness."""
+
+    kinds = ("product",)
+
+    def __init__(self, tolerance: float = 1e-10):
+        self.tolerance = tolerance
+
+    def backward(self, ctx, signal):
+        names = _operands(ctx)
+        a, b = (ctx.env[n] for n in names)
+        a0, b0 = (ctx.ref_env[n] for n in names)
+        pair = _product_of(ctx)
+        if not ctx.node.params.get("quotient"):
+            ma = ctx.vjp(signal, [a], lambda t: pair(t, (b + b0) / 2))[0]
+            mb = ctx.vjp(signal, [b], lambda t: pair((a + a0) / 2, t))[0]
+            return _gather(ctx, [ma, mb])
+        r, r0 = 1 / b, 1 / b0
+        ma = ctx.vjp(signal, [a], lambda t: pair(t, 1 / ((r + r0) / 2)))[0]
+        mr = ctx.vjp(signal, [r], lambda t: pair((a + a0) / 2, 1 / t))[0]  # a / (1 / t) = a * t
+        db = b - b0
+        small = db.abs() <= self.tolerance
+        slope = torch.where(small, -r * r, (r - r0) / torch.where(small, 1.0, db))
+        return _gather(ctx, [ma, mr * slope])
+
+
+def _norm_axes(ctx: Context) -> tuple[Callable[[torch.Tensor], torch.Tensor], tuple[int, ...], torch.Tensor | None,
+                                        torch.Tensor | None, float, Callable[[torch.Tensor], torch.Tensor]]:
+    """How a normalisation node groups its input: (view into groups, the reduced dims, weight, bias, eps,
+    view back). LayerNorm reduces the trailing normalised dims, GroupNorm each group of channels and
+    positions, BatchNorm without running statistics each channel over the batch and positions."""
+    node, x = ctx.node, ctx.x
+    module = node.module  # type: ignore[attr-defined]
+    spec = node.params.get("norm") or {}  # type: ignore[attr-defined]
+    env = ctx.env or {}
+
+    def value(v):
+        return env[v.name] if hasattr(v, "name") and not isinstance(v, str) else v
+
+    if isinstance(module, nn.LayerNorm) or spec.get("type") == "layer":
+        shape = module.normalized_shape if module is not None else tuple(value(spec["normalized_shape"]))
+        dims = tuple(range(x.ndim - len(shape), x.ndim))
+        weight = module.weight if module is not None else value(spec.get("weight"))
+        bias = module.bias if module is not None else value(spec.get("bias"))
+        eps = module.eps if module is not None else float(spec["eps"])
+        return (lambda t: t), dims, weight, bias, eps, (lambda t: t)
+    channel_shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    if isinstance(module, nn.GroupNorm) or spec.get("type") == "group":
+        groups = module.num_groups if module is not None else int(value(spec["num_groups"]))
+        weight = module.weight if module is not None else value(spec.get("weight"))
+        bias = module.bias if module is not None else value(spec.get("bias"))
+        eps = module.eps if module is not None else float(spec["eps"])
+        nd, rest = x.ndim, tuple(x.shape[1:])
+
+        def group(t):
+            return t.reshape(*t.shape[:t.ndim - nd], t.shape[t.ndim - nd], groups, -1)
+
+        def ungroup(t):
+            return t.reshape(*t.shape[:-2], *rest)
+
+        return (group, (-1,), None if weight is None else weight.reshape(channel_shape),
+                None if bias is None else bias.reshape(channel_shape), eps, ungroup)
+    weight = module.weight.reshape(channel_shape) if module.weight is not None else None
+    bias = module.bias.reshape(channel_shape) if module.bias is not None else None
+    return (lambda t: t), (0,) + tuple(range(2, x.ndim)), weight, bias, module.eps, (lambda t: t)
+
+
+def _affine(t: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    t = t if weight is None else t * weight
+    return t if bias is None else t + bias
+
+
+class NormLRP(Rule):
+    """The LN rule (Ali et al. 2022) for LayerNorm, GroupNorm and BatchNorm without running statistics:
+    the standard deviation is held constant, so the normalisation is the linear map x -> (x - mean(x)) /
+    std * weight; the z rule through it conserves the relevance up to what the bias absorbs."""
+
+    kinds = ("norm",)
+
+    def __init__(self, epsilon: float = 1e-6):
+        self.epsilon = epsilon
+
+    def backward(self, ctx, signal):
+        group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
+        g = group(ctx.x)
+        std = torch.sqrt(g.var(dim=dims, keepdim=True, unbiased=False) + eps)
+
+        def linear(t):
+            u = group(t)
+            return _affine(ungroup((u - u.mean(dim=dims, keepdim=True)) / std), weight)
+
+        s = signal / stabilize(ctx.output, self.epsilon)
+        return [ctx.x * ctx.vjp(s, [ctx.x], linear)[0]]
+
+
+class NormDeepLift(Rule):
+    """DeepLIFT through a normalisation, exact: with u = x - mean(x), v = mean(u^2) and r = (v + eps)^-1/2,
+    y = u r weight + bias; the product u r takes the bilinear rule, v = mean(u u) too, and r(v) Rescale,
+    so the multipliers are linear in the differences and sum to y - y0."""
+
+    kinds = ("norm",)
+
+    def __init__(self, tolerance: float = 1e-10):
+        self.tolerance = tolerance
+
+    def backward(self, ctx, signal):
+        group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
+        x, x0 = group(ctx.x), group(ctx.ref_inputs[0])
+        u, u0 = x - x.mean(dim=dims, keepdim=True), x0 - x0.mean(dim=dims, keepdim=True)
+        v, v0 = (u * u).mean(dim=dims, keepdim=True), (u0 * u0).mean(dim=dims, keepdim=True)
+        r, r0 = torch.rsqrt(v + eps), torch.rsqrt(v0 + eps)
+        dv = v - v0
+        small = dv.abs() <= self.tolerance
+        slope = torch.where(small, -0.5 * r ** 3, (r - r0) / torch.where(small, 1.0, dv))
+        n = 1
+        for d in dims:
+            n *= x.shape[d]
+        t = group(_affine(signal, weight))  # the multiplier at z = u r
+        kdims = tuple(d - x.ndim if d >= 0 else d for d in dims)  # the same dims counted from the end
+        m_u = t * ((r + r0) / 2) + (t * (u + u0) / 2).sum(dim=kdims, keepdim=True) * slope * (u + u0) / n
+        m_x = m_u - m_u.mean(dim=kdims, keepdim=True)
+        return [ungroup(m_x)]
+
+
+class SoftmaxLRP(Rule):
+    """AttnLRP's softmax rule (Achtibat et al. 2024, Prop. 3.1): R_in = x * (R - s * sum(R)), s the
+    softmax output, the sum over the softmax dimension."""
+
+    kinds = ("softmax",)
+
+    def backward(self, ctx, signal):
+        dim = ctx.node.params["dim"] % ctx.output.ndim + 1  # type: ignore[attr-defined]
+        return [ctx.x * (signal - ctx.output * signal.sum(dim=dim, keepdim=True))]
+
+
+class SoftmaxDeepLift(Rule):
+    """DeepLIFT through a softmax, exact: with e = exp(x - c) (c one constant per row for x and the
+    reference), S = sum(e) and q = 1 / S, y = e q takes the bilinear rule, q(S) and e(x) Rescale."""
+
+    kinds = ("softmax",)
+
+    def __init__(self, tolerance: float = 1e-10):
+        self.tolerance = tolerance
+
+    def backward(self, ctx, signal):
+        d = ctx.node.params["dim"] % ctx.output.ndim  # type: ignore[attr-defined]
+        x, x0 = ctx.x, ctx.ref_inputs[0].expand_as(ctx.x)
+        c = torch.maximum(x.amax(dim=d, keepdim=True), x0.amax(dim=d, keepdim=True))
+        e, e0 = torch.exp(x - c), torch.exp(x0 - c)
+        big_s, big_s0 = e.sum(dim=d, keepdim=True), e0.sum(dim=d, keepdim=True)
+        q, q0 = 1 / big_s, 1 / big_s0
+        ds = big_s - big_s0
+        small = ds.abs() <= self.tolerance
+        dq = torch.where(small, -q * q, (q - q0) / torch.where(small, 1.0, ds))
+        m_e = signal * ((q + q0) / 2) + (signal * (e + e0) / 2).sum(dim=d + 1, keepdim=True) * dq
+        dx = x - x0
+        small_x = dx.abs() <= self.tolerance
+        return [m_e * torch.where(small_x, e, (e - e0) / torch.where(small_x, 1.0, dx))]
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ pass over one forward pass. The user's model is only read: no hooks, no mode swi
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from captum.attr import Attribution
@@ -259,6 +260,8 @@ class Explainer(Attribution):
         """
         envs = kwargs.pop("_envs", None)
         as_tuple = isinstance(inputs, tuple)
+        if as_tuple and len(inputs) != 1:
+            raise AttributionError(f"the engine explains single-input models; got a tuple of {len(inputs)} inputs")
         maps = self.maps_for_targets(inputs[0] if as_tuple else inputs, [target], envs, **kwargs)[0]
         return (maps,) if as_tuple else maps
 
@@ -314,10 +317,17 @@ class Explainer(Attribution):
     @staticmethod
     def targets(logits: torch.Tensor, target) -> torch.Tensor:
         """The explained class per sample (B,): ``target`` as an int, a (B,) sequence, or None (argmax)."""
+        if logits.ndim != 2:
+            raise AttributionError(f"the model's output must be (B, classes) logits, got shape {tuple(logits.shape)}; "
+                                   "wrap the model so that it returns them, e.g. nn.Sequential(model, nn.Flatten())")
         b, classes = logits.shape[0], logits.shape[1]
         if target is None:
             return logits.argmax(1)
-        t = torch.as_tensor(target, dtype=torch.long).to(logits.device)
+        t = torch.as_tensor(np.asarray(target) if not isinstance(target, torch.Tensor) else target)
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise AttributionError(f"target must be integer class indices, got {t.dtype} {t.tolist()}; a float "
+                                   "target is not rounded for you")
+        t = t.to(device=logits.device, dtype=torch.long)
         if t.ndim == 0:
             t = t.expand(b)
         if t.shape != (b,):

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -128,6 +129,9 @@ _VALUE_TARGETS = {"size", "dim", "numel", "shape", "dtype", "device", "ndim", "i
                   torch.isfinite, operator.not_, getattr, len, math.sqrt}
 # Activations whose output gates another signal in a product (LRP's "gate as constant" convention).
 GATES = {"sigmoid", "Sigmoid", "hardsigmoid", "Hardsigmoid", "softmax", "Softmax"}
+# Tensors made from a signal's shape, dtype or device only: constants of the backward pass.
+_CONSTANT_TARGETS = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", torch.zeros_like, torch.ones_like,
+                     torch.full_like, torch.empty_like}
 _TUPLE_TARGETS = {torch.chunk, torch.split, torch.unbind, torch.tensor_split, "chunk", "split", "unbind",
                   "tensor_split"}
 
@@ -147,7 +151,7 @@ def _module_kind(module: nn.Module) -> str | None:
 
 def _call_kind(fx_node: torch.fx.Node, slots: list) -> str | None:
     """The kind of a function or method call whose arguments hold signals at ``slots`` (None: unsupported)."""
-    target = fx_node.target
+    target: Any = fx_node.target
     n_signals = len(slots)
     name = _target_name(target)
     if fx_node.op == "call_method" and target in ("relu", "relu_"):
@@ -186,7 +190,7 @@ def _call_kind(fx_node: torch.fx.Node, slots: list) -> str | None:
 
 
 def _is_value_call(fx_node: torch.fx.Node) -> bool:
-    target = fx_node.target
+    target: Any = fx_node.target
     if target is getattr:
         return fx_node.args[1] not in _MOVE_ATTRIBUTES
     return (target in _VALUE_TARGETS) if not isinstance(target, str) else target in _VALUE_TARGETS
@@ -348,7 +352,7 @@ def trace(model: nn.Module) -> Graph:
                 node.params["dim"] = module.dim
         else:
             name = unique(_path_name(fx_node))
-            if not signal_inputs or _is_value_call(fx_node):
+            if not signal_inputs or _is_value_call(fx_node) or fx_node.target in _CONSTANT_TARGETS:
                 kind = "value" if _is_value_call(fx_node) else "const"
                 node = Node(name, kind, (), run=_evaluator(fx_node, fx_to_name))
             else:
@@ -398,12 +402,12 @@ def _mark_gates(nodes: list[Node]) -> None:
 def _describe_call(node: Node, fx_node: torch.fx.Node, slots: list, fx_to_name: dict) -> None:
     """Record what the fast paths and rules need to know about a call: pooling as a module, LeakyReLU's
     slope, whether a data movement is a plain reshape, where a product's two operands sit."""
-    target = fx_node.target
+    target: Any = fx_node.target
     if node.kind in ("maxpool", "avgpool"):
         node.module = _pool_module(fx_node, node.name)
     if node.kind == "leaky_relu":
-        node.params["negative_slope"] = float(fx_node.kwargs.get(
-            "negative_slope", fx_node.args[1] if len(fx_node.args) > 1 else 0.01))
+        node.params["negative_slope"] = float(cast(Any, fx_node.kwargs.get(
+            "negative_slope", fx_node.args[1] if len(fx_node.args) > 1 else 0.01)))
     if node.kind == "move" and target in ("view", "reshape", "flatten", torch.flatten, torch.reshape, "contiguous"):
         node.params["reshape"] = True
     if node.kind == "move" and (target in (F.dropout, F.dropout1d, F.dropout2d, F.alpha_dropout)
@@ -457,12 +461,12 @@ def _pair_runner(fx_node: torch.fx.Node, fx_to_name: dict, slots: list) -> Calla
 
 def _invoker(fx_node: torch.fx.Node) -> Callable[[list, dict], Any]:
     """Call the node's function or method on resolved arguments (in-place forms made out-of-place)."""
+    target: Any = fx_node.target
     if fx_node.op == "call_method":
-        target = fx_node.target
         method = target.rstrip("_") if target.endswith("_") and not target.endswith("__") else target
         return lambda values, named: getattr(values[0], method)(*values[1:], **named)
-    target = _OUT_OF_PLACE.get(fx_node.target, fx_node.target)
-    return lambda values, named: target(*values, **named)
+    function: Any = _OUT_OF_PLACE.get(target, target)
+    return lambda values, named: function(*values, **named)
 
 
 _OUT_OF_PLACE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
@@ -532,8 +536,9 @@ def _pool_module(fx_node: torch.fx.Node, name: str) -> nn.Module:
 
 def _resolver(fx_node: torch.fx.Node, fx_to_name: dict) -> tuple[Any, dict, Callable[[Any, dict, dict], Any]]:
     """The call's arguments with node references as names, and a function resolving them from env / replace."""
-    args = torch.fx.node.map_arg(fx_node.args, lambda n: _Ref(fx_to_name[n]))
-    kwargs = dict(torch.fx.node.map_arg(fx_node.kwargs, lambda n: _Ref(fx_to_name[n])))
+    as_ref: Any = lambda n: _Ref(fx_to_name[n])  # noqa: E731 - fx's map_arg types its callback narrowly
+    args = torch.fx.node.map_arg(fx_node.args, as_ref)
+    kwargs = dict(torch.fx.node.map_arg(fx_node.kwargs, as_ref))
     kwargs.pop("inplace", None)
 
     def resolve(value, env, replace):

@@ -127,7 +127,7 @@ class ConvOp(LinearOp):
         return self.transpose(s, torch.cat([p[1] for p in pairs], dim=0), in_shape)
 
 
-def _explicit_padding(module: nn.Module) -> tuple[tuple[int, ...] | None, str, Any]:
+def _explicit_padding(module: Any) -> tuple[tuple[int, ...] | None, str, Any]:
     """(pads for F.pad or None, its mode, the convolution's own padding): ``padding="same"`` and the
     reflect / replicate / circular modes become an explicit pad before an unpadded convolution."""
     mode = {"zeros": "constant"}.get(module.padding_mode, module.padding_mode)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ TRACED_KINDS = ("move", "mix", "activation", "product", "norm", "softmax")  # ki
 class Context:
     """What a rule may read: the node's op, its inputs and output, and (DeepLIFT) their references."""
 
-    node: object
+    node: Any
     inputs: list[torch.Tensor]
     output: torch.Tensor
     op: LinearOp | None = None
@@ -47,14 +48,14 @@ class Context:
     def apply(self, *inputs: torch.Tensor, reference: bool = False) -> torch.Tensor:
         """The node's operation with its signal inputs set to ``inputs`` (the rest from the forward pass)."""
         env = self.ref_env if reference else self.env
-        return self.node.evaluate(env, dict(zip(self.node.inputs, inputs)))  # type: ignore[attr-defined]
+        return self.node.evaluate(env, dict(zip(self.node.inputs, inputs)))
 
     def vjp(self, signal: torch.Tensor, at: list[torch.Tensor] | None = None,
             function: Callable[..., torch.Tensor] | None = None) -> list[torch.Tensor]:
         """The exact vector-Jacobian products of ``function`` (default: the node's operation) at ``at``
         (default: its forward inputs) for K signals (K, B, ...) at once -> one (K, B, ...) per input."""
         primals = at if at is not None else self.inputs
-        _, pullback = torch.func.vjp(function or self.apply, *primals)
+        pullback = torch.func.vjp(function or self.apply, *primals)[1]
         return list(torch.func.vmap(pullback)(signal))
 
 
@@ -426,12 +427,12 @@ class RescaleAny(Rule):
 
 
 def _operands(ctx: Context) -> list[str]:
-    return ctx.node.params["operands"]  # type: ignore[attr-defined]
+    return ctx.node.params["operands"]
 
 
 def _product_of(ctx: Context, reference: bool = False) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     env = ctx.ref_env if reference else ctx.env
-    pair = ctx.node.params["pair"]  # type: ignore[attr-defined]
+    pair = ctx.node.params["pair"]
     return lambda a, b: pair(env, a, b)
 
 
@@ -440,7 +441,7 @@ def _gather(ctx: Context, per_operand: list[torch.Tensor]) -> list[torch.Tensor]
     out: dict[str, torch.Tensor] = {}
     for name, s in zip(_operands(ctx), per_operand):
         out[name] = out[name] + s if name in out else s
-    return [out[name] for name in ctx.node.inputs]  # type: ignore[attr-defined]
+    return [out[name] for name in ctx.node.inputs]
 
 
 class GateProduct(Rule):
@@ -503,8 +504,8 @@ def _norm_axes(ctx: Context) -> tuple[Callable[[torch.Tensor], torch.Tensor], tu
     view back). LayerNorm reduces the trailing normalised dims, GroupNorm each group of channels and
     positions, BatchNorm without running statistics each channel over the batch and positions."""
     node, x = ctx.node, ctx.x
-    module = node.module  # type: ignore[attr-defined]
-    spec = node.params.get("norm") or {}  # type: ignore[attr-defined]
+    module = node.module
+    spec = node.params.get("norm") or {}
     env = ctx.env or {}
 
     def value(v):
@@ -602,7 +603,7 @@ class SoftmaxLRP(Rule):
     kinds = ("softmax",)
 
     def backward(self, ctx, signal):
-        dim = ctx.node.params["dim"] % ctx.output.ndim + 1  # type: ignore[attr-defined]
+        dim = ctx.node.params["dim"] % ctx.output.ndim + 1
         return [ctx.x * (signal - ctx.output * signal.sum(dim=dim, keepdim=True))]
 
 
@@ -616,7 +617,7 @@ class SoftmaxDeepLift(Rule):
         self.tolerance = tolerance
 
     def backward(self, ctx, signal):
-        d = ctx.node.params["dim"] % ctx.output.ndim  # type: ignore[attr-defined]
+        d = ctx.node.params["dim"] % ctx.output.ndim
         x, x0 = ctx.x, ctx.ref_inputs[0].expand_as(ctx.x)
         c = torch.maximum(x.amax(dim=d, keepdim=True), x0.amax(dim=d, keepdim=True))
         e, e0 = torch.exp(x - c), torch.exp(x0 - c)

@@ -10,8 +10,9 @@ from captum.attr import (
     NoiseTunnel,
     Saliency,
 )
+from torch import nn
 
-from attributions import Explainer
+from attributions import Explainer, available_methods
 from attributions.rules import WinnerTakeAll
 from audit.models import build
 from tests.engine_models import (
@@ -20,6 +21,7 @@ from tests.engine_models import (
     randomize_batchnorm,
     set_biases,
 )
+from tests.engine_zoo import ZOO, zoo_model
 
 
 def _close(ours, ref):
@@ -100,3 +102,63 @@ def test_noise_tunnel_wraps_our_methods():
     smoothed_lrp = NoiseTunnel(Explainer(model, "lrp-epsilon")).attribute(x, nt_type="smoothgrad", nt_samples=4,
                                                                            stdevs=0.1, target=1)
     assert smoothed_lrp.shape == x.shape and torch.isfinite(smoothed_lrp).all()
+
+
+# --- the architectures people audit (tests/engine_zoo.py), in float64 --------------------------------
+
+@pytest.fixture(scope="module", params=list(ZOO))
+def zoo(request):
+    torch.manual_seed(1)
+    return request.param, zoo_model(request.param), torch.rand(3, 1, 8, 8, dtype=torch.float64)
+
+
+def test_zoo_gradient_is_autograd(zoo):
+    _, model, x = zoo
+    xr = x.clone().requires_grad_(True)
+    expected = torch.autograd.grad(model(xr)[:, 2].sum(), xr)[0]
+    torch.testing.assert_close(Explainer(model, "gradient").attribute(x, target=2), expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("method,peer", [("input-x-gradient", InputXGradient), ("integrated-gradients",
+                                                                                 IntegratedGradients)])
+def test_zoo_input_x_gradient_and_integrated_gradients_are_captum(zoo, method, peer):
+    _, model, x = zoo
+    kwargs = {"n_steps": 8} if method == "integrated-gradients" else {}
+    _close(Explainer(model, method).attribute(x, target=2, **kwargs), peer(model).attribute(x, target=2, **kwargs))
+
+
+def test_zoo_deeplift_is_complete(zoo):
+    _, model, x = zoo
+    ex = Explainer(model, "deeplift")
+    delta = ex.compute_convergence_delta(ex.attribute(x, target=2), x, target=2)
+    assert float(delta.abs().max()) < 1e-8
+
+
+def test_zoo_lrp_conserves_on_bias_free_variants(zoo):
+    name, _, x = zoo
+    model = zoo_model(name, bias=False)
+    for method, params in (("lrp-epsilon", {"epsilon": 1e-12}), ("lrp-z", {"stabilizer": 1e-12})):
+        ex = Explainer(model, method, **params)
+        delta = ex.compute_convergence_delta(ex.attribute(x, target=2), x, target=2)
+        assert float(delta.abs().max()) < 1e-8, (method, delta)
+
+
+def test_zoo_every_method_is_finite_and_deterministic(zoo):
+    _, model, x = zoo
+    for method in available_methods():
+        params = {"samples": 3} if method == "smoothgrad" else {}
+        kwargs = {"n_steps": 4} if method == "integrated-gradients" else {}
+        first = Explainer(model, method, **params).attribute(x, target=1, **kwargs)
+        again = Explainer(model, method, **params).attribute(x, target=1, **kwargs)
+        assert first.shape == x.shape and bool(torch.isfinite(first).all()), method
+        if method not in ("smoothgrad",):  # captum's noise tunnel draws from the global generator
+            assert torch.equal(first, again), method
+
+
+def test_deeplift_matches_captum_on_smooth_activation_modules():
+    # captum's DeepLift rescales these module nonlinearities as we do: (f(x) - f(x0)) / (x - x0)
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Sigmoid(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.ELU(),
+                          nn.Linear(8, 8), nn.Softplus(), nn.Linear(8, 3)).double().eval()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    _close(Explainer(model, "deeplift").attribute(x, target=1), DeepLift(model).attribute(x, target=1))

@@ -211,3 +211,51 @@ def test_bad_rule_maps_are_clear_errors():
         Explainer(model, "lrp-epsilon", rules={"relu": "zplus"})
     with pytest.raises(AttributionError, match="not a chain of rules"):
         Explainer(model, "integrated-gradients", rules={"conv": "zplus"})
+
+
+# --- hand-derived answers for the transformer-era rules -----------------------------------------------
+
+class _Op(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def test_ln_rule_by_hand():
+    # x = (1, 2, 6): mean 3, centred (-2, -1, 3), std s = sqrt(14 / 3), y = centred / s. With s held
+    # constant LayerNorm is the linear map C / s (C the centring matrix), and the z rule from R = (y0, 0, 0)
+    # gives x * C e0 / s = (1 * 2/3, 2 * -1/3, 6 * -1/3) / s, which sums to y0 = -2 / s.
+    x = torch.tensor([[1.0, 2.0, 6.0]], dtype=torch.float64)
+    s = (14 / 3 + 1e-5) ** 0.5
+    model = nn.LayerNorm(3, elementwise_affine=False).double()
+    relevance = Explainer(model, "lrp-epsilon", epsilon=1e-12).attribute(x, target=0)
+    torch.testing.assert_close(relevance, torch.tensor([[2 / 3, -2 / 3, -2.0]], dtype=torch.float64) / s)
+
+
+def test_gate_as_constant_and_the_exact_deeplift_product_by_hand():
+    # y = a * sigmoid(g) with a = x0, g = x1: LRP gives all of y to a, nothing to the gate's input;
+    # DeepLIFT (reference 0: a0 = 0, sigmoid(0) = 1/2) splits y = a (s + 1/2) / 2 + a / 2 (s - 1/2).
+    model = _Op(lambda x: (x[:, :1] * torch.sigmoid(x[:, 1:])))
+    x = torch.tensor([[3.0, 0.8]], dtype=torch.float64)
+    sig = 1 / (1 + torch.exp(torch.tensor(-0.8, dtype=torch.float64)))
+    lrp = Explainer(model, "lrp-epsilon", epsilon=1e-12).attribute(x, target=0)
+    torch.testing.assert_close(lrp, torch.tensor([[3.0 * float(sig), 0.0]], dtype=torch.float64))
+    dl = Explainer(model, "deeplift").attribute(x, target=0)
+    expected = torch.tensor([[3.0 * (float(sig) + 0.5) / 2, 1.5 * (float(sig) - 0.5)]], dtype=torch.float64)
+    torch.testing.assert_close(dl, expected)
+
+
+def test_softmax_rule_by_hand():
+    # AttnLRP: R_in = x * (R - s * sum(R)); from the explained output R = (s0, 0, 0)
+    x = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
+    e = torch.exp(x)
+    s = e / e.sum()
+    model = _Op(lambda t: torch.softmax(t, dim=1))
+    relevance = Explainer(model, "lrp-epsilon").attribute(x, target=0)
+    r = torch.tensor([[float(s[0, 0]), 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(relevance, x * (r - s * float(s[0, 0])))
+    dl = Explainer(model, "deeplift")
+    assert float(dl.compute_convergence_delta(dl.attribute(x, target=0), x, 0).abs().max()) < 1e-12

@@ -1,0 +1,196 @@
+"""Tracing: every graph the engine accepts is explained exactly, everything else is a clear error at
+trace time; the user's model and its hooks are never touched."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from attributions import Explainer
+from attributions.errors import AttributionError
+from attributions.graph import trace
+
+
+def _autograd(model, x, target):
+    xr = x.clone().requires_grad_(True)
+    return torch.autograd.grad(model(xr)[:, target].sum(), xr)[0]
+
+
+def _exact(model, x, target=1):
+    """Gradient = autograd, DeepLIFT complete; LRP-epsilon conserves when the model adds no constant."""
+    torch.testing.assert_close(Explainer(model, "gradient").attribute(x, target=target), _autograd(model, x, target),
+                               rtol=0, atol=1e-10)
+    dl = Explainer(model, "deeplift")
+    assert float(dl.compute_convergence_delta(dl.attribute(x, target=target), x, target).abs().max()) < 1e-8
+
+
+class _Lambda(nn.Module):
+    """fc -> fn -> fc2, in float64."""
+
+    def __init__(self, fn, width=4, mid=4, classes=3):
+        super().__init__()
+        self.fn = fn
+        self.fc, self.fc2 = nn.Linear(width, width), nn.Linear(mid, classes)
+
+    def forward(self, x):
+        return self.fc2(self.fn(self.fc(x)))
+
+
+@pytest.mark.parametrize("fn,mid", [
+    (lambda h: h[:, [3, 2, 1, 0]], 4),                                  # advanced indexing: was a reshape
+    (lambda h: h.reshape(-1, 2, 2).mT.reshape(-1, 4), 4),                # attribute access mT
+    (lambda h: h[:, :2], 2),                                             # slicing: was a reshape
+    (lambda h: torch.add(h, h.flip(1), alpha=2), 4),                    # add with alpha: was dropped
+    (lambda h: torch.cat([h, h], 1), 8),                                 # repeated input: crashed
+    (lambda h: torch.stack([h, -h], 0).sum(0) + h[..., None].expand(-1, -1, 2).mean(-1), 4),
+    (lambda h: F.pad(h[:, None], (1, 1), mode="reflect")[:, 0, 1:-1] * 3 - h / 2, 4),
+    (lambda h: torch.roll(h, 1, dims=1).unsqueeze(1).squeeze(1).contiguous(), 4),
+    (lambda h: torch.cat(h.chunk(2, dim=1)[::-1], 1) + torch.stack(h.unbind(1), 1), 4),
+    (lambda h: (h.reshape(-1, 2, 2) @ h.reshape(-1, 2, 2).transpose(1, 2)).flatten(1), 4),
+    (lambda h: torch.einsum("bi,bj->bij", h, torch.sigmoid(h)).flatten(1)[:, :4], 4),
+    (lambda h: h * torch.tanh(h) + h ** 2 - 1.0 / (1.0 + h * h), 4),
+    (lambda h: h / (h.abs() + 1.0), 4),
+])
+def test_data_movement_mixing_and_products_are_exact(fn, mid):
+    torch.manual_seed(0)
+    _exact(_Lambda(fn, mid=mid).double(), torch.randn(5, 4, dtype=torch.float64))
+
+
+def test_batchnorm_without_running_statistics_normalises_with_the_batch():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3, track_running_stats=False), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(3 * 16, 2)).double().eval()
+    assert [n.kind for n in trace(model).nodes][1:3] == ["conv", "norm"]  # not folded with mean 0 / var 1
+    x = torch.rand(4, 1, 6, 6, dtype=torch.float64)
+    torch.testing.assert_close(Explainer(model, "gradient").attribute(x, target=1), _autograd(model, x, 1),
+                               rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("padding,mode,kernel", [("same", "zeros", 4), ("same", "reflect", 3), (2, "replicate", 3),
+                                                 (1, "circular", 3), ("valid", "zeros", 3)])
+def test_conv_padding_modes_are_explicit_pads(padding, mode, kernel):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, kernel, padding=padding, padding_mode=mode, bias=False), nn.ReLU(),
+                          nn.Flatten(), nn.LazyLinear(2, bias=False)).double()
+    x = torch.rand(2, 2, 7, 7, dtype=torch.float64)
+    model(x)
+    model.eval()
+    _exact(model, x)
+    ex = Explainer(model, "lrp-epsilon", epsilon=1e-12)
+    assert float(ex.compute_convergence_delta(ex.attribute(x, target=1), x, 1).abs().max()) < 1e-8
+
+
+class _ShapeChecks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        torch._assert(x.shape[1] == 2, "two channels")
+        torch._assert(x.dim() == 3, "(B, C, W) inputs")
+        b, c, w = x.shape[0], x.shape[1], x.size(2)
+        half = w // 2
+        h = x[:, :, :half].reshape(b, c * half)
+        return self.fc(torch.cat([h, h.new_zeros(b, 8 - c * half)], 1))
+
+
+def test_shape_arithmetic_and_asserts_are_evaluated_not_refused():
+    model = _ShapeChecks().double().eval()
+    kinds = {n.kind for n in trace(model).nodes}
+    assert "value" in kinds and "const" in kinds
+    _exact(model, torch.rand(3, 2, 6, dtype=torch.float64))
+
+
+class _Hooked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.GELU())
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.block(x) if not self.training else self.block(x) * 0)
+
+
+def test_hooks_never_run_and_the_model_is_left_as_it_was():
+    model = _Hooked().double().train()
+    calls = []
+    model.block.register_forward_hook(lambda *a: calls.append("block"))
+    model.block.register_forward_pre_hook(lambda *a: calls.append("pre"))
+    model.block[2].register_forward_hook(lambda *a: calls.append("gelu"))
+    model.register_forward_hook(lambda *a: calls.append("root"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.rand(3, 4, dtype=torch.float64)
+    for method in ("gradient", "lrp-epsilon", "deeplift", "guided-backprop"):
+        Explainer(model, method).attribute(x, target=0)
+    assert calls == [] and all(m.training for m in model.modules())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    model.eval()  # eval semantics: the traced graph took the eval branch and dropout is the identity
+    torch.testing.assert_close(Explainer(model, "gradient").attribute(x, target=0), _autograd(model, x, 0))
+
+
+class _Sorted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.sort(self.fc(x), dim=1).values
+
+
+def test_unsupported_operations_and_outputs_are_errors_at_trace_or_call_time():
+    with pytest.raises(AttributionError, match="unsupported operation: function 'sort' at node 'sort'.*Supported"):
+        Explainer(_Sorted(), "gradient")
+    flat = nn.Sequential(nn.Conv2d(1, 2, 3))
+    with pytest.raises(AttributionError, match=r"output must be \(B, classes\) logits, got shape \(2, 2, 3, 3\)"):
+        Explainer(flat, "gradient").attribute(torch.rand(2, 1, 5, 5), target=0)
+    model = nn.Sequential(nn.Linear(4, 3))
+    ex = Explainer(model, "gradient")
+    x = torch.rand(2, 4)
+    with pytest.raises(AttributionError, match="target must be integer class indices.*not rounded"):
+        ex.attribute(x, target=2.9)
+    with pytest.raises(AttributionError, match="integer class indices"):
+        ex.attribute(x, target=torch.tensor([True, False]))
+    with pytest.raises(AttributionError, match="tuple of 2 inputs"):
+        ex.attribute((x, x), target=0)
+    assert ex.attribute(x, target=np.int64(2)).shape == x.shape
+    assert ex.attribute(x, target=np.array([0, 2])).shape == x.shape
+
+
+_OPS = [
+    ("permute", lambda h: h.reshape(-1, 2, 4).permute(0, 2, 1).reshape(-1, 8)),
+    ("flip", lambda h: h.flip(1)),
+    ("roll", lambda h: h.roll(3, 1)),
+    ("index", lambda h: h[:, [7, 0, 3, 3, 1, 2, 6, 5]]),
+    ("cat-slices", lambda h: torch.cat([h[:, 4:], h[:, :4]], 1)),
+    ("expand-mean", lambda h: h[:, None, :].expand(-1, 3, -1).mean(1)),
+    ("scale", lambda h: 0.5 * h - h / 4),
+    ("sigmoid-gate", lambda h: h * torch.sigmoid(h.flip(1))),
+    ("layer-norm", lambda h: F.layer_norm(h, (8,))),
+    ("softmax-weighted", lambda h: h * torch.softmax(h, dim=1)),
+    ("gelu", F.gelu),
+    ("silu", F.silu),
+]
+
+
+class _Chain(nn.Module):
+    def __init__(self, ops):
+        super().__init__()
+        self.ops = ops
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(len(ops) + 1))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.layers[0](x)
+        for op, layer in zip(self.ops, self.layers[1:]):
+            h = layer(op(h))
+        return self.head(h)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(st.lists(st.sampled_from(range(len(_OPS))), min_size=1, max_size=4), st.integers(0, 2 ** 16))
+def test_random_chains_of_operations_are_exact(picks, seed):
+    torch.manual_seed(seed)
+    model = _Chain([_OPS[i][1] for i in picks]).double().eval()
+    _exact(model, torch.randn(3, 8, dtype=torch.float64), target=seed % 3)

@@ -25,6 +25,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
+from attributions import attention
 from attributions.errors import AttributionError
 
 # Kinds whose output is linear in the input (plus a bias), with weights: the layers LRP rules act on.
@@ -248,7 +249,8 @@ class _Tracer(torch.fx.Tracer):
     traced through its ``forward`` rather than its ``__call__``, so the user's hooks never run."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return _module_kind(m) is not None or super().is_leaf_module(m, module_qualified_name)
+        return (_module_kind(m) is not None or isinstance(m, nn.MultiheadAttention)
+                or super().is_leaf_module(m, module_qualified_name))
 
     def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         return super().call_module(m, m.forward, args, kwargs)
@@ -298,6 +300,7 @@ def trace(model: nn.Module) -> Graph:
     nodes: list[Node] = []
     fx_to_name: dict[torch.fx.Node, str] = {}
     signal: set[str] = set()  # names of the signal-carrying nodes
+    tuple_outputs: set[str] = set()  # expanded modules whose traced value is (output, extras)
     taken: dict[str, int] = {}
     output = None
 
@@ -324,6 +327,29 @@ def trace(model: nn.Module) -> Graph:
             continue
         reads = [fx_to_name[a] for a in fx_node.all_input_nodes]
         signal_inputs = tuple(dict.fromkeys(r for r in reads if r in signal))
+        if fx_node.target is operator.getitem and signal_inputs and signal_inputs[0] in tuple_outputs:
+            if fx_node.args[1] == 0:
+                fx_to_name[fx_node] = signal_inputs[0]
+                continue
+            if fx_node.users:
+                raise AttributionError(f"{signal_inputs[0]!r}: only the attention output (item 0) can be used; its "
+                                       "attention weights are not part of the explained graph")
+            name = unique(_path_name(fx_node))  # an unused item (``out, _ = attn(...)``)
+            fx_to_name[fx_node] = name
+            nodes.append(Node(name, "value", (), run=lambda env, replace: None))
+            continue
+        if signal_inputs and _is_attention(fx_node, modules):
+            name = unique(fx_node.target if fx_node.op == "call_module" else _path_name(fx_node))
+            expanded = _expand(fx_node, modules, fx_to_name, signal, name)
+            for i, (suffix, kind, inputs, run, params) in enumerate(expanded):
+                own = name if i == len(expanded) - 1 else f"{name}.{suffix}"
+                taken[own] = taken.get(own, 0) + 1
+                nodes.append(Node(own, kind, inputs, run=run, params=params))
+                signal.add(own)
+            if fx_node.op == "call_module":
+                tuple_outputs.add(name)
+            fx_to_name[fx_node] = name
+            continue
         if fx_node.op == "get_attr":
             name = unique(fx_node.target)
             target = fx_node.target
@@ -387,6 +413,28 @@ def _signal_slots(fx_node: torch.fx.Node, fx_to_name: dict, signal: set[str]) ->
             slots += [(i, j) for j, b in enumerate(a) if isinstance(b, torch.fx.Node) and fx_to_name[b] in signal]
     slots += [("k", k) for k, a in fx_node.kwargs.items() if isinstance(a, torch.fx.Node) and fx_to_name[a] in signal]
     return slots
+
+
+def _is_attention(fx_node: torch.fx.Node, modules: dict) -> bool:
+    if fx_node.op == "call_module":
+        return isinstance(modules[fx_node.target], nn.MultiheadAttention)
+    return fx_node.target is F.scaled_dot_product_attention
+
+
+def _expand(fx_node: torch.fx.Node, modules: dict, fx_to_name: dict, signal: set[str], where: str) -> list:
+    """The primitive nodes of an attention call (see :mod:`attributions.attention`), the last its output."""
+    is_mha = fx_node.op == "call_module"
+    names = attention.MHA_ARGUMENTS if is_mha else attention.SDPA_ARGUMENTS
+    bound = dict(zip(names, fx_node.args)) | dict(fx_node.kwargs)
+    operands = {}
+    for role in ("query", "key", "value"):
+        arg = bound.get(role)
+        if not isinstance(arg, torch.fx.Node) or fx_to_name[arg] not in signal:
+            raise AttributionError(f"attention at {where!r}: the {role} must be computed from the input")
+        operands[role] = fx_to_name[arg]
+    if is_mha:
+        return attention.mha_specs(where, modules[fx_node.target], bound, operands, signal)
+    return attention.sdpa_specs(where, bound, operands, signal)
 
 
 def _mark_gates(nodes: list[Node]) -> None:

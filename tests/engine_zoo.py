@@ -135,32 +135,44 @@ class ConvNeXt(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention written out: qkv projection, QK^T / sqrt(d), softmax, times V."""
+    """Multi-head self-attention: written out (qkv projection, QK^T / sqrt(d), softmax, times V), through
+    F.scaled_dot_product_attention, or nn.MultiheadAttention."""
 
-    def __init__(self, d: int, heads: int = 2, bias: bool = True):
+    def __init__(self, d: int, heads: int = 2, bias: bool = True, kind: str = "manual"):
         super().__init__()
-        self.heads, self.qkv, self.proj = heads, nn.Linear(d, 3 * d, bias=bias), nn.Linear(d, d, bias=bias)
+        self.heads, self.kind = heads, kind
+        if kind == "mha":
+            self.mha = nn.MultiheadAttention(d, heads, bias=bias, batch_first=True)
+        else:
+            self.qkv, self.proj = nn.Linear(d, 3 * d, bias=bias), nn.Linear(d, d, bias=bias)
 
     def forward(self, x):
+        if self.kind == "mha":
+            out, _ = self.mha(x, x, x, need_weights=False)
+            return out
         b, n, d = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
-        attn = (q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5
-        out = (attn.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, n, d)
-        return self.proj(out)
+        if self.kind == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            attn = (q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5
+            out = attn.softmax(dim=-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
 
 class ViT(nn.Module):
     """A ViT: patch convolution, class token, position embedding, pre-LN blocks, GELU MLP, head on the
     class token. ``bias=False``: no biases, no LayerNorm shifts, no class token or position embedding."""
 
-    def __init__(self, classes: int = 5, d: int = 8, patch: int = 4, size: int = 8, bias: bool = True):
+    def __init__(self, classes: int = 5, d: int = 8, patch: int = 4, size: int = 8, bias: bool = True,
+                 attention: str = "manual"):
         super().__init__()
         self.bias = bias
         self.patch = nn.Conv2d(1, d, patch, stride=patch, bias=bias)
         self.cls = nn.Parameter(torch.randn(1, 1, d) * 0.5)
         self.pos = nn.Parameter(torch.randn(1, (size // patch) ** 2 + 1, d) * 0.5)
         self.norm1, self.norm2 = nn.LayerNorm(d, bias=bias), nn.LayerNorm(d, bias=bias)
-        self.attn = Attention(d, bias=bias)
+        self.attn = Attention(d, bias=bias, kind=attention)
         self.mlp = nn.Sequential(nn.Linear(d, 2 * d, bias=bias), nn.GELU(), nn.Linear(2 * d, d, bias=bias))
         self.head = nn.Linear(d, classes, bias=bias)
 
@@ -174,7 +186,8 @@ class ViT(nn.Module):
 
 
 ZOO = {"mobilenet_v2": MobileNetV2, "efficientnet": EfficientNet, "shufflenet": ShuffleNet, "convnext": ConvNeXt,
-       "vit": ViT}
+       "vit": ViT, "vit_mha": lambda bias=True: ViT(bias=bias, attention="mha"),
+       "vit_sdpa": lambda bias=True: ViT(bias=bias, attention="sdpa")}
 
 
 def zoo_model(name: str, bias: bool = True, seed: int = 0) -> nn.Module:

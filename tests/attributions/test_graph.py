@@ -194,3 +194,38 @@ def test_random_chains_of_operations_are_exact(picks, seed):
     torch.manual_seed(seed)
     model = _Chain([_OPS[i][1] for i in picks]).double().eval()
     _exact(model, torch.randn(3, 8, dtype=torch.float64), target=seed % 3)
+
+
+class _MHA(nn.Module):
+    def __init__(self, batch_first=True, use_weights=False):
+        super().__init__()
+        self.batch_first, self.use_weights = batch_first, use_weights
+        self.fc, self.mha, self.head = nn.Linear(4, 8), nn.MultiheadAttention(8, 2, batch_first=batch_first), \
+            nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.fc(x) if self.batch_first else self.fc(x).transpose(0, 1)
+        out, weights = self.mha(h, h, h)
+        out = out if self.batch_first else out.transpose(0, 1)
+        return self.head(out.mean(1) + (weights.mean((1, 2))[:, None] if self.use_weights else 0))
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attention_is_expanded_into_exact_primitives(batch_first):
+    torch.manual_seed(0)
+    model = _MHA(batch_first).double().eval()
+    kinds = [n.kind for n in trace(model).nodes]
+    assert kinds.count("product") == 2 and kinds.count("softmax") == 1  # QK^T, softmax, times V
+    _exact(model, torch.randn(3, 5, 4, dtype=torch.float64))
+    with pytest.raises(AttributionError, match="attention weights are not part of the explained graph"):
+        Explainer(_MHA(use_weights=True), "gradient")
+
+
+def test_attention_weights_gate_the_values_in_lrp():
+    # AH rule: the softmax output holds constant in its product with V, so no relevance reaches the
+    # scores' product; the relevance that reaches V is conserved
+    torch.manual_seed(0)
+    model = _MHA().double().eval()
+    ex = Explainer(model, "lrp-epsilon")
+    product = [n for n in ex.graph.nodes if n.kind == "product"]
+    assert [n.params["gates"] for n in product] == [[False, False], [True, False]]

@@ -21,7 +21,8 @@ MHA_ARGUMENTS = ("query", "key", "value", "key_padding_mask", "need_weights", "a
                  "is_causal")
 SDPA_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
-# A node description for the graph builder: (suffix, kind, inputs, run, params).
+# A node description for the graph builder: (suffix, kind, inputs, run, params). Every node marks its
+# value's last axis as the channel axis (``tokens``): per head and token, a vector of the head's width.
 Spec = tuple[str, str, tuple[str, ...], Callable[[dict, dict], Any], dict]
 
 

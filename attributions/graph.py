@@ -344,7 +344,7 @@ def trace(model: nn.Module) -> Graph:
             for i, (suffix, kind, inputs, run, params) in enumerate(expanded):
                 own = name if i == len(expanded) - 1 else f"{name}.{suffix}"
                 taken[own] = taken.get(own, 0) + 1
-                nodes.append(Node(own, kind, inputs, run=run, params=params))
+                nodes.append(Node(own, kind, inputs, run=run, params={**params, "tokens": True}))
                 signal.add(own)
             if fx_node.op == "call_module":
                 tuple_outputs.add(name)
@@ -458,6 +458,8 @@ def _describe_call(node: Node, fx_node: torch.fx.Node, slots: list, fx_to_name: 
             "negative_slope", fx_node.args[1] if len(fx_node.args) > 1 else 0.01)))
     if node.kind == "move" and target in ("view", "reshape", "flatten", torch.flatten, torch.reshape, "contiguous"):
         node.params["reshape"] = True
+    if node.kind == "move" and target in (torch.cat, torch.concat, torch.stack):
+        node.params["cat"] = True  # recorded by CSC, as a layer joining branches
     if node.kind == "move" and (target in (F.dropout, F.dropout1d, F.dropout2d, F.alpha_dropout)
                                 or _target_name(target) == "stochastic_depth"):
         node.params["identity"] = True  # identities in eval, whatever their training argument says

@@ -21,18 +21,22 @@ import numpy as np
 import pandas as pd
 import torch
 from scipy import stats
+from torch import nn
 from tqdm.auto import tqdm
 
 from attributions.errors import unknown_name
 from attributions.explainer import Explainer, shared_forward
-from attributions.graph import LINEAR_KINDS, trace
+from attributions.graph import LINEAR_KINDS, Graph, trace
 from attributions.methods import build_method
 from audit.checks.base import Check, Option, UnitResult, VerdictCell, VerdictRule
 from audit.errors import AuditError
 from audit.inputs import check_inputs, resolve_methods
 from audit.sections import Figure, ReportContext, Section, new_figure
 
-RECORDED_KINDS = LINEAR_KINDS + ("relu", "leaky_relu", "maxpool", "add", "cat", "input")
+RECORDED_KINDS = LINEAR_KINDS + ("relu", "leaky_relu", "maxpool", "add", "input", "activation", "norm", "mix", "product",
+                                 "softmax")
+# Kinds whose output keeps its input's layout (the channel axis stays where it was).
+_ELEMENTWISE = ("relu", "leaky_relu", "activation", "add", "mix", "product", "softmax")
 COLUMNS = ["method", "inject_at", "is_logits", "layer", "depth", "kind", "channels", "median", "p10", "p25", "p75",
            "p90", "mean", "baseline", "sigma2_over_sigma1", "effective_rank", "collapsed"]
 
@@ -47,15 +51,20 @@ def random_cosine_median(d: int) -> float:
     return math.sqrt(stats.beta.ppf(0.5, 0.5, (d - 1) / 2))
 
 
-def pairwise_abs_cos(signal: torch.Tensor, k: int | None = None) -> np.ndarray:
+def pairwise_abs_cos(signal: torch.Tensor, k: int | None = None, channel_axis: int = 1) -> np.ndarray:
     """|cos| of all k(k-1)/2 pairs of channel vectors, pooled over images and positions.
 
-    signal : (K, B, C, *spatial) or (K, B, D) for dense layers; the first ``k`` (default all K)
-    vectors are compared. Zero vectors are dropped.
+    signal : (K, B, C, *spatial), (K, B, tokens, D) with ``channel_axis=-1`` (a token's vector plays a
+    pixel's part), or (K, B, D) for dense layers; the first ``k`` (default all K) vectors are compared.
+    ``channel_axis`` counts in the node's own value (B, ...). Zero vectors are dropped.
     """
     k = signal.shape[0] if k is None else k
     s = signal[:k].detach().cpu().double()
-    vectors = s.reshape(k, s.shape[1], 1, -1) if s.ndim == 3 else s.flatten(3).transpose(2, 3)  # (K, B, P, C)
+    if s.ndim == 3:
+        vectors = s.reshape(k, s.shape[1], 1, -1)
+    else:
+        s = s.movedim(channel_axis % (s.ndim - 1) + 1, -1)
+        vectors = s.reshape(k, s.shape[1], -1, s.shape[-1])  # (K, B, P, C)
     norms = vectors.norm(dim=-1)
     unit = vectors / norms.clamp_min(1e-300)[..., None]
     i, j = torch.triu_indices(k, k, offset=1)
@@ -80,14 +89,67 @@ def spectrum(signal: torch.Tensor) -> tuple[float, float]:
     return float(ratio.median()), float(torch.exp(entropy).median())
 
 
+def channel_axes(graph: Graph, env: dict) -> dict[str, int]:
+    """The channel axis of every signal node's value (B, ...): 1 for convolutional feature maps, -1 for
+    token sequences (B, tokens, D).
+
+    Read from the layers that produce or consume a value: convolutions, pooling and BatchNorm /
+    GroupNorm work on axis 1, dense layers and LayerNorm on the last; element-wise kinds keep their
+    input's axis; data movement (a transpose, a flatten) takes the axis its consumer reads.
+    """
+    axes: dict[str, int | None] = {}
+
+    def own(node) -> int | None:
+        if node.kind in ("conv", "avgpool", "maxpool", "affine") or (
+                node.kind == "norm" and not isinstance(node.module, nn.LayerNorm)
+                and (node.params.get("norm") or {}).get("type") != "layer"):
+            return 1
+        if node.kind == "dense" or node.kind == "norm" or node.params.get("tokens"):
+            return -1
+        return None
+
+    nodes = [n for n in graph.nodes if isinstance(env.get(n.name), torch.Tensor) and env[n.name].ndim >= 3]
+    axes = {n.name: own(n) for n in nodes}
+    for _ in range(len(nodes)):  # to a fixed point: each sweep settles at least one node or none is left
+        changed = False
+        for node in nodes:
+            if axes[node.name] is not None:
+                continue
+            known = []
+            if node.kind in _ELEMENTWISE:  # keeps the layout of any input whose layout is known
+                known += [axes[i] for i in node.inputs if axes.get(i) is not None]
+            for c in graph.consumers[node.name]:  # else the layout a consumer reads
+                consumer = graph.by_name[c]
+                known += [own(consumer)] if own(consumer) is not None else (
+                    [axes[c]] if consumer.kind in _ELEMENTWISE and axes.get(c) is not None else [])
+            if known:
+                axes[node.name], changed = known[0], True
+        if not changed:
+            break
+    return {name: 1 if axis is None else axis for name, axis in axes.items()}
+
+
+def block_outputs(graph: Graph) -> list[str]:
+    """Transformer blocks' outputs: the residual adds whose branch is an MLP (a dense layer reading an
+    activation)."""
+    def mlp(name: str) -> bool:
+        node = graph.by_name[name]
+        return node.kind == "dense" and any(graph.by_name[i].kind == "activation" for i in node.inputs)
+
+    return [n.name for n in graph.nodes if n.kind == "add" and any(mlp(i) for i in n.inputs)]
+
+
 def default_injection_layers(ex: Explainer) -> list[str]:
-    """The logits plus the deepest conv layer and one about half-way down the conv stack."""
+    """The logits plus, for a transformer (a graph with a softmax between products), the class token
+    (token 0) of each block's output; else the deepest conv layer and one about half-way down."""
     graph = ex.graph
     assert graph is not None, f"{ex!r} has no traced graph; injection layers exist for the graph methods only"
     linear = [n.name for n in graph.nodes if n.kind in ("conv", "dense") and n.name != graph.output]
     convs = [n.name for n in graph.nodes if n.kind == "conv"]
     picks = [graph.output]
-    if convs:
+    if any(n.kind == "softmax" for n in graph.nodes) and block_outputs(graph):
+        picks += [f"{name}[0]" for name in block_outputs(graph)]
+    elif convs:
         picks += [convs[-1], convs[len(convs) // 2]]
     elif linear:
         picks.append(linear[-1])
@@ -98,6 +160,15 @@ def layer_inputs(ex: Explainer) -> dict[str, str]:
     """For each conv / dense node, the node whose output it reads (where the chain enters it)."""
     assert ex.graph is not None, f"{ex!r} has no traced graph; layer inputs exist for the graph methods only"
     return {n.name: n.inputs[0] for n in ex.graph.nodes if n.kind in ("conv", "dense")}
+
+
+def _split_token(target: str) -> tuple[str, int | None]:
+    """``"layer[3]"`` -> ("layer", 3): inject at one token of a (B, tokens, D) layer; ``"layer"`` -> ("layer", None)."""
+    if target.endswith("]") and "[" in target:
+        name, _, index = target[:-1].rpartition("[")
+        if index.isdigit():
+            return name, int(index)
+    return target, None
 
 
 def _vector_seed(seed: int, layer: str) -> int:
@@ -139,32 +210,41 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
     layers = any_ex.layers
     targets = [inject_at] if isinstance(inject_at, str) else (inject_at or default_injection_layers(any_ex))
     for t in targets:
-        if t not in layers:
-            raise unknown_name("layer", t, layers, AuditError)
+        if _split_token(t)[0] not in layers:
+            raise unknown_name("layer", _split_token(t)[0], layers, AuditError)
     depth = {name: i for i, name in enumerate(["input"] + layers)}
     kinds = {n.name: n.kind for n in graph.nodes}
     envs = shared_forward(explainers, x)
     assert envs is not None  # every explainer left is a graph method
     env, ref = envs
+    axes = channel_axes(graph, env)
     k_total = max(n_vectors, spectrum_vectors)
     rows = []
     jobs = [(m, t) for m in explainers for t in targets]
     for method, target in tqdm(jobs, desc="CSC", disable=not progress, leave=False):
         ex = explainers[method]
-        shape = env[target].shape
+        node, token = _split_token(target)
+        shape = env[node].shape
         gen = torch.Generator().manual_seed(_vector_seed(seed, target))
-        vectors = torch.randn(k_total, *shape, generator=gen, dtype=torch.float64).to(env[target])
-        own_ref = ref if ex.method.signal == "multiplier" else None
-        taps, _ = ex._signals(x, target, lambda e: vectors, envs=(env, own_ref))
-        taps.pop(target, None)
+        vectors = torch.randn(k_total, *shape, generator=gen, dtype=torch.float64).to(env[node])
         size_l = int(np.prod(shape[1:]))
+        if token is not None:  # one token's vector: the others get no signal
+            keep = torch.zeros(shape[1:-1], dtype=vectors.dtype)
+            keep.view(-1)[token] = 1
+            vectors = vectors * keep[..., None]
+            size_l = shape[-1]
+        own_ref = ref if ex.method.signal == "multiplier" else None
+        taps, _ = ex._signals(x, node, lambda e: vectors, envs=(env, own_ref))
+        taps.pop(node, None)
         for layer, signal in taps.items():
-            if kinds.get(layer, "input") not in RECORDED_KINDS:
+            kind = kinds.get(layer, "input")
+            if kind not in RECORDED_KINDS and not graph.by_name[layer].params.get("cat"):
                 continue
-            channels = signal.shape[2]
+            axis = axes.get(layer, 1)
+            channels = signal.shape[2] if signal.ndim == 3 else signal.shape[axis % (signal.ndim - 1) + 1]
             if channels == 1 and signal.ndim > 3:
                 continue  # one channel: |cos| is trivially 1
-            cos = pairwise_abs_cos(signal, n_vectors)
+            cos = pairwise_abs_cos(signal, n_vectors, axis)
             ratio, rank = spectrum(signal)
             q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
             rows.append({"method": method, "inject_at": target, "is_logits": target == graph.output, "layer": layer,

@@ -11,6 +11,7 @@ from attributions.errors import unknown_name
 from audit.errors import ModelError
 from audit.models.imagenet import VGG16, ResNet50
 from audit.models.small import SmallCNN, SmallResNet, SmallVGG
+from audit.models.vit import SmallViT
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ ARCHS: dict[str, Arch] = {
     "cnn": Arch(SmallCNN, 8, "Sixt et al. small CNN: 4 conv + 2 dense, max-pooling"),
     "vgg": Arch(SmallVGG, 8, "VGG-11 style, 8 conv + 3 dense; batch_norm=True adds BatchNorm"),
     "resnet": Arch(SmallResNet, 4, "ResNet-20: 3x3 basic blocks with BatchNorm and residual adds"),
+    "vit": Arch(SmallViT, 4, "ViT: 4x4 patches, class token, 4 pre-LN blocks of multi-head attention, dim 64"),
     "vgg16": Arch(VGG16, 32, "VGG-16, torchvision state_dict layout"),
     "resnet50": Arch(ResNet50, 32, "ResNet-50, torchvision state_dict layout"),
 }

@@ -98,3 +98,20 @@ def test_csc_is_reproducible_and_checks_its_input():
     with pytest.raises(AuditError, match="not a backward chain|none of"):
         chain_convergence(model, x, None, "integrated-gradients", progress=False)
 
+
+
+def test_csc_on_transformers_compares_token_vectors_and_injects_at_the_class_token():
+    from tests.engine_zoo import zoo_model
+
+    torch.manual_seed(0)
+    model = zoo_model("vit_mha").float()
+    x = torch.rand(4, 1, 8, 8)
+    df = chain_convergence(model, x, None, ["gradient", "lrp-zplus"], progress=False)
+    assert set(df.inject_at) == {"head", "add#2[0]"}  # the logits, and the class token of the block output
+    tokens = df[df.layer.isin(["norm2", "cat", "attn.mha.value_proj"])]
+    assert set(tokens.channels) == {8}  # a token's 8-vector, not the 5 tokens of a channel
+    per_head = df[df.layer == "attn.mha.context"]
+    assert set(per_head.channels) == {4}  # per head and token: the head's width
+    # the class-token injection reaches 8-vectors: the baseline is in dimension min(8, 8)
+    assert np.allclose(df[df.inject_at == "add#2[0]"].query("channels == 8").baseline, random_cosine_median(8))
+    assert df.loc[df.is_logits & (df.method == "lrp-zplus") & (df.layer == "attn.mha.scores"), "median"].isna().all()

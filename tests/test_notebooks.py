@@ -8,8 +8,9 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 
-def test_the_three_notebooks_exist():
-    assert {p.name for p in NOTEBOOKS} == {"quickstart.ipynb", "rank_one_collapse.ipynb", "bort_vs_sgd.ipynb"}
+def test_the_notebooks_exist():
+    assert {p.name for p in NOTEBOOKS} == {"quickstart.ipynb", "rank_one_collapse.ipynb", "bort_vs_sgd.ipynb",
+                                          "transformers.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -27,3 +27,8 @@ for _arch in ("cnn", "vgg", "resnet"):
                                            options={"amplitude": _AMPLITUDE[_arch]}, **_COMMON)
 RECIPES["cnn-dbort"] = TrainConfig(arch="cnn", optimizer="bort", dbort=True, epochs=_EPOCHS["cnn"],
                                    options={"amplitude": _AMPLITUDE["cnn"]}, **_COMMON)
+
+# The small ViT (4x4 patches, dim 64, 4 blocks): SGD as the CNNs, with a larger learning rate (0.05);
+# its LayerNorms rescale activations as BatchNorm does in the ResNet, so its Bort twin keeps c = 1.
+_VIT = {**_COMMON, "lr": 0.05}
+RECIPES["vit-sgd"] = TrainConfig(arch="vit", optimizer="sgd", epochs=15, **_VIT)

@@ -56,7 +56,7 @@ def test_bort_layers_reconstruct_their_input_better(baseline, bort):
     assert scores[bort] > scores[baseline] + 0.05, scores
 
 
-@pytest.mark.parametrize("name", sorted(RECIPES))
+@pytest.mark.parametrize("name", sorted(n for n, r in RECIPES.items() if r.arch != "vit"))
 def test_trained_models_collapse_for_the_zplus_family(name):
     """Where the chain enters the first conv that reads >= 16 channels, from the logits."""
     from attributions.graph import trace

@@ -142,11 +142,18 @@ def _target_name(target: Any) -> str:
 
 
 def _module_kind(module: nn.Module) -> str | None:
-    if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)) and module.running_mean is None:
-        return "norm"  # without running statistics it normalises with the batch's: not an affine map
+    """The kind of a layer the engine knows; None for any other module, and for a subclass of a known
+    layer that overrides ``forward`` (torchvision's LayerNorm2d permutes around its LayerNorm): those
+    are traced through, so the rules see the operations they really compute."""
     for types, kind in _MODULE_KINDS:
-        if isinstance(module, types):
-            return kind
+        base = next((t for t in types if isinstance(module, t)), None)
+        if base is None:
+            continue
+        if type(module).forward is not base.forward:
+            return None
+        if kind == "affine" and getattr(module, "running_mean", None) is None:
+            return "norm"  # without running statistics it normalises with the batch's: not an affine map
+        return kind
     return None
 
 

@@ -229,3 +229,28 @@ def test_attention_weights_gate_the_values_in_lrp():
     ex = Explainer(model, "lrp-epsilon")
     product = [n for n in ex.graph.nodes if n.kind == "product"]
     assert [n.params["gates"] for n in product] == [[False, False], [True, False]]
+
+
+class _LayerNorm2d(nn.LayerNorm):
+    """torchvision's LayerNorm2d: a LayerNorm over channels, by permuting around F.layer_norm."""
+
+    def forward(self, x):
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+def test_a_known_layer_whose_forward_is_overridden_is_traced_through():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), _LayerNorm2d(4), nn.GELU(), nn.Flatten(), nn.Linear(4 * 16, 3))
+    model = model.double().eval()
+    with torch.no_grad():
+        model[1].weight.uniform_(0.5, 1.5)
+    kinds = [n.kind for n in trace(model).nodes if n.kind not in ("const", "value")]
+    assert kinds[1:5] == ["conv", "move", "norm", "move"]  # permute, layer_norm, permute
+    _exact(model, torch.rand(3, 1, 6, 6, dtype=torch.float64))
+    bias_free = nn.Sequential(nn.Conv2d(1, 4, 3, bias=False), _LayerNorm2d(4, bias=False), nn.Flatten(),
+                              nn.Linear(4 * 16, 3, bias=False)).double().eval()
+    ex = Explainer(bias_free, "lrp-epsilon", epsilon=1e-12)
+    x = torch.rand(3, 1, 6, 6, dtype=torch.float64)
+    assert float(ex.compute_convergence_delta(ex.attribute(x, target=1), x, 1).abs().max()) < 1e-8

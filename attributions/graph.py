@@ -146,7 +146,7 @@ def _module_kind(module: nn.Module) -> str | None:
     layer that overrides ``forward`` (torchvision's LayerNorm2d permutes around its LayerNorm): those
     are traced through, so the rules see the operations they really compute."""
     for types, kind in _MODULE_KINDS:
-        base = next((t for t in types if isinstance(module, t)), None)
+        base: Any = next((t for t in types if isinstance(module, t)), None)
         if base is None:
             continue
         if type(module).forward is not base.forward:

@@ -56,6 +56,8 @@ class Context:
         (default: its forward inputs) for K signals (K, B, ...) at once -> one (K, B, ...) per input."""
         primals = at if at is not None else self.inputs
         pullback = torch.func.vjp(function or self.apply, *primals)[1]
+        if signal.shape[0] == 1:  # one signal (a map): no batching needed
+            return [g[None] for g in pullback(signal[0])]
         return list(torch.func.vmap(pullback)(signal))
 
 

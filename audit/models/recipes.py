@@ -32,3 +32,4 @@ RECIPES["cnn-dbort"] = TrainConfig(arch="cnn", optimizer="bort", dbort=True, epo
 # its LayerNorms rescale activations as BatchNorm does in the ResNet, so its Bort twin keeps c = 1.
 _VIT = {**_COMMON, "lr": 0.05}
 RECIPES["vit-sgd"] = TrainConfig(arch="vit", optimizer="sgd", epochs=15, **_VIT)
+RECIPES["vit-bort"] = TrainConfig(arch="vit", optimizer="bort", epochs=15, options={"amplitude": 1.0}, **_VIT)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map
 
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import LINEAR_KINDS
@@ -56,8 +57,8 @@ class Context:
         (default: its forward inputs) for K signals (K, B, ...) at once -> one (K, B, ...) per input."""
         primals = at if at is not None else self.inputs
         pullback = torch.func.vjp(function or self.apply, *primals)[1]
-        if signal.shape[0] == 1:  # one signal (a map): no batching needed
-            return [g[None] for g in pullback(signal[0])]
+        if tree_leaves(signal)[0].shape[0] == 1:  # one signal (a map): no batching; tuples (chunks) stay tuples
+            return [tree_map(lambda t: t[None], g) for g in pullback(tree_map(lambda t: t[0], signal))]
         return list(torch.func.vmap(pullback)(signal))
 
 

@@ -76,7 +76,7 @@ def test_bad_arch_and_shapes():
             build("cnn", bad)
     with pytest.raises(ModelError, match="no option batchnorm"):
         build("vgg", batchnorm=True)
-    assert set(ARCHS) == {"cnn", "vgg", "resnet", "vgg16", "resnet50"}
+    assert set(ARCHS) == {"cnn", "vgg", "resnet", "vgg16", "resnet50", "vit"}
 
 
 def _meta(arch="cnn", **extra):

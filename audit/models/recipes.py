@@ -29,6 +29,7 @@ RECIPES["cnn-dbort"] = TrainConfig(arch="cnn", optimizer="bort", dbort=True, epo
                                    options={"amplitude": _AMPLITUDE["cnn"]}, **_COMMON)
 
 # The small ViT (4x4 patches, dim 64, 4 blocks): SGD as the CNNs, with a larger learning rate (0.05);
-# its LayerNorms rescale activations as BatchNorm does in the ResNet (a Bort twin would keep c = 1).
+# its LayerNorms rescale activations as BatchNorm does in the ResNet, so its Bort twin keeps c = 1.
 _VIT = {**_COMMON, "lr": 0.05}
 RECIPES["vit-sgd"] = TrainConfig(arch="vit", optimizer="sgd", epochs=15, **_VIT)
+RECIPES["vit-bort"] = TrainConfig(arch="vit", optimizer="bort", epochs=15, options={"amplitude": 1.0}, **_VIT)

@@ -11,7 +11,7 @@ from audit.models.training import evaluate
 from bort.invert import reconstruction_quality
 from bort.metrics import constraint_error
 
-TWINS = [("cnn-sgd", "cnn-bort"), ("vgg-sgd", "vgg-bort"), ("resnet-sgd", "resnet-bort")]
+TWINS = [("cnn-sgd", "cnn-bort"), ("vgg-sgd", "vgg-bort"), ("resnet-sgd", "resnet-bort"), ("vit-sgd", "vit-bort")]
 
 
 def test_every_recipe_is_shipped_small_and_described_by_its_metadata():
@@ -46,7 +46,7 @@ def test_bort_keeps_accuracy_and_is_ten_times_more_orthogonal(baseline, bort):
     assert err_bort <= err_base / 10
 
 
-@pytest.mark.parametrize("baseline,bort", TWINS[:2])
+@pytest.mark.parametrize("baseline,bort", TWINS[:2] + TWINS[3:])
 def test_bort_layers_reconstruct_their_input_better(baseline, bort):
     x = torch.from_numpy(embedded_sample()[0][::10])
     scores = {}

@@ -46,10 +46,9 @@ class Context:
     def x(self) -> torch.Tensor:
         return self.inputs[0]
 
-    def apply(self, *inputs: torch.Tensor, reference: bool = False) -> torch.Tensor:
+    def apply(self, *inputs: torch.Tensor) -> torch.Tensor:
         """The node's operation with its signal inputs set to ``inputs`` (the rest from the forward pass)."""
-        env = self.ref_env if reference else self.env
-        return self.node.evaluate(env, dict(zip(self.node.inputs, inputs)))
+        return self.node.evaluate(self.env, dict(zip(self.node.inputs, inputs)))
 
     def vjp(self, signal: torch.Tensor, at: list[torch.Tensor] | None = None,
             function: Callable[..., torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -433,8 +432,8 @@ def _operands(ctx: Context) -> list[str]:
     return ctx.node.params["operands"]
 
 
-def _product_of(ctx: Context, reference: bool = False) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    env = ctx.ref_env if reference else ctx.env
+def _product_of(ctx: Context) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    env = ctx.env
     pair = ctx.node.params["pair"]
     return lambda a, b: pair(env, a, b)
 

@@ -14,6 +14,7 @@ from captum.attr import Attribution
 from captum.log import log_usage
 from torch import nn
 
+from attributions.derived import Derived
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import LINEAR_KINDS, SIGNAL_KINDS, Graph, trace
 from attributions.layers import OPS, pool
@@ -68,6 +69,10 @@ class Explainer(Attribution):
                                    "methods only")
         self._ops = {n.name: OPS[n.kind](n) for n in self.graph.nodes if n.kind in LINEAR_KINDS} if self.graph else {}
         self._rules = self._rule_table(rules or {}) if self.method.chain else {}
+        # nodes whose rule reads the node's own gradient: the forward pass records their autograd graph
+        self.recorded = frozenset(n.name for n in self.graph.nodes if n.name in self._rules and self._rules[n.name].records
+                                  and not (n.params.get("identity") or n.params.get("reshape"))) if self.graph else frozenset()
+        self._reference: Derived[dict] = Derived()
         Attribution.__init__(self, self.forward)
 
     def _rule_table(self, overrides: dict) -> dict[str, Rule]:
@@ -155,10 +160,21 @@ class Explainer(Attribution):
         graph = self._need_graph("forward")
         return self._run(x)[graph.output]
 
-    def _run(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        env = {"input": x}
+    def _run(self, x: torch.Tensor, record: frozenset[str] = frozenset()) -> dict:
+        """Every node's value; for the nodes in ``record`` also their autograd graph, (leaves, output)
+        under ``(name, "graph")``, so that the backward pass need not re-run them."""
+        env: dict = {"input": x}
         for node in self._g.nodes[1:]:
-            env[node.name] = self._eval(node, env)
+            if node.name in record and all(isinstance(env[i], torch.Tensor) for i in node.inputs):
+                leaves = [env[i].detach().requires_grad_() for i in node.inputs]
+                with torch.enable_grad():
+                    out = node.evaluate(env, dict(zip(node.inputs, leaves)))
+                if isinstance(out, torch.Tensor) and out.requires_grad:
+                    env[(node.name, "graph")] = (leaves, out)
+                    out = out.detach()
+                env[node.name] = out
+            else:
+                env[node.name] = self._eval(node, env)
         return env
 
     def _eval(self, node, env):
@@ -180,47 +196,66 @@ class Explainer(Attribution):
 
     # --- backward ----------------------------------------------------------------------------------
 
-    def _backward(self, env: dict, ref: dict | None, start: str, signal: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Propagate ``signal`` (K, B, ...) from node ``start`` down to the input; every node's signal."""
+    def _backward(self, env: dict, ref: dict | None, start: str, signal: torch.Tensor,
+                  keep: set[str] | None = None, release: bool = False) -> dict[str, torch.Tensor]:
+        """Propagate ``signal`` (K, B, ...) from node ``start`` down to the input; every node's signal
+        (only those named in ``keep``: the others are freed as soon as they have been passed on).
+        ``release`` also drops each forward value from ``env`` once the backward has passed its node
+        (no later node reads it), as autograd frees what it saved: the peak memory, and with it the
+        allocation cost on large feature maps, stays that of one forward pass."""
         pending = {start: signal}
         taps = {}
         nodes = self._g.nodes
         names = [n.name for n in nodes]
         for node in reversed(nodes[: names.index(start) + 1]):
             s = pending.pop(node.name, None)
-            if s is None:
-                continue
-            taps[node.name] = s
-            if node.kind == "input":
-                break
-            key = (node.name, "indices")
-            ctx = Context(node, [env[i] for i in node.inputs], env[node.name], self._ops.get(node.name),
-                          [ref[i] for i in node.inputs] if ref else None, ref[node.name] if ref else None,
-                          env.get(key), ref.get(key) if ref else None, env, ref)
-            outs = self._rules[node.name].backward(ctx, s)
-            for name, o in zip(node.inputs, outs):
-                pending[name] = o if name not in pending else pending[name] + o
+            if s is not None:
+                if keep is None or node.name in keep:
+                    taps[node.name] = s
+                if node.kind == "input":
+                    break
+                key = (node.name, "indices")
+                ctx = Context(node, [env[i] for i in node.inputs], env[node.name], self._ops.get(node.name),
+                              [ref[i] for i in node.inputs] if ref else None, ref[node.name] if ref else None,
+                              env.get(key), ref.get(key) if ref else None, env, ref)
+                outs = self._rules[node.name].backward(ctx, s)
+                for name, o in zip(node.inputs, outs):
+                    pending[name] = o if name not in pending else pending[name] + o
+            if release and keep is not None and node.name not in keep:
+                env.pop(node.name, None)
+                env.pop((node.name, "indices"), None)
         return taps
 
-    def _forward_envs(self, x: torch.Tensor, with_ref: bool | None = None) -> tuple[dict, dict | None]:
+    def _forward_envs(self, x: torch.Tensor, with_ref: bool | None = None,
+                      record: frozenset[str] | None = None) -> tuple[dict, dict | None]:
         """Every node's output for x and (DeepLIFT, or ``with_ref``) for the zero reference: one image,
-        broadcast against the batch."""
+        broadcast against the batch. ``record``: nodes whose autograd graph to keep (default: those
+        this method's rules differentiate)."""
         with_ref = self.method.signal == "multiplier" if with_ref is None else with_ref
         with torch.no_grad():
-            env = self._run(x)
-            ref = self._run(torch.zeros_like(x[:1])) if with_ref else None
+            env = self._run(x, self.recorded if record is None else record)
+            ref = self._reference_env(x) if with_ref else None
         return env, ref
 
-    def _signals(self, x: torch.Tensor, start: str, make_signal, envs=None, keep=None) -> tuple[dict, dict]:
-        """Every node's signal (or only those named in ``keep``) for the signal ``make_signal(env)`` at ``start``."""
+    def _reference_env(self, x: torch.Tensor) -> dict:
+        """The forward pass of the zero reference (1, ...): it depends on the model's tensors only, so it
+        is kept until one of them changes (:mod:`attributions.derived`)."""
+        graph = self._g
+        consts = [v for n in graph.nodes if "attribute" in n.params for v in [n.evaluate({})]
+                  if isinstance(v, torch.Tensor)]
+        sources = [*self.model.parameters(), *self.model.buffers(), *consts]
+        return self._reference.get(sources, lambda: self._run(torch.zeros_like(x[:1])),
+                                   key=(tuple(x.shape[1:]), x.dtype, x.device))
+
+    def _signals(self, x: torch.Tensor, start: str, make_signal, envs=None, keep=None) -> dict:
+        """Every node's signal (or only those named in ``keep``) for the signal ``make_signal(env)`` at
+        ``start``. A forward pass made here (no ``envs``) is released during the backward."""
         env, ref = envs if envs is not None else self._forward_envs(x)
         with torch.no_grad():
-            taps = self._backward(env, ref, start, make_signal(env))
-            if keep is not None:
-                taps = {k: v for k, v in taps.items() if k in keep}
+            taps = self._backward(env, ref, start, make_signal(env), keep, release=envs is None)
             if ref is not None:  # DeepLIFT's signal: multiplier times the difference from the reference
                 taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
-        return taps, env
+        return taps
 
     # --- public API --------------------------------------------------------------------------------
 
@@ -242,7 +277,7 @@ class Explainer(Attribution):
                                    for t in targets])
             return onehots * logits if m.output == "logit" else onehots
 
-        taps, _ = self._signals(x, self._g.output, start, envs, keep={"input"})
+        taps = self._signals(x, self._g.output, start, envs, keep={"input"})
         out = taps["input"]
         return out * x if m.times_input else out
 
@@ -293,7 +328,7 @@ class Explainer(Attribution):
                                        f"{inject_at!r}, got {tuple(vectors.shape)}")
             return vectors.to(env[inject_at].dtype)
 
-        taps, _ = self._signals(x, inject_at, start)
+        taps = self._signals(x, inject_at, start)
         taps.pop(inject_at, None)
         return taps
 
@@ -357,7 +392,8 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor) -> tuple[d
         return None
     if len({id(e.graph) for e in chains}) > 1:
         raise AttributionError("explainers sharing a forward pass must be built on one traced graph (pass graph=)")
-    return chains[0]._forward_envs(chains[0]._check_input(x), any(e.method.signal == "multiplier" for e in chains))
+    return chains[0]._forward_envs(chains[0]._check_input(x), any(e.method.signal == "multiplier" for e in chains),
+                                   frozenset().union(*(e.recorded for e in chains)))
 
 
 def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: list, envs=None

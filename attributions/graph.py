@@ -360,7 +360,8 @@ def trace(model: nn.Module) -> Graph:
         if fx_node.op == "get_attr":
             name = unique(fx_node.target)
             target = fx_node.target
-            node = Node(name, "const", (), run=lambda env, replace, target=target: _fetch(model, target))
+            node = Node(name, "const", (), params={"attribute": target},
+                        run=lambda env, replace, target=target: _fetch(model, target))
         elif fx_node.op == "call_module":
             module = modules[fx_node.target]
             name = unique(fx_node.target)

@@ -7,12 +7,13 @@ are (B, ...), so K injected vectors share one forward pass.
 """
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attributions.derived import Derived
 from attributions.graph import Node
 
 
@@ -20,9 +21,56 @@ class LinearOp:
     """z = W x + b for one node; W is None for parameter-free maps (pooling)."""
 
     has_negative_weights = True
+    out_axis = 2  # the output axis of a signal (K, B, C, ...)
 
     def __init__(self, node: Node):
         self.node = node
+        self._stacked: Derived[torch.Tensor] = Derived()
+
+    def _sources(self) -> list[torch.Tensor]:
+        """The tensors the effective weights are computed from (the layer's and a folded BatchNorm's)."""
+        modules = [self.node.module, getattr(self.node, "bn", None)]
+        return [t for m in modules if m is not None for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
+                if t.is_floating_point()]
+
+    def signed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W+, W-) of the effective weights: two halves of :meth:`stacked`."""
+        stacked = self.stacked()
+        half = stacked.shape[0] // 2
+        return stacked[:half], stacked[half:]
+
+    def stacked(self) -> torch.Tensor:
+        """[W+; W-] stacked along the outputs (2 out, ...), so that a rule that needs both transposes
+        them in one operation (:meth:`transpose_stacked`).
+
+        Kept until a source tensor changes (:mod:`attributions.derived`): the sign-split rules
+        (alpha-beta, z+, zB) would otherwise copy every weight twice per call, which dominates their
+        cost on large dense layers.
+        """
+        def make() -> torch.Tensor:
+            with torch.no_grad():
+                w, _ = self.weights()
+                assert w is not None  # only layers with weights have negative ones
+                return torch.cat([w.clamp(min=0), w.clamp(max=0)])
+
+        return self._stacked.get(self._sources(), make)
+
+    def halves(self, signal: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """An empty signal for :meth:`stacked` (K, B, 2 out, ...) and its W+ and W- halves (views to fill)."""
+        axis = self.out_axis % signal.ndim
+        shape = list(signal.shape)
+        shape[axis] *= 2
+        buffer = signal.new_empty(shape)
+        n = signal.shape[axis]
+        return buffer, buffer.narrow(axis, 0, n), buffer.narrow(axis, n, n)
+
+    def transpose_stacked(self, buffer: torch.Tensor, in_shape: torch.Size) -> torch.Tensor:
+        """W+^T s+ + W-^T s- for a buffer from :meth:`halves` (K, B, 2 out, ...) -> (K, B, ...in)."""
+        axis = self.out_axis % buffer.ndim
+        n = buffer.shape[axis] // 2
+        wp, wn = self.signed()
+        return self.transpose(buffer.narrow(axis, 0, n), wp, in_shape) + self.transpose(buffer.narrow(axis, n, n),
+                                                                                          wn, in_shape)
 
     def weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The effective (W, b) now, BatchNorm folded in."""
@@ -41,10 +89,6 @@ class LinearOp:
         flat = self._transpose(s.reshape(k * b, *s.shape[2:]), w, torch.Size((k * b, *in_shape[1:])))
         return flat.reshape(k, b, *in_shape[1:])
 
-    def transpose_sum(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], in_shape: torch.Size) -> torch.Tensor:
-        """sum_i W_i^T s_i; layers with weights stack the pairs into one transposed operation."""
-        # callers pass at least one pair, so the sum is a tensor, never sum's start value 0
-        return cast(torch.Tensor, sum(self.transpose(s, w, in_shape) for s, w in pairs))
 
 
 def _bias(module: nn.Linear | nn.Conv1d | nn.Conv2d, out: int, like: torch.Tensor) -> torch.Tensor:
@@ -82,11 +126,10 @@ class DenseOp(LinearOp):
     def _transpose(self, s, w, in_shape):
         return s @ w
 
-    def transpose_sum(self, pairs, in_shape):
-        if len(pairs) == 1:
-            return self.transpose(*pairs[0], in_shape)
-        s = torch.cat([p[0] for p in pairs], dim=-1)
-        return self.transpose(s, torch.cat([p[1] for p in pairs], dim=0), in_shape)
+    out_axis = -1
+
+    def transpose_stacked(self, buffer, in_shape):
+        return self.transpose(buffer, self.stacked(), in_shape)
 
 
 class ConvOp(LinearOp):
@@ -120,11 +163,10 @@ class ConvOp(LinearOp):
         probe = torch.zeros(in_shape, dtype=s.dtype, device=s.device)
         return torch.func.vjp(lambda t: F.pad(t, pads, mode=mode), probe)[1](grad)[0]
 
-    def transpose_sum(self, pairs, in_shape):
-        if len(pairs) == 1 or self.node.module.groups != 1:
-            return super().transpose_sum(pairs, in_shape)
-        s = torch.cat([p[0] for p in pairs], dim=2)
-        return self.transpose(s, torch.cat([p[1] for p in pairs], dim=0), in_shape)
+    def transpose_stacked(self, buffer, in_shape):
+        if self.node.module.groups != 1:  # grouped weights cannot be stacked along the output channels
+            return super().transpose_stacked(buffer, in_shape)
+        return self.transpose(buffer, self.stacked(), in_shape)
 
 
 def _explicit_padding(module: Any) -> tuple[tuple[int, ...] | None, str, Any]:

@@ -53,7 +53,18 @@ class Context:
     def vjp(self, signal: torch.Tensor, at: list[torch.Tensor] | None = None,
             function: Callable[..., torch.Tensor] | None = None) -> list[torch.Tensor]:
         """The exact vector-Jacobian products of ``function`` (default: the node's operation) at ``at``
-        (default: its forward inputs) for K signals (K, B, ...) at once -> one (K, B, ...) per input."""
+        (default: its forward inputs) for K signals (K, B, ...) at once -> one (K, B, ...) per input.
+
+        The node's own operation at its forward inputs uses the autograd graph recorded in the forward
+        pass when there is one (``env[(name, "graph")]``): nothing is re-run."""
+        recorded = self.env.get((self.node.name, "graph")) if self.env is not None else None
+        if recorded is not None and at is None and function is None:
+            leaves, out = recorded
+            batched = signal.shape[0] > 1
+            grads = torch.autograd.grad(out, leaves, signal if batched else signal[0], retain_graph=True,
+                                        allow_unused=True, is_grads_batched=batched)
+            return [signal.new_zeros((signal.shape[0], *leaf.shape)) if g is None else (g if batched else g[None])
+                    for g, leaf in zip(grads, leaves)]
         primals = at if at is not None else self.inputs
         pullback = torch.func.vjp(function or self.apply, *primals)[1]
         if tree_leaves(signal)[0].shape[0] == 1:  # one signal (a map): no batching; tuples (chunks) stay tuples
@@ -63,16 +74,27 @@ class Context:
 
 def stabilize(z: torch.Tensor, epsilon: float) -> torch.Tensor:
     """z + epsilon * sign(z), with sign(0) = +1 (copysign of +0 is +)."""
-    return z + torch.copysign(torch.tensor(epsilon, dtype=z.dtype), z)
+    return torch.copysign(torch.tensor(epsilon, dtype=z.dtype), z).add_(z)
+
+
+def ratio(signal: torch.Tensor, z: torch.Tensor, epsilon: float, scale: float = 1.0,
+          out: torch.Tensor | None = None) -> torch.Tensor:
+    """scale * signal / stabilize(z, epsilon): signal (K, B, ...), z (B, ...) -> (K, B, ...), into ``out``
+    if given. Written to touch each activation-sized tensor as few times as possible: on large
+    feature maps these element-wise passes, not the convolutions, decide a rule's cost."""
+    result = torch.div(signal, stabilize(z, epsilon), out=out)
+    return result if scale == 1.0 else result.mul_(scale)
 
 
 class Rule:
-    """Backward of one node: ``backward(ctx, signal) -> [signal per tensor input]``.
+    """Backward of one node: ``backward(ctx, signal) -> [signal per tensor input]``, called under
+    ``torch.no_grad()`` (rules write into preallocated buffers).
 
     ``kinds``: the node kinds the rule can act on (a rule map that puts it elsewhere is refused).
     """
 
     kinds: tuple[str, ...] = ()
+    records = False  # reads the node's vector-Jacobian product at its forward inputs (Context.vjp)
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         raise NotImplementedError
@@ -104,8 +126,7 @@ class Epsilon(Rule):
 
     def backward(self, ctx, signal):
         w, _ = ctx.op.weights()
-        s = signal / stabilize(ctx.output, self.epsilon)
-        return [ctx.x * ctx.op.transpose(s, w, ctx.x.shape)]
+        return [ctx.op.transpose(ratio(signal, ctx.output, self.epsilon), w, ctx.x.shape).mul_(ctx.x)]
 
 
 class AlphaBeta(Rule):
@@ -125,25 +146,27 @@ class AlphaBeta(Rule):
 
     def backward(self, ctx, signal):
         op, x = ctx.op, ctx.x
-        w, b = op.weights()
-        wp, wn = w.clamp(min=0), w.clamp(max=0)
+        _, b = op.weights()
+        wp, wn = op.signed()
         bp = b.clamp(min=0) if self.bias else None
         bn = b.clamp(max=0) if self.bias else None
         if bool((x >= 0).all()):
             # Inputs after a ReLU: x- = 0, so z- follows from z without a second forward.
             zp = op.forward(x, wp, bp)
-            pairs = [(signal * (self.alpha / stabilize(zp, self.stabilizer)), wp)]
-            if self.beta:
-                zn = (ctx.output - zp) if self.bias else op.forward(x, wn)
-                pairs.append((signal * (-self.beta / stabilize(zn, self.stabilizer)), wn))
-            return [x * op.transpose_sum(pairs, x.shape)]
+            if not self.beta:
+                return [op.transpose(ratio(signal, zp, self.stabilizer, self.alpha), wp, x.shape).mul_(x)]
+            zn = (ctx.output - zp) if self.bias else op.forward(x, wn)
+            buffer, sp, sn = op.halves(signal)
+            ratio(signal, zp, self.stabilizer, self.alpha, out=sp)
+            ratio(signal, zn, self.stabilizer, -self.beta, out=sn)
+            return [op.transpose_stacked(buffer, x.shape).mul_(x)]
         xp, xn = x.clamp(min=0), x.clamp(max=0)
         zp = op.forward(xp, wp, bp) + op.forward(xn, wn)
-        sp = signal * (self.alpha / stabilize(zp, self.stabilizer))
+        sp = ratio(signal, zp, self.stabilizer, self.alpha)
         out = xp * op.transpose(sp, wp, x.shape) + xn * op.transpose(sp, wn, x.shape)
         if self.beta:
             zn = op.forward(xp, wn, bn) + op.forward(xn, wp)
-            sn = signal * (self.beta / stabilize(zn, self.stabilizer))
+            sn = ratio(signal, zn, self.stabilizer, self.beta)
             out = out - xp * op.transpose(sn, wn, x.shape) - xn * op.transpose(sn, wp, x.shape)
         return [out]
 
@@ -158,7 +181,7 @@ class Gamma(Rule):
 
     def backward(self, ctx, signal):
         w, b = ctx.op.weights()
-        wg, bg = w + self.gamma * w.clamp(min=0), b + self.gamma * b.clamp(min=0)
+        wg, bg = w + self.gamma * ctx.op.signed()[0], b + self.gamma * b.clamp(min=0)
         z = ctx.op.forward(ctx.x, wg, bg)
         s = signal / stabilize(z, self.epsilon)
         return [ctx.x * ctx.op.transpose(s, wg, ctx.x.shape)]
@@ -205,12 +228,14 @@ class ZB(Rule):
     def backward(self, ctx, signal):
         op, x = ctx.op, ctx.x
         w, _ = op.weights()
-        wp, wn = w.clamp(min=0), w.clamp(max=0)
+        wp, wn = op.signed()
         low, high = torch.full_like(x, self.low), torch.full_like(x, self.high)
         z = op.forward(x, w) - op.forward(low, wp) - op.forward(high, wn)
         s = signal / stabilize(z, self.stabilizer)
-        return [x * op.transpose(s, w, x.shape) - low * op.transpose(s, wp, x.shape)
-                - high * op.transpose(s, wn, x.shape)]
+        buffer, sp, sn = op.halves(s)
+        torch.mul(s, self.low, out=sp)
+        torch.mul(s, self.high, out=sn)
+        return [x * op.transpose(s, w, x.shape) - op.transpose_stacked(buffer, x.shape)]
 
 
 class DeepLiftAblation(Rule):
@@ -228,7 +253,7 @@ class DeepLiftAblation(Rule):
 
     def backward(self, ctx, signal):
         w, _ = ctx.op.weights()
-        wp = w.clamp(min=0) if ctx.op.has_negative_weights else w
+        wp = ctx.op.signed()[0] if ctx.op.has_negative_weights else w
         return [ctx.op.transpose(signal, wp, ctx.x.shape)]
 
 
@@ -257,8 +282,8 @@ class ReLUGradient(Rule):
         if self.mode == "deconv":
             return [signal.clamp(min=0)]
         slope = ctx.node.params.get("negative_slope", 0.0)
-        out = signal * (ctx.x > 0) if slope == 0 else signal * torch.where(ctx.x > 0, 1.0, slope).to(signal.dtype)
-        return [out.clamp(min=0) if self.mode == "guided" else out]
+        out = torch.where(ctx.x > 0, signal, 0.0 if slope == 0 else slope * signal)
+        return [out.clamp_(min=0) if self.mode == "guided" else out]
 
 
 class Rescale(Rule):
@@ -275,8 +300,8 @@ class Rescale(Rule):
     kinds = ("relu", "leaky_relu")
 
     def backward(self, ctx, signal):
-        ratio = (ctx.output - ctx.ref_output).div_(ctx.x - ctx.ref_inputs[0]).nan_to_num_(nan=0.0)
-        return [signal * ratio]
+        multiplier = (ctx.output - ctx.ref_output).div_(ctx.x - ctx.ref_inputs[0]).nan_to_num_(nan=0.0)
+        return [signal * multiplier]
 
 
 def _pair(v) -> list[int]:
@@ -371,6 +396,7 @@ class VJP(Rule):
     permutes, reshapes, expand, cat, pad, roll...), since moving values neither creates nor mixes them."""
 
     kinds = TRACED_KINDS
+    records = True
 
     def backward(self, ctx, signal):
         if ctx.node.params.get("identity"):
@@ -386,6 +412,7 @@ class ActivationGradient(Rule):
     ``deconv`` clips the incoming signal and ignores the forward derivative (Zeiler & Fergus)."""
 
     kinds = ("activation",)
+    records = True
 
     def __init__(self, mode: str = "guided"):
         self.mode = mode
@@ -402,6 +429,7 @@ class LinearZ(Rule):
     adds (a position embedding, a bias) absorb their share; on data movement it equals the adjoint."""
 
     kinds = ("mix",)
+    records = True
 
     def __init__(self, epsilon: float = 1e-6):
         self.epsilon = epsilon
@@ -416,6 +444,7 @@ class RescaleAny(Rule):
     f'(x) where x = x0 (Shrikumar et al. 2017). Keeps completeness."""
 
     kinds = ("activation",)
+    records = True
 
     def __init__(self, tolerance: float = 1e-10):
         self.tolerance = tolerance

@@ -234,7 +234,7 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
             vectors = vectors * keep[..., None]
             size_l = shape[-1]
         own_ref = ref if ex.method.signal == "multiplier" else None
-        taps, _ = ex._signals(x, node, lambda e: vectors, envs=(env, own_ref))
+        taps = ex._signals(x, node, lambda e: vectors, envs=(env, own_ref))
         taps.pop(node, None)
         for layer, signal in taps.items():
             kind = kinds.get(layer, "input")

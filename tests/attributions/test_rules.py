@@ -53,10 +53,11 @@ def test_single_layer_flat_and_wsquare_and_zb():
     node = trace(nn.Sequential(LAYER)).nodes[1]
     ctx = Context(node, [X], LAYER(X).detach(), DenseOp(node))
     signal = torch.tensor([[[7.0]]], dtype=torch.float64)
-    torch.testing.assert_close(R.WSquare().backward(ctx, signal)[0][0], torch.tensor([[4, 1, 9]]) * 7 / 14.0,
-                               check_dtype=False)
-    torch.testing.assert_close(R.Flat().backward(ctx, signal)[0][0], torch.full((1, 3), 7 / 3.0), check_dtype=False)
-    zb = R.ZB(low=-1.0, high=2.0, stabilizer=0.0).backward(ctx, signal)[0][0]
+    with torch.no_grad():  # as the engine calls rules
+        wsquare, flat = R.WSquare().backward(ctx, signal)[0][0], R.Flat().backward(ctx, signal)[0][0]
+        zb = R.ZB(low=-1.0, high=2.0, stabilizer=0.0).backward(ctx, signal)[0][0]
+    torch.testing.assert_close(wsquare, torch.tensor([[4, 1, 9]]) * 7 / 14.0, check_dtype=False)
+    torch.testing.assert_close(flat, torch.full((1, 3), 7 / 3.0), check_dtype=False)
     shares = torch.tensor([[2 - (-1) * 2, -2 - 2 * (-1), -3 - (-1) * 3]], dtype=torch.float64)
     torch.testing.assert_close(zb, shares / 4.0 * 7)
 

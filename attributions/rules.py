@@ -80,9 +80,10 @@ def stabilize(z: torch.Tensor, epsilon: float) -> torch.Tensor:
 def ratio(signal: torch.Tensor, z: torch.Tensor, epsilon: float, scale: float = 1.0,
           out: torch.Tensor | None = None) -> torch.Tensor:
     """scale * signal / stabilize(z, epsilon): signal (K, B, ...), z (B, ...) -> (K, B, ...), into ``out``
-    if given. Written to touch each activation-sized tensor as few times as possible: on large
-    feature maps these element-wise passes, not the convolutions, decide a rule's cost."""
-    result = torch.div(signal, stabilize(z, epsilon), out=out)
+    if given; ``epsilon=0`` for a z already kept away from 0. Written to touch each activation-sized
+    tensor as few times as possible: on large feature maps these element-wise passes, not the
+    convolutions, decide a rule's cost."""
+    result = torch.div(signal, stabilize(z, epsilon) if epsilon else z, out=out)
     return result if scale == 1.0 else result.mul_(scale)
 
 
@@ -150,15 +151,17 @@ class AlphaBeta(Rule):
         wp, wn = op.signed()
         bp = b.clamp(min=0) if self.bias else None
         bn = b.clamp(max=0) if self.bias else None
-        if bool((x >= 0).all()):
-            # Inputs after a ReLU: x- = 0, so z- follows from z without a second forward.
+        if float(x.min()) >= 0:
+            # Inputs after a ReLU: x- = 0, so z+ = W+ x + b+ >= 0 and z- = z - z+ <= 0 have known signs
+            # (stabilised away from 0 without a sign pass), and z- needs no second forward.
             zp = op.forward(x, wp, bp)
             if not self.beta:
-                return [op.transpose(ratio(signal, zp, self.stabilizer, self.alpha), wp, x.shape).mul_(x)]
-            zn = (ctx.output - zp) if self.bias else op.forward(x, wn)
+                return [op.transpose(ratio(signal, zp.add_(self.stabilizer), 0.0, self.alpha), wp, x.shape).mul_(x)]
+            # -z- >= 0 up to rounding; alpha R+ - beta R- = W+^T (alpha s / z+) + W-^T (beta s / -z-)
+            zn = (zp - ctx.output).clamp_(min=0) if self.bias else op.forward(x, wn).neg_()
             buffer, sp, sn = op.halves(signal)
-            ratio(signal, zp, self.stabilizer, self.alpha, out=sp)
-            ratio(signal, zn, self.stabilizer, -self.beta, out=sn)
+            ratio(signal, zp.add_(self.stabilizer), 0.0, self.alpha, out=sp)
+            ratio(signal, zn.add_(self.stabilizer), 0.0, self.beta, out=sn)
             return [op.transpose_stacked(buffer, x.shape).mul_(x)]
         xp, xn = x.clamp(min=0), x.clamp(max=0)
         zp = op.forward(xp, wp, bp) + op.forward(xn, wn)
@@ -282,7 +285,9 @@ class ReLUGradient(Rule):
         if self.mode == "deconv":
             return [signal.clamp(min=0)]
         slope = ctx.node.params.get("negative_slope", 0.0)
-        out = torch.where(ctx.x > 0, signal, 0.0 if slope == 0 else slope * signal)
+        # autograd's own ReLU kernel (one pass, broadcast over K) where the slope is 0
+        out = (torch.ops.aten.threshold_backward(signal, ctx.x, 0) if slope == 0
+               else torch.where(ctx.x > 0, signal, slope * signal))
         return [out.clamp_(min=0) if self.mode == "guided" else out]
 
 

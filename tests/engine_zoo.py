@@ -1,11 +1,14 @@
 """Small models that mirror the families people audit, written here (no torchvision): MobileNetV2,
-EfficientNet, ShuffleNet, ConvNeXt and a ViT with hand-written attention. ``bias=False`` builds a
-variant without biases, affine shifts or added constants, on which LRP conserves relevance exactly."""
+EfficientNet, RegNet-Y, MNASNet, ShuffleNet, ConvNeXt and a ViT with hand-written attention.
+``bias=False`` builds a variant without biases, BatchNorm, affine shifts or added constants, on which
+LRP conserves relevance exactly."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tests.engine_models import randomize_batchnorm
 
 
 class InvertedResidual(nn.Module):
@@ -76,6 +79,60 @@ class EfficientNet(nn.Module):
     def forward(self, x):
         h = self.blocks(self.act(self.stem(x)))
         return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+
+
+def _norm(c: int, bias: bool) -> nn.Module:
+    """BatchNorm (its shift is a bias) or, in the bias-free variant, nothing."""
+    return nn.BatchNorm2d(c) if bias else nn.Identity()
+
+
+class RegNetYBlock(nn.Module):
+    """RegNet-Y: 1x1, grouped 3x3 (group width 4), SE gate (ReLU, Sigmoid), 1x1, BatchNorm after each
+    convolution, ReLU after the residual add."""
+
+    def __init__(self, c: int, bias: bool = True):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), _norm(c, bias), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, groups=c // 4, bias=False), _norm(c, bias), nn.ReLU())
+        self.se_reduce, self.se_expand = nn.Conv2d(c, c // 4, 1, bias=bias), nn.Conv2d(c // 4, c, 1, bias=bias)
+        self.c = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), _norm(c, bias))
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        h = self.b(self.a(x))
+        g = torch.sigmoid(self.se_expand(F.relu(self.se_reduce(F.adaptive_avg_pool2d(h, 1)))))
+        return self.act(x + self.c(h * g))
+
+
+class RegNetY(nn.Module):
+    def __init__(self, classes: int = 5, bias: bool = True):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 8, 3, stride=2, padding=1, bias=False), _norm(8, bias), nn.ReLU())
+        self.blocks = nn.Sequential(RegNetYBlock(8, bias), RegNetYBlock(8, bias))
+        self.fc = nn.Linear(8, classes, bias=bias)
+
+    def forward(self, x):
+        return self.fc(F.adaptive_avg_pool2d(self.blocks(self.stem(x)), (1, 1)).flatten(1))
+
+
+class MNASNet(nn.Module):
+    """MNASNet: a depthwise-separable stem, an inverted residual with a 5x5 depthwise convolution,
+    BatchNorm throughout, in-place ReLUs, dropout before the classifier."""
+
+    def __init__(self, classes: int = 5, bias: bool = True):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Conv2d(1, 8, 3, stride=2, padding=1, bias=False), _norm(8, bias), nn.ReLU(inplace=True),
+            nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), _norm(8, bias), nn.ReLU(inplace=True),
+            nn.Conv2d(8, 8, 1, bias=False), _norm(8, bias))
+        self.expand = nn.Sequential(nn.Conv2d(8, 24, 1, bias=False), _norm(24, bias), nn.ReLU(inplace=True),
+                                    nn.Conv2d(24, 24, 5, padding=2, groups=24, bias=False), _norm(24, bias),
+                                    nn.ReLU(inplace=True), nn.Conv2d(24, 8, 1, bias=False), _norm(8, bias))
+        self.classifier = nn.Sequential(nn.Dropout(0.2, inplace=True), nn.Linear(8, classes, bias=bias))
+
+    def forward(self, x):
+        h = self.layers(x)
+        return self.classifier((h + self.expand(h)).mean([2, 3]))
 
 
 class ShuffleUnit(nn.Module):
@@ -185,7 +242,8 @@ class ViT(nn.Module):
         return self.head(h[:, 0])
 
 
-ZOO = {"mobilenet_v2": MobileNetV2, "efficientnet": EfficientNet, "shufflenet": ShuffleNet, "convnext": ConvNeXt,
+ZOO = {"mobilenet_v2": MobileNetV2, "efficientnet": EfficientNet, "regnet_y": RegNetY, "mnasnet": MNASNet,
+       "shufflenet": ShuffleNet, "convnext": ConvNeXt,
        "vit": ViT, "vit_mha": lambda bias=True: ViT(bias=bias, attention="mha"),
        "vit_sdpa": lambda bias=True: ViT(bias=bias, attention="sdpa")}
 
@@ -194,7 +252,8 @@ def zoo_model(name: str, bias: bool = True, seed: int = 0) -> nn.Module:
     """A float64 eval-mode model of the zoo with seeded weights."""
     torch.manual_seed(seed)
     model = ZOO[name](bias=bias).double().eval()
-    with torch.no_grad():  # LayerNorm / GroupNorm start at weight 1, bias 0: make them matter
+    with torch.no_grad():  # norms start at weight 1, bias 0 (BatchNorm: statistics 0, 1): make them matter
+        randomize_batchnorm(model)
         for m in model.modules():
             if isinstance(m, (nn.LayerNorm, nn.GroupNorm)):
                 if m.weight is not None:

@@ -175,6 +175,8 @@ class Explainer(Attribution):
                 env[node.name] = out
             else:
                 env[node.name] = self._eval(node, env)
+            for alias in node.params.get("folded", ()):  # calls traced to read a folded BatchNorm's output
+                env[alias] = env[node.name]
         return env
 
     def _eval(self, node, env):
@@ -222,8 +224,8 @@ class Explainer(Attribution):
                 for name, o in zip(node.inputs, outs):
                     pending[name] = o if name not in pending else pending[name] + o
             if release and keep is not None and node.name not in keep:
-                env.pop(node.name, None)
-                env.pop((node.name, "indices"), None)
+                for name in (node.name, (node.name, "indices"), *node.params.get("folded", ())):
+                    env.pop(name, None)
         return taps
 
     def _forward_envs(self, x: torch.Tensor, with_ref: bool | None = None,

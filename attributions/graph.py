@@ -62,11 +62,16 @@ class Node:
     bn: nn.Module | None = None  # an eval-mode BatchNorm folded after this conv / linear
     run: Callable[..., Any] | None = None
     params: dict = field(default_factory=dict)
+    # inputs renamed by BatchNorm folding: {name the traced call reads: node that now computes it}
+    aliases: dict[str, str] = field(default_factory=dict)
 
     def evaluate(self, env: dict, replace: dict | None = None) -> Any:
         """The node's value from ``env`` (and ``replace``, which wins over it)."""
         assert self.run is not None, f"node {self.name!r} of kind {self.kind!r} has no traced operation"
-        return self.run(env, replace or {})
+        replace = replace or {}
+        if self.aliases:  # a replaced input must reach the call under the name it was traced with
+            replace = {**replace, **{old: replace[new] for old, new in self.aliases.items() if new in replace}}
+        return self.run(env, replace)
 
 
 # --- what each call site is -----------------------------------------------------------------------
@@ -653,6 +658,9 @@ def _fold_batchnorm(graph: Graph) -> Graph:
     for node in graph.nodes:
         if node.name in drop:
             continue
+        node.aliases.update({i: drop[i] for i in node.inputs if i in drop})
         node.inputs = tuple(drop.get(i, i) for i in node.inputs)
         nodes.append(node)
+    for bn_name, src in drop.items():  # the forward pass also stores the value under the BatchNorm's name
+        graph.by_name[src].params.setdefault("folded", []).append(bn_name)
     return Graph(nodes, drop.get(graph.output, graph.output))

@@ -380,7 +380,7 @@ class ProportionalSplit(Rule):
         self.epsilon = epsilon
 
     def backward(self, ctx, signal):
-        s = signal / stabilize(ctx.output, self.epsilon)
+        s = ratio(signal, ctx.output, self.epsilon)
         return [s * x for x in ctx.inputs]
 
 

@@ -1,5 +1,5 @@
 """Small models that mirror the families people audit, written here (no torchvision): MobileNetV2,
-EfficientNet, RegNet-Y, MNASNet, ShuffleNet, ConvNeXt and a ViT with hand-written attention.
+MobileNetV3, EfficientNet, RegNet-Y, MNASNet, ShuffleNet, ConvNeXt and a ViT with hand-written attention.
 ``bias=False`` builds a variant without biases, BatchNorm, affine shifts or added constants, on which
 LRP conserves relevance exactly."""
 from __future__ import annotations
@@ -9,6 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.engine_models import randomize_batchnorm
+
+
+def _norm(c: int, bias: bool) -> nn.Module:
+    """BatchNorm (its shift is a bias) or, in the bias-free variant, nothing."""
+    return nn.BatchNorm2d(c) if bias else nn.Identity()
 
 
 class InvertedResidual(nn.Module):
@@ -33,6 +38,25 @@ class MobileNetV2(nn.Module):
 
     def forward(self, x):
         return self.head(self.blocks(self.stem(x)).mean(dim=(2, 3)))
+
+
+class MobileNetV3(nn.Module):
+    """MobileNetV3: Conv-BatchNorm-Hardswish (the activation module reads the folded BatchNorm's
+    output), an SE gate with a functional Hardsigmoid, a shape read off a BatchNorm's output."""
+
+    def __init__(self, classes: int = 5, bias: bool = True):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 8, 3, stride=2, padding=1, bias=False), _norm(8, bias), nn.Hardswish())
+        self.dw = nn.Sequential(nn.Conv2d(8, 8, 5, padding=2, groups=8, bias=False), _norm(8, bias), nn.ReLU6())
+        self.se_reduce, self.se_expand = nn.Conv2d(8, 4, 1, bias=bias), nn.Conv2d(4, 8, 1, bias=bias)
+        self.project = nn.Sequential(nn.Conv2d(8, 8, 1, bias=False), _norm(8, bias))
+        self.head = nn.Sequential(nn.Linear(8, 16, bias=bias), nn.Hardswish(), nn.Dropout(0.2), nn.Linear(16, classes, bias=bias))
+
+    def forward(self, x):
+        h = self.dw(self.stem(x))
+        h = h * F.hardsigmoid(self.se_expand(F.relu(self.se_reduce(h.mean((2, 3), keepdim=True)))))
+        h = self.project(h)
+        return self.head(h.reshape(h.shape[0], h.shape[1], -1).mean(-1))
 
 
 class SqueezeExcite(nn.Module):
@@ -79,11 +103,6 @@ class EfficientNet(nn.Module):
     def forward(self, x):
         h = self.blocks(self.act(self.stem(x)))
         return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
-
-
-def _norm(c: int, bias: bool) -> nn.Module:
-    """BatchNorm (its shift is a bias) or, in the bias-free variant, nothing."""
-    return nn.BatchNorm2d(c) if bias else nn.Identity()
 
 
 class RegNetYBlock(nn.Module):
@@ -242,7 +261,8 @@ class ViT(nn.Module):
         return self.head(h[:, 0])
 
 
-ZOO = {"mobilenet_v2": MobileNetV2, "efficientnet": EfficientNet, "regnet_y": RegNetY, "mnasnet": MNASNet,
+ZOO = {"mobilenet_v2": MobileNetV2, "mobilenet_v3": MobileNetV3, "efficientnet": EfficientNet, "regnet_y": RegNetY,
+       "mnasnet": MNASNet,
        "shufflenet": ShuffleNet, "convnext": ConvNeXt,
        "vit": ViT, "vit_mha": lambda bias=True: ViT(bias=bias, attention="mha"),
        "vit_sdpa": lambda bias=True: ViT(bias=bias, attention="sdpa")}

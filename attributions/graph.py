@@ -661,6 +661,6 @@ def _fold_batchnorm(graph: Graph) -> Graph:
         node.aliases.update({i: drop[i] for i in node.inputs if i in drop})
         node.inputs = tuple(drop.get(i, i) for i in node.inputs)
         nodes.append(node)
-    for bn_name, src in drop.items():  # the forward pass also stores the value under the BatchNorm's name
-        graph.by_name[src].params.setdefault("folded", []).append(bn_name)
+    for bn_name, src_name in drop.items():  # the forward pass also stores the value under the BatchNorm's name
+        graph.by_name[src_name].params.setdefault("folded", []).append(bn_name)
     return Graph(nodes, drop.get(graph.output, graph.output))

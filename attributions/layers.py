@@ -139,7 +139,7 @@ class ConvOp(LinearOp):
 
     def __init__(self, node: Node):
         super().__init__(node)
-        self._padding = _explicit_padding(node.module)
+        self._padding = explicit_padding(node.module)
 
     def forward(self, x, w, b=None):
         m = self.node.module
@@ -169,7 +169,7 @@ class ConvOp(LinearOp):
         return self.transpose(buffer, self.stacked(), in_shape)
 
 
-def _explicit_padding(module: Any) -> tuple[tuple[int, ...] | None, str, Any]:
+def explicit_padding(module: Any) -> tuple[tuple[int, ...] | None, str, Any]:
     """(pads for F.pad or None, its mode, the convolution's own padding): ``padding="same"`` and the
     reflect / replicate / circular modes become an explicit pad before an unpadded convolution."""
     mode = {"zeros": "constant"}.get(module.padding_mode, module.padding_mode)

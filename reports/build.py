@@ -29,7 +29,7 @@ def report_sections(run: str | Path) -> list[Section]:
     manifest = json.loads((run / "manifest.json").read_text())
     verdict = verdict_table(tables, config)
     thresholds = ("Thresholds: " + "; ".join(
-        f"{c.verdict.failure} when {c.verdict.score_column} >= {getattr(config, c.verdict.threshold)}"
+        f"{c.verdict.failure} when {c.verdict.score_column} {c.verdict.comparison} {getattr(config, c.verdict.threshold)}"
         for c in CHECKS.values() if c.verdict is not None and c.name in tables)
         + ". CSC scores the chain injected at the logits; SSIM scores are medians over images with their 99 % "
           "bootstrap interval (10,000 resamples).")

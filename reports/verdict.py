@@ -13,8 +13,10 @@ from audit.models.training import OPTIMIZERS
 def verdict_table(tables: dict, config) -> pd.DataFrame:
     """One row per model x method: for each check with a verdict rule among ``tables``, its score and
     display text; then ``verdict``: "pass", or "fail: " and every failing check's reason. A check
-    that says nothing for a pair (no rows) neither passes nor fails it."""
-    rules = [(name, check.verdict) for name, check in CHECKS.items() if check.verdict is not None]
+    that says nothing for a pair (no rows) neither passes nor fails it. Only checks that were run
+    (among ``tables`` or the configuration's tests) get columns."""
+    run = set(tables) | set(getattr(config, "tests", ()))
+    rules = [(name, check.verdict) for name, check in CHECKS.items() if check.verdict is not None and name in run]
     present = [t for name, t in tables.items() if name in CHECKS and t is not None and not t.empty]
     if not present:
         return pd.DataFrame(columns=["model", "method", "verdict"])

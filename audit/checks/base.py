@@ -81,6 +81,11 @@ class VerdictRule:
     def evaluate(self, part: pd.DataFrame, config) -> VerdictCell:
         raise NotImplementedError
 
+    @property
+    def comparison(self) -> str:
+        """How the score fails against the threshold, for the report: ">=" or "<"."""
+        return ">="
+
     def per_image(self, part: pd.DataFrame) -> pd.Series | None:
         """The per-image scores behind the verdict (indexed by image), for paired comparisons; None
         when the score is not per image."""
@@ -90,7 +95,8 @@ class VerdictRule:
 @dataclass(frozen=True)
 class MedianScore(VerdictRule):
     """Fails when the median over images of ``metric`` (in the rows ``select`` keeps) reaches the
-    threshold: the maps did not change enough. Shown as the median with its 99 % bootstrap interval."""
+    threshold (the maps did not change enough), or with ``fails_below`` when it stays under it (a
+    score where higher is better). Shown as the median with its 99 % bootstrap interval."""
 
     score_column: str
     text_column: str
@@ -98,6 +104,11 @@ class MedianScore(VerdictRule):
     threshold: str
     metric: str = "ssim"
     select: Callable[[pd.DataFrame], pd.DataFrame] = lambda df: df
+    fails_below: bool = False
+
+    @property
+    def comparison(self) -> str:
+        return "<" if self.fails_below else ">="
 
     def per_image(self, part):
         rows = self.select(part).sort_values("image")
@@ -107,7 +118,9 @@ class MedianScore(VerdictRule):
         est, low, high = bootstrap_ci(self.per_image(part).to_numpy(), 0.99)
         if np.isnan(est):
             return VerdictCell(est, "n/a", None)
-        return VerdictCell(est, f"{est:.3f} [{low:.3f}, {high:.3f}]", bool(est >= getattr(config, self.threshold)))
+        threshold = getattr(config, self.threshold)
+        return VerdictCell(est, f"{est:.3f} [{low:.3f}, {high:.3f}]",
+                           bool(est < threshold if self.fails_below else est >= threshold))
 
 
 RunUnit = Callable[[nn.Module, torch.Tensor, torch.Tensor, str, Any, bool], UnitResult]

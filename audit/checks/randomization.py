@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -32,6 +34,7 @@ from audit.sections import Figure, ReportContext, Section, new_figure
 
 ORDERS = ("cascading", "independent", "bottom-up")
 BN_POLICIES = ("reset", "keep-stats")
+INITS = ("reset", "gaussian", "permute")
 TARGETS = ("true", "predicted")
 COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog"]
 
@@ -49,11 +52,29 @@ def parameterised_layers(model: nn.Module) -> list[tuple[str, nn.Module, nn.Modu
     return out
 
 
-def reinitialise(module: nn.Module, name: str, seed: int) -> None:
-    """``module.reset_parameters()`` with a generator seeded by (seed, name); global RNG untouched."""
+def reinitialise(module: nn.Module, name: str, seed: int, init: str = "reset") -> None:
+    """Re-initialise a layer's parameters with a generator seeded by (seed, name); global RNG untouched.
+
+    ``reset``: the layer's own ``reset_parameters`` (PyTorch's default initialisation, as Quantus);
+    ``gaussian``: weights from a normal distribution truncated at 2 sigma, sigma the trained weights'
+    standard deviation, biases zero (after Adebayo et al. 2018, who drew from a truncated normal);
+    ``permute``: a random permutation of each trained tensor's entries, which keeps their distribution.
+    """
+    check_option("re-initialisation", init, INITS)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
-        module.reset_parameters()  # type: ignore[operator]  # torch types an unknown attribute as Tensor | Module
+        if init == "reset":
+            module.reset_parameters()  # type: ignore[operator]  # torch types an unknown attribute as Tensor | Module
+            return
+        with torch.no_grad():
+            for pname, p in module.named_parameters(recurse=False):
+                if init == "permute":
+                    p.copy_(p.flatten()[torch.randperm(p.numel())].reshape(p.shape))
+                elif pname == "bias":
+                    p.zero_()
+                else:
+                    nn.init.trunc_normal_(p, 0.0, float(p.std()) if p.numel() > 1 else 1.0, -2.0 * float(p.std()),
+                                          2.0 * float(p.std()))
 
 
 def reset_batchnorm(bn: nn.Module) -> None:
@@ -70,11 +91,13 @@ def reset_batchnorm(bn: nn.Module) -> None:
 
 
 def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "reset", seed: int = 0,
-                         layers: list | None = None):
+                         layers: list | None = None, init: str = "reset"):
     """Yield (stage, layer name, model copy) for stage 0 (the original) and each randomisation stage.
 
-    ``layers``: the result of :func:`parameterised_layers` when the caller already has it.
+    ``layers``: the result of :func:`parameterised_layers` when the caller already has it;
+    ``init``: the re-initialisation scheme (:func:`reinitialise`).
     """
+    check_option("re-initialisation", init, INITS)
     check_option("order", order, ORDERS)
     check_option("BatchNorm policy", bn, BN_POLICIES)
     layers = layers if layers is not None else parameterised_layers(model)
@@ -89,7 +112,7 @@ def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "
             if bn == "reset":
                 reset_batchnorm(module)
         else:
-            reinitialise(module, name, seed)
+            reinitialise(module, name, seed, init)
             folded = next((b for n, m, b in layers if n == name), None)
             if folded is not None and bn == "reset":
                 reset_batchnorm(modules[_module_name(model, folded)])
@@ -103,17 +126,18 @@ def _module_name(model: nn.Module, module: nn.Module) -> str:
 
 def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
                             target: str = "true", seed: int = 0, reduction: dict | None = None,
-                            progress: bool = True) -> pd.DataFrame:
+                            progress: bool = True, init: str = "reset") -> pd.DataFrame:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps.
 
     Parameters and returns as :func:`randomization_with_maps`, without the maps.
     """
-    return randomization_with_maps(model, x, y, methods, order, bn, target, seed, reduction, progress, 0)[0]
+    return randomization_with_maps(model, x, y, methods, order, bn, target, seed, reduction, progress, 0, init)[0]
 
 
 def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
                             target: str = "true", seed: int = 0, reduction: dict | None = None,
-                            progress: bool = True, keep_maps: int = 0) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+                            progress: bool = True, keep_maps: int = 0, init: str = "reset"
+                            ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps,
     and the raw heatmaps of the first ``keep_maps`` images at every stage.
 
@@ -128,6 +152,7 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     seed : seeds the re-initialisations
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
     keep_maps : how many images' raw heatmaps to keep at every stage
+    init : reset | gaussian | permute, the re-initialisation scheme (:func:`reinitialise`)
 
     Returns
     -------
@@ -135,17 +160,51 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     that stage; "original" for stage 0), image, ssim (flip-invariant), spearman, spearman_abs, hog;
     and {method: (stages, keep_maps, H, W) array} (empty arrays when ``keep_maps`` is 0).
     """
+    reference: dict[str, ReferenceMaps] = {}
+    rows: list[dict] = []
+    kept: dict[str, list[np.ndarray]] = {}
+    for stage, layer, maps in stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
+                                         "parameter_randomization"):
+        if not reference:
+            reference = {m: ReferenceMaps(v) for m, v in maps.items()}
+        for m, v in maps.items():
+            if keep_maps:
+                kept.setdefault(m, []).append(v[:keep_maps].numpy())
+            sims = reference[m].compare(v)
+            rows += [{"method": m, "stage": stage, "layer": layer, "image": i,
+                      **{k: float(s[i]) for k, s in sims.items()}} for i in range(len(v))]
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    shape = (0, 0) + tuple(x.shape[2:])
+    return df, {m: np.stack(kept[m]) if m in kept else np.zeros(shape) for m in reference}
+
+
+Explain = Callable[[dict[str, Explainer], torch.Tensor, torch.Tensor, Any], dict[str, torch.Tensor]]
+
+
+def _plain(explainers: dict[str, Explainer], x: torch.Tensor, t: torch.Tensor, envs: Any) -> dict[str, torch.Tensor]:
+    return {m: v[0] for m, v in attribute_many(explainers, x, [t], envs).items()}
+
+
+def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
+               target: str = "true", seed: int = 0, init: str = "reset", reduction: dict | None = None,
+               progress: bool = True, name: str = "randomization", explain: Explain = _plain):
+    """Yield (stage, layer, {method: (B, H, W) heatmaps}) for the trained model (stage 0, layer
+    "original") and each randomisation stage: the one loop every randomization-based check runs.
+
+    ``explain(explainers, x, t, envs) -> {method: (B, C, H, W) maps}`` computes a stage's maps
+    (default: each method's attribution; sMPRT averages over noisy inputs). ``name`` names the
+    calling check in errors and in the progress bar. Each stage's forward pass is shared by the
+    methods; the model is never modified (stages are copies).
+    """
     x, y = check_inputs(model, x, y)
     if y is None:
-        raise AuditError("parameter_randomization needs the labels y")
+        raise AuditError(f"{name} needs the labels y")
     check_option("target", target, TARGETS)
     names = resolve_methods(methods)
     layers = parameterised_layers(model)
-    reference, graph = None, None
-    rows: list[dict] = []
-    kept: dict[str, list[np.ndarray]] = {m: [] for m in names}
-    stages = randomization_stages(model, order, bn, seed, layers)  # lazily: cascading stages share one copy
-    for stage, layer, stage_model in tqdm(stages, total=1 + len(layers), desc=f"randomization ({order})",
+    graph = None
+    stages = randomization_stages(model, order, bn, seed, layers, init)  # lazily: cascading stages share one copy
+    for stage, layer, stage_model in tqdm(stages, total=1 + len(layers), desc=f"{name} ({order})",
                                           disable=not progress, leave=False):
         if graph is None or order == "independent":  # cascading stages modify one copy: trace it once
             graph = trace(stage_model)
@@ -157,36 +216,33 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
         if stage == 0:
             check_labels(y, logits.shape[1])
         t = y if target == "true" else logits.argmax(1)
-        maps = heatmaps({m: v[0] for m, v in attribute_many(explainers, x, [t], envs).items()}, reduction)
-        if reference is None:
-            reference = {m: ReferenceMaps(v) for m, v in maps.items()}
-        for m in names:
-            if keep_maps:
-                kept[m].append(maps[m][:keep_maps].numpy())
-            sims = reference[m].compare(maps[m])
-            for i in range(len(x)):
-                rows.append({"method": m, "stage": stage, "layer": layer, "image": i,
-                             **{k: float(v[i]) for k, v in sims.items()}})
-    df = pd.DataFrame(rows, columns=COLUMNS)
-    return df, {m: np.stack(v) if v else np.zeros((0, 0) + tuple(x.shape[2:])) for m, v in kept.items()}
+        yield stage, layer, heatmaps(explain(explainers, x, t, envs), reduction)
 
 
 def randomization_figure(frame: pd.DataFrame, model: str, order: str) -> Figure:
     """Median SSIM to the trained model's maps per stage, with the 99 % bootstrap band."""
+    return stage_figure(frame, model, "ssim", "SSIM to the trained model's map",
+                        f"{model}: {order} parameter randomization", f"randomization_{order}_{model}", (-0.05, 1.05))
+
+
+def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, title: str, name: str,
+                 ylim: tuple[float, float] | None = None) -> Figure:
+    """Median of ``metric`` over images per randomization stage and method, with the 99 % bootstrap band."""
     part = frame[frame.model == model]
-    summary = summarize(part[["method", "stage", "layer", "image", "ssim"]], n_resamples=2000)
+    summary = summarize(part[["method", "stage", "layer", "image", metric]], n_resamples=2000)
     fig, ax = new_figure(7, 4)
     for method, rows in summary.groupby("method", sort=False):
         rows = rows.sort_values("stage")
-        ax.plot(rows.stage, rows.ssim, marker=".", label=method)
-        ax.fill_between(rows.stage, rows.ssim_low, rows.ssim_high, alpha=0.15)
+        ax.plot(rows.stage, rows[metric], marker=".", label=method)
+        ax.fill_between(rows.stage, rows[f"{metric}_low"], rows[f"{metric}_high"], alpha=0.15)
     stages = summary.drop_duplicates("stage").sort_values("stage")
     ax.set_xticks(stages.stage, stages.layer, rotation=60, fontsize=7)
-    ax.set_ylabel("SSIM to the trained model's map")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title(f"{model}: {order} parameter randomization")
+    ax.set_ylabel(ylabel)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_title(title)
     ax.legend(fontsize=6, ncol=2)
-    return Figure(f"randomization_{order}_{model}", fig, f"{order} {model}")
+    return Figure(name, fig, title)
 
 
 def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str, image: int, order: str) -> Figure:
@@ -212,18 +268,26 @@ def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str
                   f"heatmaps {model} {image}")
 
 
+STAGE_OPTIONS = (
+    Option("bn", "reset", "BatchNorm after a re-initialised layer: reset (Sixt) or keep-stats (Adebayo)",
+           choices=BN_POLICIES),
+    Option("target", "true", "explained class: the true label (Sixt) or each stage's prediction (Adebayo)",
+           choices=TARGETS),
+    Option("init", "reset", "re-initialisation: reset (the layer's reset_parameters, as Quantus), gaussian "
+           "(truncated normal with the trained weights' sigma, after Adebayo) or permute (the trained weights "
+           "shuffled: same distribution)", choices=INITS))
+
+
 def _checks() -> list[Check]:
-    options = (Option("bn", "reset", "BatchNorm after a re-initialised layer: reset (Sixt) or keep-stats (Adebayo)",
-                      choices=BN_POLICIES),
-               Option("target", "true", "explained class: the true label (Sixt) or each stage's prediction (Adebayo)",
-                      choices=TARGETS))
+    options = STAGE_OPTIONS
     full = MedianScore("full_randomization_ssim", "full_randomization", "weight-insensitive", "randomization_pass",
                        select=lambda df: df[df.stage == df.stage.max()])
     out = []
     for position, order in enumerate(ORDERS):
         def run(model, x, y, method, config, progress, order=order) -> UnitResult:
             df, maps = randomization_with_maps(model, x, y, [method], order=order, bn=config.bn, target=config.target,
-                                               seed=config.seed, progress=progress, keep_maps=config.heatmap_examples)
+                                               seed=config.seed, progress=progress, keep_maps=config.heatmap_examples,
+                                               init=config.init)
             return UnitResult(df, maps[method] if config.heatmap_examples else None)
 
         def sections(table: pd.DataFrame, context: ReportContext, order=order) -> list[Section]:

@@ -8,7 +8,7 @@ import pandas as pd
 
 from audit.errors import AuditError
 
-METRICS = ("ssim", "spearman", "spearman_abs", "hog", "median")
+METRICS = ("ssim", "spearman", "spearman_abs", "hog", "median", "score", "entropy", "relative_l2")
 ID_COLUMNS = ("model", "method", "stage", "layer", "inject_at", "depth")
 
 

@@ -16,11 +16,15 @@ from reports import build_report, verdict_table
 
 
 def test_registered_checks_in_order_with_their_declarations():
-    assert list(CHECKS) == ["csc", "random-logit", "cascading", "independent", "bottom-up"]
+    assert list(CHECKS) == ["csc", "random-logit", "cascading", "independent", "bottom-up", "emprt", "smprt",
+                            "input-invariance"]
     for check in CHECKS.values():
         assert check.result_file.endswith(".csv") and "method" in check.columns and check.title
-    assert [c.name for c in CHECKS.values() if c.verdict] == ["csc", "random-logit", "cascading"]
-    assert {"n_vectors", "csc_threshold", "random_logit_pass", "randomization_pass", "bn", "target"} == set(check_options())
+    assert [c.name for c in CHECKS.values() if c.verdict] == ["csc", "random-logit", "cascading", "emprt", "smprt",
+                                                               "input-invariance"]
+    assert {"n_vectors", "csc_threshold", "random_logit_pass", "randomization_pass", "bn", "target", "init",
+            "emprt_order", "emprt_bins", "emprt_pass", "smprt_order", "smprt_samples", "smprt_noise", "smprt_pass",
+            "shift", "invariance_tolerance"} == set(check_options())
     with pytest.raises(ConfigError, match="unknown test 'cascade'.*Did you mean 'cascading'"):
         get_check("cascade")
 

@@ -1,0 +1,202 @@
+"""Input invariance (Kindermans et al. 2017 / 2019, "The (Un)reliability of Saliency Methods").
+
+Shift the input by a constant and compensate in the first layer's bias, so the model computes
+exactly the same function of the original input; a method passes when its map does not change.
+Theory: gradient, Guided Backprop and DeconvNet are invariant; input x gradient, LRP-z / epsilon,
+and Integrated Gradients and DeepLIFT with a zero reference are not (with the shifted reference
+they would be). The controls pass trivially: the Sobel edge map ignores constant shifts and the
+noise map ignores the input, so passing this check is necessary, not sufficient.
+
+A first convolution that pads with zeros would see unshifted zeros at the border: in the shifted
+copy it pads explicitly with the shifted background (pad(u - s) + s), so the compensation is exact
+there too. The logits of the shifted model on the shifted input are checked against the original's.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from attributions.explainer import Explainer, attribute_many, shared_forward
+from attributions.graph import trace
+from attributions.layers import explicit_padding
+from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.errors import AuditError
+from audit.inputs import check_inputs, check_labels, resolve_methods
+from audit.measures.heatmaps import heatmaps
+from audit.measures.similarity import WINDOW, normalize_map, ssim
+from audit.sections import Figure, ReportContext, Section, new_figure
+
+COLUMNS = ["method", "image", "relative_l2", "ssim"]
+LOGIT_TOLERANCE = 1e-5  # of the largest logit magnitude
+
+
+class ShiftPadded(nn.Module):
+    """A convolution whose zero padding becomes padding with the shifted background ``shift`` (1, C, 1, 1)."""
+
+    def __init__(self, conv: nn.Module, pads: tuple[int, ...], shift: torch.Tensor):
+        super().__init__()
+        self.conv, self.pads = conv, pads
+        self.register_buffer("shift", shift)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        shift = self.get_buffer("shift")
+        return self.conv(F.pad(u - shift, self.pads) + shift)
+
+
+def _shift_tensor(shift: float | Sequence[float], x: torch.Tensor) -> torch.Tensor:
+    values = torch.as_tensor(shift, dtype=x.dtype).reshape(-1)
+    if values.numel() not in (1, x.shape[1]):
+        raise AuditError(f"shift must be one number or one per input channel ({x.shape[1]}), got {values.numel()}")
+    return values.reshape(1, -1, *([1] * (x.ndim - 2))).expand(1, *x.shape[1:]).clone()
+
+
+def shifted_model(model: nn.Module, x: torch.Tensor, shift: float | Sequence[float] = -1.0) -> nn.Module:
+    """A copy of ``model`` that computes on ``x + shift`` exactly what ``model`` computes on ``x``:
+    the first layer's bias absorbs W shift (Kindermans et al.). ``x`` (B, C, ...) gives the shapes.
+
+    Raises
+    ------
+    AuditError
+        When the input reaches more than one layer first, the first layer is not a convolution or
+        dense layer used once, or the logits of the copy differ (naming the first layer).
+    """
+    graph = trace(model)
+    firsts = sorted(graph.first_layers())
+    if len(firsts) != 1:
+        raise AuditError(f"input invariance compensates the shift in the one layer that reads the input; this "
+                         f"model's input reaches {len(firsts)}: {', '.join(firsts) or 'none'}")
+    node = graph.by_name[firsts[0]]
+    names = [n for n, m in model.named_modules() if m is node.module]
+    uses = sum(1 for n in graph.nodes if n.module is node.module)
+    if node.kind not in ("conv", "dense") or len(names) != 1 or uses != 1:
+        raise AuditError(f"input invariance: the first layer {node.name!r} ({node.kind}) must be a convolution or a "
+                         "dense layer called once, whose bias can absorb the shift")
+    s = _shift_tensor(shift, x)
+    with torch.no_grad():
+        seen = Explainer(model, "gradient", graph=graph)._run(s)[node.inputs[0]]  # the shift as the layer sees it
+    shifted = copy.deepcopy(model)
+    layer: Any = shifted.get_submodule(names[0])  # a Conv / Linear (checked above); typed loosely for its fields
+    w = layer.weight.detach()
+    bias = layer.bias.detach() if layer.bias is not None else torch.zeros(w.shape[0], dtype=w.dtype)
+    replacement: nn.Module = layer
+    if node.kind == "dense":
+        offset = seen.reshape(1, -1) @ w.T
+    else:
+        if layer.groups != 1 or seen.ndim != w.ndim:
+            raise AuditError(f"input invariance: the first convolution {node.name!r} must have groups=1 and read the "
+                             "input directly")
+        per_channel = seen.reshape(seen.shape[1], -1)
+        if not torch.equal(per_channel, per_channel[:, :1].expand_as(per_channel)):
+            raise AuditError(f"input invariance: the shift reaches the first convolution {node.name!r} unevenly")
+        c = per_channel[:, 0].reshape(1, -1, *([1] * (w.ndim - 2)))
+        offset = (w * c).sum(dim=tuple(range(1, w.ndim)))[None]
+        pads, mode, _ = explicit_padding(layer)
+        zero_pads = layer.padding_mode == "zeros" and (pads is not None or any(p != 0 for p in layer.padding))
+        if zero_pads:
+            pads = pads if pads is not None else tuple(p for p in reversed(layer.padding) for _ in range(2))
+            layer.padding = (0,) * (w.ndim - 2)
+            replacement = ShiftPadded(layer, pads, c.clone())
+    layer.bias = nn.Parameter((bias - offset.reshape(-1)).clone(), requires_grad=False)
+    if replacement is not layer:
+        parent, _, child = names[0].rpartition(".")
+        setattr(shifted.get_submodule(parent) if parent else shifted, child, replacement)
+    with torch.no_grad():
+        before, after = model(x), shifted(x + s)
+    scale = float(before.abs().max()) or 1.0
+    if not torch.allclose(before, after, rtol=0.0, atol=LOGIT_TOLERANCE * scale):
+        raise AuditError(f"input invariance: compensating the shift in {node.name!r} does not reproduce the logits "
+                         f"(max difference {float((before - after).abs().max()):.3g}, allowed "
+                         f"{LOGIT_TOLERANCE * scale:.3g}); a normalisation or nonlinearity before it depends on the shift")
+    return shifted
+
+
+def input_invariance(model: nn.Module, x, y, methods="all", shift: float | Sequence[float] = -1.0, seed: int = 0,
+                     reduction: dict | None = None, progress: bool = True) -> pd.DataFrame:
+    """Whether each method's maps survive a constant input shift that the model compensates.
+
+    Parameters
+    ----------
+    model : nn.Module; never modified (the shifted model is a copy)
+    x : (B, C, H, W) images; y : (B,) labels (the explained class)
+    shift : the constant added to the input, one number or one per channel (-1 on [0, 1] images)
+    seed : both passes draw the same noise from it (SmoothGrad), so only the shift differs
+
+    Returns
+    -------
+    DataFrame, one row per method x image: method, image, relative_l2 (||h' - h|| / ||h|| of the
+    heatmaps; 0 for an invariant method, NaN where the original map is zero), ssim (of the two
+    heatmaps, clipped at the 0.5 / 99.5 percentiles and scaled to [0, 1]).
+    """
+    x, y = check_inputs(model, x, y)
+    if y is None:
+        raise AuditError("input_invariance needs the labels y")
+    names = resolve_methods(methods)
+    shifted = shifted_model(model, x, shift)
+    x_shifted = x + _shift_tensor(shift, x)
+    maps = []
+    for m_, inputs in ((model, x), (shifted, x_shifted)):
+        graph = trace(m_)
+        explainers = {m: Explainer(m_, m, graph=graph) for m in names}
+        envs = shared_forward(explainers, inputs)
+        if m_ is model:
+            logits = envs[0][graph.output] if envs else Explainer(m_, "gradient", graph=graph).forward(x)
+            check_labels(y, logits.shape[1])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            raw = attribute_many(explainers, inputs, [y], envs)
+        maps.append(heatmaps({m: v[0] for m, v in raw.items()}, reduction))
+    rows = []
+    for m in tqdm(names, desc="input invariance", disable=not progress, leave=False):
+        h, h2 = maps[0][m], maps[1][m]
+        norm = h.reshape(len(h), -1).norm(dim=1)
+        diff = (h2 - h).reshape(len(h), -1).norm(dim=1)
+        rel = torch.where(norm > 0, diff / norm.clamp(min=1e-300), torch.nan)
+        s = ssim(normalize_map(h), normalize_map(h2), win_size=WINDOW, data_range=1.0)
+        rows += [{"method": m, "image": i, "relative_l2": float(rel[i]), "ssim": float(s[i])} for i in range(len(h))]
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _run(model, x, y, method, config, progress) -> UnitResult:
+    return UnitResult(input_invariance(model, x, y, [method], shift=config.shift, seed=config.seed, progress=progress))
+
+
+def invariance_figure(table: pd.DataFrame, model: str, tolerance: float) -> Figure:
+    """Per-method box plots of the relative L2 change of the maps under the shift (log scale)."""
+    part = table[table.model == model]
+    methods = list(dict.fromkeys(part.method))
+    fig, ax = new_figure(7, 3.5)
+    ax.boxplot([np.clip(part[part.method == m].relative_l2.dropna(), 1e-12, None) for m in methods])
+    ax.axhline(tolerance, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(1, len(methods) + 1), methods, rotation=70, fontsize=7)
+    ax.set_ylabel("||map' - map|| / ||map||")
+    ax.set_title(f"{model}: input invariance (dashed: tolerance)")
+    return Figure(f"input_invariance_{model}", fig, f"input invariance {model}")
+
+
+def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
+    tolerance = getattr(context.config, "invariance_tolerance", 0.01)
+    return [Section("Input invariance", text="The input is shifted by a constant that the first layer's bias "
+                    "compensates; an invariant method's map does not change. Passing is necessary, not sufficient: "
+                    "the edge and noise controls pass too.",
+                    figures=[invariance_figure(table, m, tolerance) for m in table.model.unique()])]
+
+
+CHECK = Check(
+    name="input-invariance", title="Input invariance", reference="Kindermans et al. 2017/2019",
+    result_file="input_invariance.csv", columns=COLUMNS, run=_run, sections=_sections, order=45,
+    summary=lambda df: f"median relative L2 change {df.relative_l2.median():.3g}",
+    verdict=MedianScore("invariance_l2", "input_invariance", "not input-invariant", "invariance_tolerance",
+                        metric="relative_l2"),
+    description="the input shifted by a constant compensated in the first layer's bias; maps compared before/after",
+    options=(Option("shift", -1.0, "constant added to every input value (compensated in the first layer's bias)"),
+             Option("invariance_tolerance", 0.01, "median relative L2 change of the maps from which a method counts "
+                    "as not input-invariant", valid=lambda v: v > 0, rule="> 0")))

@@ -1,0 +1,49 @@
+"""eMPRT: the entropy measure by hand, the controls, the plumbing against the randomization's own maps."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from audit import efficient_mprt, randomization_with_maps
+from audit.checks.emprt import discrete_entropy
+from audit.checks.randomization import parameterised_layers
+from audit.errors import ConfigError
+
+
+def test_discrete_entropy_by_hand():
+    maps = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 1.0, 2.0, 3.0], [5.0, 5.0, 5.0, 5.0]])
+    h = discrete_entropy(maps, n_bins=2)
+    np.testing.assert_allclose(h, [np.log(2), np.log(2), 0.0], atol=1e-12)  # halves; halves; one bin
+    np.testing.assert_allclose(discrete_entropy(maps[1:2], n_bins=4), [np.log(4)], atol=1e-12)
+    with pytest.raises(ConfigError, match="n_bins"):
+        discrete_entropy(maps, n_bins=0)
+
+
+def test_efficient_mprt_controls_order_and_determinism(trained):
+    model, x, y = trained
+    before = copy.deepcopy(model.state_dict())
+    methods = ["gradient", "lrp-zplus", "edge", "random"]
+    df = efficient_mprt(model, x, y, methods, seed=0, progress=False)
+    assert list(df.columns) == ["method", "stage", "layer", "image", "entropy", "score"]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    layers = [n for n, _, _ in parameterised_layers(model)]
+    assert df[df.method == "gradient"].drop_duplicates("stage").layer.tolist() == ["original"] + layers  # bottom-up
+    assert (df[df.stage == 0].score == 0).all()
+    assert (df[df.method == "edge"].score == 0).all()  # the model-independent map: exactly 0
+    last = df[df.stage == df.stage.max()].groupby("method").score.median()
+    assert abs(last["random"]) < 0.05 < last["gradient"]
+    assert df.equals(efficient_mprt(model, x, y, methods, seed=0, progress=False))
+
+
+def test_efficient_mprt_scores_the_randomization_maps(trained):
+    # the same stages as parameter randomization (bottom-up): entropy of its kept heatmaps, by hand
+    model, x, y = trained
+    df = efficient_mprt(model, x, y, ["deeplift"], seed=3, n_bins=30, init="permute", progress=False)
+    _, maps = randomization_with_maps(model, x, y, ["deeplift"], order="bottom-up", seed=3, progress=False,
+                                      keep_maps=len(x), init="permute")
+    h0 = np.array([discrete_entropy(torch.from_numpy(m)[None], 30)[0] for m in maps["deeplift"][0]])
+    for stage in (1, maps["deeplift"].shape[0] - 1):
+        h = np.array([discrete_entropy(torch.from_numpy(m)[None], 30)[0] for m in maps["deeplift"][stage]])
+        got = df[(df.stage == stage)].sort_values("image").score.to_numpy()
+        np.testing.assert_allclose(got, (h - h0) / h0, rtol=1e-12)

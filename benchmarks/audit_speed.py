@@ -66,8 +66,59 @@ def _quantus_rows(rounds: int, n_images: int = 16) -> list[tuple]:
              f"{t['quantus logit'] / t['ours logit']:.1f}x", ">= 3x")]
 
 
+def _floor(model, x, y, order: str, samples: int = 1) -> float:
+    """Seconds of the bare passes a randomization check needs: one forward and one input gradient per
+    stage model (on ``samples`` copies of the batch), the stage models built beforehand."""
+    import time
+
+    from audit.checks.randomization import randomization_stages
+    stages = [m for _, _, m in randomization_stages(model, order)]
+    xb, yb = torch.as_tensor(x).repeat(samples, 1, 1, 1), torch.as_tensor(y).repeat(samples)
+    start = time.perf_counter()
+    for m in stages:
+        xg = xb.clone().requires_grad_()
+        torch.autograd.grad(m(xg).gather(1, yb[:, None]).sum(), xg)
+    return time.perf_counter() - start
+
+
+def _mprt_family_rows(rounds: int, n_images: int = 16, samples: int = 10) -> list[tuple]:
+    """eMPRT and sMPRT (gradient, bottom-up): ours over the bare passes, and Quantus's over ours."""
+    from audit import efficient_mprt, smooth_mprt
+
+    model = load_checkpoint("cnn-sgd")
+    x, y = embedded_sample()
+    x, y = x[:: 1000 // n_images][:n_images], y[:: 1000 // n_images][:n_images]
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    candidates = {
+        "ours emprt": lambda: efficient_mprt(model, xt, yt, ["gradient"], progress=False),
+        "floor emprt": lambda: _floor(model, xt, yt, "bottom-up"),
+        "ours smprt": lambda: smooth_mprt(model, xt, yt, ["gradient"], n_samples=samples, progress=False),
+        "floor smprt": lambda: _floor(model, xt, yt, "bottom-up", samples),
+    }
+    try:
+        import quantus
+    except ImportError:
+        quantus = None
+    if quantus is not None:
+        kwargs = {"explain_func": quantus.explain, "explain_func_kwargs": {"method": "Saliency"}, "device": "cpu",
+                  "a_batch": None}
+        candidates["quantus emprt"] = lambda: quantus.EfficientMPRT(disable_warnings=True)(
+            model=model, x_batch=x, y_batch=y, **kwargs)
+        candidates["quantus smprt"] = lambda: quantus.SmoothMPRT(nr_samples=samples, disable_warnings=True)(
+            model=model, x_batch=x, y_batch=y, **kwargs)
+    t = median_times(candidates, rounds=rounds)
+    rows = [(f"efficient_mprt over its bare passes ({n_images} images, gradient)",
+             f"{t['ours emprt'] / t['floor emprt']:.2f}x (lower is better)", "<= 1.3x"),
+            (f"smooth_mprt over its bare passes ({n_images} images, {samples} samples, gradient)",
+             f"{t['ours smprt'] / t['floor smprt']:.2f}x (lower is better)", "<= 1.3x")]
+    if quantus is None:
+        return rows + [("eMPRT / sMPRT vs Quantus", "quantus not installed (pip install .[bench])", ">= 2x")]
+    return rows + [("efficient_mprt vs Quantus EfficientMPRT", f"{t['quantus emprt'] / t['ours emprt']:.1f}x", ">= 2x"),
+                   ("smooth_mprt vs Quantus SmoothMPRT", f"{t['quantus smprt'] / t['ours smprt']:.1f}x", ">= 2x")]
+
+
 def run(rounds: int = 5) -> str:
-    rows = _ssim_rows(rounds) + _quantus_rows(max(3, rounds // 2))
+    rows = _ssim_rows(rounds) + _quantus_rows(max(3, rounds // 2)) + _mprt_family_rows(max(3, rounds // 2))
     return "Audit speed (ours faster by)\n\n" + table(rows, ("comparison", "speed-up", "target"))
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
+from scipy import special
 
 from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.checks.randomization import ORDERS, STAGE_OPTIONS, stage_figure, stage_maps
@@ -34,7 +34,9 @@ def discrete_entropy(maps: torch.Tensor, n_bins: int = 100) -> np.ndarray:
     if n_bins < 1:
         raise ConfigError(f"n_bins must be a positive integer, got {n_bins}")
     flat = maps.reshape(maps.shape[0], -1).double().numpy()
-    return np.array([stats.entropy(np.histogram(row, bins=n_bins)[0]) for row in flat])
+    counts = np.stack([np.histogram(row, bins=n_bins)[0] for row in flat]).astype(np.float64)
+    # scipy.stats.entropy of each row's counts, without its per-call overhead (it dominated eMPRT's time)
+    return special.entr(counts / counts.sum(1, keepdims=True)).sum(1)
 
 
 def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_bins: int = 100,

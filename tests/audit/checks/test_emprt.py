@@ -4,6 +4,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from audit import efficient_mprt, randomization_with_maps
 from audit.checks.emprt import discrete_entropy
@@ -16,6 +17,10 @@ def test_discrete_entropy_by_hand():
     h = discrete_entropy(maps, n_bins=2)
     np.testing.assert_allclose(h, [np.log(2), np.log(2), 0.0], atol=1e-12)  # halves; halves; one bin
     np.testing.assert_allclose(discrete_entropy(maps[1:2], n_bins=4), [np.log(4)], atol=1e-12)
+    g = torch.Generator().manual_seed(0)
+    noisy = torch.randn(6, 12, 12, generator=g, dtype=torch.float64) ** 3
+    peer = [stats.entropy(np.histogram(m.numpy().ravel(), bins=100)[0]) for m in noisy]  # scipy's, per map
+    np.testing.assert_allclose(discrete_entropy(noisy), peer, rtol=1e-12)
     with pytest.raises(ConfigError, match="n_bins"):
         discrete_entropy(maps, n_bins=0)
 

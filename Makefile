@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: demo test bench checkpoints data clean
+.PHONY: demo test bench checkpoints data syslibs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,11 +21,19 @@ data:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
 	else echo "note: $(FMNIST) missing (sudo apt-get install dataset-fashion-mnist); full-dataset tests will skip"; fi
 
+# The shared libraries opencv loads (Quantus imports it; Quantus is a test dependency for the parity
+# tests). Installed when we are root with apt; otherwise those tests skip with a message.
+syslibs:
+	@if ldconfig -p | grep -q 'libGL.so.1 ' && ldconfig -p | grep -q 'libglib-2.0.so.0 '; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgl1 libglib2.0-0; \
+	else echo "note: libGL / GLib missing (sudo apt-get install libgl1 libglib2.0-0); the Quantus parity tests will skip"; fi
+
 demo: $(STAMP)
 	$(PY) -m audit demo
 
 # Lint and type checks first (seconds), then the suite.
-test: $(STAMP) data
+test: $(STAMP) data syslibs
 	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q

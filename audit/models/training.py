@@ -195,7 +195,12 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
     first_epoch = 0
     state_file = _resume_path(out)
     if resume and state_file is not None and state_file.exists():
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        try:  # tensors, numbers, strings and containers only: a planted file cannot run code
+            state = torch.load(state_file, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises UnpicklingError, RuntimeError or EOFError for foreign files
+            raise ConfigError(f"{state_file} is not a resume state written by the trainer ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'}); delete it to start over"
+                              ) from None
         if state.get("config") != asdict(cfg):
             raise ConfigError(f"{state_file} was written by a run with another configuration; "
                               "delete it or rerun with that configuration")

@@ -1,10 +1,15 @@
 """The shipped checkpoints: recipes, recorded accuracy reproduced, and the Bort targets."""
+import json
+from pathlib import Path
+
 import pytest
 import torch
+from torch import nn
 
 from audit.data.datasets import embedded_sample, load_dataset
+from audit.errors import ModelError
 from audit.models import available_checkpoints, load_checkpoint
-from audit.models.checkpoint import SHIPPED
+from audit.models.checkpoint import SHIPPED, resolve_model
 from audit.models.compare import first_conv
 from audit.models.recipes import RECIPES
 from audit.models.training import evaluate
@@ -70,3 +75,22 @@ def test_trained_models_collapse_for_the_zplus_family(name):
     df = chain_convergence(model, x, None, family, inject_at=graph.output, progress=False)
     at = df[df.layer == entry].set_index("method")["median"]
     assert len(at) == len(family) and (at >= 0.99).all(), at.to_dict()
+
+
+def small_net() -> nn.Module:
+    """A ``module:factory`` target for resolve_model."""
+    return nn.Linear(2, 2)
+
+
+def test_planted_checkpoint_and_weights_cannot_run_code(tmp_path):
+    class Planted:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "pwned",))
+
+    torch.save({"features.0.weight": Planted()}, tmp_path / "evil.pt")
+    (tmp_path / "evil.json").write_text(json.dumps({"arch": "cnn", "in_shape": [1, 28, 28], "num_classes": 10}))
+    with pytest.raises(ModelError, match="not a readable state_dict"):
+        load_checkpoint(tmp_path / "evil.pt")
+    with pytest.raises(ModelError, match="cannot load weights"):
+        resolve_model("tests.audit.models.test_checkpoint:small_net", str(tmp_path / "evil.pt"))
+    assert not (tmp_path / "pwned").exists()

@@ -1,5 +1,6 @@
 """The trainer: seeded, deterministic, resumable per epoch, optimizer registry, CLI."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,3 +119,35 @@ def test_bort_options_bad_input(tmp_path, capsys):
     assert "expected a number or 'adaptive'" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="unknown Bort option"):
         _quiet(TrainConfig(optimizer="bort", options={"gama": 0.1}, **SAMPLE))
+
+
+class _Planted:
+    """Pickles as a call that touches a marker file: loading it must never run that call."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_planted_resume_state_cannot_run_code(tmp_path):
+    torch.save({"model": _Planted(tmp_path / "pwned"), "epoch": 1}, tmp_path / "part.resume.pt")
+    with pytest.raises(ConfigError, match="not a resume state written by the trainer"):
+        _quiet(TrainConfig(arch="cnn", epochs=2, seed=0, **SAMPLE), out=tmp_path / "part.pt", resume=True)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_bort_resume_state_loads_without_pickled_code(tmp_path):
+    # the Bort optimizer's state and the scheduler's go through the weights-only loader too
+    config = TrainConfig(arch="cnn", optimizer="bort", epochs=2, seed=1, **SAMPLE)
+
+    def crash(line):
+        if line.startswith("epoch 1/2"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config, out=tmp_path / "b.pt", progress=False, log=crash)
+    resumed, meta = _quiet(config, out=tmp_path / "b.pt", resume=True)
+    full, _ = _quiet(config, out=tmp_path / "full.pt")
+    assert _same_weights(full, resumed) and [h["epoch"] for h in meta["history"]] == [1, 2]

@@ -18,6 +18,7 @@ def check_inputs(model, x, y=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """
     if not isinstance(model, torch.nn.Module):
         raise AuditError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_finite_model(model)
     x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
     try:
         x = check_input(x)
@@ -30,6 +31,24 @@ def check_inputs(model, x, y=None) -> tuple[torch.Tensor, torch.Tensor | None]:
                              f"{tuple(y.shape)}")
         y = y.long()
     return x, y
+
+
+def check_finite_model(model: torch.nn.Module) -> None:
+    """Every floating-point parameter and buffer finite: a model with NaN / inf weights would make
+    every map NaN or meaningless, and a check would blame the method."""
+    bad = [name for name, t in [*model.named_parameters(), *model.named_buffers()]
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise AuditError(f"the model has NaN or infinite values in {len(bad)} tensor(s): {', '.join(bad[:5])}"
+                         f"{', ...' if len(bad) > 5 else ''}; repair or retrain it before auditing")
+
+
+def check_logits(logits: torch.Tensor) -> None:
+    """The model's outputs on the audited images must be finite (else no map means anything)."""
+    if not bool(torch.isfinite(logits).all()):
+        rows = torch.nonzero(~torch.isfinite(logits).all(1)).flatten().tolist()
+        raise AuditError(f"the model's outputs are NaN or infinite for image(s) {rows[:10]}; check the inputs' "
+                         "range and the model before auditing")
 
 
 def check_labels(y: torch.Tensor, num_classes: int) -> None:

@@ -15,7 +15,7 @@ from attributions.explainer import Explainer, attribute_many, shared_forward
 from attributions.graph import trace
 from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.errors import AuditError
-from audit.inputs import check_inputs, check_labels, resolve_methods
+from audit.inputs import check_inputs, check_labels, check_logits, resolve_methods
 from audit.measures.heatmaps import heatmaps
 from audit.measures.similarity import WINDOW, normalize_map, spearman, ssim
 from audit.sections import Figure, ReportContext, Section, new_figure
@@ -47,9 +47,10 @@ def random_logit_test(model: torch.nn.Module, x, y, methods="all", seed: int = 0
     graph = trace(model)
     explainers = {m: Explainer(model, m, graph=graph) for m in names}
     envs = shared_forward(explainers, x)
-    classes = envs[0][graph.output].shape[1] if envs else Explainer(model, "gradient", graph=graph).forward(x).shape[1]
-    check_labels(y, classes)
-    r = random_classes(y, classes, seed)
+    logits = envs[0][graph.output] if envs else Explainer(model, "gradient", graph=graph).forward(x).detach()
+    check_logits(logits)
+    check_labels(y, logits.shape[1])
+    r = random_classes(y, logits.shape[1], seed)
     rows = []
     for m in tqdm(names, desc="random-logit", disable=not progress, leave=False):
         both = attribute_many({m: explainers[m]}, x, [y, r], envs)[m]  # one batched backward for both classes

@@ -27,7 +27,7 @@ from attributions.explainer import Explainer, attribute_many, shared_forward
 from attributions.graph import trace
 from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.errors import AuditError
-from audit.inputs import check_inputs, check_labels, check_option, resolve_methods
+from audit.inputs import check_inputs, check_labels, check_logits, check_option, resolve_methods
 from audit.measures.heatmaps import ReferenceMaps, heatmaps
 from audit.measures.statistics import summarize
 from audit.sections import Figure, ReportContext, Section, new_figure
@@ -214,6 +214,7 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
         envs = shared_forward(explainers, x)
         logits = envs[0][graph.output] if envs else Explainer(stage_model, "gradient", graph=graph).forward(x).detach()
         if stage == 0:
+            check_logits(logits)
             check_labels(y, logits.shape[1])
         t = y if target == "true" else logits.argmax(1)
         yield stage, layer, heatmaps(explain(explainers, x, t, envs), reduction)

@@ -279,6 +279,10 @@ def balanced_sample(name: str, n: int, root: str | os.PathLike | None = None) ->
     """``n`` class-balanced test images of data set ``name`` ("embedded": the shipped sample): the first
     of each class in order, round-robin. Returns x (n, C, H, W) float32 and y (n,) int64."""
     x, y = embedded_sample() if name == "embedded" else load_dataset(name, "test", root)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise DataError(f"the number of images must be a positive integer, got {n!r}")
+    if n > len(y):
+        raise DataError(f"{n} images asked for, but the {name} test data hold {len(y)}; ask for at most {len(y)}")
     order: list[np.intp] = []
     per_class = {c: list(np.flatnonzero(y == c)) for c in np.unique(y)}
     while len(order) < n and any(per_class.values()):

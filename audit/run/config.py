@@ -57,9 +57,21 @@ class AuditConfig:
     def validated(self) -> AuditConfig:
         """A copy with list fields normalised and option defaults filled in, after checking every value."""
         out = AuditConfig(**{**asdict(self), "options": dict(self.options)})
-        out.models = _as_list(out.models)
-        out.tests = _as_list(out.tests)
+        for name, kind in (("n_images", int), ("seed", int), ("heatmap_examples", int), ("device", str),
+                           ("data", str)):
+            value = getattr(out, name)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
+        if out.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {out.seed}")
+        out.models = _as_list(out.models, "models")
+        out.tests = _as_list(out.tests, "tests")
         out.methods = resolve_methods(out.methods)
+        for name in ("models", "tests", "methods"):
+            values = getattr(out, name)
+            repeated = sorted({v for v in values if values.count(v) > 1})
+            if repeated:
+                raise ConfigError(f"{name} lists {', '.join(map(repr, repeated))} more than once")
         if not out.models:
             raise ConfigError("no model given")
         if not out.tests:
@@ -95,9 +107,11 @@ class AuditConfig:
                    options={k: v for k, v in values.items() if k in known})
 
 
-def _as_list(value) -> list:
+def _as_list(value, name: str = "value") -> list:
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{name} must be a list of names or a comma-separated string, got {value!r}")
     return list(value)
 
 

@@ -79,6 +79,11 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
     x, y = audit_images(config)
     x = x.to(device)
     labels = {spec: label_for(spec) for spec in config.models}
+    clashes = sorted({lab for lab in labels.values() if list(labels.values()).count(lab) > 1})
+    if clashes:  # results are keyed by label: the second model would overwrite the first's
+        raise ConfigError(f"two models share the label {clashes[0]!r} ("
+                          f"{', '.join(spec for spec, lab in labels.items() if lab == clashes[0])}); "
+                          "rename one of the files")
     units = [(spec, CHECKS[test], method) for spec in config.models for test in config.tests
              for method in config.methods]
     timings = {}

@@ -1,9 +1,12 @@
 """The random-logit test: class sensitivity of the maps, and the random classes it draws."""
+import copy
+
 import pytest
 import torch
 
-from audit import random_logit_test
+from audit import parameter_randomization, random_logit_test
 from audit.checks.random_logit import random_classes
+from audit.errors import AuditError
 
 
 def test_random_logit_separates_converging_methods_from_the_gradient(trained):
@@ -25,3 +28,18 @@ def test_random_classes_differ_from_labels_and_cover_the_rest():
     r = random_classes(y, 10, seed=3)
     assert (r != 0).all() and set(r.tolist()) == set(range(1, 10))
 
+
+
+def test_non_finite_weights_or_outputs_are_refused_before_any_map(trained):
+    model, x, y = trained
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.features[0].weight[0, 0, 0, 0] = float("nan")
+    for check in (random_logit_test, parameter_randomization):
+        with pytest.raises(AuditError, match="NaN or infinite values in 1 tensor.*features.0.weight"):
+            check(broken, x, y, ["gradient"], progress=False)
+    huge = copy.deepcopy(model)
+    with torch.no_grad():
+        huge.classifier[-1].weight.mul_(1e38)  # finite weights, overflowing logits
+    with pytest.raises(AuditError, match="outputs are NaN or infinite"):
+        random_logit_test(huge, x * 1e30, y, ["gradient"], progress=False)

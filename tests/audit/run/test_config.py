@@ -29,6 +29,15 @@ def test_toml_file_then_overrides(tmp_path):
     ({"tests": "csc,random-logt"}, "unknown test 'random-logt'.*Did you mean 'random-logit'"),
     ({"tests": ""}, "no test given"),
     ({"n_images": 1}, "invalid n_images=1"),
+    ({"n_images": 4.5}, r"n_images must be a int, got 4.5 \(float\)"),
+    ({"seed": "0"}, "seed must be a int, got '0'"),
+    ({"seed": -3}, "seed must be >= 0, got -3"),
+    ({"models": {"a": 1}}, "models must be a list of names"),
+    ({"models": "cnn-sgd,cnn-sgd"}, "models lists 'cnn-sgd' more than once"),
+    ({"methods": ["gradient", "edge", "gradient"]}, "methods lists 'gradient' more than once"),
+    ({"tests": ["csc", "csc"]}, "tests lists 'csc' more than once"),
+    ({"init": "xavier"}, "invalid init='xavier'; valid: reset, gaussian, permute"),
+    ({"emprt_bins": 1}, "invalid emprt_bins=1"),
 ])
 def test_bad_values_are_config_errors(values, message):
     with pytest.raises(ConfigError, match=message):

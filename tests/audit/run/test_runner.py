@@ -54,3 +54,20 @@ def test_user_model_from_a_factory_and_a_checkpoint_file_left_unchanged(tmp_path
     assert set(result.tables["random-logit"].model) == {"mine", "mymodels_make"}
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
 
+
+
+def test_two_models_with_one_label_and_too_many_images_are_refused(tmp_path):
+    import pytest
+
+    from audit.errors import ConfigError, DataError
+    from audit.models import build, save_checkpoint
+
+    meta = {"arch": "cnn", "in_shape": [1, 28, 28], "num_classes": 10}
+    a = save_checkpoint(build("cnn"), meta, tmp_path / "a" / "net.pt")
+    b = save_checkpoint(build("cnn"), meta, tmp_path / "b" / "net.pt")
+    config = load_config(models=[str(a), str(b)], methods=["gradient"], tests=["random-logit"], n_images=2)
+    with pytest.raises(ConfigError, match="two models share the label 'net'"):
+        run_audit(config, tmp_path / "run", progress=False, log=lambda s: None)
+    config = load_config(models=["cnn-sgd"], methods=["gradient"], tests=["random-logit"], n_images=5000)
+    with pytest.raises(DataError, match="5000 images asked for, but the embedded test data hold 1000"):
+        run_audit(config, tmp_path / "run2", progress=False, log=lambda s: None)

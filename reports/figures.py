@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from audit.atomic import atomic_write, atomic_write_bytes
 from audit.sections import Figure, new_figure
 
 PNG_DPI = 110
@@ -15,10 +16,10 @@ PNG_DPI = 110
 def save(figure: Figure, directory: Path) -> bytes:
     """Write ``figures/<name>.pdf`` and ``.png``; returns the PNG bytes for embedding."""
     directory.mkdir(parents=True, exist_ok=True)
-    figure.figure.savefig(directory / f"{figure.name}.pdf", bbox_inches="tight")
+    atomic_write(directory / f"{figure.name}.pdf", lambda f: figure.figure.savefig(f, format="pdf", bbox_inches="tight"))
     buffer = io.BytesIO()
     figure.figure.savefig(buffer, format="png", dpi=PNG_DPI, bbox_inches="tight")
-    (directory / f"{figure.name}.png").write_bytes(buffer.getvalue())
+    atomic_write_bytes(directory / f"{figure.name}.png", buffer.getvalue())
     return buffer.getvalue()
 
 

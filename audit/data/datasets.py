@@ -21,6 +21,7 @@ from typing import cast
 import numpy as np
 
 from attributions.errors import unknown_name
+from audit.atomic import atomic_write
 from audit.data.download import fetch
 from audit.data.formats import read_cifar_batch, read_idx, read_image_folder
 from audit.errors import ConfigError, DataError
@@ -263,8 +264,8 @@ def make_embedded_sample(out: Path, per_class: int = 100, root: str | os.PathLik
     paths = locate("fashion-mnist", "test", root)
     images, labels = read_idx(paths[0]), read_idx(paths[1]).astype(np.int64)
     idx = np.sort(np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in range(10)]))
-    np.savez_compressed(out, images=images[idx], labels=labels[idx].astype(np.uint8), indices=idx.astype(np.int32))
-    return Path(out)
+    return atomic_write(out, lambda f: np.savez_compressed(f, images=images[idx], labels=labels[idx].astype(np.uint8),
+                                                           indices=idx.astype(np.int32)))
 
 
 def array_sha256(*arrays: np.ndarray) -> str:

@@ -90,6 +90,14 @@ def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
     return model
 
 
+def model_files(spec: str, weights: str | None = None) -> list[Path]:
+    """The files a model specification is read from: a checkpoint's .pt and .json (shipped or a
+    path), or the ``weights`` file of a ``module:factory``."""
+    if ":" in spec and not Path(spec).exists():
+        return [Path(weights)] if weights else []
+    return list(_resolve(spec))
+
+
 def resolve_model(spec: str, weights: str | None = None) -> nn.Module:
     """A shipped checkpoint name, a checkpoint path, or ``module:factory`` (weights from ``weights``)."""
     if ":" in spec and not Path(spec).exists():

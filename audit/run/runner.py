@@ -8,6 +8,7 @@ What a unit computes, and how it is summarised, is the check's (:mod:`audit.chec
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -32,7 +33,7 @@ from audit.atomic import atomic_write_bytes
 from audit.checks import CHECKS, Check, UnitResult
 from audit.data import balanced_sample
 from audit.errors import ConfigError
-from audit.models.checkpoint import resolve_model
+from audit.models.checkpoint import model_files, resolve_model
 from audit.run.config import AuditConfig
 from audit.run.results import MODELS_FILE, AuditResult, read_table, unit_path
 from bort import constraint_error
@@ -66,24 +67,30 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
     config = config.validated()
     out = Path(out)
     manifest_path = out / "manifest.json"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; give a folder for the audit's results")
+    previous = _previous_manifest(out) if resume else None
     if out.exists() and any(out.iterdir()) and not resume:
         raise ConfigError(f"{out} is not empty; pass resume=True (--resume) to continue that run, or choose "
                           "another folder")
-    if resume and manifest_path.exists():
-        previous = json.loads(manifest_path.read_text())["config"]
-        if previous != json.loads(json.dumps(config.to_dict())):
-            raise ConfigError(f"{out} holds a run with another configuration; resume needs the same one")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(manifest_path, json.dumps({"config": config.to_dict(), "status": "running"}, indent=2).encode())
-    device = _device(config.device)
-    x, y = audit_images(config)
-    x = x.to(device)
     labels = {spec: label_for(spec) for spec in config.models}
     clashes = sorted({lab for lab in labels.values() if list(labels.values()).count(lab) > 1})
     if clashes:  # results are keyed by label: the second model would overwrite the first's
         raise ConfigError(f"two models share the label {clashes[0]!r} ("
                           f"{', '.join(spec for spec, lab in labels.items() if lab == clashes[0])}); "
                           "rename one of the files")
+    x, y = audit_images(config)
+    prints = fingerprints(config, x, y)
+    if previous is not None:
+        if previous["config"] != json.loads(json.dumps(config.to_dict())):
+            raise ConfigError(f"{out} holds a run with another configuration; resume needs the same one")
+        _same_inputs(previous.get("fingerprints", {}), prints, out)
+    # everything checked: only now is the folder made, so a refused run leaves nothing behind
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(manifest_path, json.dumps({"config": config.to_dict(), "status": "running",
+                                                  "fingerprints": prints}, indent=2).encode())
+    device = _device(config.device)
+    x = x.to(device)
     units = [(spec, CHECKS[test], method) for spec in config.models for test in config.tests
              for method in config.methods]
     timings = {}
@@ -112,13 +119,46 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
     info = model_table(models, labels, x, y)
     atomic_write_bytes(out / "results" / MODELS_FILE, _csv_bytes(info))
     tables["models"] = info
-    old = json.loads(manifest_path.read_text()).get("timings_s", {}) if resume and manifest_path.exists() else {}
-    manifest = {"config": config.to_dict(), "status": "complete", "seeds": {"audit": config.seed},
+    old = previous.get("timings_s", {}) if previous is not None else {}  # the units timed before the resume
+    manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
                 "images": {"source": config.data, "n": len(x), "labels": y.tolist()},
                 "versions": versions(), "timings_s": {**old, **timings},
                 "units": len(units), "results": sorted(str(p.relative_to(out)) for p in (out / "results").glob("*.csv"))}
     atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
     return AuditResult(out, config, tables)
+
+
+def fingerprints(config: AuditConfig, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """sha256 of every file the models are read from and of the audited images and labels."""
+    files = {str(f): hashlib.sha256(f.read_bytes()).hexdigest()
+             for spec in config.models for f in model_files(spec, config.weights)}
+    data = hashlib.sha256(x.cpu().numpy().tobytes() + y.cpu().numpy().tobytes()).hexdigest()
+    return {"files": files, "data": data}
+
+
+def _previous_manifest(out: Path) -> dict | None:
+    """The manifest of the run to resume: None for an empty or missing folder; a refusal for a folder
+    that holds something else (so that resuming never overwrites files that are not ours)."""
+    if not out.exists() or not any(out.iterdir()):
+        return None
+    path = out / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        manifest = None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
+        raise ConfigError(f"{out} holds no manifest of an audit run ({path} missing or unreadable); resume only "
+                          "continues a folder written by run_audit, choose another folder")
+    return manifest
+
+
+def _same_inputs(before: dict, now: dict, out: Path) -> None:
+    for name, digest in before.get("files", {}).items():
+        if now["files"].get(name) != digest:
+            raise ConfigError(f"{name} changed since the run in {out} started (sha256 differs); resuming would mix "
+                              "results of two models: start a new run")
+    if "data" in before and before["data"] != now["data"]:
+        raise ConfigError(f"the audited images differ from those of the run in {out}; start a new run")
 
 
 def _device(name: str) -> torch.device:

@@ -71,3 +71,43 @@ def test_two_models_with_one_label_and_too_many_images_are_refused(tmp_path):
     config = load_config(models=["cnn-sgd"], methods=["gradient"], tests=["random-logit"], n_images=5000)
     with pytest.raises(DataError, match="5000 images asked for, but the embedded test data hold 1000"):
         run_audit(config, tmp_path / "run2", progress=False, log=lambda s: None)
+
+
+def test_resume_refuses_foreign_folders_and_changed_inputs(tmp_path):
+    import json
+
+    import pytest
+
+    from audit.errors import ConfigError, DataError
+    from audit.models import build, save_checkpoint
+
+    meta = {"arch": "cnn", "in_shape": [1, 28, 28], "num_classes": 10}
+    path = save_checkpoint(build("cnn"), meta, tmp_path / "mine.pt")
+    config = load_config(models=[str(path)], methods=["gradient"], tests=["random-logit"], n_images=2)
+    quiet = {"progress": False, "log": lambda s: None}
+
+    foreign = tmp_path / "site"
+    foreign.mkdir()
+    (foreign / "index.html").write_text("<p>someone's page</p>")
+    with pytest.raises(ConfigError, match="holds no manifest of an audit run"):
+        run_audit(config, foreign, resume=True, **quiet)
+    assert (foreign / "index.html").read_text() == "<p>someone's page</p>" and len(list(foreign.iterdir())) == 1
+
+    run = tmp_path / "run"
+    run_audit(config, run, **quiet)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["fingerprints"]["files"][str(path)] == hashlib.sha256(path.read_bytes()).hexdigest()
+    run_audit(config, run, resume=True, **quiet)  # nothing changed: resumes (every unit done)
+    save_checkpoint(build("cnn", num_classes=10), meta, path)  # another model under the same file name
+    with pytest.raises(ConfigError, match=r"mine.pt changed since the run .* started"):
+        run_audit(config, run, resume=True, **quiet)
+    # as if the images had been different (the model files left out of the comparison)
+    (run / "manifest.json").write_text(json.dumps({**manifest, "fingerprints": {"data": "0" * 64}}))
+    with pytest.raises(ConfigError, match="audited images differ"):
+        run_audit(config, run, resume=True, **quiet)
+
+    refused = tmp_path / "refused"
+    with pytest.raises(DataError, match="5000 images asked for"):
+        run_audit(load_config(models=[str(path)], methods=["gradient"], tests=["random-logit"], n_images=5000),
+                  refused, **quiet)
+    assert not refused.exists()  # a run refused before its first unit leaves nothing that blocks a rerun

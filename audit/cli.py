@@ -63,7 +63,7 @@ def _train(args: argparse.Namespace) -> int:
                          data=args.data, data_root=args.data_root, download=args.download,
                          train_limit=args.train_limit, arch_options=arch_options, options=options,
                          dbort=args.dbort, schedule=args.schedule)
-    train(config, out=args.out, resume=args.resume, progress=not args.quiet)
+    train(config, out=args.out, resume=args.resume, progress=not args.quiet, force=args.force)
     return 0
 
 
@@ -89,7 +89,7 @@ def _retrain_shipped(args: argparse.Namespace) -> int:
     out_dir = args.out_dir or str(SHIPPED)
     for name in names:
         print(f"== {name}", flush=True)
-        train(RECIPES[name], out=f"{out_dir}/{name}.pt", resume=True, progress=not args.quiet)
+        train(RECIPES[name], out=f"{out_dir}/{name}.pt", resume=True, progress=not args.quiet, force=True)
     return 0
 
 
@@ -148,6 +148,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--dbort", action="store_true", help="add DBort's auxiliary loss")
     t.add_argument("--out", required=True, help="checkpoint path (.pt; metadata beside it as .json)")
     t.add_argument("--resume", action="store_true", help="continue from the per-epoch state beside --out")
+    t.add_argument("--force", action="store_true", help="overwrite an existing checkpoint at --out")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=_train)
 

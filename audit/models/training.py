@@ -158,7 +158,7 @@ def _resume_path(out: str | os.PathLike | None) -> Path | None:
 
 
 def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: bool = False,
-          progress: bool = True, log: Callable[[str], None] = print) -> tuple[nn.Module, dict]:
+          progress: bool = True, log: Callable[[str], None] = print, force: bool = False) -> tuple[nn.Module, dict]:
     """Train a zoo model and (with ``out``) save it as a checkpoint.
 
     Parameters
@@ -169,6 +169,8 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
         file beside it holds the state after each epoch until the run ends.
     resume : bool
         Continue from that per-epoch state when it exists.
+    force : bool
+        Overwrite an existing checkpoint at ``out`` (refused otherwise, before any training).
 
     Returns
     -------
@@ -176,6 +178,9 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
     metadata : dict, as written to the ``.json`` file
     """
     cfg = config.resolved()
+    if out is not None and not force and (Path(out).with_suffix(".pt").exists() or Path(out).with_suffix(".json").exists()):
+        raise ConfigError(f"{Path(out).with_suffix('.pt')} exists; pass force=True (--force) to overwrite it, or "
+                          "choose another path")
     start = time.perf_counter()
     x_train, y_train = load_dataset(cfg.data, "train", cfg.data_root, download=cfg.download)
     x_test, y_test = load_dataset(cfg.data, "test", cfg.data_root, download=cfg.download)

@@ -151,3 +151,14 @@ def test_bort_resume_state_loads_without_pickled_code(tmp_path):
     resumed, meta = _quiet(config, out=tmp_path / "b.pt", resume=True)
     full, _ = _quiet(config, out=tmp_path / "full.pt")
     assert _same_weights(full, resumed) and [h["epoch"] for h in meta["history"]] == [1, 2]
+
+
+def test_an_existing_checkpoint_is_not_overwritten_without_force(tmp_path):
+    config = TrainConfig(arch="cnn", epochs=1, seed=0, **SAMPLE)
+    _quiet(config, out=tmp_path / "m.pt")
+    before = (tmp_path / "m.pt").read_bytes()
+    with pytest.raises(ConfigError, match=r"m.pt exists; pass force=True \(--force\)"):
+        _quiet(TrainConfig(arch="cnn", epochs=1, seed=1, **SAMPLE), out=tmp_path / "m.pt")
+    assert (tmp_path / "m.pt").read_bytes() == before
+    _quiet(TrainConfig(arch="cnn", epochs=1, seed=1, **SAMPLE), out=tmp_path / "m.pt", force=True)
+    assert (tmp_path / "m.pt").read_bytes() != before

@@ -8,6 +8,8 @@ What a unit computes, and how it is summarised, is the check's (:mod:`audit.chec
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -16,7 +18,7 @@ import platform
 import re
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import captum
@@ -87,45 +89,62 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         _same_inputs(previous.get("fingerprints", {}), prints, out)
     # everything checked: only now is the folder made, so a refused run leaves nothing behind
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(manifest_path, json.dumps({"config": config.to_dict(), "status": "running",
-                                                  "fingerprints": prints}, indent=2).encode())
-    device = _device(config.device)
-    x = x.to(device)
-    units = [(spec, CHECKS[test], method) for spec in config.models for test in config.tests
-             for method in config.methods]
-    timings = {}
-    models: dict[str, nn.Module] = {}
-    bar = tqdm(units, desc="audit", disable=not progress)
-    for spec, check, method in bar:
-        unit = unit_path(out, labels[spec], check.name, method)
-        key = f"{labels[spec]}/{check.name}/{method}"
-        if unit.exists():
-            continue
-        if spec not in models:
-            models[spec] = resolve_model(spec, config.weights).to(device)
-        torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
-        start = time.perf_counter()
-        result = _run_unit(check, models[spec], x, y, method, config, progress)
-        timings[key] = round(time.perf_counter() - start, 3)
-        if result.maps is not None:
-            atomic_write_bytes(unit.with_suffix(".npz"), _npz_bytes(result.maps, x[: config.heatmap_examples].cpu().numpy()))
-        atomic_write_bytes(unit, _csv_bytes(result.table))  # last: its presence marks the unit finished
-        line = check.summary(result.table) if not result.table.empty else f"does not apply to {method}: skipped"
-        (bar.write if progress else log)(f"{key}: {line} ({timings[key]:.1f} s)")
-    tables = _join(out, config, labels)
-    for spec in config.models:  # units all resumed: the models were not needed until now
-        if spec not in models:
-            models[spec] = resolve_model(spec, config.weights).to(device)
-    info = model_table(models, labels, x, y)
-    atomic_write_bytes(out / "results" / MODELS_FILE, _csv_bytes(info))
-    tables["models"] = info
-    old = previous.get("timings_s", {}) if previous is not None else {}  # the units timed before the resume
-    manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
-                "images": {"source": config.data, "n": len(x), "labels": y.tolist()},
-                "versions": versions(), "timings_s": {**old, **timings},
-                "units": len(units), "results": sorted(str(p.relative_to(out)) for p in (out / "results").glob("*.csv"))}
-    atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
-    return AuditResult(out, config, tables)
+    with exclusive(out):  # a second run on this folder fails at once instead of interleaving results
+        atomic_write_bytes(manifest_path, json.dumps({"config": config.to_dict(), "status": "running",
+                                                      "fingerprints": prints}, indent=2).encode())
+        device = _device(config.device)
+        x = x.to(device)
+        units = [(spec, CHECKS[test], method) for spec in config.models for test in config.tests
+                 for method in config.methods]
+        timings = {}
+        models: dict[str, nn.Module] = {}
+        bar = tqdm(units, desc="audit", disable=not progress)
+        for spec, check, method in bar:
+            unit = unit_path(out, labels[spec], check.name, method)
+            key = f"{labels[spec]}/{check.name}/{method}"
+            if unit.exists():
+                continue
+            if spec not in models:
+                models[spec] = resolve_model(spec, config.weights).to(device)
+            torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
+            start = time.perf_counter()
+            result = _run_unit(check, models[spec], x, y, method, config, progress)
+            timings[key] = round(time.perf_counter() - start, 3)
+            if result.maps is not None:
+                atomic_write_bytes(unit.with_suffix(".npz"), _npz_bytes(result.maps, x[: config.heatmap_examples].cpu().numpy()))
+            atomic_write_bytes(unit, _csv_bytes(result.table))  # last: its presence marks the unit finished
+            line = check.summary(result.table) if not result.table.empty else f"does not apply to {method}: skipped"
+            (bar.write if progress else log)(f"{key}: {line} ({timings[key]:.1f} s)")
+        tables = _join(out, config, labels)
+        for spec in config.models:  # units all resumed: the models were not needed until now
+            if spec not in models:
+                models[spec] = resolve_model(spec, config.weights).to(device)
+        info = model_table(models, labels, x, y)
+        atomic_write_bytes(out / "results" / MODELS_FILE, _csv_bytes(info))
+        tables["models"] = info
+        old = previous.get("timings_s", {}) if previous is not None else {}  # the units timed before the resume
+        manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
+                    "images": {"source": config.data, "n": len(x), "labels": y.tolist()},
+                    "versions": versions(), "timings_s": {**old, **timings},
+                    "units": len(units), "results": sorted(str(p.relative_to(out)) for p in (out / "results").glob("*.csv"))}
+        atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
+        return AuditResult(out, config, tables)
+
+
+@contextlib.contextmanager
+def exclusive(out: Path) -> Iterator[None]:
+    """Hold an advisory lock on ``out`` (``out/.lock``, flock) for the duration; a clear error when
+    another run holds it."""
+    with open(out / ".lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"another audit run is writing to {out}; wait for it to finish or choose another "
+                              "folder") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def fingerprints(config: AuditConfig, x: torch.Tensor, y: torch.Tensor) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from audit.cli import main
 from audit.run.config import load_config
-from audit.run.runner import run_audit
+from audit.run.runner import exclusive, run_audit
 
 
 def _results(out: Path) -> dict:
@@ -98,6 +98,8 @@ def test_resume_refuses_foreign_folders_and_changed_inputs(tmp_path):
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["fingerprints"]["files"][str(path)] == hashlib.sha256(path.read_bytes()).hexdigest()
     run_audit(config, run, resume=True, **quiet)  # nothing changed: resumes (every unit done)
+    with exclusive(run), pytest.raises(ConfigError, match="another audit run is writing to"):
+        run_audit(config, run, resume=True, **quiet)  # as a second process would find it
     save_checkpoint(build("cnn", num_classes=10), meta, path)  # another model under the same file name
     with pytest.raises(ConfigError, match=r"mine.pt changed since the run .* started"):
         run_audit(config, run, resume=True, **quiet)

@@ -123,6 +123,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attribution-audit",
                                 description="Audit attribution methods: rank-1 collapse, random-logit and "
                                             "parameter-randomization sanity checks, Bort-trained models.")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a zoo model and save a checkpoint (.pt + .json)")
@@ -201,11 +202,29 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    prefix = f"attribution-audit {args.command}"
     try:
         return args.func(args)
     except ToolkitError as exc:
-        print(f"attribution-audit {args.command}: error: {exc}", file=sys.stderr)
+        if args.debug:
+            raise
+        print(f"{prefix}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{prefix}: interrupted; finished units and epochs are kept (--resume continues)", file=sys.stderr)
+        return 130
+    except OSError as exc:  # a folder that cannot be written, a file that vanished, a full disk
+        if args.debug:
+            raise
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        print(f"{prefix}: error: {exc.strerror or exc}{where}; check the path and its permissions", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug of ours or of the user's model code: one line, the traceback on request
+        if args.debug:
+            raise
+        print(f"{prefix}: unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -32,3 +32,31 @@ def test_bad_configurations(tmp_path, capsys):
     with pytest.raises(ConfigError, match="not empty"):
         run_audit(load_config(models=["cnn-sgd"], **TINY), tmp_path / "busy", progress=False)
 
+
+
+def test_no_traceback_reaches_a_cli_user_unless_debug(tmp_path, capsys, monkeypatch):
+    args = ["run", "--models", "cnn-sgd", "--methods", "gradient", "--tests", "random-logit", "--n-images", "2",
+            "--quiet"]
+    (tmp_path / "afile").write_text("x")
+    assert main([*args, "--out", str(tmp_path / "afile")]) == 2  # --out is a file
+    assert "afile is a file" in capsys.readouterr().err
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        code = main([*args, "--out", str(locked / "run")])
+        err = capsys.readouterr().err
+        if code != 0:  # root may write anywhere: then there is nothing to refuse
+            assert code == 2 and "Permission denied" in err and "Traceback" not in err
+    finally:
+        locked.chmod(0o700)
+
+    def boom(*a, **k):
+        raise ZeroDivisionError("division by zero in a user's forward")
+
+    monkeypatch.setattr("audit.run.runner.audit_images", boom)
+    assert main([*args, "--out", str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err
+    assert "unexpected ZeroDivisionError: division by zero" in err and "--debug" in err and "Traceback" not in err
+    with pytest.raises(ZeroDivisionError):
+        main(["--debug", *args, "--out", str(tmp_path / "c")])

@@ -24,7 +24,7 @@ def verdict_table(tables: dict, config) -> pd.DataFrame:
     rows = []
     for model, method in pairs.itertuples(index=False):
         row: dict = {"model": model, "method": method}
-        fails = []
+        fails, undefined = [], []
         for name, rule in rules:
             table = tables.get(name)
             part = table[(table.model == model) & (table.method == method)] if table is not None and not table.empty \
@@ -36,7 +36,11 @@ def verdict_table(tables: dict, config) -> pd.DataFrame:
             row |= {rule.score_column: cell.score, rule.text_column: cell.text}
             if cell.failed:
                 fails.append(rule.failure)
-        row["verdict"] = "fail: " + ", ".join(fails) if fails else "pass"
+            elif cell.failed is None and cell.text == "undefined":
+                undefined.append(name)
+        # a check that ran but could score no image says neither pass nor fail
+        row["verdict"] = ("fail: " + ", ".join(fails) if fails else
+                          f"undefined: {', '.join(undefined)} (maps constant or non-finite)" if undefined else "pass")
         rows.append(row)
     order = {m: i for i, m in enumerate(config.methods)}
     model_order = {m: i for i, m in enumerate(dict.fromkeys(pairs.model))}

@@ -116,8 +116,8 @@ class MedianScore(VerdictRule):
 
     def evaluate(self, part, config):
         est, low, high = bootstrap_ci(self.per_image(part).to_numpy(), 0.99)
-        if np.isnan(est):
-            return VerdictCell(est, "n/a", None)
+        if np.isnan(est):  # rows, but no image with a defined score (constant or non-finite maps)
+            return VerdictCell(est, "undefined", None)
         threshold = getattr(config, self.threshold)
         return VerdictCell(est, f"{est:.3f} [{low:.3f}, {high:.3f}]",
                            bool(est < threshold if self.fails_below else est >= threshold))

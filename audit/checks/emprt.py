@@ -20,6 +20,7 @@ from scipy import special
 from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.checks.randomization import ORDERS, STAGE_OPTIONS, stage_figure, stage_maps
 from audit.errors import ConfigError
+from audit.measures.similarity import degenerate
 from audit.sections import ReportContext, Section
 
 COLUMNS = ["method", "stage", "layer", "image", "entropy", "score"]
@@ -29,14 +30,17 @@ def discrete_entropy(maps: torch.Tensor, n_bins: int = 100) -> np.ndarray:
     """Entropy of the histogram of each map's values: (N, ...) -> (N,).
 
     ``n_bins`` equal-width bins between each map's minimum and maximum (numpy's ``histogram``);
-    natural logarithm (``scipy.stats.entropy`` of the counts). A constant map has entropy 0.
+    natural logarithm (``scipy.stats.entropy`` of the counts). A constant map has entropy 0; a map
+    with NaN / inf values, NaN (undefined, as the eMPRT score of a constant trained map).
     """
     if n_bins < 1:
         raise ConfigError(f"n_bins must be a positive integer, got {n_bins}")
-    flat = maps.reshape(maps.shape[0], -1).double().numpy()
-    counts = np.stack([np.histogram(row, bins=n_bins)[0] for row in flat]).astype(np.float64)
+    flat = maps.reshape(maps.shape[0], -1).double()
+    finite = torch.isfinite(flat).all(1).numpy()
+    rows = torch.nan_to_num(flat, 0.0, 0.0, 0.0).numpy()
+    counts = np.stack([np.histogram(row, bins=n_bins)[0] for row in rows]).astype(np.float64)
     # scipy.stats.entropy of each row's counts, without its per-call overhead (it dominated eMPRT's time)
-    return special.entr(counts / counts.sum(1, keepdims=True)).sum(1)
+    return np.where(finite, special.entr(counts / counts.sum(1, keepdims=True)).sum(1), np.nan)
 
 
 def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_bins: int = 100,
@@ -65,7 +69,7 @@ def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n
     for stage, layer, maps in stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
                                          "efficient_mprt"):
         for m, v in maps.items():
-            h = discrete_entropy(v, n_bins)
+            h = np.where(degenerate(v), np.nan, discrete_entropy(v, n_bins))  # constant / non-finite: undefined
             h0 = first.setdefault(m, h)
             with np.errstate(invalid="ignore", divide="ignore"):
                 score = np.where(h0 > 0, (h - h0) / h0, np.nan)  # a constant trained map: undefined

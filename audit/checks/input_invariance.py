@@ -31,7 +31,7 @@ from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.errors import AuditError
 from audit.inputs import check_inputs, check_labels, resolve_methods
 from audit.measures.heatmaps import heatmaps
-from audit.measures.similarity import WINDOW, normalize_map, ssim
+from audit.measures.similarity import WINDOW, degenerate, normalize_map, ssim
 from audit.sections import Figure, ReportContext, Section, new_figure
 
 COLUMNS = ["method", "image", "relative_l2", "ssim"]
@@ -155,11 +155,12 @@ def input_invariance(model: nn.Module, x, y, methods="all", shift: float | Seque
         maps.append(heatmaps({m: v[0] for m, v in raw.items()}, reduction))
     rows = []
     for m in tqdm(names, desc="input invariance", disable=not progress, leave=False):
-        h, h2 = maps[0][m], maps[1][m]
+        bad = degenerate(maps[0][m]) | degenerate(maps[1][m])  # constant or non-finite: undefined
+        h, h2 = torch.nan_to_num(maps[0][m], 0.0, 0.0, 0.0), torch.nan_to_num(maps[1][m], 0.0, 0.0, 0.0)
         norm = h.reshape(len(h), -1).norm(dim=1)
         diff = (h2 - h).reshape(len(h), -1).norm(dim=1)
-        rel = torch.where(norm > 0, diff / norm.clamp(min=1e-300), torch.nan)
-        s = ssim(normalize_map(h), normalize_map(h2), win_size=WINDOW, data_range=1.0)
+        rel = np.where(bad, np.nan, (diff / norm.clamp(min=1e-300)).numpy())
+        s = np.where(bad, np.nan, ssim(normalize_map(h), normalize_map(h2), win_size=WINDOW, data_range=1.0).numpy())
         rows += [{"method": m, "image": i, "relative_l2": float(rel[i]), "ssim": float(s[i])} for i in range(len(h))]
     return pd.DataFrame(rows, columns=COLUMNS)
 

@@ -17,7 +17,7 @@ from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.errors import AuditError
 from audit.inputs import check_inputs, check_labels, check_logits, resolve_methods
 from audit.measures.heatmaps import heatmaps
-from audit.measures.similarity import WINDOW, normalize_map, spearman, ssim
+from audit.measures.similarity import WINDOW, degenerate, normalize_map, spearman, ssim, undefined_where
 from audit.sections import Figure, ReportContext, Section, new_figure
 
 COLUMNS = ["method", "image", "true_class", "random_class", "ssim", "spearman", "spearman_abs"]
@@ -56,9 +56,13 @@ def random_logit_test(model: torch.nn.Module, x, y, methods="all", seed: int = 0
         both = attribute_many({m: explainers[m]}, x, [y, r], envs)[m]  # one batched backward for both classes
         true_map = heatmaps({m: both[0]}, reduction)[m]
         rand_map = heatmaps({m: both[1]}, reduction)[m]
-        s = ssim(normalize_map(true_map), normalize_map(rand_map), win_size=WINDOW, data_range=1.0,
-                 flip_invariant=True)
-        sp, sa = spearman(true_map, rand_map), spearman(true_map.abs(), rand_map.abs())
+        bad = degenerate(true_map) | degenerate(rand_map)  # constant or non-finite maps: undefined scores
+        true_map, rand_map = torch.nan_to_num(true_map, 0.0, 0.0, 0.0), torch.nan_to_num(rand_map, 0.0, 0.0, 0.0)
+        scores = undefined_where(bad, {
+            "ssim": ssim(normalize_map(true_map), normalize_map(rand_map), win_size=WINDOW, data_range=1.0,
+                         flip_invariant=True).numpy(),
+            "spearman": spearman(true_map, rand_map), "spearman_abs": spearman(true_map.abs(), rand_map.abs())})
+        s, sp, sa = scores["ssim"], scores["spearman"], scores["spearman_abs"]
         for i in range(len(x)):
             rows.append({"method": m, "image": i, "true_class": int(y[i]), "random_class": int(r[i]),
                          "ssim": float(s[i]), "spearman": float(sp[i]), "spearman_abs": float(sa[i])})

@@ -12,6 +12,7 @@ similarity after full randomization is better.
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -20,7 +21,7 @@ from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.checks.randomization import ORDERS, STAGE_OPTIONS, stage_figure, stage_maps
 from audit.errors import ConfigError
 from audit.inputs import check_inputs
-from audit.measures.similarity import spearman
+from audit.measures.similarity import degenerate, spearman
 from audit.sections import ReportContext, Section
 
 COLUMNS = ["method", "stage", "layer", "image", "spearman"]
@@ -81,7 +82,9 @@ def smooth_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_sa
                                          "smooth_mprt", explain=denoised):
         for m, v in maps.items():
             magnitude = v.abs()
-            rho = spearman(first.setdefault(m, magnitude), magnitude)
+            reference = first.setdefault(m, magnitude)
+            rho = np.where(degenerate(reference) | degenerate(magnitude), np.nan,
+                           spearman(torch.nan_to_num(reference), torch.nan_to_num(magnitude)))
             rows += [{"method": m, "stage": stage, "layer": layer, "image": i, "spearman": float(rho[i])}
                      for i in range(len(rho))]
     return pd.DataFrame(rows, columns=COLUMNS)

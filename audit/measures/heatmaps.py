@@ -5,7 +5,17 @@ import numpy as np
 import torch
 
 from attributions.methods import build_method
-from audit.measures.similarity import WINDOW, hog_features, hog_similarity, normalize_map, reduce_map, spearman, ssim
+from audit.measures.similarity import (
+    WINDOW,
+    degenerate,
+    hog_features,
+    hog_similarity,
+    normalize_map,
+    reduce_map,
+    spearman,
+    ssim,
+    undefined_where,
+)
 
 
 def heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> dict[str, torch.Tensor]:
@@ -25,15 +35,19 @@ class ReferenceMaps:
     descriptors are computed once."""
 
     def __init__(self, raw: torch.Tensor, win_size: int = WINDOW):
-        self.raw, self.win_size = raw, win_size
-        self.normalized = normalize_map(raw)
+        self.bad = degenerate(raw)
+        self.raw, self.win_size = torch.nan_to_num(raw, 0.0, 0.0, 0.0), win_size
+        self.normalized = normalize_map(self.raw)
         self.hog = hog_features(self.normalized)
 
     def compare(self, other: torch.Tensor) -> dict[str, np.ndarray]:
         """Flip-invariant SSIM of the normalised maps, Spearman of the raw maps (signed and of
-        |.|), and Spearman of the normalised maps' HOG descriptors; each (N,)."""
+        |.|), and Spearman of the normalised maps' HOG descriptors; each (N,), NaN where either map
+        is :func:`~audit.measures.similarity.degenerate`."""
+        bad = self.bad | degenerate(other)
+        other = torch.nan_to_num(other, 0.0, 0.0, 0.0)
         norm = normalize_map(other)
-        return {"ssim": ssim(self.normalized, norm, win_size=self.win_size, data_range=1.0,
-                             flip_invariant=True).numpy(),
-                "spearman": spearman(self.raw, other), "spearman_abs": spearman(self.raw.abs(), other.abs()),
-                "hog": hog_similarity(self.hog, norm)}
+        return undefined_where(bad, {
+            "ssim": ssim(self.normalized, norm, win_size=self.win_size, data_range=1.0, flip_invariant=True).numpy(),
+            "spearman": spearman(self.raw, other), "spearman_abs": spearman(self.raw.abs(), other.abs()),
+            "hog": hog_similarity(self.hog, norm)})

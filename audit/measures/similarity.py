@@ -35,6 +35,22 @@ def reduce_map(maps: torch.Tensor, mode: str) -> torch.Tensor:
     raise ConfigError(f"unknown heatmap reduction {mode!r}; valid: {', '.join(REDUCTIONS)}")
 
 
+def degenerate(maps: torch.Tensor) -> np.ndarray:
+    """Which maps of (N, ...) carry no information to compare: constant (all zero included) or holding
+    NaN / inf. Their similarity scores are undefined (NaN), never a pass or a fail: two all-zero maps
+    are "identical" only because nothing was computed. -> (N,) bool."""
+    flat = maps.reshape(maps.shape[0], -1)
+    finite = torch.isfinite(flat).all(1)
+    safe = torch.where(torch.isfinite(flat), flat, 0)
+    constant = safe.amax(1) == safe.amin(1)
+    return (~finite | constant).numpy()
+
+
+def undefined_where(bad: np.ndarray, scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``scores`` (each (N,)) with NaN for the images marked ``bad``."""
+    return {k: np.where(bad, np.nan, np.asarray(v, dtype=float)) for k, v in scores.items()}
+
+
 def normalize_map(maps: torch.Tensor, low: float = 0.5, high: float = 99.5) -> torch.Tensor:
     """Clip each (H, W) map of (N, H, W) at its ``low`` / ``high`` percentiles, then min-max to [0, 1].
 

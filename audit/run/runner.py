@@ -114,6 +114,10 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                 atomic_write_bytes(unit.with_suffix(".npz"), _npz_bytes(result.maps, x[: config.heatmap_examples].cpu().numpy()))
             atomic_write_bytes(unit, _csv_bytes(result.table))  # last: its presence marks the unit finished
             line = check.summary(result.table) if not result.table.empty else f"does not apply to {method}: skipped"
+            metric = getattr(check.verdict, "metric", None)
+            if metric in result.table and result.table[metric].isna().any():  # say why the verdict may be undefined
+                line += (f"; {int(result.table[metric].isna().sum())} of {len(result.table)} scores undefined "
+                         "(maps constant or non-finite)")
             (bar.write if progress else log)(f"{key}: {line} ({timings[key]:.1f} s)")
         tables = _join(out, config, labels)
         for spec in config.models:  # units all resumed: the models were not needed until now

@@ -68,3 +68,14 @@ def test_twins_are_told_apart_by_the_optimizer_registry_and_compared_per_image()
     assert len(cmp) == 1 and cmp.test[0] == "random-logit"
     assert cmp.baseline_ssim[0] == 0.25 and cmp.bort_ssim[0] == 0.5 and cmp.median_difference[0] == 0.25
     assert 0 < cmp.wilcoxon_p[0] <= 1
+
+
+def test_a_check_with_no_defined_score_makes_the_verdict_undefined():
+    logit = pd.DataFrame(_per_image("gradient", [np.nan, np.nan]) + _per_image("lrp-zplus", [0.95, np.nan])
+                         + _per_image("deeplift", [np.nan, np.nan]))
+    cascade = pd.DataFrame(_per_image("deeplift", [0.9, 0.9], stage=2))
+    v = verdict_table({"random-logit": logit, "cascading": cascade}, CONFIG).set_index("method")
+    assert v.loc["gradient", "random_logit"] == "undefined"
+    assert v.loc["gradient", "verdict"] == "undefined: random-logit (maps constant or non-finite)"
+    assert v.loc["lrp-zplus", "verdict"] == "fail: class-insensitive"  # the one defined image decides
+    assert v.loc["deeplift", "verdict"] == "fail: weight-insensitive"  # a failure outranks an undefined check

@@ -43,3 +43,13 @@ def test_non_finite_weights_or_outputs_are_refused_before_any_map(trained):
         huge.classifier[-1].weight.mul_(1e38)  # finite weights, overflowing logits
     with pytest.raises(AuditError, match="outputs are NaN or infinite"):
         random_logit_test(huge, x * 1e30, y, ["gradient"], progress=False)
+
+
+def test_constant_maps_give_undefined_scores_not_a_verdict(trained):
+    model, x, y = trained
+    dead = copy.deepcopy(model)
+    with torch.no_grad():
+        dead.features[0].weight.zero_()  # no path from the input: every gradient map is all zero
+    df = random_logit_test(dead, x, y, ["gradient", "edge"], progress=False)
+    assert df[df.method == "gradient"][["ssim", "spearman", "spearman_abs"]].isna().all().all()
+    assert df[df.method == "edge"].ssim.notna().all()

@@ -347,9 +347,13 @@ class Explainer(Attribution):
         assert self.graph is not None
         return self.graph
 
-    @staticmethod
-    def _check_input(x) -> torch.Tensor:
-        return check_input(x)
+    def _check_input(self, x) -> torch.Tensor:
+        x = check_input(x)
+        dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), None)
+        if dtype is not None and x.dtype != dtype:  # else torch's own "expected scalar type" error, deep inside
+            raise AttributionError(f"inputs are {x.dtype} but the model computes in {dtype}; convert them with "
+                                   f"x.to({dtype}) (half-precision maps are not supported: use float32 or float64)")
+        return x
 
     @staticmethod
     def targets(logits: torch.Tensor, target) -> torch.Tensor:

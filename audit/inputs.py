@@ -1,6 +1,8 @@
 """Validation of what a user hands the audit: models, images, labels, method lists, options."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -20,6 +22,10 @@ def check_inputs(model, x, y=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise AuditError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     check_finite_model(model)
     x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if x.is_floating_point() and x.dtype != dtype:  # e.g. float16 images for a float32 model: said, not silent
+        warnings.warn(f"x is {x.dtype}; the audit computes in the model's {dtype}", stacklevel=2)
+        x = x.to(dtype)
     try:
         x = check_input(x)
     except AttributionError as exc:

@@ -242,3 +242,11 @@ def test_convergence_delta_where_the_method_promises_a_sum():
     assert not grad.has_convergence_delta()
     with pytest.raises(AttributionError, match="promises no completeness"):
         grad.compute_convergence_delta(x, x, 0)
+
+
+def test_inputs_of_another_dtype_than_the_model_are_a_clear_error():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 2)).double()
+    with pytest.raises(AttributionError, match=r"inputs are torch.float32 but the model computes in torch.float64"):
+        Explainer(model, "gradient").attribute(torch.rand(1, 1, 2, 2), target=0)
+    with pytest.raises(AttributionError, match=r"torch.float16 but the model computes in torch.float64"):
+        Explainer(model, "deeplift").attribute(torch.rand(1, 1, 2, 2).half(), target=0)

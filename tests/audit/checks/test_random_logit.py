@@ -53,3 +53,10 @@ def test_constant_maps_give_undefined_scores_not_a_verdict(trained):
     df = random_logit_test(dead, x, y, ["gradient", "edge"], progress=False)
     assert df[df.method == "gradient"][["ssim", "spearman", "spearman_abs"]].isna().all().all()
     assert df[df.method == "edge"].ssim.notna().all()
+
+
+def test_half_precision_images_are_computed_in_the_models_precision_and_said(trained):
+    model, x, y = trained
+    with pytest.warns(UserWarning, match="x is torch.float16; the audit computes in the model's torch.float32"):
+        half = random_logit_test(model, x.half(), y, ["gradient"], progress=False)
+    assert half.ssim.notna().all()

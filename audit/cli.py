@@ -185,9 +185,12 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--quiet", action="store_true")
     for option in check_options().values():  # every check's own keys, as in the TOML file
         kind = type(option.default)
-        a.add_argument(f"--{option.name.replace('_', '-')}", dest=option.name, default=None,
-                       type=kind if kind in (int, float) else str, choices=option.choices or None,
-                       help=f"{option.help} (default {option.default})")
+        flag, text = f"--{option.name.replace('_', '-')}", f"{option.help} (default {option.default})"
+        if kind is bool:  # --emprt-curve / --no-emprt-curve
+            a.add_argument(flag, dest=option.name, default=None, action=argparse.BooleanOptionalAction, help=text)
+            continue
+        a.add_argument(flag, dest=option.name, default=None, type=kind if kind in (int, float) else str,
+                       choices=option.choices or None, help=text)
     a.set_defaults(func=_run)
 
     rp = sub.add_parser("report", help="rebuild the report of a finished run without recomputing")

@@ -45,7 +45,7 @@ def discrete_entropy(maps: torch.Tensor, n_bins: int = 100) -> np.ndarray:
 
 def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_bins: int = 100,
                    order: str = "bottom-up", bn: str = "reset", target: str = "true", init: str = "reset",
-                   reduction: dict | None = None, progress: bool = True) -> pd.DataFrame:
+                   reduction: dict | None = None, progress: bool = True, curve: bool = True) -> pd.DataFrame:
     """eMPRT: the relative rise in the maps' entropy as the model's layers are randomized.
 
     Parameters
@@ -57,6 +57,8 @@ def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n
     n_bins : histogram bins of the entropy
     order, bn, target, init : as :func:`~audit.checks.randomization.randomization_with_maps`
         (bottom-up by default, as Hedstroem et al.)
+    curve : explain every stage (the per-stage curve); False explains only the trained and the fully
+        randomized model, which is all the score needs (Quantus's ``skip_layers``)
 
     Returns
     -------
@@ -67,7 +69,7 @@ def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n
     rows: list[dict] = []
     first: dict[str, np.ndarray] = {}
     for stage, layer, maps in stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
-                                         "efficient_mprt"):
+                                         "efficient_mprt", every_stage=curve):
         for m, v in maps.items():
             h = np.where(degenerate(v), np.nan, discrete_entropy(v, n_bins))  # constant / non-finite: undefined
             h0 = first.setdefault(m, h)
@@ -81,7 +83,7 @@ def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n
 def _run(model, x, y, method, config, progress) -> UnitResult:
     return UnitResult(efficient_mprt(model, x, y, [method], seed=config.seed, n_bins=config.emprt_bins,
                                      order=config.emprt_order, bn=config.bn, target=config.target, init=config.init,
-                                     progress=progress))
+                                     progress=progress, curve=config.emprt_curve))
 
 
 def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
@@ -103,5 +105,7 @@ CHECK = Check(
     options=STAGE_OPTIONS + (
         Option("emprt_order", "bottom-up", "layer order of eMPRT's randomization", choices=ORDERS),
         Option("emprt_bins", 100, "histogram bins of eMPRT's entropy", valid=lambda v: v >= 2, rule=">= 2"),
+        Option("emprt_curve", True, "explain every randomization stage for eMPRT's curve (False: only the trained "
+               "and the fully randomized model, all the score needs)"),
         Option("emprt_pass", 0.05, "median eMPRT score under which a method fails (the edge control scores 0)",
                valid=lambda v: v > -1, rule="> -1")))

@@ -187,14 +187,16 @@ def _plain(explainers: dict[str, Explainer], x: torch.Tensor, t: torch.Tensor, e
 
 def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
                target: str = "true", seed: int = 0, init: str = "reset", reduction: dict | None = None,
-               progress: bool = True, name: str = "randomization", explain: Explain = _plain):
+               progress: bool = True, name: str = "randomization", explain: Explain = _plain,
+               every_stage: bool = True):
     """Yield (stage, layer, {method: (B, H, W) heatmaps}) for the trained model (stage 0, layer
     "original") and each randomisation stage: the one loop every randomization-based check runs.
 
     ``explain(explainers, x, t, envs) -> {method: (B, C, H, W) maps}`` computes a stage's maps
     (default: each method's attribution; sMPRT averages over noisy inputs). ``name`` names the
-    calling check in errors and in the progress bar. Each stage's forward pass is shared by the
-    methods; the model is never modified (stages are copies).
+    calling check in errors and in the progress bar. ``every_stage=False`` yields only the trained
+    model's maps and the last stage's (the intermediate stages are still applied, not explained).
+    Each stage's forward pass is shared by the methods; the model is never modified (stages are copies).
     """
     x, y = check_inputs(model, x, y)
     if y is None:
@@ -206,6 +208,8 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
     stages = randomization_stages(model, order, bn, seed, layers, init)  # lazily: cascading stages share one copy
     for stage, layer, stage_model in tqdm(stages, total=1 + len(layers), desc=f"{name} ({order})",
                                           disable=not progress, leave=False):
+        if not every_stage and 0 < stage < len(layers):
+            continue
         if graph is None or order == "independent":  # cascading stages modify one copy: trace it once
             graph = trace(stage_model)
         # the random control draws afresh at every stage (seeded by the stage), a floor for the scores

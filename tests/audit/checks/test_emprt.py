@@ -52,3 +52,13 @@ def test_efficient_mprt_scores_the_randomization_maps(trained):
         h = np.array([discrete_entropy(torch.from_numpy(m)[None], 30)[0] for m in maps["deeplift"][stage]])
         got = df[(df.stage == stage)].sort_values("image").score.to_numpy()
         np.testing.assert_allclose(got, (h - h0) / h0, rtol=1e-12)
+
+
+def test_efficient_mprt_without_the_curve_scores_the_same(trained):
+    model, x, y = trained
+    full = efficient_mprt(model, x, y, ["gradient", "edge"], seed=0, progress=False)
+    short = efficient_mprt(model, x, y, ["gradient", "edge"], seed=0, progress=False, curve=False)
+    assert sorted(short.stage.unique()) == [0, full.stage.max()]
+    key = ["method", "stage", "image"]
+    merged = short.merge(full, on=key, suffixes=("", "_full"))
+    assert len(merged) == len(short) and np.array_equal(merged.score, merged.score_full, equal_nan=True)

@@ -113,10 +113,15 @@ def locate(name: str, split: str, root: str | os.PathLike | None = None) -> list
     """
     stems = _IDX_NAMES[split] if name in ("fashion-mnist", "mnist") else _CIFAR_NAMES[split]
     dirs = search_dirs(name, root)
+    mine = {d for d in dirs if root is not None and Path(root) in (d, *d.parents)}  # folders under --data-root
     for d in dirs:
         found = [_find(d, s) for s in stems]
         if all(found):
             return cast(list[Path], found)
+        if any(found) and d in mine:  # the user's own folder holds part of the split: never mix copies
+            missing = [s for s, f in zip(stems, found) if f is None]
+            raise DataError(f"{d} holds part of the {name} {split} split but not {', '.join(missing)} (raw or .gz); "
+                            "add the missing file, or point --data-root at a complete copy")
     source = SOURCES[name]
     how = [f"pass download=True (or --download) to fetch {', '.join(source.files)} from {source.base_url}"]
     if source.apt:

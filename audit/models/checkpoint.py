@@ -49,7 +49,11 @@ def save_checkpoint(model: nn.Module, metadata: dict, path: str | os.PathLike) -
 def _resolve(name_or_path: str | os.PathLike) -> tuple[Path, Path]:
     text = str(name_or_path)
     path = Path(text)
-    if path.suffix in (".pt", ".json") or path.exists() or path.with_suffix(".pt").exists():
+    local = path.exists() or path.with_suffix(".pt").exists()
+    if local and isinstance(name_or_path, str) and text in available_checkpoints() and os.sep not in text:
+        raise ModelError(f"{text!r} is a shipped checkpoint, and {path.with_suffix('.pt')} exists here too; give "
+                         f"./{path.with_suffix('.pt')} for the file, or move it to use the shipped one")
+    if path.suffix in (".pt", ".json") or local:
         pt, meta = path.with_suffix(".pt"), path.with_suffix(".json")
         for f in (pt, meta):
             if not f.exists():

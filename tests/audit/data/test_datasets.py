@@ -108,3 +108,13 @@ def test_full_debian_fashion_mnist(full_fashion_mnist, isolated_data_env):
     np.testing.assert_array_equal(xs, xt[idx])
     np.testing.assert_array_equal(ys, yt[idx])
 
+
+
+def test_a_data_root_missing_one_file_is_an_error_not_another_copy(isolated_data_env, monkeypatch):
+    tmp = isolated_data_env
+    write_mnist_split(tmp / "cache" / "attribution-audit" / "mnist", "test", 5, seed=3)  # a complete copy elsewhere
+    write_mnist_split(tmp / "mine", "test", 3, seed=1)
+    (tmp / "mine" / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataError, match=r"mine holds part of the mnist test split but not t10k-labels-idx1-ubyte"):
+        load_dataset("mnist", "test", root=tmp / "mine")
+    assert len(load_dataset("mnist", "test")[0]) == 5  # without --data-root the complete copy is found

@@ -94,3 +94,12 @@ def test_planted_checkpoint_and_weights_cannot_run_code(tmp_path):
     with pytest.raises(ModelError, match="cannot load weights"):
         resolve_model("tests.audit.models.test_checkpoint:small_net", str(tmp_path / "evil.pt"))
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_shipped_name_shadowed_by_a_local_file_is_ambiguous(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cnn-sgd.pt").write_bytes(b"not the shipped one")
+    with pytest.raises(ModelError, match=r"'cnn-sgd' is a shipped checkpoint, and cnn-sgd.pt exists here too"):
+        load_checkpoint("cnn-sgd")
+    (tmp_path / "cnn-sgd.pt").unlink()
+    assert load_checkpoint("cnn-sgd").metadata["arch"] == "cnn"

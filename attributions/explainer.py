@@ -235,7 +235,12 @@ class Explainer(Attribution):
         this method's rules differentiate)."""
         with_ref = self.method.signal == "multiplier" if with_ref is None else with_ref
         with torch.no_grad():
-            env = self._run(x, self.recorded if record is None else record)
+            try:
+                env = self._run(x, self.recorded if record is None else record)
+            except RuntimeError as exc:  # most often inputs of a shape or channel count the model does not take
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise AttributionError(f"the model's forward pass failed on inputs of shape {tuple(x.shape)}: "
+                                       f"{first}; check the input shape and channels the model expects") from None
             ref = self._reference_env(x) if with_ref else None
         return env, ref
 

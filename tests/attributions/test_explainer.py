@@ -250,3 +250,11 @@ def test_inputs_of_another_dtype_than_the_model_are_a_clear_error():
         Explainer(model, "gradient").attribute(torch.rand(1, 1, 2, 2), target=0)
     with pytest.raises(AttributionError, match=r"torch.float16 but the model computes in torch.float64"):
         Explainer(model, "deeplift").attribute(torch.rand(1, 1, 2, 2).half(), target=0)
+
+
+def test_inputs_the_model_cannot_take_are_a_clear_error():
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 6 * 6, 3))
+    with pytest.raises(AttributionError, match=r"forward pass failed on inputs of shape \(2, 3, 8, 8\).*channels"):
+        Explainer(model, "lrp-epsilon").attribute(torch.rand(2, 3, 8, 8), target=0)
+    with pytest.raises(AttributionError, match=r"inputs of shape \(2, 1, 9, 9\)"):
+        Explainer(model, "gradient").attribute(torch.rand(2, 1, 9, 9), target=0)

@@ -354,7 +354,7 @@ class Explainer(Attribution):
 
     def _check_input(self, x) -> torch.Tensor:
         x = check_input(x)
-        dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), None)
+        dtype = model_dtype(self.model)
         if dtype is not None and x.dtype != dtype:  # else torch's own "expected scalar type" error, deep inside
             raise AttributionError(f"inputs are {x.dtype} but the model computes in {dtype}; convert them with "
                                    f"x.to({dtype}) (half-precision maps are not supported: use float32 or float64)")
@@ -381,6 +381,11 @@ class Explainer(Attribution):
         if bool(((t < 0) | (t >= classes)).any()):
             raise AttributionError(f"target out of range: the model has {classes} classes, got {t.tolist()}")
         return t
+
+
+def model_dtype(model: nn.Module) -> torch.dtype | None:
+    """The floating-point dtype the model computes in (its first floating parameter's); None without one."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
 
 
 def check_input(x) -> torch.Tensor:

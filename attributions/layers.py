@@ -29,7 +29,7 @@ class LinearOp:
 
     def _sources(self) -> list[torch.Tensor]:
         """The tensors the effective weights are computed from (the layer's and a folded BatchNorm's)."""
-        modules = [self.node.module, getattr(self.node, "bn", None)]
+        modules = [self.node.module, self.node.bn]
         return [t for m in modules if m is not None for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
                 if t.is_floating_point()]
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from attributions.errors import AttributionError, unknown_name
-from attributions.explainer import check_input
+from attributions.explainer import check_input, model_dtype
 from attributions.methods import BUILDERS
 from audit.errors import AuditError, ConfigError
 
@@ -22,7 +22,7 @@ def check_inputs(model, x, y=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise AuditError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     check_finite_model(model)
     x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    dtype = model_dtype(model) or torch.float32
     if x.is_floating_point() and x.dtype != dtype:  # e.g. float16 images for a float32 model: said, not silent
         warnings.warn(f"x is {x.dtype}; the audit computes in the model's {dtype}", stacklevel=2)
         x = x.to(dtype)

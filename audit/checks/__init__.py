@@ -20,7 +20,7 @@ from audit.checks.randomization import parameter_randomization, randomization_wi
 from audit.checks.smprt import smooth_mprt
 from audit.errors import ConfigError
 
-_SUPPORT = {"base"}  # modules of this package that hold no check
+_SUPPORT = {"base", "passes"}  # modules of this package that hold no check
 
 
 def discover(package: str, path: list[str]) -> dict[str, Check]:

@@ -24,14 +24,15 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from attributions.explainer import Explainer, attribute_many, shared_forward
+from attributions.explainer import Explainer, attribute_many
 from attributions.graph import trace
 from attributions.layers import explicit_padding
 from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.passes import prepare
 from audit.errors import AuditError
-from audit.inputs import check_inputs, check_labels, resolve_methods
+from audit.inputs import check_inputs, resolve_methods
 from audit.measures.heatmaps import heatmaps
-from audit.measures.similarity import WINDOW, degenerate, normalize_map, ssim
+from audit.measures.similarity import WINDOW, normalize_map, screen, ssim
 from audit.sections import Figure, ReportContext, Section, new_figure
 
 COLUMNS = ["method", "image", "relative_l2", "ssim"]
@@ -108,8 +109,9 @@ def shifted_model(model: nn.Module, x: torch.Tensor, shift: float | Sequence[flo
     if replacement is not layer:
         parent, _, child = names[0].rpartition(".")
         setattr(shifted.get_submodule(parent) if parent else shifted, child, replacement)
-    with torch.no_grad():
-        before, after = model(x), shifted(x + s)
+    with torch.no_grad():  # through the traced graphs: the user's hooks never run
+        before = Explainer(model, "gradient", graph=graph).forward(x)
+        after = Explainer(shifted, "gradient").forward(x + s)
     scale = float(before.abs().max()) or 1.0
     if not torch.allclose(before, after, rtol=0.0, atol=LOGIT_TOLERANCE * scale):
         raise AuditError(f"input invariance: compensating the shift in {node.name!r} does not reproduce the logits "
@@ -142,21 +144,16 @@ def input_invariance(model: nn.Module, x, y, methods="all", shift: float | Seque
     shifted = shifted_model(model, x, shift)
     x_shifted = x + _shift_tensor(shift, x)
     maps = []
-    for m_, inputs in ((model, x), (shifted, x_shifted)):
-        graph = trace(m_)
-        explainers = {m: Explainer(m_, m, graph=graph) for m in names}
-        envs = shared_forward(explainers, inputs)
-        if m_ is model:
-            logits = envs[0][graph.output] if envs else Explainer(m_, "gradient", graph=graph).forward(x)
-            check_labels(y, logits.shape[1])
+    for m_, inputs, labels in ((model, x, y), (shifted, x_shifted, None)):
+        _, explainers, envs, _ = prepare(m_, inputs, names, labels)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             raw = attribute_many(explainers, inputs, [y], envs)
         maps.append(heatmaps({m: v[0] for m, v in raw.items()}, reduction))
     rows = []
     for m in tqdm(names, desc="input invariance", disable=not progress, leave=False):
-        bad = degenerate(maps[0][m]) | degenerate(maps[1][m])  # constant or non-finite: undefined
-        h, h2 = torch.nan_to_num(maps[0][m], 0.0, 0.0, 0.0), torch.nan_to_num(maps[1][m], 0.0, 0.0, 0.0)
+        (bad, h), (bad2, h2) = screen(maps[0][m]), screen(maps[1][m])
+        bad = bad | bad2  # constant or non-finite maps: undefined scores
         norm = h.reshape(len(h), -1).norm(dim=1)
         diff = (h2 - h).reshape(len(h), -1).norm(dim=1)
         rel = np.where(bad, np.nan, (diff / norm.clamp(min=1e-300)).numpy())

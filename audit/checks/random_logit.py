@@ -11,13 +11,13 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from attributions.explainer import Explainer, attribute_many, shared_forward
-from attributions.graph import trace
+from attributions.explainer import attribute_many
 from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.passes import prepare
 from audit.errors import AuditError
-from audit.inputs import check_inputs, check_labels, check_logits, resolve_methods
+from audit.inputs import check_inputs, resolve_methods
 from audit.measures.heatmaps import heatmaps
-from audit.measures.similarity import WINDOW, degenerate, normalize_map, spearman, ssim, undefined_where
+from audit.measures.similarity import WINDOW, normalize_map, screen, spearman, ssim, undefined_where
 from audit.sections import Figure, ReportContext, Section, new_figure
 
 COLUMNS = ["method", "image", "true_class", "random_class", "ssim", "spearman", "spearman_abs"]
@@ -44,20 +44,15 @@ def random_logit_test(model: torch.nn.Module, x, y, methods="all", seed: int = 0
     if y is None:
         raise AuditError("random_logit_test needs the labels y")
     names = resolve_methods(methods)
-    graph = trace(model)
-    explainers = {m: Explainer(model, m, graph=graph) for m in names}
-    envs = shared_forward(explainers, x)
-    logits = envs[0][graph.output] if envs else Explainer(model, "gradient", graph=graph).forward(x).detach()
-    check_logits(logits)
-    check_labels(y, logits.shape[1])
+    _, explainers, envs, logits = prepare(model, x, names, y)
     r = random_classes(y, logits.shape[1], seed)
     rows = []
     for m in tqdm(names, desc="random-logit", disable=not progress, leave=False):
         both = attribute_many({m: explainers[m]}, x, [y, r], envs)[m]  # one batched backward for both classes
         true_map = heatmaps({m: both[0]}, reduction)[m]
         rand_map = heatmaps({m: both[1]}, reduction)[m]
-        bad = degenerate(true_map) | degenerate(rand_map)  # constant or non-finite maps: undefined scores
-        true_map, rand_map = torch.nan_to_num(true_map, 0.0, 0.0, 0.0), torch.nan_to_num(rand_map, 0.0, 0.0, 0.0)
+        (bad_true, true_map), (bad_rand, rand_map) = screen(true_map), screen(rand_map)
+        bad = bad_true | bad_rand  # constant or non-finite maps: undefined scores
         scores = undefined_where(bad, {
             "ssim": ssim(normalize_map(true_map), normalize_map(rand_map), win_size=WINDOW, data_range=1.0,
                          flip_invariant=True).numpy(),

@@ -23,11 +23,12 @@ from matplotlib.figure import Figure as MplFigure
 from torch import nn
 from tqdm.auto import tqdm
 
-from attributions.explainer import Explainer, attribute_many, shared_forward
+from attributions.explainer import Explainer, attribute_many
 from attributions.graph import trace
 from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.passes import prepare
 from audit.errors import AuditError
-from audit.inputs import check_inputs, check_labels, check_logits, check_option, resolve_methods
+from audit.inputs import check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ReferenceMaps, heatmaps
 from audit.measures.statistics import summarize
 from audit.sections import Figure, ReportContext, Section, new_figure
@@ -73,8 +74,8 @@ def reinitialise(module: nn.Module, name: str, seed: int, init: str = "reset") -
                 elif pname == "bias":
                     p.zero_()
                 else:
-                    nn.init.trunc_normal_(p, 0.0, float(p.std()) if p.numel() > 1 else 1.0, -2.0 * float(p.std()),
-                                          2.0 * float(p.std()))
+                    sigma = float(p.std()) if p.numel() > 1 else 1.0
+                    nn.init.trunc_normal_(p, 0.0, sigma, -2.0 * sigma, 2.0 * sigma)
 
 
 def reset_batchnorm(bn: nn.Module) -> None:
@@ -210,16 +211,10 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
                                           disable=not progress, leave=False):
         if not every_stage and 0 < stage < len(layers):
             continue
-        if graph is None or order == "independent":  # cascading stages modify one copy: trace it once
-            graph = trace(stage_model)
-        # the random control draws afresh at every stage (seeded by the stage), a floor for the scores
-        explainers = {m: Explainer(stage_model, m, graph=graph, **({"seed": seed + stage} if m == "random" else {}))
-                      for m in names}
-        envs = shared_forward(explainers, x)
-        logits = envs[0][graph.output] if envs else Explainer(stage_model, "gradient", graph=graph).forward(x).detach()
-        if stage == 0:
-            check_logits(logits)
-            check_labels(y, logits.shape[1])
+        # cascading stages modify one copy: traced once; the random control draws afresh at every stage
+        # (seeded by the stage), a floor for the scores; logits and labels checked on the trained model
+        graph, explainers, envs, logits = prepare(stage_model, x, names, y if stage == 0 else None,
+                                                  None if order == "independent" else graph, seed + stage)
         t = y if target == "true" else logits.argmax(1)
         yield stage, layer, heatmaps(explain(explainers, x, t, envs), reduction)
 

@@ -21,7 +21,7 @@ from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.checks.randomization import ORDERS, STAGE_OPTIONS, stage_figure, stage_maps
 from audit.errors import ConfigError
 from audit.inputs import check_inputs
-from audit.measures.similarity import degenerate, spearman
+from audit.measures.similarity import screen, spearman
 from audit.sections import ReportContext, Section
 
 COLUMNS = ["method", "stage", "layer", "image", "spearman"]
@@ -83,8 +83,8 @@ def smooth_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_sa
         for m, v in maps.items():
             magnitude = v.abs()
             reference = first.setdefault(m, magnitude)
-            rho = np.where(degenerate(reference) | degenerate(magnitude), np.nan,
-                           spearman(torch.nan_to_num(reference), torch.nan_to_num(magnitude)))
+            (bad_ref, ref_clean), (bad, clean) = screen(reference), screen(magnitude)
+            rho = np.where(bad_ref | bad, np.nan, spearman(ref_clean, clean))
             rows += [{"method": m, "stage": stage, "layer": layer, "image": i, "spearman": float(rho[i])}
                      for i in range(len(rho))]
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -7,11 +7,11 @@ import torch
 from attributions.methods import build_method
 from audit.measures.similarity import (
     WINDOW,
-    degenerate,
     hog_features,
     hog_similarity,
     normalize_map,
     reduce_map,
+    screen,
     spearman,
     ssim,
     undefined_where,
@@ -35,8 +35,7 @@ class ReferenceMaps:
     descriptors are computed once."""
 
     def __init__(self, raw: torch.Tensor, win_size: int = WINDOW):
-        self.bad = degenerate(raw)
-        self.raw, self.win_size = torch.nan_to_num(raw, 0.0, 0.0, 0.0), win_size
+        (self.bad, self.raw), self.win_size = screen(raw), win_size
         self.normalized = normalize_map(self.raw)
         self.hog = hog_features(self.normalized)
 
@@ -44,8 +43,8 @@ class ReferenceMaps:
         """Flip-invariant SSIM of the normalised maps, Spearman of the raw maps (signed and of
         |.|), and Spearman of the normalised maps' HOG descriptors; each (N,), NaN where either map
         is :func:`~audit.measures.similarity.degenerate`."""
-        bad = self.bad | degenerate(other)
-        other = torch.nan_to_num(other, 0.0, 0.0, 0.0)
+        bad, other = screen(other)
+        bad = bad | self.bad
         norm = normalize_map(other)
         return undefined_where(bad, {
             "ssim": ssim(self.normalized, norm, win_size=self.win_size, data_range=1.0, flip_invariant=True).numpy(),

@@ -46,6 +46,11 @@ def degenerate(maps: torch.Tensor) -> np.ndarray:
     return (~finite | constant).numpy()
 
 
+def screen(maps: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
+    """(:func:`degenerate` mask (N,), the maps with NaN / inf set to 0 so the measures can run on them)."""
+    return degenerate(maps), torch.nan_to_num(maps, 0.0, 0.0, 0.0)
+
+
 def undefined_where(bad: np.ndarray, scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``scores`` (each (N,)) with NaN for the images marked ``bad``."""
     return {k: np.where(bad, np.nan, np.asarray(v, dtype=float)) for k, v in scores.items()}

@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: demo test bench checkpoints data syslibs clean
+.PHONY: demo test bench checkpoints data syslibs reportdeps clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,11 +29,20 @@ syslibs:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgl1 libglib2.0-0; \
 	else echo "note: libGL / GLib missing (sudo apt-get install libgl1 libglib2.0-0); the Quantus parity tests will skip"; fi
 
+# What the report's checks need: pdflatex and bibtex (the LaTeX report must compile) and Chromium
+# (index.html must render). Installed when we are root with apt; otherwise those tests skip.
+reportdeps:
+	@if command -v pdflatex >/dev/null 2>&1 && command -v bibtex >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    texlive-latex-base texlive-latex-recommended chromium >/dev/null; \
+	else echo "note: pdflatex / chromium missing (sudo apt-get install texlive-latex-recommended chromium); the LaTeX and browser tests will skip"; fi
+
 demo: $(STAMP)
 	$(PY) -m audit demo
 
 # Lint and type checks first (seconds), then the suite.
-test: $(STAMP) data syslibs
+test: $(STAMP) data syslibs reportdeps
 	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q

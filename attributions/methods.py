@@ -30,6 +30,8 @@ class Method:
     similarity checks (``sum`` of channels for relevance and contributions, ``max-abs`` for
     gradient-like maps). ``completeness``: what a map's sum equals where the method promises it
     (``difference``: f(x) - f(0) for the explained output; ``output``: f(x); None: no promise).
+    ``family``: one of :data:`FAMILIES`, the group the report draws and colours the method in.
+    ``cite``: BibTeX keys of the method's references (``reports.references``).
     """
 
     name: str
@@ -43,6 +45,12 @@ class Method:
     params: dict = field(default_factory=dict)
     heatmap: str = "sum"
     completeness: str | None = None
+    family: str = "gradient-based"
+    cite: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise AttributionError(f"method {self.name!r}: family {self.family!r} is not one of {', '.join(FAMILIES)}")
 
     @property
     def chain(self) -> bool:
@@ -79,6 +87,10 @@ def _deeplift_rules(linear: R.Rule, eps: float) -> dict:
             **_traced(R.VJP(), R.RescaleAny(), R.DeepLiftProduct(), R.NormDeepLift(), R.SoftmaxDeepLift())}
 
 
+# The report's method groups, in drawing order: Sixt et al.'s z+ family collapses by construction.
+ZPLUS, CONTROLS = "LRP z+ family", "controls"
+FAMILIES = ("gradient-based", "DeepLIFT", ZPLUS, "other LRP", CONTROLS)
+
 SIXT = "Sixt, Granz, Landgraf 2020, When Explanations Lie (ICML)"
 BACH = "Bach et al. 2015, On Pixel-Wise Explanations by LRP (PLoS ONE)"
 MONTAVON = "Montavon et al. 2019, Layer-Wise Relevance Propagation: An Overview"
@@ -87,29 +99,31 @@ KOHLBRENNER = "Kohlbrenner et al. 2020, Towards Best Practice in Explaining Neur
 
 def _gradient():
     return Method("gradient", "plain input gradient (saliency)", "Simonyan et al. 2014",
-                  rules=_gradient_rules(R.ReLUGradient("gradient")), heatmap="max-abs")
+                  rules=_gradient_rules(R.ReLUGradient("gradient")), heatmap="max-abs", cite=("simonyan2014",))
 
 
 def _input_x_gradient():
     return Method("input-x-gradient", "gradient times input", "Shrikumar et al. 2016",
-                  rules=_gradient_rules(R.ReLUGradient("gradient")), times_input=True)
+                  rules=_gradient_rules(R.ReLUGradient("gradient")), times_input=True, cite=("shrikumar2016",))
 
 
 def _guided_backprop():
     return Method("guided-backprop", "gradient with negative signals removed at every ReLU",
                   "Springenberg et al. 2015", rules=_gradient_rules(R.ReLUGradient("guided"), R.ActivationGradient("guided")),
-                  heatmap="max-abs")
+                  heatmap="max-abs", cite=("springenberg2015",))
 
 
 def _deconvnet():
     return Method("deconvnet", "ReLU applied to the backward signal, forward mask ignored",
                   "Zeiler & Fergus 2014", rules=_gradient_rules(R.ReLUGradient("deconv"), R.ActivationGradient("deconv")),
-                  heatmap="max-abs")
+                  heatmap="max-abs", cite=("zeiler2014",))
 
 
-def _lrp(name, description, reference, dense, conv, first=None, output="logit", stabilizer=1e-6):
+def _lrp(name, description, reference, dense, conv, first=None, output="logit", stabilizer=1e-6,
+         family="other LRP", cite=("bach2015",)):
     return Method(name, description, reference, signal="relevance", output=output,
-                  rules=_lrp_rules(dense, conv, first, stabilizer), completeness="output" if output == "logit" else None)
+                  rules=_lrp_rules(dense, conv, first, stabilizer), completeness="output" if output == "logit" else None,
+                  family=family, cite=cite)
 
 
 def _lrp_z(stabilizer: float = 1e-9):
@@ -125,7 +139,7 @@ def _lrp_epsilon(epsilon: float = 1e-6):
 def _zplus(stabilizer: float = 1e-6):
     rule = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
     return _lrp("lrp-zplus", "LRP-z+: positive contributions only, bias ignored", MONTAVON, rule, rule,
-                stabilizer=stabilizer)
+                stabilizer=stabilizer, family=ZPLUS, cite=("montavon2019",))
 
 
 def _alpha_beta(alpha: float, beta: float):
@@ -133,72 +147,78 @@ def _alpha_beta(alpha: float, beta: float):
         rule = R.AlphaBeta(alpha, beta, bias=True, stabilizer=stabilizer)
         return _lrp(f"lrp-alpha{alpha:g}beta{beta:g}",
                     f"LRP-alpha{alpha:g}beta{beta:g}: positive contributions x{alpha:g}, negative x{beta:g}",
-                    BACH, rule, rule, stabilizer=stabilizer)
+                    BACH, rule, rule, stabilizer=stabilizer, family=ZPLUS if beta == 0 else "other LRP")
     return build
 
 
 def _lrp_gamma(gamma: float = 0.25, epsilon: float = 1e-6):
     rule = R.Gamma(gamma, epsilon)
     return _lrp("lrp-gamma", "LRP-gamma: positive weights favoured by gamma", MONTAVON, rule, rule,
-                stabilizer=epsilon)
+                stabilizer=epsilon, cite=("montavon2019",))
 
 
 def _epsilon_plus(epsilon: float = 1e-6, stabilizer: float = 1e-6):
     return _lrp("lrp-epsilon-plus", "LRP-epsilon on dense layers, z+ on convolutions", KOHLBRENNER,
-                R.Epsilon(epsilon), R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer), stabilizer=stabilizer)
+                R.Epsilon(epsilon), R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer), stabilizer=stabilizer,
+                family=ZPLUS, cite=("kohlbrenner2020",))
 
 
 def _epsilon_alpha2beta1(epsilon: float = 1e-6, stabilizer: float = 1e-6):
     return _lrp("lrp-epsilon-alpha2beta1", "LRP-epsilon on dense layers, alpha2beta1 on convolutions",
-                KOHLBRENNER, R.Epsilon(epsilon), R.AlphaBeta(2.0, 1.0, stabilizer=stabilizer), stabilizer=stabilizer)
+                KOHLBRENNER, R.Epsilon(epsilon), R.AlphaBeta(2.0, 1.0, stabilizer=stabilizer), stabilizer=stabilizer,
+                cite=("kohlbrenner2020",))
 
 
 def _deep_taylor(low: float = 0.0, high: float = 1.0, stabilizer: float = 1e-6):
     zplus = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
     return _lrp("deep-taylor", "Deep Taylor decomposition: z+ on hidden layers, zB on the input layer",
                 "Montavon et al. 2017, Explaining Nonlinear Classification Decisions with Deep Taylor "
-                "Decomposition", zplus, zplus, first=R.ZB(low, high, stabilizer), stabilizer=stabilizer)
+                "Decomposition", zplus, zplus, first=R.ZB(low, high, stabilizer), stabilizer=stabilizer,
+                family=ZPLUS, cite=("montavon2017",))
 
 
 def _excitation_backprop(stabilizer: float = 1e-6):
     rule = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
     return _lrp("excitation-backprop", "Excitation Backprop: marginal winning probabilities via positive "
                 "weights, starting from a one-hot probability", "Zhang et al. 2016 (ECCV)", rule, rule,
-                output="onehot", stabilizer=stabilizer)
+                output="onehot", stabilizer=stabilizer, family=ZPLUS, cite=("zhang2016",))
 
 
 def _deeplift(eps: float = 1e-10):
     return Method("deeplift", "DeepLIFT Rescale with a zero reference (as captum's DeepLift)",
                   "Shrikumar et al. 2017 (ICML)", signal="multiplier", rules=_deeplift_rules(R.Gradient(), eps),
-                  completeness="difference")
+                  completeness="difference", family="DeepLIFT", cite=("shrikumar2017",))
 
 
 def _deeplift_ablation(eps: float = 1e-10):
     return Method("deeplift-ablation", "DeepLIFT without positive/negative intermixing (non-negative chain)",
-                  SIXT, signal="multiplier", rules=_deeplift_rules(R.DeepLiftAblation(), eps))
+                  SIXT, signal="multiplier", rules=_deeplift_rules(R.DeepLiftAblation(), eps), family="DeepLIFT",
+                  cite=("shrikumar2017", "sixt2020"))
 
 
 def _integrated_gradients(n_steps: int = 50):
     return Method("integrated-gradients", "integrated gradients from a zero baseline (captum)",
                   "Sundararajan et al. 2017 (ICML)", engine=IntegratedGradientsEngine(n_steps),
-                  params={"n_steps": n_steps}, completeness="difference")
+                  params={"n_steps": n_steps}, completeness="difference", cite=("sundararajan2017",))
 
 
 def _smoothgrad(noise: float = 0.15, samples: int = 50):
     return Method("smoothgrad", "gradient averaged over Gaussian-noised inputs (captum NoiseTunnel); noise "
                   "is sigma as a fraction of the input range", "Smilkov et al. 2017",
                   engine=SmoothGradEngine(noise, samples), params={"noise": noise, "samples": samples},
-                  heatmap="max-abs")
+                  heatmap="max-abs", cite=("smilkov2017",))
 
 
 def _edge():
     return Method("edge", "control: Sobel gradient magnitude of the input, model-independent",
-                  "Adebayo et al. 2018 (NeurIPS)", engine=EdgeControl(), heatmap="max-abs")
+                  "Adebayo et al. 2018 (NeurIPS)", engine=EdgeControl(), heatmap="max-abs", family=CONTROLS,
+                  cite=("adebayo2018",))
 
 
 def _random(seed: int = 0):
     return Method("random", "control: seeded Gaussian noise, a fresh draw per call",
-                  "Adebayo et al. 2018 (NeurIPS)", engine=NoiseControl(seed), params={"seed": seed})
+                  "Adebayo et al. 2018 (NeurIPS)", engine=NoiseControl(seed), params={"seed": seed},
+                  family=CONTROLS, cite=("adebayo2018",))
 
 
 BUILDERS: dict[str, Callable[..., Method]] = {

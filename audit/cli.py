@@ -109,7 +109,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    print(f"report: {build_report(args.dir, args.out)}")
+    index = build_report(args.dir, args.out, pdf=args.pdf, score=args.score)
+    print(f"report: {index}")
+    if args.pdf:
+        print(f"pdf: {index.with_name('report.pdf')}")
     return 0
 
 
@@ -196,6 +199,9 @@ def parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="rebuild the report of a finished run without recomputing")
     rp.add_argument("dir")
     rp.add_argument("--out", default=None, help="default: the run folder")
+    rp.add_argument("--pdf", action="store_true", help="also compile standalone.tex to report.pdf (pdflatex, bibtex)")
+    rp.add_argument("--score", default=None, help="the verdict score drawn across models (more than two models; "
+                    "default: the first the run has, e.g. random_logit_ssim)")
     rp.set_defaults(func=_report)
 
     me = sub.add_parser("methods", help="list the attribution methods")

@@ -51,12 +51,13 @@ class ReportContext:
     """What a check may read when it builds its sections besides its own table.
 
     ``config``: the run's configuration; ``examples(model, test, methods)``: the example heatmaps
-    the run kept, {method: (stages, images, H, W)}; ``run``: the run folder.
+    the run kept, {method: (stages, images, H, W)}, and the inputs they explain, (images, C, H, W)
+    or None; ``run``: the run folder.
     """
 
     config: object
     run: Path
-    examples: Callable[[str, str, list], dict[str, np.ndarray]]
+    examples: Callable[[str, str, list], tuple[dict[str, np.ndarray], np.ndarray | None]]
 
 
 def new_figure(width: float, height: float) -> tuple[MplFigure, Axes]:

@@ -1,8 +1,11 @@
-"""Build the report of a finished run: index.html, report.md, tables.tex and figures/.
+"""Build the report of a finished run: index.html, report.md, the methods text (methods.md,
+methods.tex, references.bib), the LaTeX sources (tables.tex, figures.tex, standalone.tex; with
+``pdf=True`` also report.pdf) and figures/ (PDF and PNG).
 
-The report is a list of sections (:mod:`audit.sections`): the verdict, then each check's own
-sections in registry order, the baseline-vs-Bort comparison, the models and the configuration;
-each renderer turns the same list into its format.
+The report is a list of sections (:mod:`audit.sections`): the verdict (with a verdict matrix and
+one score across models when the audit has more than two models), then each check's own sections
+in registry order, the baseline-vs-Bort comparison, the models and the configuration; each
+renderer turns the same list into its format.
 """
 from __future__ import annotations
 
@@ -10,19 +13,28 @@ import json
 from functools import partial
 from pathlib import Path
 
+from audit import style
 from audit.atomic import atomic_write_bytes
 from audit.checks import CHECKS
+from audit.errors import ConfigError
 from audit.run.results import example_maps, load_results
 from audit.sections import ReportContext, Section, Table
-from reports import html, latex, markdown
-from reports.figures import bort_figure, save
-from reports.verdict import bort_comparison, display_columns, verdict_table
+from reports import html, latex, markdown, methods_text
+from reports.figures import bort_figure, save, score_figure, verdict_matrix
+from reports.references import bibtex
+from reports.verdict import bort_comparison, display_columns, score_columns, verdict_table
 
 TITLE = "Attribution audit"
 
 
-def report_sections(run: str | Path) -> list[Section]:
-    """Every section of the report of the run in ``run``."""
+def report_sections(run: str | Path, score: str | None = None) -> list[Section]:
+    """Every section of the report of the run in ``run``; ``score``: the verdict's score column
+    drawn across models (default: the first one with a value)."""
+    with style.styled():
+        return _sections(run, score)
+
+
+def _sections(run: str | Path, score: str | None) -> list[Section]:
     result = load_results(run)
     run = Path(run)
     tables, config = result.tables, result.config
@@ -34,7 +46,8 @@ def report_sections(run: str | Path) -> list[Section]:
         + ". CSC scores the chain injected at the logits; SSIM scores are medians over images with their 99 % "
           "bootstrap interval (10,000 resamples).")
     sections = [Section("Verdict", thresholds, tables=[Table(verdict[display_columns(verdict)],
-                                                             "Verdict per model and method.", "verdict")])]
+                                                             "Verdict per model and method.", "verdict")],
+                        figures=_across_models(verdict, score))]
     context = ReportContext(config, run, partial(example_maps, run))
     for name, check in CHECKS.items():
         if name in tables:
@@ -54,12 +67,35 @@ def report_sections(run: str | Path) -> list[Section]:
     return sections
 
 
-def build_report(run: str | Path, out: str | Path | None = None) -> Path:
-    """Write the report of the run in ``run`` to ``out`` (default: the same folder); returns index.html."""
+def _across_models(verdict, score: str | None) -> list:
+    """The verdict matrix and one score across models, for an audit of more than two models."""
+    columns = score_columns(verdict)
+    if score is not None and score not in columns:
+        raise ConfigError(f"no verdict score {score!r} in this run; scores: {', '.join(columns) or 'none'}")
+    if verdict.empty or verdict.model.nunique() <= 2:
+        return []
+    chosen = score or next(iter(columns), None)
+    return [verdict_matrix(verdict)] + ([score_figure(verdict, chosen)] if chosen else [])
+
+
+def build_report(run: str | Path, out: str | Path | None = None, pdf: bool = False, score: str | None = None) -> Path:
+    """Write the report of the run in ``run`` to ``out`` (default: the same folder); returns index.html.
+
+    ``pdf``: also compile ``standalone.tex`` to ``report.pdf`` (needs pdflatex and bibtex);
+    ``score``: the verdict score drawn across models (see :func:`report_sections`).
+    """
     out = Path(out) if out else Path(run)
-    sections = report_sections(run)
+    sections = report_sections(run, score)
     pngs = {f.name: save(f, out / "figures") for s in sections for f in s.figures}
-    atomic_write_bytes(out / "index.html", html.render(TITLE, sections, pngs).encode())
-    atomic_write_bytes(out / "report.md", markdown.render(TITLE, sections).encode())
-    atomic_write_bytes(out / "tables.tex", latex.render(sections).encode())
+    manifest = json.loads((Path(run) / "manifest.json").read_text())
+    text = methods_text.paragraphs(manifest, load_results(run).tables["models"])
+    files = {"index.html": html.render(TITLE, sections, pngs), "report.md": markdown.render(TITLE, sections),
+             "methods.md": methods_text.markdown(text), "methods.tex": methods_text.latex(text),
+             "references.bib": bibtex(methods_text.cited(text)), "tables.tex": latex.render(sections),
+             "figures.tex": latex.render_figures(sections), "standalone.tex": latex.standalone(TITLE)}
+    for name, content in files.items():
+        atomic_write_bytes(out / name, content.encode())
+    if pdf:
+        from reports.pdf import compile_pdf  # runs TeX: only when asked
+        compile_pdf(out)
     return out / "index.html"

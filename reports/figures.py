@@ -1,4 +1,5 @@
-"""Saving the report's figures (PNG and PDF), and the figure of the baseline-vs-Bort comparison."""
+"""Saving the report's figures (PDF and PNG), and the figures that span checks: baseline vs Bort,
+the verdict matrix and one score across models."""
 from __future__ import annotations
 
 import io
@@ -6,25 +7,35 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure as MplFigure
+from matplotlib.patches import Patch
 
+from audit import style
 from audit.atomic import atomic_write, atomic_write_bytes
-from audit.sections import Figure, new_figure
+from audit.panels import family_panels, method_legend
+from audit.sections import Figure
 
-PNG_DPI = 110
+# pass / fail / undefined / not run: Okabe-Ito blue and orange, grey, white; a mark in each cell
+# says the same for grey-scale prints
+VERDICT_COLOURS = {"pass": "#0072B2", "fail": "#E69F00", "undefined": "#BBBBBB", "n/a": "#FFFFFF"}
+VERDICT_MARKS = {"pass": "\u2713", "fail": "\u2717", "undefined": "?", "n/a": ""}
 
 
 def save(figure: Figure, directory: Path) -> bytes:
-    """Write ``figures/<name>.pdf`` and ``.png``; returns the PNG bytes for embedding."""
+    """Write ``figures/<name>.pdf`` (TrueType fonts) and ``.png`` (200 dpi); returns the PNG bytes."""
     directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(directory / f"{figure.name}.pdf", lambda f: figure.figure.savefig(f, format="pdf", bbox_inches="tight"))
-    buffer = io.BytesIO()
-    figure.figure.savefig(buffer, format="png", dpi=PNG_DPI, bbox_inches="tight")
+    with style.styled():  # the font type and resolution are read when saving
+        atomic_write(directory / f"{figure.name}.pdf", lambda f: figure.figure.savefig(f, format="pdf"))
+        buffer = io.BytesIO()
+        figure.figure.savefig(buffer, format="png", dpi=style.PNG_DPI)
     atomic_write_bytes(directory / f"{figure.name}.png", buffer.getvalue())
     return buffer.getvalue()
 
 
 def bort_figure(comparison: pd.DataFrame) -> Figure | None:
-    """Median scores of the first baseline / Bort pair per method, side by side."""
+    """Median scores of the first baseline / Bort pair per method, side by side (baseline light,
+    Bort solid, each in the method's colour)."""
     if comparison.empty:
         return None
     part = comparison[comparison.test == "random-logit"]
@@ -32,11 +43,76 @@ def bort_figure(comparison: pd.DataFrame) -> Figure | None:
         part = comparison
     pair = part[["baseline", "bort"]].drop_duplicates().iloc[0]
     part = part[(part.baseline == pair.baseline) & (part.bort == pair.bort)]
-    y = np.arange(len(part))
-    fig, ax = new_figure(6, 0.25 * len(part) + 1.2)
-    ax.barh(y - 0.2, part.baseline_ssim, height=0.4, label=pair.baseline)
-    ax.barh(y + 0.2, part.bort_ssim, height=0.4, label=pair.bort)
-    ax.set_yticks(y, part.method, fontsize=7)
-    ax.set_xlabel(f"median SSIM ({part.test.iloc[0]})")
-    ax.legend(fontsize=7)
-    return Figure(f"bort_vs_{pair.baseline}", fig, "bort vs baseline")
+    methods = [m for group in style.by_family(list(part.method)).values() for m in group]
+    part = part.set_index("method").loc[methods]
+    y = np.arange(len(methods))
+    fig = MplFigure(figsize=(style.ONE_COLUMN, 0.16 * len(methods) + 0.9), layout="constrained")
+    ax = fig.subplots()
+    colours = [style.color(m) for m in methods]
+    ax.barh(y - 0.2, part.baseline_ssim, height=0.38, color=colours, alpha=0.4)
+    ax.barh(y + 0.2, part.bort_ssim, height=0.38, color=colours)
+    ax.set_yticks(y, methods)
+    for label, colour in zip(ax.get_yticklabels(), colours):
+        label.set_color(colour)
+    ax.invert_yaxis()
+    test = str(part.test.iloc[0])
+    ax.set_xlabel(f"median SSIM ({test})")
+    fig.legend(handles=[Patch(color="0.55", alpha=0.4, label=str(pair.baseline)), Patch(color="0.2", label=str(pair.bort))],
+               loc="outside lower center", ncols=2)
+    return Figure(f"bort_vs_{pair.baseline}", fig, f"Median SSIM ({test}) per method of {pair.baseline} (light) and "
+                  f"its Bort-trained twin {pair.bort} (solid).")
+
+
+def verdict_status(text: str) -> str:
+    """A verdict cell's status: ``pass``, ``fail``, ``undefined`` or ``n/a``."""
+    text = str(text)
+    return next((s for s in ("pass", "fail", "undefined") if text.startswith(s)), "n/a")
+
+
+def verdict_matrix(verdict: pd.DataFrame) -> Figure:
+    """Models (rows) x methods (columns, grouped by family): pass, fail or undefined, by colour and mark."""
+    models = list(dict.fromkeys(verdict.model))
+    methods = [m for group in style.by_family(list(verdict.method)).values() for m in group]
+    states = list(VERDICT_COLOURS)
+    grid = np.full((len(models), len(methods)), states.index("n/a"))
+    for model, method, text in zip(verdict.model, verdict.method, verdict.verdict):
+        grid[models.index(str(model)), methods.index(str(method))] = states.index(verdict_status(str(text)))
+    fig = MplFigure(figsize=(min(style.TWO_COLUMN, 0.27 * len(methods) + 1.3), 0.24 * len(models) + 1.5),
+                    layout="constrained")
+    ax = fig.subplots()
+    ax.imshow(grid, cmap=ListedColormap(list(VERDICT_COLOURS.values())), vmin=-0.5, vmax=len(states) - 0.5,
+              aspect="auto")
+    for (r, c), state in np.ndenumerate(grid):
+        ax.text(c, r, VERDICT_MARKS[states[state]], ha="center", va="center", fontsize=6,
+                color="white" if states[state] == "pass" else "black")
+    ax.set_xticks(range(len(methods)), methods, rotation=60, ha="right", rotation_mode="anchor")
+    for label, method in zip(ax.get_xticklabels(), methods):
+        label.set_color(style.color(method))
+    ax.set_yticks(range(len(models)), models)
+    ax.set_xticks(np.arange(len(methods) + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(len(models) + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.0)
+    ax.tick_params(which="minor", length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    fig.legend(handles=[Patch(facecolor=VERDICT_COLOURS[s], edgecolor="0.6", label=f"{VERDICT_MARKS[s]} {s}".strip())
+                        for s in states if s != "n/a"], loc="outside lower center", ncols=3)
+    return Figure("verdict_matrix", fig, "Verdict per model (rows) and method (columns, grouped by family): pass, "
+                  "fail (any check failed) or undefined (maps constant or non-finite).")
+
+
+def score_figure(verdict: pd.DataFrame, column: str) -> Figure:
+    """The verdict table's ``column`` (a check's median score) across models, one panel per family."""
+    models = list(dict.fromkeys(verdict.model))
+    fig, axes, groups = family_panels(list(verdict.method), panel_height=2.0)
+    x = np.arange(len(models))
+    for ax, methods in zip(axes[0], groups.values()):
+        for method in methods:
+            rows = verdict[verdict.method == method].set_index("model").reindex(models)
+            ax.plot(x, rows[column].astype(float), color=style.color(method), marker=style.marker(method),
+                    linestyle=style.linestyle(method))
+        ax.set_xticks(x, models, rotation=60, ha="right", rotation_mode="anchor")
+    axes[0, 0].set_ylabel(column.replace("_", " "))
+    method_legend(fig, groups)
+    return Figure(f"score_{column}", fig, f"{column.replace('_', ' ')} (the verdict's score) per model and method, "
+                  "one panel per method family.")

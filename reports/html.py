@@ -13,7 +13,8 @@ table { border-collapse: collapse; font-size: 12px; margin: 0.5em 0 1.5em; }
 th, td { border-bottom: 1px solid #ccc; padding: 3px 8px; text-align: left; }
 th { background: #f3f3f3; }
 td.fail { color: #a00; } td.pass { color: #070; }
-img { max-width: 100%; margin: 0.5em 0; }
+figure { margin: 1em 0 1.5em; } img { max-width: 100%; }
+figcaption { font-size: 12px; color: #444; max-width: 900px; }
 pre { background: #f6f6f6; padding: 1em; font-size: 11px; overflow-x: auto; }
 """
 
@@ -35,8 +36,11 @@ def table_html(table: Table) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>"
 
 
-def image_html(png: bytes, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+def image_html(png: bytes, caption: str) -> str:
+    """A figure: the PNG as a data URI, with its caption."""
+    source = f"data:image/png;base64,{base64.b64encode(png).decode()}"
+    return (f'<figure><img alt="{html.escape(caption)}" src="{source}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
 def render(title: str, sections: list[Section], pngs: dict[str, bytes]) -> str:

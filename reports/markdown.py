@@ -20,7 +20,7 @@ def render(title: str, sections: list[Section]) -> str:
         md += [f"## {s.title}", ""]
         if s.text:
             md += [s.text, ""]
-        md += [f"![{f.caption}](figures/{f.name}.png)" for f in s.figures]
+        md += [f"![{f.name}](figures/{f.name}.png)\n\n*{f.caption}*\n" for f in s.figures]
         if s.figures:
             md.append("")
         for t in s.tables:

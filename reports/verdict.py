@@ -54,6 +54,12 @@ def display_columns(verdict: pd.DataFrame) -> list[str]:
     return ["model", "method"] + texts + ["verdict"]
 
 
+def score_columns(verdict: pd.DataFrame) -> list[str]:
+    """The verdict table's score columns (one per check with a verdict rule) that hold a value."""
+    scores = [r.score_column for r in (c.verdict for c in CHECKS.values()) if r is not None]
+    return [c for c in scores if c in verdict and verdict[c].notna().any()]
+
+
 def twins(models: pd.DataFrame) -> list[tuple[str, str]]:
     """(baseline, Bort) pairs: the same architecture trained with an unconstrained and a constrained
     (Bort) optimizer, as the trainer's optimizer registry classifies them."""

@@ -22,3 +22,4 @@ def isolated_data_env(tmp_path, monkeypatch):
     monkeypatch.delenv("AUDIT_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return tmp_path
+

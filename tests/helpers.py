@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
+import shutil
 import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 
 def write_idx(path: Path, array: np.ndarray, gz: bool = False) -> Path:
@@ -42,3 +45,14 @@ def write_cifar_batches(folder: Path, per_batch: int, seed: int) -> dict[str, tu
             pickle.dump({b"batch_label": name.encode(), b"data": data, b"labels": labels}, f, protocol=2)
         out[name] = (data, labels)
     return out
+
+
+def require_tool(*names: str, package: str) -> str:
+    """The path of the first of ``names`` on PATH: required in CI (`make test` installs ``package``),
+    skipped elsewhere when absent."""
+    found = next((shutil.which(n) for n in names if shutil.which(n)), None)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{names[0]} is missing in CI: `make reportdeps` should have installed {package}")
+        pytest.skip(f"{names[0]} not installed (apt-get install {package})")
+    return found

@@ -146,6 +146,8 @@ class Check:
     applies : whether a method can be checked at all (e.g. CSC needs a chain of rules); other units
         are written empty
     order : position in the registry (the configuration's, the report's and the verdict's order)
+    description : the protocol in one line (the CLI's listing and the report's methods text)
+    cite : BibTeX keys of the protocol's references (``reports.references``)
     """
 
     name: str
@@ -161,3 +163,4 @@ class Check:
     applies: Callable[[str], bool] = lambda method: True
     order: int = 100
     description: str = field(default="")
+    cite: tuple[str, ...] = ()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
+from matplotlib.lines import Line2D
 from scipy import stats
 from torch import nn
 from tqdm.auto import tqdm
@@ -28,10 +29,12 @@ from attributions.errors import unknown_name
 from attributions.explainer import Explainer, shared_forward
 from attributions.graph import LINEAR_KINDS, Graph, trace
 from attributions.methods import build_method
+from audit import style
 from audit.checks.base import Check, Option, UnitResult, VerdictCell, VerdictRule
 from audit.errors import AuditError
 from audit.inputs import check_inputs, resolve_methods
-from audit.sections import Figure, ReportContext, Section, new_figure
+from audit.panels import family_panels, method_legend
+from audit.sections import Figure, ReportContext, Section
 
 RECORDED_KINDS = LINEAR_KINDS + ("relu", "leaky_relu", "maxpool", "add", "input", "activation", "norm", "mix", "product",
                                  "softmax")
@@ -287,32 +290,55 @@ def _summary(df: pd.DataFrame) -> str:
     return f"min median |cos| {top['median'].min():.3f}, max {top['median'].max():.3f}"
 
 
-def csc_figure(csc: pd.DataFrame, model: str) -> Figure:
-    """1 - median |cos| per recorded layer (log axis) for the logit injection, one line per method,
-    with the random-vector baseline dashed; a collapsed chain drops toward 0."""
-    part = csc[(csc.model == model) & csc.is_logits.astype(bool)]
-    fig, ax = new_figure(7, 4)
-    for method, rows in part.groupby("method", sort=False):
-        rows = rows.sort_values("depth")
-        ax.plot(rows.depth, (1 - rows["median"]).clip(lower=1e-6), marker=".", label=method)
-    base = part.drop_duplicates("depth").sort_values("depth")
-    ax.plot(base.depth, 1 - base.baseline, "k--", label="random baseline")
-    ax.set_yscale("log")
-    ax.set_xlabel("layer depth (input = 0)")
-    ax.set_ylabel("1 - median |cos|")
-    ax.set_title(f"{model}: convergence of the backward chain from the logits")
-    ax.legend(fontsize=6, ncol=2)
-    return Figure(f"csc_{model}", fig, f"CSC {model}")
+def csc_figure(csc: pd.DataFrame, models: list[str] | None = None) -> Figure:
+    """1 - median |cos| per layer (log axis): one row per model, one panel per method family.
+
+    Solid: the chain injected at the logits, with the 25-75 % band over vector pairs; dashed: the
+    deepest hidden injection point; black: the exact random-vector baseline. A collapsed chain
+    drops toward 0.
+    """
+    models = list(dict.fromkeys(csc.model)) if models is None else models
+    fig, axes, groups = family_panels(list(csc.method), models, panel_height=1.35)
+    floor = 1e-6  # 1 - |cos| can be exactly 0: the log axis needs a floor
+    for r, model in enumerate(models):
+        part = csc[csc.model == model]
+        hidden = [i for i in dict.fromkeys(part.inject_at) if not part[part.inject_at == i].is_logits.astype(bool).any()]
+        for c, methods in enumerate(groups.values()):
+            ax = axes[r, c]
+            for method in methods:
+                rows = part[part.method == method]
+                logits = rows[rows.is_logits.astype(bool)].sort_values("depth")
+                ax.plot(logits.depth, (1 - logits["median"]).clip(lower=floor), color=style.color(method),
+                        marker=style.marker(method), markersize=2)
+                ax.fill_between(logits.depth, (1 - logits.p75).clip(lower=floor), (1 - logits.p25).clip(lower=floor),
+                                color=style.color(method), alpha=0.15, linewidth=0)
+                if hidden:
+                    deep = rows[rows.inject_at == hidden[0]].sort_values("depth")
+                    ax.plot(deep.depth, (1 - deep["median"]).clip(lower=floor), color=style.color(method),
+                            linestyle=(0, (2, 1.5)), linewidth=0.8)
+            base = part[part.is_logits.astype(bool)].drop_duplicates("depth").sort_values("depth")
+            ax.plot(base.depth, 1 - base.baseline, color="black", linestyle=(0, (1, 1)), linewidth=0.8)
+            ax.set_yscale("log")
+            ax.set_xlabel("layer depth (input = 0)" if r == len(models) - 1 else "")
+        axes[r, 0].set_ylabel("1 - median |cos|")
+    extra = [Line2D([], [], color="0.3", label="injected at the logits (25-75 % band)"),
+             Line2D([], [], color="0.3", linestyle=(0, (2, 1.5)), label="injected at a hidden layer"),
+             Line2D([], [], color="black", linestyle=(0, (1, 1)), label="random-vector baseline")]
+    method_legend(fig, groups, "marker", extra)
+    return Figure("csc", fig, "Cosine-similarity convergence of the backward chains: 1 - median |cos| between the "
+                  "signals of independent random vectors, per layer, for each model (rows) and method family "
+                  "(panels); a chain that collapses to rank one drops toward 0.")
 
 
 def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
     return [Section("Cosine-similarity convergence", "1 - median |cos| between backward signals of independent "
-                    "random vectors injected at the logits (log axis); the dashed line is the exact random-vector "
-                    "baseline.", figures=[csc_figure(table, m) for m in table.model.unique()])]
+                    "random vectors injected at the logits (solid, with the 25-75 % band) and at a hidden layer "
+                    "(dashed), per layer on a log axis; the dotted line is the exact random-vector baseline.",
+                    figures=[csc_figure(table)])]
 
 
 CHECK = Check(
-    name="csc", title="Cosine-similarity convergence", reference="Sixt et al. 2020, section 3.1",
+    name="csc", cite=("sixt2020",), title="Cosine-similarity convergence", reference="Sixt et al. 2020, section 3.1",
     result_file="csc.csv", columns=COLUMNS, run=_run, summary=_summary, sections=_sections, verdict=Collapse(),
     applies=lambda method: build_method(method).chain, order=10,
     description="K Gaussian vectors injected at the logits and deeper layers; median |cos| of the backward "

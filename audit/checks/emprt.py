@@ -87,8 +87,10 @@ def _run(model, x, y, method, config, progress) -> UnitResult:
 
 
 def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
-    figures = [stage_figure(table, m, "score", "relative entropy rise (H - H_0) / H_0",
-                            f"{m}: eMPRT, entropy rise per randomization stage", f"emprt_{m}")
+    threshold = getattr(context.config, "emprt_pass", None)
+    figures = [stage_figure(table, m, "score", "entropy rise (H - H_0) / H_0", f"emprt_{m}",
+                            f"eMPRT on {m}: relative rise of each map's histogram entropy as layers are randomized",
+                            threshold=threshold, meaning="under it after the last stage a method fails")
                for m in table.model.unique()]
     return [Section("Efficient MPRT (eMPRT)", text="Relative rise of the maps' histogram entropy as layers are "
                     "randomized; the score is the last stage's. Higher is better; the edge control scores 0.",
@@ -96,7 +98,8 @@ def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
 
 
 CHECK = Check(
-    name="emprt", title="Efficient MPRT (eMPRT)", reference="Hedstroem et al. 2023, 2024", result_file="emprt.csv",
+    name="emprt", cite=("hedstrom2024",), title="Efficient MPRT (eMPRT)", reference="Hedstroem et al. 2023, 2024",
+    result_file="emprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=40,
     summary=lambda df: f"median eMPRT score {df[df.stage == df.stage.max()].score.median():.3f}",
     verdict=MedianScore("emprt_score", "emprt", "complexity does not rise", "emprt_pass", metric="score",

@@ -18,7 +18,8 @@ from audit.errors import AuditError
 from audit.inputs import check_inputs, resolve_methods
 from audit.measures.heatmaps import heatmaps
 from audit.measures.similarity import WINDOW, normalize_map, screen, spearman, ssim, undefined_where
-from audit.sections import Figure, ReportContext, Section, new_figure
+from audit.panels import family_panels, method_boxes, threshold_line
+from audit.sections import Figure, ReportContext, Section
 
 COLUMNS = ["method", "image", "true_class", "random_class", "ssim", "spearman", "spearman_abs"]
 
@@ -68,25 +69,30 @@ def _run(model, x, y, method, config, progress) -> UnitResult:
     return UnitResult(random_logit_test(model, x, y, [method], seed=config.seed, progress=progress))
 
 
-def random_logit_figure(logit: pd.DataFrame, model: str) -> Figure:
-    """Box plots of the per-image SSIM between the true-class and random-class maps, per method."""
+def random_logit_figure(logit: pd.DataFrame, model: str, threshold: float) -> Figure:
+    """Per-image SSIM between the true-class and random-class maps: a box and every image's point
+    per method, one panel per family; dashed: the pass threshold (at or above: class-insensitive)."""
     part = logit[logit.model == model]
-    methods = list(dict.fromkeys(part.method))
-    fig, ax = new_figure(7, 3.5)
-    ax.boxplot([part[part.method == m].ssim for m in methods])
-    ax.set_xticks(range(1, len(methods) + 1), methods, rotation=70, fontsize=7)
-    ax.set_ylabel("SSIM, true vs random class")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title(f"{model}: random-logit test")
-    return Figure(f"random_logit_{model}", fig, f"random logit {model}")
+    fig, axes, groups = family_panels(list(part.method), sharex=False, panel_height=1.6)
+    for ax, methods in zip(axes[0], groups.values()):
+        method_boxes(ax, methods, {m: part[part.method == m].ssim.to_numpy() for m in methods})
+        threshold_line(ax, threshold)
+    axes[0, 0].set_ylim(-0.05, 1.05)
+    axes[0, 0].set_ylabel("SSIM, true vs random class")
+    return Figure(f"random_logit_{model}", fig, f"Random-logit test on {model}: SSIM between the maps of the true "
+                  f"and a random other class, per image (points) and per method (boxes); at or above the dashed line "
+                  f"({threshold:g}) in the median a method counts as class-insensitive.")
 
 
 def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
-    return [Section("Random-logit test", figures=[random_logit_figure(table, m) for m in table.model.unique()])]
+    threshold = getattr(context.config, "random_logit_pass", 0.8)
+    return [Section("Random-logit test", figures=[random_logit_figure(table, m, threshold)
+                                                  for m in table.model.unique()])]
 
 
 CHECK = Check(
-    name="random-logit", title="Random-logit test", reference="Sixt et al. 2020", result_file="random_logit.csv",
+    name="random-logit", cite=("sixt2020",), title="Random-logit test", reference="Sixt et al. 2020",
+    result_file="random_logit.csv",
     columns=COLUMNS, run=_run, summary=lambda df: f"median SSIM {df.ssim.median():.3f}", sections=_sections,
     verdict=MedianScore("random_logit_ssim", "random_logit", "class-insensitive", "random_logit_pass"), order=20,
     description="maps for the true class and a random other class compared by flip-invariant SSIM and Spearman",

@@ -19,19 +19,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from matplotlib import colormaps
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure as MplFigure
 from torch import nn
 from tqdm.auto import tqdm
 
 from attributions.explainer import Explainer, attribute_many
 from attributions.graph import trace
+from audit import style
 from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.checks.passes import prepare
 from audit.errors import AuditError
 from audit.inputs import check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ReferenceMaps, heatmaps
 from audit.measures.statistics import summarize
-from audit.sections import Figure, ReportContext, Section, new_figure
+from audit.panels import family_panels, method_legend, threshold_line
+from audit.sections import Figure, ReportContext, Section
 
 ORDERS = ("cascading", "independent", "bottom-up")
 BN_POLICIES = ("reset", "keep-stats")
@@ -219,53 +223,110 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
         yield stage, layer, heatmaps(explain(explainers, x, t, envs), reduction)
 
 
-def randomization_figure(frame: pd.DataFrame, model: str, order: str) -> Figure:
+def randomization_figure(frame: pd.DataFrame, model: str, order: str, threshold: float | None = None) -> Figure:
     """Median SSIM to the trained model's maps per stage, with the 99 % bootstrap band."""
-    return stage_figure(frame, model, "ssim", "SSIM to the trained model's map",
-                        f"{model}: {order} parameter randomization", f"randomization_{order}_{model}", (-0.05, 1.05))
+    return stage_figure(frame, model, "ssim", "SSIM to the trained map", f"randomization_{order}_{model}",
+                        f"{order.capitalize()} parameter randomization on {model}: SSIM between each image's map "
+                        "and the trained model's as layers are re-initialised", (-0.05, 1.05), threshold,
+                        "at or above it after the last stage a method is weight-insensitive")
 
 
-def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, title: str, name: str,
-                 ylim: tuple[float, float] | None = None) -> Figure:
-    """Median of ``metric`` over images per randomization stage and method, with the 99 % bootstrap band."""
+def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name: str, caption: str,
+                 ylim: tuple[float, float] | None = None, threshold: float | None = None,
+                 meaning: str = "") -> Figure:
+    """``metric`` per randomization stage, one panel per method family: every image's point, the
+    median over images and its 99 % bootstrap band; dashed: the pass ``threshold`` (``meaning``
+    says how it reads)."""
     part = frame[frame.model == model]
     summary = summarize(part[["method", "stage", "layer", "image", metric]], n_resamples=2000)
-    fig, ax = new_figure(7, 4)
-    for method, rows in summary.groupby("method", sort=False):
-        rows = rows.sort_values("stage")
-        ax.plot(rows.stage, rows[metric], marker=".", label=method)
-        ax.fill_between(rows.stage, rows[f"{metric}_low"], rows[f"{metric}_high"], alpha=0.15)
     stages = summary.drop_duplicates("stage").sort_values("stage")
-    ax.set_xticks(stages.stage, stages.layer, rotation=60, fontsize=7)
-    ax.set_ylabel(ylabel)
+    fig, axes, groups = family_panels(list(part.method), panel_height=1.9)
+    for ax, methods in zip(axes[0], groups.values()):
+        for k, method in enumerate(methods):
+            rows = summary[summary.method == method].sort_values("stage")
+            points = part[part.method == method]
+            offset = 0.5 * (k - (len(methods) - 1) / 2) / max(len(methods), 1)  # side by side, not on top
+            ax.scatter(points.stage + offset, points[metric], s=1.5, color=style.color(method), alpha=0.35,
+                       linewidths=0, zorder=2)
+            ax.plot(rows.stage, rows[metric], color=style.color(method), marker=style.marker(method),
+                    linestyle=style.linestyle(method), zorder=3)
+            ax.fill_between(rows.stage, rows[f"{metric}_low"], rows[f"{metric}_high"], color=style.color(method),
+                            alpha=0.2, linewidth=0)
+        if threshold is not None:
+            threshold_line(ax, threshold)
+        ax.set_xticks(stages.stage, stages.layer, rotation=60, ha="right", rotation_mode="anchor")
     if ylim is not None:
-        ax.set_ylim(*ylim)
-    ax.set_title(title)
-    ax.legend(fontsize=6, ncol=2)
-    return Figure(name, fig, title)
+        axes[0, 0].set_ylim(*ylim)
+    axes[0, 0].set_ylabel(ylabel)
+    note = f"; dashed: the pass threshold ({threshold:g}), {meaning}" if threshold is not None else ""
+    method_legend(fig, groups)
+    return Figure(name, fig, f"{caption}. Points: images; lines: medians over images with their 99 % bootstrap "
+                  f"band{note}.")
 
 
-def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str, image: int, order: str) -> Figure:
-    """Adebayo-style grid: one row per method, one column per randomization stage."""
-    methods = list(maps)
+def _image_rgb(image: np.ndarray) -> np.ndarray:
+    """A (C, H, W) model input as an (H, W) or (H, W, 3) picture in [0, 1] (min-max per image)."""
+    picture = image[0] if image.shape[0] == 1 else np.moveaxis(image[:3], 0, -1)
+    low, high = float(picture.min()), float(picture.max())
+    return (picture - low) / (high - low) if high > low else np.zeros_like(picture)
+
+
+def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str, image: int, order: str,
+                 images: np.ndarray | None = None) -> Figure:
+    """Adebayo-style grid: the input image first, then one row per method (grouped by family) and
+    one column per randomization stage; one symmetric colour scale per row, with its colour bar.
+
+    ``maps``: {method: (stages, images, H, W)}; ``images``: (images, C, H, W) model inputs or None.
+    """
+    methods = [m for group in style.by_family(list(maps)).values() for m in group]
     n_stages = len(stage_names)
-    fig = MplFigure(figsize=(1.1 * n_stages, 1.1 * len(methods)))
-    axes = fig.subplots(len(methods), n_stages, squeeze=False)
+    # fixed geometry (inches) and one image per row (the stages side by side, NaN between them,
+    # drawn blank): a layout engine over hundreds of axes takes minutes
+    left, top, bottom, gap, bar = 1.25, 0.6, 0.1, 0.06, 0.3
+    cell = min(0.8, (style.TWO_COLUMN - left - bar) / (n_stages + 1) - gap)
+    width = left + (n_stages + 1) * (cell + gap) + bar
+    height = top + len(methods) * (cell + gap) + bottom
+    fig = MplFigure(figsize=(width, height))
+
+    def axes_at(row: int, column: int, w: float) -> Axes:
+        y = height - top - (row + 1) * (cell + gap) + gap
+        ax = fig.add_axes(((left + column * (cell + gap)) / width, y / height, w / width, cell / height))
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_frame_on(False)
+        return ax
+
+    if images is not None:
+        picture = _image_rgb(images[image])
+        ax = axes_at(0, 0, cell)
+        ax.imshow(picture, cmap="gray" if picture.ndim == 2 else None)
+        ax.set_title("input", rotation=60, ha="left", rotation_mode="anchor")
+    colours = colormaps["coolwarm"].with_extremes(bad="white")
     for r, m in enumerate(methods):
+        row = maps[m][:, image]
+        h, w = row.shape[1:]
+        pad = max(1, round(w * gap / cell))
+        strip = np.full((h, n_stages * (w + pad) - pad), np.nan)
         for c in range(n_stages):
-            ax = axes[r, c]
-            heat = maps[m][c, image]
-            scale = float(np.abs(heat).max()) or 1.0  # symmetric around 0: signed maps keep their sign
-            ax.imshow(heat, cmap="coolwarm", vmin=-scale, vmax=scale)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if c == 0:
-                ax.set_ylabel(m, fontsize=6, rotation=0, ha="right", va="center")
-            if r == 0:
-                ax.set_title(stage_names[c], fontsize=6, rotation=60)
-    fig.suptitle(f"{model}, image {image}: maps as layers are randomized ({order})", fontsize=8, y=1.04)
+            strip[:, c * (w + pad): c * (w + pad) + w] = row[c]
+        # symmetric around 0 (signed maps keep their sign); the 99.5th percentile so that one hot
+        # pixel does not wash the row out
+        scale = float(np.nanpercentile(np.abs(row), 99.5)) or 1.0
+        ax = axes_at(r, 1, n_stages * (cell + gap) - gap)
+        shown = ax.imshow(strip, cmap=colours, vmin=-scale, vmax=scale, aspect="auto")
+        fig.text((left - 0.06) / width, 1 - (top + (r + 0.5) * (cell + gap)) / height, m, ha="right", va="center",
+                 color=style.color(m))
+        if r == 0:
+            ax.xaxis.tick_top()
+            ax.set_xticks([c * (w + pad) + w / 2 for c in range(n_stages)], stage_names, rotation=60, ha="left",
+                          rotation_mode="anchor")
+            ax.tick_params(axis="x", length=0)
+        colour_bar = fig.colorbar(shown, cax=axes_at(r, n_stages + 1, 0.06), ticks=[-scale, 0, scale])
+        colour_bar.ax.set_yticklabels([f"{-scale:.2g}", "0", f"{scale:.2g}"])
+        colour_bar.ax.tick_params(labelsize=4.5, length=1.5, pad=1)
     return Figure(f"heatmaps_{model}_image{image}" + ("" if order == "cascading" else f"_{order}"), fig,
-                  f"heatmaps {model} {image}")
+                  f"Maps of image {image} on {model} as layers are randomized ({order}, left to right), one row per "
+                  "method with its own symmetric colour scale (red positive, blue negative).")
 
 
 STAGE_OPTIONS = (
@@ -291,14 +352,16 @@ def _checks() -> list[Check]:
             return UnitResult(df, maps[method] if config.heatmap_examples else None)
 
         def sections(table: pd.DataFrame, context: ReportContext, order=order) -> list[Section]:
+            threshold = getattr(context.config, "randomization_pass", None) if order == "cascading" else None
             out = [Section(f"Parameter randomization ({order})",
-                           figures=[randomization_figure(table, m, order) for m in table.model.unique()])]
+                           figures=[randomization_figure(table, m, order, threshold) for m in table.model.unique()])]
             grids = []
             for m in table.model.unique():
-                maps = context.examples(m, order, list(table.method.unique()))
+                maps, images = context.examples(m, order, list(table.method.unique()))
                 if maps:
                     stages = list(table[table.model == m].drop_duplicates("stage").sort_values("stage").layer)
-                    grids += [heatmap_grid(maps, stages, m, i, order) for i in range(next(iter(maps.values())).shape[1])]
+                    grids += [heatmap_grid(maps, stages, m, i, order, images)
+                              for i in range(next(iter(maps.values())).shape[1])]
             if grids:
                 out.append(Section(f"Heatmaps under {order} randomization", figures=grids))
             return out
@@ -307,6 +370,7 @@ def _checks() -> list[Check]:
         out.append(Check(
             name=order, title=f"Parameter randomization ({order})", result_file=f"randomization_{order.replace('-', '_')}.csv",
             reference="Adebayo et al. 2018; Sixt et al. 2020" if order != "bottom-up" else "Hedstroem et al. 2023",
+            cite=("adebayo2018", "sixt2020") if order != "bottom-up" else ("hedstrom2024", "binder2023"),
             columns=COLUMNS, run=run, sections=sections, order=30 + position,
             summary=lambda df: f"median SSIM at full randomization {df[df.stage == df.stage.max()].ssim.median():.3f}",
             verdict=full if cascading else None,

@@ -97,8 +97,11 @@ def _run(model, x, y, method, config, progress) -> UnitResult:
 
 
 def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
-    figures = [stage_figure(table, m, "spearman", "Spearman of |denoised map| with the trained model's",
-                            f"{m}: sMPRT per randomization stage", f"smprt_{m}", (-0.05, 1.05))
+    threshold = getattr(context.config, "smprt_pass", None)
+    figures = [stage_figure(table, m, "spearman", "Spearman of |denoised map|", f"smprt_{m}",
+                            f"sMPRT on {m}: Spearman correlation of each denoised map's magnitude with the trained "
+                            "model's as layers are randomized", (-0.05, 1.05), threshold,
+                            "at or above it after the last stage a method is weight-insensitive")
                for m in table.model.unique()]
     return [Section("Smooth MPRT (sMPRT)", text="Maps averaged over noisy inputs before comparison, so that noise "
                     "alone does not lower the similarity. Lower after full randomization is better.", figures=figures)]
@@ -109,7 +112,7 @@ def _last_stage(df: pd.DataFrame) -> pd.DataFrame:
 
 
 CHECK = Check(
-    name="smprt", title="Smooth MPRT (sMPRT)", reference="Hedstroem et al. 2023", result_file="smprt.csv",
+    name="smprt", cite=("hedstrom2024",), title="Smooth MPRT (sMPRT)", reference="Hedstroem et al. 2023", result_file="smprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=41,
     summary=lambda df: f"median Spearman at full randomization {_last_stage(df).spearman.median():.3f}",
     verdict=MedianScore("smprt_spearman", "smprt", "weight-insensitive (denoised)", "smprt_pass", metric="spearman",

@@ -38,15 +38,18 @@ def read_table(path: Path) -> pd.DataFrame:
         return pd.DataFrame()
 
 
-def example_maps(out: Path, model: str, test: str, methods: list[str]) -> dict[str, np.ndarray]:
-    """The example heatmaps the run kept for ``model`` and ``test``: {method: (stages, images, H, W)}."""
-    maps = {}
+def example_maps(out: Path, model: str, test: str, methods: list[str]) -> tuple[dict[str, np.ndarray],
+                                                                               np.ndarray | None]:
+    """The example heatmaps the run kept for ``model`` and ``test``, {method: (stages, images, H, W)},
+    and the model inputs they explain, (images, C, H, W) (None when no map was kept)."""
+    maps, images = {}, None
     for m in methods:
         path = unit_path(out, model, test, m).with_suffix(".npz")
         if path.exists():
             with np.load(path, allow_pickle=False) as npz:
                 maps[m] = npz["maps"]
-    return maps
+                images = npz["images"] if images is None and "images" in npz else images
+    return maps, images
 
 
 def load_results(out: str | os.PathLike) -> AuditResult:

@@ -1,0 +1,93 @@
+"""Small multiples by method family: the layout every per-method figure of the report shares.
+
+One panel per family (columns), optionally one row per model, shared axes; methods keep their
+colour, marker and line style from :mod:`audit.style`; the legend sits under the panels, one
+column per family, never over the data.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure as MplFigure
+from matplotlib.lines import Line2D
+
+from audit import style
+
+
+def family_panels(methods: Sequence[str], rows: Sequence[str] = ("",), width: float = style.TWO_COLUMN,
+                  panel_height: float = 1.45, sharey: bool = True,
+                  sharex: bool = True) -> tuple[MplFigure, np.ndarray, dict[str, list[str]]]:
+    """A figure with one panel per family of ``methods`` and one row per entry of ``rows``.
+
+    Returns
+    -------
+    figure, axes of shape (len(rows), families), and {family: its methods} in column order.
+    Row labels (e.g. model names) are written left of each row when given.
+    """
+    groups = style.by_family(list(methods))
+    fig = MplFigure(figsize=(width, panel_height * len(rows) + 0.55), layout="constrained")
+    axes = fig.subplots(len(rows), max(len(groups), 1), squeeze=False, sharey=sharey, sharex=sharex)
+    for c, name in enumerate(groups):
+        axes[0, c].set_title(name)
+    for r, label in enumerate(rows):
+        if label:
+            axes[r, 0].annotate(label, (-0.42, 0.5), xycoords="axes fraction", rotation=90, ha="center",
+                                va="center", fontweight="bold")
+    return fig, axes, groups
+
+
+def handle(method: str, kind: str = "line") -> Line2D:
+    """A legend entry for ``method``: its line and marker (``kind="line"``) or its marker alone."""
+    if kind == "line":
+        return Line2D([], [], color=style.color(method), marker=style.marker(method),
+                      linestyle=style.linestyle(method), label=method)
+    return Line2D([], [], color=style.color(method), marker=style.marker(method), linestyle="none", label=method)
+
+
+def method_legend(fig: MplFigure, groups: dict[str, list[str]], kind: str = "line",
+                  extra: Sequence[Line2D] = ()) -> None:
+    """The figure's legend under its panels: one column per family (``extra`` entries, e.g. a
+    baseline, in a last column)."""
+    columns = [[handle(m, kind) for m in ms] for ms in groups.values()] + ([list(extra)] if extra else [])
+    depth = max(len(c) for c in columns)
+    blank = Line2D([], [], linestyle="none", label="")
+    # a legend fills column by column: pad each family to the same depth so that one column is one family
+    handles = [h for column in columns for h in column + [blank] * (depth - len(column))]
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(columns), handlelength=2.2,
+               columnspacing=1.0)
+
+
+def strip(ax: Axes, x: float, values: np.ndarray, color: str, width: float = 0.25, seed: int = 0) -> None:
+    """Per-image values as points at ``x``, spread sideways by a fixed jitter (same seed, same figure)."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    jitter = np.random.default_rng(seed).uniform(-width / 2, width / 2, len(values))
+    ax.scatter(x + jitter, values, s=2.5, color=color, alpha=0.45, linewidths=0, zorder=3)
+
+
+def method_boxes(ax: Axes, methods: list[str], values: dict[str, np.ndarray], log: bool = False) -> None:
+    """One box per method (median, quartiles, 1.5 IQR whiskers, no outlier marks: every image is
+    drawn as a point over its box), method names under the boxes."""
+    data = [np.asarray(values[m], dtype=float) for m in methods]
+    data = [d[np.isfinite(d)] for d in data]
+    positions = np.arange(len(methods), dtype=float)
+    kept = [i for i, d in enumerate(data) if len(d)]
+    if kept:
+        parts = ax.boxplot([data[i] for i in kept], positions=positions[kept], widths=0.55, showfliers=False,
+                           patch_artist=True, medianprops={"color": "black", "linewidth": 1.0})
+        for i, box in zip(kept, parts["boxes"]):
+            box.set_facecolor(style.color(methods[i]))
+            box.set_alpha(0.35)
+    for i, m in enumerate(methods):
+        strip(ax, positions[i], data[i], style.color(m), seed=i)
+    if log:
+        ax.set_yscale("log")
+    ax.set_xticks(positions, methods, rotation=60, ha="right", rotation_mode="anchor")
+    ax.set_xlim(-0.6, len(methods) - 0.4)
+
+
+def threshold_line(ax: Axes, value: float, label: str | None = None) -> Line2D:
+    """The pass threshold as a grey dashed line across ``ax``; returns it (for a legend entry)."""
+    return ax.axhline(value, color="0.35", linestyle=(0, (4, 2)), linewidth=0.8, zorder=1, label=label)

@@ -1,0 +1,61 @@
+"""``report.pdf``: ``standalone.tex`` compiled with pdflatex and BibTeX, checked for what a
+reader would notice (undefined references or citations, missing bibliography entries)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from audit.atomic import atomic_write_bytes
+from audit.errors import AuditError
+
+INPUTS = ("standalone.tex", "methods.tex", "tables.tex", "figures.tex", "references.bib")
+PROBLEMS = re.compile(r"LaTeX Warning: (Reference|Citation) .* undefined|There were undefined (references|citations)"
+                      r"|I didn't find a database entry|Warning--I didn't find|! ")
+
+
+class ReportError(AuditError):
+    """The report could not be built as asked (e.g. no TeX installation for ``--pdf``)."""
+
+
+def compile_pdf(folder: Path, timeout: float = 300) -> tuple[Path, str]:
+    """Compile ``folder/standalone.tex`` to ``folder/report.pdf`` (pdflatex, bibtex, pdflatex x2),
+    in a scratch folder so that a failed build leaves no partial file; returns the PDF and the
+    last pdflatex log. Raises :class:`ReportError` naming the first problems of the log."""
+    latex, bibtex = shutil.which("pdflatex"), shutil.which("bibtex")
+    if latex is None or bibtex is None:
+        raise ReportError("--pdf needs pdflatex and bibtex (Debian: apt-get install texlive-latex-recommended); "
+                          f"the LaTeX sources are in {folder}")
+    missing = [name for name in INPUTS if not (folder / name).exists()]
+    if missing:
+        raise ReportError(f"{folder} lacks {', '.join(missing)}; rebuild the report first")
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        for name in INPUTS:
+            shutil.copy(folder / name, work / name)
+        if (folder / "figures").exists():
+            shutil.copytree(folder / "figures", work / "figures")
+        latex_run = [latex, "-interaction=nonstopmode", "-halt-on-error", "standalone.tex"]
+        log = ""
+        for step in (latex_run, [bibtex, "standalone"], latex_run, latex_run):
+            done = subprocess.run(step, cwd=work, capture_output=True, text=True, timeout=timeout,
+                                  errors="replace")
+            log = done.stdout
+            if done.returncode != 0:
+                raise ReportError(f"{Path(step[0]).name} failed on {folder / 'standalone.tex'}: "
+                                  + _first_problems(done.stdout + done.stderr))
+        bibtex_log = (work / "standalone.blg").read_text(errors="replace")
+        problems = _first_problems(log + bibtex_log, strict=True)
+        if problems:
+            raise ReportError(f"report.pdf of {folder} has problems: {problems}")
+        atomic_write_bytes(folder / "report.pdf", (work / "standalone.pdf").read_bytes())
+    return folder / "report.pdf", log
+
+
+def _first_problems(log: str, strict: bool = False, limit: int = 3) -> str:
+    found = [line.strip() for line in log.splitlines() if PROBLEMS.search(line)]
+    if not found and not strict:
+        return log.strip().splitlines()[-1] if log.strip() else "no output"
+    return "; ".join(found[:limit])

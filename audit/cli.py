@@ -34,12 +34,15 @@ def run_demo(out: str = "demo-output", seed: int = 0, progress: bool = True) -> 
     if (folder / "manifest.json").exists():
         shutil.rmtree(folder)
     result = run_audit(load_config(seed=seed, **DEMO), folder, progress=progress)
-    index = build_report(result.out)
+    tex = shutil.which("pdflatex") is not None and shutil.which("bibtex") is not None
+    index = build_report(result.out, pdf=tex)
     verdict = verdict_table(result.tables, result.config)
     passing = int((verdict.verdict == "pass").sum())
     print(f"\n{passing} of {len(verdict)} model x method pairs pass all three sanity checks")
     print(f"demo finished in {time.perf_counter() - start:.0f} s")
     print(f"report: {index.resolve()}")
+    print(f"pdf: {index.with_name('report.pdf').resolve()}" if tex else
+          "pdf: not built (no pdflatex; apt-get install texlive-latex-recommended); the LaTeX sources are beside the report")
     return index
 
 

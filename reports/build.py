@@ -87,6 +87,9 @@ def build_report(run: str | Path, out: str | Path | None = None, pdf: bool = Fal
     out = Path(out) if out else Path(run)
     sections = report_sections(run, score)
     pngs = {f.name: save(f, out / "figures") for s in sections for f in s.figures}
+    for old in (out / "figures").glob("*.*") if pngs else ():  # figures of an earlier build that this one lacks
+        if old.suffix in (".pdf", ".png") and old.stem not in pngs:
+            old.unlink()
     manifest = json.loads((Path(run) / "manifest.json").read_text())
     text = methods_text.paragraphs(manifest, load_results(run).tables["models"])
     files = {"index.html": html.render(TITLE, sections, pngs), "report.md": markdown.render(TITLE, sections),

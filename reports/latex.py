@@ -80,6 +80,7 @@ def standalone(title: str) -> str:
         r"\renewcommand{\topfraction}{0.95}\renewcommand{\textfraction}{0.05}\renewcommand{\floatpagefraction}{0.8}",
         rf"\title{{{escape(title)}}}", r"\date{}", r"\begin{document}", r"\maketitle",
         r"\section*{Methods}", r"\input{methods.tex}",
-        r"\section*{Tables}", r"\input{tables.tex}", r"\clearpage",
-        r"\section*{Figures}", r"\input{figures.tex}", r"\clearpage",
+        # \suppressfloats: no float above its section's heading on that page
+        r"\clearpage", r"\section*{Tables}\suppressfloats[t]", r"\input{tables.tex}", r"\clearpage",
+        r"\section*{Figures}\suppressfloats[t]", r"\input{figures.tex}", r"\clearpage",
         r"\bibliographystyle{plainnat}", r"\bibliography{references}", r"\end{document}", ""])

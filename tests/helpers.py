@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 
 def write_idx(path: Path, array: np.ndarray, gz: bool = False) -> Path:
@@ -56,3 +57,16 @@ def require_tool(*names: str, package: str) -> str:
             pytest.fail(f"{names[0]} is missing in CI: `make reportdeps` should have installed {package}")
         pytest.skip(f"{names[0]} not installed (apt-get install {package})")
     return found
+
+
+def legend_outside_axes(fig) -> bool:
+    """No axes holds a legend, and every figure legend's box overlaps no axes' box."""
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    if any(ax.get_legend() is not None for ax in fig.axes):
+        return False
+    for legend in fig.legends:
+        box = legend.get_window_extent(renderer)
+        if any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes):
+            return False
+    return True

@@ -7,11 +7,12 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from audit import style
 from audit.cli import main
 from audit.run.config import load_config
 from audit.run.runner import run_audit
-from reports import build_report
-from tests.helpers import require_tool
+from reports import build_report, report_sections
+from tests.helpers import legend_outside_axes, require_tool
 
 TINY = dict(methods=["gradient", "lrp-zplus", "deeplift", "edge"], tests=["csc", "random-logit", "cascading"],
             n_images=4)
@@ -28,9 +29,16 @@ def finished(tmp_path_factory):
     return out, result
 
 
-def test_report_files_and_sections(finished):
+@pytest.fixture(scope="module")
+def built(finished):
+    """The finished run with its report built once (for the tests that only read it)."""
     out, result = finished
-    index = build_report(result.out)
+    return out, build_report(result.out)
+
+
+def test_report_files_and_sections(built, finished):
+    out, index = built
+    _, result = finished
     html = index.read_text()
     for heading in SECTIONS:
         assert f"<h2>{heading}</h2>" in html, heading
@@ -73,10 +81,9 @@ def test_latex_report_compiles_without_undefined_references(finished):
             assert f"{{{k}," in bib, k
 
 
-def test_index_html_renders_in_headless_chromium(finished, tmp_path):
+def test_index_html_renders_in_headless_chromium(built, tmp_path):
     browser = require_tool("chromium", "chromium-browser", package="chromium")
-    out, result = finished
-    index = build_report(result.out)
+    out, index = built
     shot = tmp_path / "page.png"
     run = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -92,3 +99,31 @@ def test_index_html_renders_in_headless_chromium(finished, tmp_path):
     dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p2'}",
                           "--dump-dom", index.resolve().as_uri()], capture_output=True, text=True, timeout=120)
     assert "<h2>Verdict</h2>" in dom.stdout and "<figcaption>" in dom.stdout
+
+
+def test_every_figure_keeps_legends_outside_and_each_method_its_colour(finished):
+    out, _ = finished
+    figures = [f for s in report_sections(out) for f in s.figures]
+    assert {"csc", "random_logit_cnn-sgd", "randomization_cascading_cnn-bort", "bort_vs_cnn-sgd"} <= {f.name for f in figures}
+    seen = 0
+    for figure in figures:
+        assert legend_outside_axes(figure.figure), figure.name
+        for legend in figure.figure.legends:
+            for handle, text in zip(legend.legend_handles, legend.get_texts()):
+                if text.get_text() in TINY["methods"]:
+                    assert handle.get_color() == style.color(text.get_text()), (figure.name, text.get_text())
+                    seen += 1
+    assert seen >= 3 * len(TINY["methods"]) - 1
+
+
+def test_an_audit_of_three_models_gets_a_verdict_matrix_and_a_score_across_models(tmp_path, capsys):
+    out = tmp_path / "three"
+    config = load_config(models=["cnn-sgd", "cnn-bort", "cnn-dbort"], methods=["gradient", "lrp-zplus"],
+                         tests=["random-logit"], n_images=2, heatmap_examples=0)
+    run_audit(config, out, progress=False, log=lambda s: None)
+    assert main(["report", str(out), "--score", "random_logit_ssim"]) == 0
+    assert (out / "figures" / "verdict_matrix.pdf").exists() and (out / "figures" / "score_random_logit_ssim.png").exists()
+    assert "\\label{fig:verdict_matrix}" in (out / "figures.tex").read_text()
+    capsys.readouterr()
+    assert main(["report", str(out), "--score", "accuracy"]) != 0
+    assert "no verdict score 'accuracy'" in capsys.readouterr().err

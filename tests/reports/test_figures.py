@@ -1,8 +1,16 @@
-"""Saving figures: both formats, and no partial file when a write fails."""
-import pytest
+"""The figure helpers' contract: both formats with TrueType fonts, no partial file when a write
+fails, the verdict matrix, a score across models and the heatmap grid."""
+import re
 
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from audit import style
+from audit.checks.randomization import heatmap_grid
 from audit.sections import Figure, new_figure
-from reports.figures import save
+from reports.figures import VERDICT_COLOURS, VERDICT_MARKS, save, score_figure, verdict_matrix, verdict_status
 
 
 def test_save_writes_both_formats_atomically(tmp_path, monkeypatch):
@@ -21,3 +29,70 @@ def test_save_writes_both_formats_atomically(tmp_path, monkeypatch):
         save(Figure("curve", fig, "a curve"), tmp_path)
     assert (tmp_path / "curve.pdf").read_bytes() == old  # the old file, never a truncated one
     assert sorted(p.name for p in tmp_path.iterdir()) == ["curve.pdf", "curve.png"]  # no .part left
+
+
+def font_subtypes(pdf: bytes) -> set[str]:
+    """The subtypes of the font dictionaries of a PDF (matplotlib writes them uncompressed)."""
+    fonts = {"Type0", "Type1", "Type3", "TrueType", "CIDFontType0", "CIDFontType2", "MMType1"}
+    return {s.decode() for s in re.findall(rb"/Subtype\s*/(\w+)", pdf)} & fonts
+
+
+def verdict_frame() -> pd.DataFrame:
+    rows = []
+    for model in ("a-sgd", "a-bort", "b-sgd"):
+        for method, verdict, score in (("gradient", "pass", 0.2), ("lrp-zplus", "fail: rank-1 collapse", 0.99),
+                                       ("deeplift", "undefined: random-logit (maps constant or non-finite)", np.nan)):
+            rows.append({"model": model, "method": method, "random_logit_ssim": score, "verdict": verdict})
+    return pd.DataFrame(rows[:-1])  # b-sgd has no deeplift row: n/a
+
+
+def test_saved_pdfs_embed_truetype_fonts_not_type3(tmp_path):
+    fig = verdict_matrix(verdict_frame())
+    save(fig, tmp_path)
+    subtypes = font_subtypes((tmp_path / "verdict_matrix.pdf").read_bytes())
+    assert subtypes and "Type3" not in subtypes and subtypes <= {"Type0", "CIDFontType2", "TrueType"}, subtypes
+    with Image.open(tmp_path / "verdict_matrix.png") as png:
+        width, _ = png.size
+    assert abs(width - fig.figure.get_size_inches()[0] * style.PNG_DPI) <= 2  # 200 dpi, no cropping
+
+
+def test_verdict_matrix_colours_each_cell_by_its_status():
+    frame = verdict_frame()
+    fig = verdict_matrix(frame)
+    ax = fig.figure.axes[0]
+    grid = ax.get_images()[0].get_array()
+    states = list(VERDICT_COLOURS)
+    models = list(dict.fromkeys(frame.model))
+    methods = [m for ms in style.by_family(list(frame.method)).values() for m in ms]
+    assert grid.shape == (3, 3) and methods == ["gradient", "deeplift", "lrp-zplus"]
+    assert states[grid[models.index("a-sgd"), methods.index("gradient")]] == "pass"
+    assert states[grid[models.index("a-bort"), methods.index("lrp-zplus")]] == "fail"
+    assert states[grid[models.index("a-sgd"), methods.index("deeplift")]] == "undefined"
+    assert states[grid[models.index("b-sgd"), methods.index("deeplift")]] == "n/a"
+    marks = sorted(t.get_text() for t in ax.texts)
+    assert marks.count(VERDICT_MARKS["pass"]) == 3 and marks.count(VERDICT_MARKS["fail"]) == 3
+    assert verdict_status("fail: x") == "fail" and verdict_status("n/a") == "n/a"
+
+
+def test_score_figure_draws_each_method_in_its_colour_across_models():
+    fig = score_figure(verdict_frame(), "random_logit_ssim")
+    lines = {tuple(line.get_ydata()[:2]): line.get_color() for ax in fig.figure.axes for line in ax.get_lines()}
+    assert lines[(0.2, 0.2)] == style.color("gradient") and lines[(0.99, 0.99)] == style.color("lrp-zplus")
+    assert not any(ax.get_legend() for ax in fig.figure.axes) and fig.figure.legends
+
+
+def test_heatmap_grid_shows_the_input_first_and_one_colour_bar_per_row():
+    rng = np.random.default_rng(0)
+    maps = {m: rng.normal(size=(3, 2, 8, 8)) * s for m, s in (("gradient", 1.0), ("lrp-zplus", 100.0))}
+    images = rng.uniform(size=(2, 1, 8, 8))
+    fig = heatmap_grid(maps, ["original", "fc", "conv"], "m", 1, "cascading", images)
+    shown = [ax for ax in fig.figure.axes if ax.get_images()]
+    first = shown[0].get_images()[0].get_array()
+    assert np.allclose(first, (images[1, 0] - images[1, 0].min()) / np.ptp(images[1, 0]))  # the input image
+    rows = [ax for ax in shown[1:] if ax.get_images()[0].get_cmap().name.startswith("coolwarm")]
+    assert len(rows) == 2
+    for ax, method in zip(rows, ["gradient", "lrp-zplus"]):
+        low, high = ax.get_images()[0].get_clim()
+        assert low == -high and np.isclose(high, np.percentile(np.abs(maps[method][:, 1]), 99.5))
+    bars = [ax for ax in fig.figure.axes if not ax.get_images()]
+    assert len(bars) == 2 and len(fig.figure.axes) == 1 + 2 + 2  # input, a strip per row, a colour bar per row

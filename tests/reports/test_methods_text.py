@@ -1,0 +1,44 @@
+"""The methods text: what the run recorded, each check's parameters and threshold, citations."""
+import pandas as pd
+
+from audit.run.config import load_config
+from reports import methods_text
+from reports.references import REFERENCES
+
+
+def manifest(**overrides) -> dict:
+    config = load_config(models=["cnn-sgd", "cnn-bort"], methods=["gradient", "lrp-zplus", "smoothgrad"],
+                         tests=["csc", "random-logit", "cascading"], n_images=12, seed=7, **overrides)
+    return {"config": config.to_dict(), "images": {"n": 12}, "versions": {"torch": "2.13.0", "captum": "0.9.0"}}
+
+
+MODELS = pd.DataFrame([{"model": "cnn-sgd", "arch": "cnn", "optimizer": "sgd", "test_accuracy": 0.9213},
+                       {"model": "cnn-bort", "arch": "cnn", "optimizer": "bort", "test_accuracy": 0.9169}])
+
+
+def test_paragraphs_state_models_data_checks_thresholds_and_versions():
+    pairs = methods_text.paragraphs(manifest(random_logit_pass=0.75), MODELS)
+    text = dict(pairs)
+    assert "92.13 %" in text["Models"] and "cnn-bort" in text["Models"] and "[@zhang2023bort]" in text["Models"]
+    assert text["Data"].startswith("12 ") and "seed 7" in text["Data"]
+    assert "smoothgrad [@smilkov2017] (noise = 0.15, samples = 50)" in text["Attribution methods"]
+    assert "class-insensitive" in text["Random-logit test"] and ">= 0.75" in text["Random-logit test"]
+    assert "n_vectors = 5" in text["Cosine-similarity convergence"]
+    assert "torch 2.13.0 [@paszke2019]" in text["Software"]
+    assert [h for h, _ in pairs][-2:] == ["Statistics", "Software"]
+
+
+def test_citations_render_per_format_and_every_cited_key_exists():
+    pairs = methods_text.paragraphs(manifest(), MODELS)
+    keys = methods_text.cited(pairs)
+    assert keys and set(keys) <= set(REFERENCES) and len(keys) == len(set(keys))
+    md = methods_text.markdown(pairs)
+    assert "(Sixt et al., 2020)" in md and "[@" not in md and md.count("\n- ") == len(keys)
+    tex = methods_text.latex(pairs)
+    assert "\\citep{sixt2020}" in tex and "[@" not in tex and "\\paragraph{Models.}" in tex
+    assert "92.13 \\%" in tex  # escaped for LaTeX
+
+
+def test_a_run_without_bort_models_does_not_cite_bort():
+    pairs = methods_text.paragraphs(manifest(), MODELS[MODELS.optimizer == "sgd"])
+    assert "zhang2023bort" not in methods_text.cited(pairs) and "wilcoxon1945" not in methods_text.cited(pairs)

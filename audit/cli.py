@@ -14,12 +14,15 @@ from typing import Any
 
 from attributions import available_methods
 from attributions.errors import ToolkitError, unknown_name
+from attributions.methods import build_method
+from audit import style
 from audit.checks import CHECKS, check_options
 from audit.errors import ConfigError
 from audit.models import ARCHS, OPTIMIZERS, SHIPPED, TrainConfig, available_checkpoints, train
 from audit.models.recipes import RECIPES
 from audit.run import load_config, run_audit
 from reports import build_report, verdict_table
+from reports.references import short
 
 # The main job: cnn-sgd against its Bort twin cnn-bort, every method, the three checks of Sixt et al.,
 # on the embedded Fashion-MNIST sample.
@@ -120,8 +123,12 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _methods(args: argparse.Namespace) -> int:
-    for name, text in available_methods().items():
-        print(f"  {name:24s} {text}")
+    for family, names in style.by_family(list(available_methods())).items():
+        print(f"{family}:")
+        for name in names:
+            method = build_method(name)
+            cites = "; ".join(f"{short(k)} [{k}]" for k in method.cite)
+            print(f"  {name:24s} {method.description} ({cites})")
     return 0
 
 

@@ -60,3 +60,14 @@ def test_no_traceback_reaches_a_cli_user_unless_debug(tmp_path, capsys, monkeypa
     assert "unexpected ZeroDivisionError: division by zero" in err and "--debug" in err and "Traceback" not in err
     with pytest.raises(ZeroDivisionError):
         main(["--debug", *args, "--out", str(tmp_path / "c")])
+
+
+def test_methods_are_listed_by_family_with_their_bibtex_keys(capsys):
+    from attributions.methods import BUILDERS, FAMILIES, build_method
+
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert [line[:-1] for line in out.splitlines() if not line.startswith(" ")] == list(FAMILIES)
+    for name in BUILDERS:
+        line = next(line for line in out.splitlines() if line.split()[:1] == [name])
+        assert all(f"[{key}]" in line for key in build_method(name).cite), line

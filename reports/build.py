@@ -38,7 +38,7 @@ def _sections(run: str | Path, score: str | None) -> list[Section]:
     result = load_results(run)
     run = Path(run)
     tables, config = result.tables, result.config
-    manifest = json.loads((run / "manifest.json").read_text())
+    manifest = result.manifest
     verdict = verdict_table(tables, config)
     thresholds = ("Thresholds: " + "; ".join(
         f"{c.verdict.failure} when {c.verdict.score_column} {c.verdict.comparison} {getattr(config, c.verdict.threshold)}"
@@ -90,8 +90,8 @@ def build_report(run: str | Path, out: str | Path | None = None, pdf: bool = Fal
     for old in (out / "figures").glob("*.*") if pngs else ():  # figures of an earlier build that this one lacks
         if old.suffix in (".pdf", ".png") and old.stem not in pngs:
             old.unlink()
-    manifest = json.loads((Path(run) / "manifest.json").read_text())
-    text = methods_text.paragraphs(manifest, load_results(run).tables["models"])
+    result = load_results(run)
+    text = methods_text.paragraphs(result.manifest, result.tables["models"])
     files = {"index.html": html.render(TITLE, sections, pngs), "report.md": markdown.render(TITLE, sections),
              "methods.md": methods_text.markdown(text), "methods.tex": methods_text.latex(text),
              "references.bib": bibtex(methods_text.cited(text)), "tables.tex": latex.render(sections),

@@ -31,6 +31,7 @@ from attributions.graph import LINEAR_KINDS, Graph, trace
 from attributions.methods import build_method
 from audit import style
 from audit.checks.base import Check, Option, UnitResult, VerdictCell, VerdictRule
+from audit.checks.passes import model_errors
 from audit.errors import AuditError
 from audit.inputs import check_inputs, resolve_methods
 from audit.panels import family_panels, method_legend
@@ -204,7 +205,8 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
     names = resolve_methods(methods)
     if n_vectors < 2:
         raise AuditError(f"n_vectors must be at least 2 (pairs are compared), got {n_vectors}")
-    graph = trace(model)
+    with model_errors():
+        graph = trace(model)
     explainers = {m: Explainer(model, m, graph=graph) for m in names}
     explainers = {m: e for m, e in explainers.items() if e.method.chain}
     if not explainers:
@@ -217,7 +219,8 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
             raise unknown_name("layer", _split_token(t)[0], layers, AuditError)
     depth = {name: i for i, name in enumerate(["input"] + layers)}
     kinds = {n.name: n.kind for n in graph.nodes}
-    envs = shared_forward(explainers, x)
+    with model_errors():
+        envs = shared_forward(explainers, x)
     assert envs is not None  # every explainer left is a graph method
     env, ref = envs
     axes = channel_axes(graph, env)

@@ -2,12 +2,27 @@
 it, their shared forward pass and the logits, checked (finite; labels in range)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
+from attributions.errors import AttributionError
 from attributions.explainer import Explainer, shared_forward
 from attributions.graph import Graph, trace
+from audit.errors import ModelError
 from audit.inputs import check_labels, check_logits
+
+
+@contextmanager
+def model_errors() -> Iterator[None]:
+    """Within the block, the engine refusing the model (an op it does not support) or the inputs (a
+    shape or channel count the model does not take) is a :class:`ModelError`, the audit's own."""
+    try:
+        yield
+    except AttributionError as exc:
+        raise ModelError(str(exc)) from exc
 
 
 def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tensor | None = None,
@@ -15,13 +30,15 @@ def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tens
     """(graph, {method: Explainer}, shared forward pass or None, logits (B, classes)) for ``x`` (B, ...).
 
     ``graph``: reuse a trace of ``model``; ``seed``: the random control's. With labels ``y`` (B,), the
-    logits must be finite and the labels index the model's classes (else an :class:`AuditError`).
+    logits must be finite and the labels index the model's classes (else an :class:`AuditError`); a
+    model the engine cannot trace, or inputs it does not take, are a :class:`ModelError`.
     """
-    graph = graph if graph is not None else trace(model)
-    params: dict[str, dict] = {"random": {"seed": seed}}
-    explainers = {m: Explainer(model, m, graph=graph, **params.get(m, {})) for m in methods}
-    envs = shared_forward(explainers, x)
-    logits = envs[0][graph.output] if envs else Explainer(model, "gradient", graph=graph).forward(x).detach()
+    with model_errors():
+        graph = graph if graph is not None else trace(model)
+        params: dict[str, dict] = {"random": {"seed": seed}}
+        explainers = {m: Explainer(model, m, graph=graph, **params.get(m, {})) for m in methods}
+        envs = shared_forward(explainers, x)
+        logits = envs[0][graph.output] if envs else Explainer(model, "gradient", graph=graph).forward(x).detach()
     if y is not None:
         check_logits(logits)
         check_labels(y, logits.shape[1])

@@ -114,6 +114,8 @@ def locate(name: str, split: str, root: str | os.PathLike | None = None) -> list
     stems = _IDX_NAMES[split] if name in ("fashion-mnist", "mnist") else _CIFAR_NAMES[split]
     dirs = search_dirs(name, root)
     mine = {d for d in dirs if root is not None and Path(root) in (d, *d.parents)}  # folders under --data-root
+    if root is not None and not Path(root).is_dir():  # a mistyped --data-root must not fall back to another copy
+        dirs = [d for d in dirs if d in mine]
     for d in dirs:
         found = [_find(d, s) for s in stems]
         if all(found):

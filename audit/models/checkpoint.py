@@ -98,8 +98,15 @@ def model_files(spec: str, weights: str | None = None) -> list[Path]:
     """The files a model specification is read from: a checkpoint's .pt and .json (shipped or a
     path), or the ``weights`` file of a ``module:factory``."""
     if ":" in spec and not Path(spec).exists():
-        return [Path(weights)] if weights else []
+        return [_weights_file(weights)] if weights else []
     return list(_resolve(spec))
+
+
+def _weights_file(weights: str) -> Path:
+    if not Path(weights).is_file():
+        raise ModelError(f"weights file {weights} not found; give the state_dict file saved with "
+                         "torch.save(model.state_dict(), path)")
+    return Path(weights)
 
 
 def resolve_model(spec: str, weights: str | None = None) -> nn.Module:
@@ -107,15 +114,19 @@ def resolve_model(spec: str, weights: str | None = None) -> nn.Module:
     if ":" in spec and not Path(spec).exists():
         module_name, _, factory = spec.partition(":")
         try:
-            model = getattr(importlib.import_module(module_name), factory)()
+            build = getattr(importlib.import_module(module_name), factory)
         except (ImportError, AttributeError) as exc:
             raise ModelError(f"cannot build {spec!r}: {exc}; give module:factory with an importable module "
                              "and a function returning an nn.Module") from exc
+        if not callable(build):
+            raise ModelError(f"{spec!r} is a {type(build).__name__}, not a factory; give a function (or class) that "
+                             "returns an nn.Module")
+        model = build()
         if not isinstance(model, nn.Module):
             raise ModelError(f"{spec!r} returned {type(model).__name__}, not an nn.Module")
         if weights:
             try:
-                model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+                model.load_state_dict(torch.load(_weights_file(weights), map_location="cpu", weights_only=True))
             except Exception as exc:
                 raise ModelError(f"cannot load weights {weights} into {spec!r}: {exc}") from exc
         return model.eval()

@@ -66,7 +66,7 @@ class AuditConfig:
             raise ConfigError(f"seed must be >= 0, got {out.seed}")
         out.models = _as_list(out.models, "models")
         out.tests = _as_list(out.tests, "tests")
-        out.methods = resolve_methods(out.methods)
+        out.methods = resolve_methods(out.methods if isinstance(out.methods, str) else _as_list(out.methods, "methods"))
         for name in ("models", "tests", "methods"):
             values = getattr(out, name)
             repeated = sorted({v for v in values if values.count(v) > 1})

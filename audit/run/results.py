@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ class AuditResult:
     out: Path
     config: AuditConfig
     tables: dict = field(default_factory=dict)
+    manifest: dict = field(default_factory=dict)
 
 
 def unit_path(out: Path, model: str, test: str, method: str) -> Path:
@@ -36,6 +38,25 @@ def read_table(path: Path) -> pd.DataFrame:
         return pd.read_csv(path)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} is not a results table of ours ({type(exc).__name__}); delete it and rerun "
+                          "with --resume to recompute it") from None
+
+
+def read_manifest(out: Path) -> dict:
+    """The run's ``manifest.json`` as a dict holding a ``config`` table, or a :class:`ConfigError`
+    saying what is wrong with it (missing, not JSON, not a manifest of ours)."""
+    path = out / "manifest.json"
+    if not path.exists():
+        raise ConfigError(f"{out} holds no audit run (no manifest.json); run `attribution-audit run --out {out}`")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{path} is unreadable or not JSON ({type(exc).__name__}); it is not a manifest written "
+                          "by an audit run") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
+        raise ConfigError(f"{path} is not a manifest of an audit run (no configuration table in it)")
+    return manifest
 
 
 def example_maps(out: Path, model: str, test: str, methods: list[str]) -> tuple[dict[str, np.ndarray],
@@ -46,22 +67,26 @@ def example_maps(out: Path, model: str, test: str, methods: list[str]) -> tuple[
     for m in methods:
         path = unit_path(out, model, test, m).with_suffix(".npz")
         if path.exists():
-            with np.load(path, allow_pickle=False) as npz:
-                maps[m] = npz["maps"]
-                images = npz["images"] if images is None and "images" in npz else images
+            try:
+                with np.load(path, allow_pickle=False) as npz:
+                    maps[m] = npz["maps"]
+                    images = npz["images"] if images is None and "images" in npz else images
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+                raise ConfigError(f"{path} is not example maps of ours ({type(exc).__name__}); delete it and rerun "
+                                  "with --resume to recompute the unit") from None
     return maps, images
 
 
 def load_results(out: str | os.PathLike) -> AuditResult:
     """Read a finished run's tables back (for ``attribution-audit report``)."""
     out = Path(out)
-    manifest_path = out / "manifest.json"
-    if not manifest_path.exists():
-        raise ConfigError(f"{out} holds no audit run (no manifest.json); run `attribution-audit run --out {out}`")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_manifest(out)
     if manifest.get("status") != "complete":
         raise ConfigError(f"the run in {out} did not finish; rerun it with --resume")
-    config = AuditConfig.from_dict(manifest["config"])
+    try:
+        config = AuditConfig.from_dict(manifest["config"]).validated()
+    except ConfigError as exc:
+        raise ConfigError(f"{out / 'manifest.json'}: {exc}") from None
     tables = {}
     for name, check in CHECKS.items():
         path = out / "results" / check.result_file
@@ -70,4 +95,4 @@ def load_results(out: str | os.PathLike) -> AuditResult:
             if not table.empty:
                 tables[name] = table
     tables["models"] = read_table(out / "results" / MODELS_FILE)
-    return AuditResult(out, config, tables)
+    return AuditResult(out, config, tables, manifest)

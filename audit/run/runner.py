@@ -30,14 +30,15 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from attributions.errors import AttributionError
 from attributions.explainer import Explainer
 from audit.atomic import atomic_write_bytes
 from audit.checks import CHECKS, Check, UnitResult
 from audit.data import balanced_sample
-from audit.errors import ConfigError
+from audit.errors import ConfigError, ModelError
 from audit.models.checkpoint import model_files, resolve_model
 from audit.run.config import AuditConfig
-from audit.run.results import MODELS_FILE, AuditResult, read_table, unit_path
+from audit.run.results import MODELS_FILE, AuditResult, read_manifest, read_table, unit_path
 from bort import constraint_error
 
 
@@ -57,10 +58,14 @@ def _csv_bytes(df: pd.DataFrame) -> bytes:
     return df.to_csv(index=False, float_format="%.10g").encode()
 
 
-def _run_unit(check: Check, model: nn.Module, x, y, method: str, config: AuditConfig, progress: bool) -> UnitResult:
+def _run_unit(check: Check, model: nn.Module, x, y, method: str, config: AuditConfig, progress: bool,
+              key: str) -> UnitResult:
     if not check.applies(method):
         return UnitResult(pd.DataFrame(columns=list(check.columns)))
-    return check.run(model, x, y, method, config, progress)
+    try:
+        return check.run(model, x, y, method, config, progress)
+    except AttributionError as exc:  # the engine refused this model or these inputs: the audit's error, in context
+        raise ModelError(f"{key}: {exc}") from exc
 
 
 def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resume: bool = False,
@@ -108,7 +113,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                 models[spec] = resolve_model(spec, config.weights).to(device)
             torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
             start = time.perf_counter()
-            result = _run_unit(check, models[spec], x, y, method, config, progress)
+            result = _run_unit(check, models[spec], x, y, method, config, progress, key)
             timings[key] = round(time.perf_counter() - start, 3)
             if result.maps is not None:
                 atomic_write_bytes(unit.with_suffix(".npz"), _npz_bytes(result.maps, x[: config.heatmap_examples].cpu().numpy()))
@@ -132,7 +137,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                     "versions": versions(), "timings_s": {**old, **timings},
                     "units": len(units), "results": sorted(str(p.relative_to(out)) for p in (out / "results").glob("*.csv"))}
         atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
-        return AuditResult(out, config, tables)
+        return AuditResult(out, config, tables, json.loads(json.dumps(manifest)))
 
 
 @contextlib.contextmanager
@@ -164,15 +169,11 @@ def _previous_manifest(out: Path) -> dict | None:
     that holds something else (so that resuming never overwrites files that are not ours)."""
     if not out.exists() or not any(out.iterdir()):
         return None
-    path = out / "manifest.json"
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError):
-        manifest = None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("config"), dict):
-        raise ConfigError(f"{out} holds no manifest of an audit run ({path} missing or unreadable); resume only "
-                          "continues a folder written by run_audit, choose another folder")
-    return manifest
+        return read_manifest(out)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; resume only continues a folder written by run_audit, choose another folder") \
+            from None
 
 
 def _same_inputs(before: dict, now: dict, out: Path) -> None:

@@ -16,7 +16,7 @@ from audit import (
     smooth_mprt,
 )
 from audit.data.datasets import embedded_sample
-from audit.errors import AuditError, ConfigError
+from audit.errors import AuditError, ConfigError, ModelError
 from audit.models import load_checkpoint
 
 MODEL = load_checkpoint("cnn-sgd")
@@ -66,8 +66,12 @@ CASES = {
     "CSC unknown layer": (lambda: chain_convergence(MODEL, X, Y, ["gradient"], inject_at="features.99"),
                           ToolkitError, "features.99"),
     "infinite weight": (lambda: random_logit_test(_nan_weights(), X, Y), AuditError, "classifier.0.bias"),
-    "wrong channels": (lambda: random_logit_test(MODEL, X.repeat(1, 3, 1, 1), Y), ToolkitError,
+    "wrong channels": (lambda: random_logit_test(MODEL, X.repeat(1, 3, 1, 1), Y), ModelError,
                        r"inputs of shape \(8, 3, 28, 28\)"),
+    "CSC wrong image size": (lambda: chain_convergence(MODEL, X[:, :, :20, :20], Y, ["gradient"]), ModelError,
+                             r"\(8, 1, 20, 20\)"),
+    "randomization wrong channels": (lambda: parameter_randomization(MODEL, X.repeat(1, 2, 1, 1), Y, ["gradient"]),
+                                     ModelError, r"\(8, 2, 28, 28\)"),
     "Explainer on a string": (lambda: Explainer("cnn-sgd", "gradient"), AttributionError, "got str"),
     "Explainer unknown method": (lambda: Explainer(MODEL, "lrp-epsilonn"), ToolkitError, "lrp-epsilonn"),
     "float target": (lambda: Explainer(MODEL, "gradient").attribute(X, target=2.9), AttributionError, "2.9"),

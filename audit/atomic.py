@@ -7,6 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+# the one step that makes a write visible (a module attribute, so that fault-injection tests can
+# fail or kill the process exactly there)
+_rename = os.replace
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``.
@@ -23,7 +27,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        _rename(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -33,3 +37,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically."""
     return atomic_write(path, lambda f: f.write(data))
+
+
+def remove_partials(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that writes killed mid-way left under ``folder`` (``.<name>.*.part``,
+    as :func:`atomic_write` names them); returns what was removed."""
+    stale = [p for p in Path(folder).rglob(".*.part") if p.is_file()]
+    for p in stale:
+        p.unlink()
+    return stale

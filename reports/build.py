@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 
 from audit import style
-from audit.atomic import atomic_write_bytes
+from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS
 from audit.errors import ConfigError
 from audit.run.results import example_maps, load_results
@@ -86,6 +86,7 @@ def build_report(run: str | Path, out: str | Path | None = None, pdf: bool = Fal
     """
     out = Path(out) if out else Path(run)
     sections = report_sections(run, score)
+    remove_partials(out)  # an interrupted build's half-written files
     pngs = {f.name: save(f, out / "figures") for s in sections for f in s.figures}
     for old in (out / "figures").glob("*.*") if pngs else ():  # figures of an earlier build that this one lacks
         if old.suffix in (".pdf", ".png") and old.stem not in pngs:

@@ -26,7 +26,9 @@ def save(figure: Figure, directory: Path) -> bytes:
     """Write ``figures/<name>.pdf`` (TrueType fonts) and ``.png`` (200 dpi); returns the PNG bytes."""
     directory.mkdir(parents=True, exist_ok=True)
     with style.styled():  # the font type and resolution are read when saving
-        atomic_write(directory / f"{figure.name}.pdf", lambda f: figure.figure.savefig(f, format="pdf"))
+        # no creation date: the same results give byte-identical figures
+        atomic_write(directory / f"{figure.name}.pdf",
+                     lambda f: figure.figure.savefig(f, format="pdf", metadata={"CreationDate": None}))
         buffer = io.BytesIO()
         figure.figure.savefig(buffer, format="png", dpi=style.PNG_DPI)
     atomic_write_bytes(directory / f"{figure.name}.png", buffer.getvalue())

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from attributions.errors import AttributionError
 from attributions.explainer import Explainer
-from audit.atomic import atomic_write_bytes
+from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS, Check, UnitResult
 from audit.data import balanced_sample
 from audit.errors import ConfigError, ModelError
@@ -77,7 +77,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} is a file; give a folder for the audit's results")
     previous = _previous_manifest(out) if resume else None
-    if out.exists() and any(out.iterdir()) and not resume:
+    if _holds_files(out) and not resume:
         raise ConfigError(f"{out} is not empty; pass resume=True (--resume) to continue that run, or choose "
                           "another folder")
     labels = {spec: label_for(spec) for spec in config.models}
@@ -95,6 +95,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
     # everything checked: only now is the folder made, so a refused run leaves nothing behind
     out.mkdir(parents=True, exist_ok=True)
     with exclusive(out):  # a second run on this folder fails at once instead of interleaving results
+        remove_partials(out)  # a killed run's half-written files: never read, never kept
         atomic_write_bytes(manifest_path, json.dumps({"config": config.to_dict(), "status": "running",
                                                       "fingerprints": prints}, indent=2).encode())
         device = _device(config.device)
@@ -164,10 +165,17 @@ def fingerprints(config: AuditConfig, x: torch.Tensor, y: torch.Tensor) -> dict:
     return {"files": files, "data": data}
 
 
+def _holds_files(out: Path) -> bool:
+    """Whether ``out`` holds anything besides our lock and the temporary files of killed writes (a
+    run that failed at its first write leaves only those, and must not block a rerun)."""
+    return out.is_dir() and any(p.name != ".lock" and not (p.name.startswith(".") and p.name.endswith(".part"))
+                                for p in out.iterdir())
+
+
 def _previous_manifest(out: Path) -> dict | None:
     """The manifest of the run to resume: None for an empty or missing folder; a refusal for a folder
     that holds something else (so that resuming never overwrites files that are not ours)."""
-    if not out.exists() or not any(out.iterdir()):
+    if not _holds_files(out):
         return None
     try:
         return read_manifest(out)

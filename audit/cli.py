@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
     options = {name: getattr(args, name) for name in check_options()}
     config = load_config(args.config, models=args.models, methods=args.methods, tests=args.tests,
                          n_images=args.n_images, seed=args.seed, device=args.device, data=args.data,
-                         data_root=args.data_root, weights=args.weights, **options)
+                         data_root=args.data_root, preprocess=args.preprocess, weights=args.weights, **options)
     result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet)
     print(f"report: {build_report(result.out)}")
     return 0
@@ -189,7 +189,9 @@ def parser() -> argparse.ArgumentParser:
         f"{c.name} ({c.description})" for c in CHECKS.values()))
     a.add_argument("--n-images", type=int, default=None)
     a.add_argument("--data", default=None, help='"embedded" (default) or a data set name')
-    a.add_argument("--data-root", default=None)
+    a.add_argument("--data-root", default=None, help="the data's folder; for imagefolder one sub-folder per class")
+    a.add_argument("--preprocess", default=None, help="imagefolder: none (default) or imagenet (resize 256, centre "
+                   "crop 224, ImageNet mean/std); a table with resize, crop, mean, std in --config")
     a.add_argument("--config", default=None, help="a TOML file with the same keys (underscores)")
     a.add_argument("--seed", type=int, default=None)
     a.add_argument("--device", default=None, choices=["cpu", "cuda"])

@@ -48,10 +48,21 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
     out.append(("Models", f"We audited {len(rows)} model{'s' * (len(rows) != 1)}: {_join(rows) if rows else 'none'}."
                 + (" Bort-trained models are optimised under the bounded orthogonality constraint of "
                    f"{_cite(['zhang2023bort'])}." if bort else "")))
-    source, where = DATA.get(config["data"], (f"images from {config['data']}", ""))
-    out.append(("Data", f"{manifest.get('images', {}).get('n', config['n_images'])} {source}{where}, drawn "
-                f"class-balanced with seed {config['seed']}; every method explains each image's true class "
-                "unless a check says otherwise."))
+    images = manifest.get("images", {})
+    n = images.get("n", config["n_images"])
+    if config["data"] == "imagefolder":
+        steps = images.get("preprocess", {})
+        how = "; ".join(filter(None, [f"shorter side resized to {steps['resize']} px" if "resize" in steps else "",
+                                      f"centre crop of {steps['crop']} px" if "crop" in steps else "",
+                                      f"normalised with mean {steps['mean']} and std {steps['std']}"
+                                      if "mean" in steps else ""])) or "pixel values scaled to [0, 1]"
+        data = (f"{n} images from {len(images.get('classes', []))} classes of the image folder "
+                f"{images.get('root', config.get('data_root'))}, drawn stratified by class with seed {config['seed']} "
+                f"(the files are listed in the run's manifest); preprocessing: {how}.")
+    else:
+        source, where = DATA.get(config["data"], (f"images from {config['data']}", ""))
+        data = f"{n} {source}{where}, drawn class-balanced (the first images of each class)."
+    out.append(("Data", data + " Every method explains each image's true class unless a check says otherwise."))
     methods = []
     for name in config["methods"]:
         method = build_method(name) if name in BUILDERS else None

@@ -30,6 +30,7 @@ from attributions.graph import trace
 from audit import style
 from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.checks.passes import prepare
+from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import AuditError
 from audit.inputs import check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ReferenceMaps, heatmaps
@@ -264,19 +265,24 @@ def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name
                   f"band{note}.")
 
 
-def _image_rgb(image: np.ndarray) -> np.ndarray:
-    """A (C, H, W) model input as an (H, W) or (H, W, 3) picture in [0, 1] (min-max per image)."""
-    picture = image[0] if image.shape[0] == 1 else np.moveaxis(image[:3], 0, -1)
-    low, high = float(picture.min()), float(picture.max())
-    return (picture - low) / (high - low) if high > low else np.zeros_like(picture)
+def _image_rgb(image: np.ndarray, preprocess: Preprocess | None = None) -> np.ndarray:
+    """A (C, H, W) model input as an (H, W) or (H, W, 3) picture in [0, 1]: the normalisation of
+    ``preprocess`` undone when it has one, else min-max per image."""
+    if preprocess is not None and preprocess.mean is not None:
+        image = preprocess.picture(image)
+    else:
+        low, high = float(image.min()), float(image.max())
+        image = (image - low) / (high - low) if high > low else np.zeros_like(image)
+    return image[0] if image.shape[0] == 1 else np.moveaxis(image[:3], 0, -1)
 
 
 def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str, image: int, order: str,
-                 images: np.ndarray | None = None) -> Figure:
+                 images: np.ndarray | None = None, preprocess: Preprocess | None = None) -> Figure:
     """Adebayo-style grid: the input image first, then one row per method (grouped by family) and
     one column per randomization stage; one symmetric colour scale per row, with its colour bar.
 
-    ``maps``: {method: (stages, images, H, W)}; ``images``: (images, C, H, W) model inputs or None.
+    ``maps``: {method: (stages, images, H, W)}; ``images``: (images, C, H, W) model inputs or None,
+    shown as they looked before ``preprocess``'s normalisation.
     """
     methods = [m for group in style.by_family(list(maps)).values() for m in group]
     n_stages = len(stage_names)
@@ -297,7 +303,7 @@ def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str
         return ax
 
     if images is not None:
-        picture = _image_rgb(images[image])
+        picture = _image_rgb(images[image], preprocess)
         ax = axes_at(0, 0, cell)
         ax.imshow(picture, cmap="gray" if picture.ndim == 2 else None)
         ax.set_title("input", rotation=60, ha="left", rotation_mode="anchor")
@@ -360,7 +366,8 @@ def _checks() -> list[Check]:
                 maps, images = context.examples(m, order, list(table.method.unique()))
                 if maps:
                     stages = list(table[table.model == m].drop_duplicates("stage").sort_values("stage").layer)
-                    grids += [heatmap_grid(maps, stages, m, i, order, images)
+                    spec = preprocess_from(getattr(context.config, "preprocess", "none"))
+                    grids += [heatmap_grid(maps, stages, m, i, order, images, spec)
                               for i in range(next(iter(maps.values())).shape[1])]
             if grids:
                 out.append(Section(f"Heatmaps under {order} randomization", figures=grids))

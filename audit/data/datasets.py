@@ -23,7 +23,8 @@ import numpy as np
 from attributions.errors import unknown_name
 from audit.atomic import atomic_write
 from audit.data.download import fetch
-from audit.data.formats import read_cifar_batch, read_idx, read_image_folder
+from audit.data.formats import IMAGE_SUFFIXES, open_image, read_cifar_batch, read_idx, read_image_folder
+from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import ConfigError, DataError
 
 SPLITS = ("train", "test")
@@ -299,3 +300,55 @@ def balanced_sample(name: str, n: int, root: str | os.PathLike | None = None) ->
                 order.append(per_class[c].pop(0))
     idx = np.array(order)
     return x[idx], y[idx]
+
+
+@dataclass
+class FolderSample:
+    """Images drawn from a class-per-folder tree: inputs ``x`` (n, C, H, W) float32, labels ``y``
+    (n,) int64 indexing ``classes``, and ``files`` (paths relative to the root, in sample order)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    files: list[str]
+    classes: list[str]
+
+
+def sample_image_folder(root: str | os.PathLike, n: int, seed: int = 0,
+                        preprocess: str | dict | Preprocess = "none") -> FolderSample:
+    """``n`` images of the folder ``root`` (one sub-folder per class, as torchvision's ImageFolder),
+    stratified: classes take turns, each giving its files in a seeded random order; only the drawn
+    files are read, through ``preprocess`` (:func:`audit.data.preprocess.preprocess_from`).
+    Images are RGB unless every drawn one is grayscale."""
+    root = Path(root)
+    spec = preprocess_from(preprocess)
+    if not root.is_dir():
+        raise DataError(f"image folder {root} not found; give --data-root the folder holding one sub-folder per class")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    rng = np.random.default_rng(seed)
+    per_class = []
+    for c in classes:
+        files = sorted(f for f in (root / c).iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+        per_class.append([files[i] for i in rng.permutation(len(files))])
+    total = sum(len(f) for f in per_class)
+    if total == 0:
+        raise DataError(f"{root}: no images found; expected one sub-folder per class holding image files "
+                        f"({', '.join(sorted(IMAGE_SUFFIXES))})")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 or n > total:
+        raise DataError(f"{n!r} images asked for, but {root} holds {total} in {len(classes)} classes; ask for 1 to "
+                        f"{total}")
+    drawn: list[tuple[Path, int]] = []
+    turn = 0
+    while len(drawn) < n:
+        for label, files in enumerate(per_class):
+            if turn < len(files) and len(drawn) < n:
+                drawn.append((files[turn], label))
+        turn += 1
+    images = [open_image(f) for f, _ in drawn]
+    channels = 1 if all(im.mode in ("L", "1", "I;16", "I") for im in images) else 3
+    arrays = [spec(im, channels) for im in images]
+    shapes = {a.shape for a in arrays}
+    if len(shapes) > 1:
+        raise DataError(f"{root}: the drawn images have different sizes after preprocessing {sorted(shapes)}; give "
+                        "a preprocess with resize and crop (e.g. preset imagenet)")
+    return FolderSample(np.stack(arrays), np.array([label for _, label in drawn], dtype=np.int64),
+                        [str(f.relative_to(root)) for f, _ in drawn], classes)

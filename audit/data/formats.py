@@ -96,6 +96,16 @@ def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return data.astype(np.uint8).reshape(-1, 3, 32, 32), labels
 
 
+def open_image(path: Path) -> Image.Image:
+    """The image in ``path``, fully read (the file is closed), or a :class:`DataError` naming it."""
+    try:
+        with Image.open(path) as im:
+            im.load()
+            return im.copy()
+    except (UnidentifiedImageError, OSError) as exc:
+        raise DataError(f"{path}: not a readable image ({exc})") from exc
+
+
 def read_image_folder(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Read one folder per class of equally sized images.
 
@@ -112,14 +122,7 @@ def read_image_folder(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
     if not files:
         raise DataError(f"{root}: no images found; expected one sub-folder per class holding image files "
                         f"({', '.join(sorted(IMAGE_SUFFIXES))})")
-    images = []
-    for f, _ in files:
-        try:
-            with Image.open(f) as im:
-                im.load()
-                images.append(im.copy())
-        except (UnidentifiedImageError, OSError) as exc:
-            raise DataError(f"{f}: not a readable image ({exc})") from exc
+    images = [open_image(f) for f, _ in files]
     gray = all(im.mode in ("L", "1", "I;16", "I") for im in images)
     arrays = [np.asarray(im.convert("L" if gray else "RGB")) for im in images]
     sizes = {a.shape[:2] for a in arrays}

@@ -13,6 +13,7 @@ from typing import Any
 
 from attributions.errors import unknown_name
 from audit.checks import check_options, get_check
+from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError
 from audit.inputs import resolve_methods
 
@@ -26,8 +27,12 @@ class AuditConfig:
     models : shipped checkpoint names, checkpoint paths, or ``module:factory`` (with ``weights``)
     methods : method names or "all"
     tests : names of registered checks (``attribution-audit run --help`` lists them)
-    data : "embedded" (the shipped Fashion-MNIST sample) or a data set name for ``load_dataset``
-    n_images : images audited per model (class-balanced, first of each class in order)
+    data : "embedded" (the shipped Fashion-MNIST sample), a data set name for ``load_dataset``, or
+        "imagefolder" (``data_root``: one sub-folder per class)
+    preprocess : how image files become inputs ("imagefolder" only): a preset ("none", "imagenet")
+        or a table with resize, crop, mean, std (:mod:`audit.data.preprocess`)
+    n_images : images audited per model (class-balanced: the first of each class in order; for
+        "imagefolder" a seeded draw per class)
     heatmap_examples : images whose heatmaps the randomization checks keep for the report
     options : the checks' own keys (defaults from the registry), also readable as attributes
     """
@@ -40,6 +45,7 @@ class AuditConfig:
     device: str = "cpu"
     data: str = "embedded"
     data_root: str | None = None
+    preprocess: str | dict = "none"
     weights: str | None = None
     heatmap_examples: int = 2
     options: dict = field(default_factory=dict)
@@ -62,6 +68,7 @@ class AuditConfig:
             value = getattr(out, name)
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
+        preprocess_from(out.preprocess)  # a clear error for an unknown preset or a bad table
         if out.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {out.seed}")
         out.models = _as_list(out.models, "models")

@@ -35,6 +35,8 @@ from attributions.explainer import Explainer
 from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS, Check, UnitResult
 from audit.data import balanced_sample
+from audit.data.datasets import sample_image_folder
+from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError, ModelError
 from audit.models.checkpoint import model_files, resolve_model
 from audit.run.config import AuditConfig
@@ -48,10 +50,24 @@ def label_for(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", base)
 
 
-def audit_images(config: AuditConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n_images`` class-balanced images of the configured data (see :func:`audit.data.balanced_sample`)."""
-    x, y = balanced_sample(config.data, config.n_images, config.data_root)
-    return torch.from_numpy(x), torch.from_numpy(y)
+def audit_images(config: AuditConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """``n_images`` class-balanced images of the configured data (see :func:`audit.data.balanced_sample`
+    and, for "imagefolder", :func:`audit.data.datasets.sample_image_folder`), their labels, and
+    what the manifest records about them (source, count, labels; the files, classes and
+    preprocessing of an image folder)."""
+    if config.data == "imagefolder":
+        if config.data_root is None:
+            raise ConfigError("data imagefolder needs data_root (--data-root): the folder with one sub-folder "
+                              "per class")
+        sample = sample_image_folder(config.data_root, config.n_images, config.seed, config.preprocess)
+        x, y = sample.x, sample.y
+        record = {"root": str(Path(config.data_root).resolve()), "files": sample.files, "classes": sample.classes,
+                  "preprocess": preprocess_from(config.preprocess).to_dict()}
+    else:
+        x, y = balanced_sample(config.data, config.n_images, config.data_root)
+        record = {}
+    info = {"source": config.data, "n": len(x), "labels": y.tolist(), **record}
+    return torch.from_numpy(x), torch.from_numpy(y), info
 
 
 def _csv_bytes(df: pd.DataFrame) -> bytes:
@@ -86,7 +102,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         raise ConfigError(f"two models share the label {clashes[0]!r} ("
                           f"{', '.join(spec for spec, lab in labels.items() if lab == clashes[0])}); "
                           "rename one of the files")
-    x, y = audit_images(config)
+    x, y, images = audit_images(config)
     prints = fingerprints(config, x, y)
     if previous is not None:
         if previous["config"] != json.loads(json.dumps(config.to_dict())):
@@ -134,7 +150,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         tables["models"] = info
         old = previous.get("timings_s", {}) if previous is not None else {}  # the units timed before the resume
         manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
-                    "images": {"source": config.data, "n": len(x), "labels": y.tolist()},
+                    "images": images,
                     "versions": versions(), "timings_s": {**old, **timings},
                     "units": len(units), "results": sorted(str(p.relative_to(out)) for p in (out / "results").glob("*.csv"))}
         atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())

@@ -134,6 +134,11 @@ CASES = {
     "more images than the data has": (_run("--models", "cnn-sgd", "--n-images", "5000"), DataError, "5000"),
     "data root missing": (_run("--models", "cnn-sgd", "--data", "fashion-mnist", "--data-root", "{tmp}/nowhere"),
                           DataError, "nowhere"),
+    "unknown preprocessing preset": (_run("--models", "cnn-sgd", "--preprocess", "imagenett"), ConfigError,
+                                     "imagenett"),
+    "image folder without a root": (_run("--models", "cnn-sgd", "--data", "imagefolder"), ConfigError, "data_root"),
+    "image folder that is empty": (_run("--models", "cnn-sgd", "--data", "imagefolder", "--data-root", "{tmp}"),
+                                   DataError, "no images found"),
     "out is a file": (_out_is_file, ConfigError, "is a file"),
     "resume into a foreign folder": (_foreign_folder, ConfigError, "manifest.json"),
     # model files and factories

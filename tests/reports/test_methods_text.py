@@ -20,7 +20,7 @@ def test_paragraphs_state_models_data_checks_thresholds_and_versions():
     pairs = methods_text.paragraphs(manifest(random_logit_pass=0.75), MODELS)
     text = dict(pairs)
     assert "92.13 %" in text["Models"] and "cnn-bort" in text["Models"] and "[@zhang2023bort]" in text["Models"]
-    assert text["Data"].startswith("12 ") and "seed 7" in text["Data"]
+    assert text["Data"].startswith("12 ") and "class-balanced" in text["Data"] and "seed 7" in text["Software"]
     assert "smoothgrad [@smilkov2017] (noise = 0.15, samples = 50)" in text["Attribution methods"]
     assert "class-insensitive" in text["Random-logit test"] and ">= 0.75" in text["Random-logit test"]
     assert "n_vectors = 5" in text["Cosine-similarity convergence"]

@@ -113,3 +113,47 @@ def test_resume_refuses_foreign_folders_and_changed_inputs(tmp_path):
         run_audit(load_config(models=[str(path)], methods=["gradient"], tests=["random-logit"], n_images=5000),
                   refused, **quiet)
     assert not refused.exists()  # a run refused before its first unit leaves nothing that blocks a rerun
+
+
+def test_an_image_folder_with_your_model_and_preprocessing(tmp_path, monkeypatch):
+    """A class-per-folder tree of RGB files of different sizes, a module:factory model taking
+    3 x 32 x 32, a preprocessing table: the run records the drawn files and the preprocessing, and
+    the report draws the input as it looked (normalisation undone)."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from audit.data.preprocess import preprocess_from
+    from reports import build_report
+
+    rng = np.random.default_rng(0)
+    for c in ("ant", "bee", "cow"):
+        (tmp_path / "imgs" / c).mkdir(parents=True)
+        for i in range(3):
+            h, w = rng.integers(36, 60, 2)
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / "imgs" / c / f"{i}.jpg")
+    (tmp_path / "tiny.py").write_text(
+        "from torch import nn\n"
+        "def make():\n"
+        "    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(4), nn.Flatten(),\n"
+        "                         nn.Linear(4 * 8 * 8, 3))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = {"resize": 40, "crop": 32, "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]}
+    config = load_config(models=["tiny:make"], methods=["gradient", "lrp-zplus"], tests=["random-logit", "cascading"],
+                         data="imagefolder", data_root=str(tmp_path / "imgs"), preprocess=spec, n_images=5,
+                         heatmap_examples=1, seed=3)
+    result = run_audit(config, tmp_path / "out", progress=False, log=lambda s: None)
+    images = json.loads((tmp_path / "out" / "manifest.json").read_text())["images"]
+    assert images["classes"] == ["ant", "bee", "cow"] and len(images["files"]) == 5
+    assert images["labels"] == [0, 1, 2, 0, 1] and images["preprocess"] == spec
+    assert [f.split("/")[0] for f in images["files"]] == ["ant", "bee", "cow", "ant", "bee"]
+    assert set(result.tables["random-logit"].model) == {"tiny_make"}  # the label: a file-name-safe spec
+    build_report(tmp_path / "out")
+    methods = (tmp_path / "out" / "methods.md").read_text()
+    assert "stratified by class with seed 3" in methods and "centre crop of 32 px" in methods
+    with np.load(next((tmp_path / "out" / "units").rglob("*.npz"))) as npz:
+        shown = preprocess_from(spec).picture(npz["images"][0])
+    original = np.asarray(Image.open(tmp_path / "imgs" / images["files"][0]).convert("RGB"), dtype=np.float32)
+    assert shown.shape == (3, 32, 32) and 0 <= shown.min() and shown.max() <= 1
+    assert abs(float(shown.mean()) - float(original.mean()) / 255) < 0.05  # the picture, not the normalised input

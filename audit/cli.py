@@ -5,6 +5,7 @@ The top of the import layers: the only module that calls both the runner and the
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -21,6 +22,7 @@ from audit.errors import ConfigError
 from audit.models import ARCHS, OPTIMIZERS, SHIPPED, TrainConfig, available_checkpoints, train
 from audit.models.recipes import RECIPES
 from audit.run import load_config, run_audit
+from audit.run.distributed import from_environment, launch
 from reports import build_report, verdict_table
 from reports.references import short
 
@@ -105,13 +107,29 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.workers != 1 and "WORLD_SIZE" not in os.environ:  # start the ranks; each runs this command
+        return launch(args.workers, _without_workers(args.argv))
     options = {name: getattr(args, name) for name in check_options()}
     config = load_config(args.config, models=args.models, methods=args.methods, tests=args.tests,
                          n_images=args.n_images, seed=args.seed, device=args.device, data=args.data,
                          data_root=args.data_root, preprocess=args.preprocess, weights=args.weights, **options)
-    result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet)
-    print(f"report: {build_report(result.out)}")
+    shard = from_environment(config.device)
+    result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet, shard=shard)
+    if shard.lead:
+        print(f"report: {build_report(result.out)}")
     return 0
+
+
+def _without_workers(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--workers":
+            skip = True
+        elif not a.startswith("--workers="):
+            out.append(a)
+    return out
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -196,6 +214,8 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--seed", type=int, default=None)
     a.add_argument("--device", default=None, choices=["cpu", "cuda"])
     a.add_argument("--out", required=True, help="the run folder (results, manifest, report)")
+    a.add_argument("--workers", type=int, default=1, help="processes to shard the units over (torch.distributed, "
+                   "gloo on CPU, nccl on GPU); several nodes: torchrun --nnodes ... -m audit run ...")
     a.add_argument("--resume", action="store_true", help="skip the units a previous run finished")
     a.add_argument("--quiet", action="store_true")
     for option in check_options().values():  # every check's own keys, as in the TOML file
@@ -223,6 +243,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     prefix = f"attribution-audit {args.command}"
     try:
         return args.func(args)

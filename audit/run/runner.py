@@ -40,7 +40,8 @@ from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError, ModelError
 from audit.models.checkpoint import model_files, resolve_model
 from audit.run.config import AuditConfig
-from audit.run.results import MODELS_FILE, AuditResult, read_manifest, read_table, unit_path
+from audit.run.distributed import SINGLE, Shard
+from audit.run.results import MODELS_FILE, AuditResult, load_results, read_manifest, read_table, unit_path
 from bort import constraint_error
 
 
@@ -85,8 +86,12 @@ def _run_unit(check: Check, model: nn.Module, x, y, method: str, config: AuditCo
 
 
 def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resume: bool = False,
-              progress: bool = True, log: Callable[[str], None] = print) -> AuditResult:
-    """Run every unit of ``config`` into ``out`` and join the results (see the module docstring)."""
+              progress: bool = True, log: Callable[[str], None] = print, shard: Shard = SINGLE) -> AuditResult:
+    """Run every unit of ``config`` into ``out`` and join the results (see the module docstring).
+
+    ``shard``: this process's share of a run over several (:mod:`audit.run.distributed`); the
+    files are the same as one process's.
+    """
     config = config.validated()
     out = Path(out)
     manifest_path = out / "manifest.json"
@@ -108,23 +113,29 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         if previous["config"] != json.loads(json.dumps(config.to_dict())):
             raise ConfigError(f"{out} holds a run with another configuration; resume needs the same one")
         _same_inputs(previous.get("fingerprints", {}), prints, out)
+    shard.barrier()  # every rank has checked the folder before the lead writes into it
     # everything checked: only now is the folder made, so a refused run leaves nothing behind
-    out.mkdir(parents=True, exist_ok=True)
-    with exclusive(out):  # a second run on this folder fails at once instead of interleaving results
-        remove_partials(out)  # a killed run's half-written files: never read, never kept
-        atomic_write_bytes(manifest_path, json.dumps({"config": config.to_dict(), "status": "running",
-                                                      "fingerprints": prints}, indent=2).encode())
+    if shard.lead:
+        out.mkdir(parents=True, exist_ok=True)
+    # a second run on this folder fails at once instead of interleaving results (the lead holds the lock)
+    with exclusive(out) if shard.lead else contextlib.nullcontext():
+        if shard.lead:
+            remove_partials(out)  # a killed run's half-written files: never read, never kept
+            atomic_write_bytes(manifest_path, json.dumps({"config": config.to_dict(), "status": "running",
+                                                          "fingerprints": prints}, indent=2).encode())
+        shard.barrier()
         device = _device(config.device)
         x = x.to(device)
         units = [(spec, CHECKS[test], method) for spec in config.models for test in config.tests
                  for method in config.methods]
         timings = {}
         models: dict[str, nn.Module] = {}
-        bar = tqdm(units, desc="audit", disable=not progress)
-        for spec, check, method in bar:
+        bar = tqdm(units, desc="audit" if shard.world == 1 else f"audit (rank {shard.rank} of {shard.world})",
+                   disable=not progress, position=shard.rank)
+        for index, (spec, check, method) in enumerate(bar):
             unit = unit_path(out, labels[spec], check.name, method)
             key = f"{labels[spec]}/{check.name}/{method}"
-            if unit.exists():
+            if unit.exists() or not shard.mine(index):
                 continue
             if spec not in models:
                 models[spec] = resolve_model(spec, config.weights).to(device)
@@ -141,6 +152,11 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                 line += (f"; {int(result.table[metric].isna().sum())} of {len(result.table)} scores undefined "
                          "(maps constant or non-finite)")
             (bar.write if progress else log)(f"{key}: {line} ({timings[key]:.1f} s)")
+        shard.barrier()  # every rank's units are written
+        timings = {k: v for part in shard.gather(timings) for k, v in part.items()}
+        if not shard.lead:
+            shard.barrier()  # the lead joins and writes the results and the manifest
+            return load_results(out)
         tables = _join(out, config, labels)
         for spec in config.models:  # units all resumed: the models were not needed until now
             if spec not in models:
@@ -154,6 +170,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                     "versions": versions(), "timings_s": {**old, **timings},
                     "units": len(units), "results": sorted(str(p.relative_to(out)) for p in (out / "results").glob("*.csv"))}
         atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
+        shard.barrier()
         return AuditResult(out, config, tables, json.loads(json.dumps(manifest)))
 
 

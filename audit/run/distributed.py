@@ -1,0 +1,85 @@
+"""Sharding a run over processes with torch.distributed (gloo on CPU, nccl on GPU).
+
+The units of a run are independent and each is seeded by its own key, so ranks split them and
+the files are those of one process: rank r computes the units whose index i in the run's fixed
+order has ``i % world == r``, writes them atomically, and rank 0 (the lead) checks the folder,
+holds the lock, writes the manifest and joins the results once every rank is done. Started by
+``torchrun --nproc-per-node N -m audit run ...`` (several nodes: torchrun's ``--nnodes``,
+``--node-rank``, ``--rdzv-endpoint``), or by ``attribution-audit run --workers N``, which starts
+the same through torch's launcher.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from audit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's place among ``world`` processes (``rank`` 0 leads)."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def lead(self) -> bool:
+        return self.rank == 0
+
+    def mine(self, index: int) -> bool:
+        """Whether the unit at ``index`` of the run's order is this rank's."""
+        return index % self.world == self.rank
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here (nothing to wait for alone)."""
+        if self.world > 1:
+            dist.barrier()
+
+    def gather(self, value: dict) -> list[dict]:
+        """``value`` of every rank, in rank order (on every rank)."""
+        if self.world == 1:
+            return [value]
+        out: list = [None] * self.world
+        dist.all_gather_object(out, value)
+        return out
+
+
+SINGLE = Shard()
+
+
+def from_environment(device: str = "cpu") -> Shard:
+    """The shard torchrun describes in the environment (``RANK``, ``WORLD_SIZE``), with its process
+    group started (nccl for ``device="cuda"``, gloo otherwise); one process without torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return SINGLE
+    if not dist.is_initialized():
+        backend = "nccl" if device == "cuda" and torch.cuda.is_available() else "gloo"
+        if device == "cuda" and torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+    return Shard(dist.get_rank(), dist.get_world_size())
+
+
+def launch(workers: int, argv: Sequence[str]) -> int:
+    """Run ``attribution-audit <argv>`` in ``workers`` processes on this machine through torch's
+    launcher (torchrun); returns 0, or raises a :class:`ConfigError` naming the failed rank."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}")
+    args = get_args_parser().parse_args(["--standalone", f"--nproc-per-node={workers}", "--module", "audit", *argv])
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        first = next(iter(exc.failures.values()), None)
+        rank = f"rank {first.local_rank}" if first is not None else "a rank"
+        raise ConfigError(f"{rank} of {workers} failed (exit code {getattr(first, 'exitcode', '?')}); its error "
+                          "is printed above; finished units are kept (--resume continues)") from None
+    return 0

@@ -1,0 +1,97 @@
+"""Sharded runs: 2 ranks against 1 process on the same audit (identical files, time ratio), and a
+projection of a paper-scale ImageNet audit from measured per-map costs.
+
+What is measured: wall time of ``attribution-audit run`` with ``--workers 2`` and with one process
+(interleaved rounds, each including process start and the report), and seconds per map of each
+method on the zoo's VGG-16 at 224 x 224 (random weights, batch 8) on this machine's CPU. What is
+projected: the maps a 200-image, 21-method, 5-check audit needs (from each check's protocol), their
+CPU time, and that time spread over N workers with the parallel efficiency measured for 2 ranks.
+GPU per-map costs are not measured here (no GPU on this machine): the projection is in CPU workers.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from attributions import Explainer
+from attributions.methods import BUILDERS
+from audit.models.zoo import build
+from benchmarks.timing import median_times, table
+
+AUDIT = ["--models", "cnn-sgd,cnn-bort", "--methods", "gradient,input-x-gradient,guided-backprop,lrp-epsilon,lrp-zplus,"
+         "deeplift,integrated-gradients,smoothgrad", "--tests", "random-logit,cascading", "--n-images", "16", "--quiet"]
+
+
+def _run(out: Path, workers: int) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    subprocess.run([sys.executable, "-m", "audit", "run", *AUDIT, "--workers", str(workers), "--out", str(out)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+
+
+def _tables(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((out / "results").glob("*.csv"))}
+
+
+def ranks(rounds: int = 3) -> tuple[float, bool]:
+    """(time of 2 ranks / time of 1 process, whether their result tables are byte-identical)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        one, two = Path(tmp) / "one", Path(tmp) / "two"
+        times = median_times({"one": lambda: _run(one, 1), "two": lambda: _run(two, 2)}, rounds=rounds, warmup=0)
+        return times["two"] / times["one"], _tables(one) == _tables(two)
+
+
+def seconds_per_map(methods: list[str], batch: int = 8) -> dict[str, float]:
+    """Seconds per map of each method on the zoo's VGG-16 at 224 x 224 (one map per image)."""
+    torch.manual_seed(0)
+    model = build("vgg16", (3, 224, 224), 1000).eval()
+    x = torch.rand(batch, 3, 224, 224)
+    y = torch.zeros(batch, dtype=torch.long)
+    out = {}
+    for m in methods:
+        params = {"samples": 10} if m == "smoothgrad" else {"n_steps": 10} if m == "integrated-gradients" else {}
+        ex = Explainer(model, m, **params)
+        ex.attribute(x, target=y)
+        start = time.perf_counter()
+        ex.attribute(x, target=y)
+        scale = 5 if m == "smoothgrad" else 5 if m == "integrated-gradients" else 1  # to the defaults (50 passes)
+        out[m] = (time.perf_counter() - start) * scale / batch
+    return out
+
+
+# maps per image and method for each check on VGG-16 (16 parametrised layers): random-logit 2;
+# cascading and independent randomization 1 + 16 stages; eMPRT 2 (score only); sMPRT 17 stages x
+# 50 noisy copies; CSC is one backward chain per vector (5 vectors, counted as 5 maps)
+MAPS_PER_IMAGE = {"random-logit": 2, "cascading": 17, "emprt": 2, "smprt": 17 * 50, "csc": 5}
+
+
+def projection(per_map: dict[str, float], efficiency: float, images: int = 200) -> str:
+    mean_cost = sum(per_map.values()) / len(per_map)
+    maps = images * len(BUILDERS) * sum(MAPS_PER_IMAGE.values())
+    cpu_hours = maps * mean_cost / 3600
+    rows = [(n, f"{cpu_hours / (n * (efficiency if n > 1 else 1.0)):.1f}") for n in (1, 8, 64)]
+    return (f"{maps:,} maps ({images} images x {len(BUILDERS)} methods x checks {MAPS_PER_IMAGE}); measured "
+            f"mean {mean_cost:.3f} s per map (CPU, VGG-16 224, methods {', '.join(per_map)}); parallel efficiency "
+            f"{efficiency:.2f} from the 2-rank run\n\n" + table(rows, ("CPU workers", "projected hours")))
+
+
+def run() -> str:
+    ratio, same = ranks()
+    per_map = seconds_per_map(["gradient", "guided-backprop", "lrp-epsilon", "lrp-zplus", "deeplift", "smoothgrad",
+                               "integrated-gradients"])
+    efficiency = 1 / (2 * ratio)
+    lines = [f"2 ranks / 1 process (same audit, {' '.join(AUDIT)}): {ratio:.2f}x; result tables identical: {same}",
+             "", table([(m, f"{s:.3f}") for m, s in per_map.items()], ("method", "s per map (VGG-16 224, CPU)")),
+             "", projection(per_map, efficiency)]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(run())

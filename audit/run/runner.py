@@ -85,6 +85,34 @@ def _run_unit(check: Check, model: nn.Module, x, y, method: str, config: AuditCo
         raise ModelError(f"{key}: {exc}") from exc
 
 
+def remaining_seconds(left: list[tuple[str, str]], timings: dict[str, float]) -> float:
+    """Seconds the units ``left`` ((test, method) pairs) should take, from the units measured so far
+    (``timings``: "model/test/method" -> seconds): the mean of the same test and method on other
+    models, else of the same test, else of every unit."""
+    if not timings:
+        return float("nan")
+    by_pair: dict[tuple[str, str], list[float]] = {}
+    by_test: dict[str, list[float]] = {}
+    for key, v in timings.items():
+        test, method = key.split("/")[-2:]  # a model label holds no "/"
+        by_pair.setdefault((test, method), []).append(v)
+        by_test.setdefault(test, []).append(v)
+    overall = sum(timings.values()) / len(timings)
+    total = 0.0
+    for test, method in left:
+        same = by_pair.get((test, method)) or by_test.get(test)
+        total += sum(same) / len(same) if same else overall
+    return total
+
+
+def _duration(seconds: float) -> str:
+    if seconds != seconds:
+        return "unknown"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
 def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resume: bool = False,
               progress: bool = True, log: Callable[[str], None] = print, shard: Shard = SINGLE) -> AuditResult:
     """Run every unit of ``config`` into ``out`` and join the results (see the module docstring).
@@ -151,7 +179,12 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             if metric in result.table and result.table[metric].isna().any():  # say why the verdict may be undefined
                 line += (f"; {int(result.table[metric].isna().sum())} of {len(result.table)} scores undefined "
                          "(maps constant or non-finite)")
-            (bar.write if progress else log)(f"{key}: {line} ({timings[key]:.1f} s)")
+            left = [(c.name, m) for i, (sp, c, m) in enumerate(units) if i > index and shard.mine(i)
+                    and not unit_path(out, labels[sp], c.name, m).exists()]
+            eta = remaining_seconds(left, timings)
+            (bar.write if progress else log)(f"{key}: {line} ({timings[key]:.1f} s; {len(left)} unit"
+                                             f"{'' if len(left) == 1 else 's'} left"
+                                             + (f", about {_duration(eta)})" if left else ")"))
         shard.barrier()  # every rank's units are written
         timings = {k: v for part in shard.gather(timings) for k, v in part.items()}
         if not shard.lead:

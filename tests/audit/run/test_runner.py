@@ -157,3 +157,22 @@ def test_an_image_folder_with_your_model_and_preprocessing(tmp_path, monkeypatch
     original = np.asarray(Image.open(tmp_path / "imgs" / images["files"][0]).convert("RGB"), dtype=np.float32)
     assert shown.shape == (3, 32, 32) and 0 <= shown.min() and shown.max() <= 1
     assert abs(float(shown.mean()) - float(original.mean()) / 255) < 0.05  # the picture, not the normalised input
+
+
+def test_the_time_left_is_estimated_from_the_units_measured():
+    from audit.run.runner import _duration, remaining_seconds
+
+    timings = {"cnn-sgd/csc/gradient": 2.0, "cnn-bort/csc/gradient": 4.0, "cnn-sgd/cascading/smoothgrad": 30.0}
+    # same test and method: their mean; same test only: its mean; nothing alike: every unit's mean
+    left = [("csc", "gradient"), ("cascading", "smoothgrad"), ("cascading", "deeplift"), ("random-logit", "edge")]
+    assert remaining_seconds(left, timings) == 3.0 + 30.0 + 30.0 + 12.0
+    assert remaining_seconds(left, {}) != remaining_seconds(left, {})  # NaN: nothing measured yet
+    assert (_duration(42), _duration(125), _duration(3 * 3600 + 61), _duration(float("nan"))) == \
+        ("42 s", "2 min 05 s", "3 h 01 min", "unknown")
+
+
+def test_each_unit_line_says_how_much_is_left(tmp_path):
+    lines = []
+    run_audit(load_config(models=["cnn-sgd"], methods=["gradient", "edge"], tests=["random-logit"], n_images=2),
+              tmp_path / "r", progress=False, log=lines.append)
+    assert "; 1 unit left, about " in lines[0] and lines[1].endswith("; 0 units left)")

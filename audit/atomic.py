@@ -42,7 +42,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 def remove_partials(folder: str | os.PathLike) -> list[Path]:
     """Delete the temporary files that writes killed mid-way left under ``folder`` (``.<name>.*.part``,
     as :func:`atomic_write` names them); returns what was removed."""
-    stale = [p for p in Path(folder).rglob(".*.part") if p.is_file()]
+    stale = [p for p in Path(folder).rglob(".*.part") if is_partial(p) and p.is_file()]
     for p in stale:
         p.unlink()
     return stale
+
+
+def is_partial(path: Path) -> bool:
+    """Whether ``path`` is the temporary file of a write (as :func:`atomic_write` names them)."""
+    return path.name.startswith(".") and path.name.endswith(".part")

@@ -17,7 +17,7 @@ from audit import style
 from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS
 from audit.errors import ConfigError
-from audit.run.results import example_maps, load_results
+from audit.run.results import AuditResult, example_maps, load_results
 from audit.sections import ReportContext, Section, Table
 from reports import html, latex, markdown, methods_text
 from reports.figures import bort_figure, save, score_figure, verdict_matrix
@@ -30,13 +30,16 @@ TITLE = "Attribution audit"
 def report_sections(run: str | Path, score: str | None = None) -> list[Section]:
     """Every section of the report of the run in ``run``; ``score``: the verdict's score column
     drawn across models (default: the first one with a value)."""
+    return _sections(load_results(run), score)
+
+
+def _sections(result: AuditResult, score: str | None) -> list[Section]:
     with style.styled():
-        return _sections(run, score)
+        return _build_sections(result, score)
 
 
-def _sections(run: str | Path, score: str | None) -> list[Section]:
-    result = load_results(run)
-    run = Path(run)
+def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
+    run = result.out
     tables, config = result.tables, result.config
     manifest = result.manifest
     verdict = verdict_table(tables, config)
@@ -85,13 +88,13 @@ def build_report(run: str | Path, out: str | Path | None = None, pdf: bool = Fal
     ``score``: the verdict score drawn across models (see :func:`report_sections`).
     """
     out = Path(out) if out else Path(run)
-    sections = report_sections(run, score)
+    result = load_results(run)
+    sections = _sections(result, score)
     remove_partials(out)  # an interrupted build's half-written files
     pngs = {f.name: save(f, out / "figures") for s in sections for f in s.figures}
     for old in (out / "figures").glob("*.*") if pngs else ():  # figures of an earlier build that this one lacks
         if old.suffix in (".pdf", ".png") and old.stem not in pngs:
             old.unlink()
-    result = load_results(run)
     text = methods_text.paragraphs(result.manifest, result.tables["models"])
     files = {"index.html": html.render(TITLE, sections, pngs), "report.md": markdown.render(TITLE, sections),
              "methods.md": methods_text.markdown(text), "methods.tex": methods_text.latex(text),

@@ -29,6 +29,10 @@ def _ref(kind: str, authors: str, title: str, year: int, **fields: str) -> Refer
     return Reference(kind, tuple(a.strip() for a in authors.split(";")), title, year, tuple(fields.items()))
 
 
+# the edited volume both Montavon et al. 2019 and Kindermans et al. 2019 appeared in
+_XAI_BOOK = dict(booktitle="Explainable AI: Interpreting, Explaining and Visualizing Deep Learning",
+                 series="Lecture Notes in Computer Science", volume="11700", publisher="Springer")
+
 REFERENCES: dict[str, Reference] = {
     "sixt2020": _ref("inproceedings", "Sixt, Leon; Granz, Maximilian; Landgraf, Tim",
                      "When Explanations Lie: Why Many Modified {BP} Attributions Fail", 2020,
@@ -51,9 +55,7 @@ REFERENCES: dict[str, Reference] = {
                          pages="211--222"),
     "montavon2019": _ref("incollection", "Montavon, Gr{\\'e}goire; Binder, Alexander; Lapuschkin, Sebastian; "
                          "Samek, Wojciech; M{\\\"u}ller, Klaus-Robert", "Layer-Wise Relevance Propagation: An "
-                         "Overview", 2019, booktitle="Explainable AI: Interpreting, Explaining and Visualizing Deep "
-                         "Learning", series="Lecture Notes in Computer Science", volume="11700",
-                         publisher="Springer", pages="193--209"),
+                         "Overview", 2019, **_XAI_BOOK, pages="193--209"),
     "kohlbrenner2020": _ref("inproceedings", "Kohlbrenner, Maximilian; Bauer, Alexander; Nakajima, Shinichi; "
                             "Binder, Alexander; Samek, Wojciech; Lapuschkin, Sebastian", "Towards Best Practice in "
                             "Explaining Neural Network Decisions with {LRP}", 2020,
@@ -88,9 +90,7 @@ REFERENCES: dict[str, Reference] = {
                       series="Lecture Notes in Computer Science", volume="9908", pages="543--559"),
     "kindermans2019": _ref("incollection", "Kindermans, Pieter-Jan; Hooker, Sara; Adebayo, Julius; Alber, "
                            "Maximilian; Sch{\\\"u}tt, Kristof T.; D{\\\"a}hne, Sven; Erhan, Dumitru; Kim, Been",
-                           "The (Un)reliability of Saliency Methods", 2019, booktitle="Explainable AI: Interpreting, "
-                           "Explaining and Visualizing Deep Learning", series="Lecture Notes in Computer Science",
-                           volume="11700", publisher="Springer", pages="267--280"),
+                           "The (Un)reliability of Saliency Methods", 2019, **_XAI_BOOK, pages="267--280"),
     "hedstrom2023quantus": _ref("article", "Hedstr{\\\"o}m, Anna; Weber, Leander; Krakowczyk, Daniel; Bareeva, "
                                 "Dilyara; Motzkus, Franz; Samek, Wojciech; Lapuschkin, Sebastian; H{\\\"o}hne, "
                                 "Marina M.-C.", "Quantus: An Explainable {AI} Toolkit for Responsible Evaluation of "

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from attributions.errors import AttributionError
 from attributions.explainer import Explainer
-from audit.atomic import atomic_write_bytes, remove_partials
+from audit.atomic import atomic_write_bytes, is_partial, remove_partials
 from audit.checks import CHECKS, Check, UnitResult
 from audit.data import balanced_sample
 from audit.data.datasets import sample_image_folder
@@ -160,10 +160,14 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         models: dict[str, nn.Module] = {}
         bar = tqdm(units, desc="audit" if shard.world == 1 else f"audit (rank {shard.rank} of {shard.world})",
                    disable=not progress, position=shard.rank)
+        # this process's units still to compute, looked up once (a resumed run skips the rest)
+        pending = [i for i, (spec, check, method) in enumerate(units)
+                   if shard.mine(i) and not unit_path(out, labels[spec], check.name, method).exists()]
+        todo = set(pending)
         for index, (spec, check, method) in enumerate(bar):
             unit = unit_path(out, labels[spec], check.name, method)
             key = f"{labels[spec]}/{check.name}/{method}"
-            if unit.exists() or not shard.mine(index):
+            if index not in todo:
                 continue
             if spec not in models:
                 models[spec] = resolve_model(spec, config.weights).to(device)
@@ -179,8 +183,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             if metric in result.table and result.table[metric].isna().any():  # say why the verdict may be undefined
                 line += (f"; {int(result.table[metric].isna().sum())} of {len(result.table)} scores undefined "
                          "(maps constant or non-finite)")
-            left = [(c.name, m) for i, (sp, c, m) in enumerate(units) if i > index and shard.mine(i)
-                    and not unit_path(out, labels[sp], c.name, m).exists()]
+            left = [(units[i][1].name, units[i][2]) for i in pending if i > index]
             eta = remaining_seconds(left, timings)
             (bar.write if progress else log)(f"{key}: {line} ({timings[key]:.1f} s; {len(left)} unit"
                                              f"{'' if len(left) == 1 else 's'} left"
@@ -234,8 +237,7 @@ def fingerprints(config: AuditConfig, x: torch.Tensor, y: torch.Tensor) -> dict:
 def _holds_files(out: Path) -> bool:
     """Whether ``out`` holds anything besides our lock and the temporary files of killed writes (a
     run that failed at its first write leaves only those, and must not block a rerun)."""
-    return out.is_dir() and any(p.name != ".lock" and not (p.name.startswith(".") and p.name.endswith(".part"))
-                                for p in out.iterdir())
+    return out.is_dir() and any(p.name != ".lock" and not is_partial(p) for p in out.iterdir())
 
 
 def _previous_manifest(out: Path) -> dict | None:

@@ -10,6 +10,8 @@ from typing import Any, Protocol
 import torch
 from captum.attr import Attribution, IntegratedGradients, NoiseTunnel
 
+from attributions import memory
+
 
 class Explaining(Protocol):
     """What an engine may ask of the explainer that runs it (the explainer satisfies it)."""
@@ -21,6 +23,8 @@ class Explaining(Protocol):
     def chain_maps(self, x: torch.Tensor, targets: list, envs: Any = None) -> torch.Tensor: ...
 
     def sibling(self, method: str, **params: Any) -> Attribution: ...
+
+    def bytes_per_image(self, x: torch.Tensor) -> int: ...
 
 
 class Engine:
@@ -62,6 +66,8 @@ class IntegratedGradientsEngine(Engine):
         logits = ex.forward(x).detach()
         n_steps = kwargs.pop("n_steps", self.n_steps)
         ig = IntegratedGradients(ex.forward)
+        if memory.budget() is not None and "internal_batch_size" not in kwargs:  # steps x images in chunks
+            kwargs["internal_batch_size"] = memory.fitting(n_steps * len(x), 2 * ex.bytes_per_image(x))
         return torch.stack([ig.attribute(x, target=ex.targets(logits, t), n_steps=n_steps, **kwargs).detach()
                             for t in targets])
 
@@ -77,5 +83,10 @@ class SmoothGradEngine(Engine):
         logits = ex.forward(x).detach()
         sigma = self.noise * float(x.max() - x.min())
         tunnel = NoiseTunnel(ex.sibling("gradient"))
+        # the noisy copies of the batch in chunks that fit the memory budget
+        per_sample = memory.fitting(self.samples, 2 * len(x) * ex.bytes_per_image(x)) \
+            if memory.budget() is not None else self.samples
+        batch = None if per_sample >= self.samples else per_sample
         return torch.stack([tunnel.attribute(x, nt_type="smoothgrad", nt_samples=self.samples, stdevs=sigma,
-                                             target=ex.targets(logits, t)).detach() for t in targets])
+                                             nt_samples_batch_size=batch, target=ex.targets(logits, t)).detach()
+                            for t in targets])

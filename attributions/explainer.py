@@ -14,6 +14,7 @@ from captum.attr import Attribution
 from captum.log import log_usage
 from torch import nn
 
+from attributions import memory
 from attributions.derived import Derived
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import LINEAR_KINDS, SIGNAL_KINDS, Graph, trace
@@ -73,6 +74,7 @@ class Explainer(Attribution):
         self.recorded = frozenset(n.name for n in self.graph.nodes if n.name in self._rules and self._rules[n.name].records
                                   and not (n.params.get("identity") or n.params.get("reshape"))) if self.graph else frozenset()
         self._reference: Derived[dict] = Derived()
+        self._image_bytes: dict[tuple, int] = {}
         Attribution.__init__(self, self.forward)
 
     def _rule_table(self, overrides: dict) -> dict[str, Rule]:
@@ -158,7 +160,28 @@ class Explainer(Attribution):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The model's output computed by the graph (eval semantics); differentiable."""
         graph = self._need_graph("forward")
+        n = len(x) if torch.is_grad_enabled() or memory.budget() is None else \
+            memory.fitting(len(x), self.bytes_per_image(x))
+        if n < len(x):  # logits only: one chunk's values at a time
+            return torch.cat([self._run(x[i:j])[graph.output] for i, j in memory.spans(len(x), n)])
         return self._run(x)[graph.output]
+
+    def bytes_per_image(self, x: torch.Tensor) -> int:
+        """Bytes one image of ``x`` (B, ...) takes in this method's forward pass (its values and the
+        autograd graphs its rules read), measured once per input shape."""
+        key = (tuple(x.shape[1:]), x.dtype, x.device)
+        if key not in self._image_bytes:
+            env = self._forward_envs(x[:1], with_ref=False)[0] if self.graph is not None else {"input": x[:1]}
+            self._image_bytes[key] = memory.tensor_bytes(env)
+        return self._image_bytes[key]
+
+    def images_per_pass(self, x: torch.Tensor, vectors: int) -> int:
+        """How many images of ``x`` one forward and backward pass with ``vectors`` signals may take under
+        the memory budget (:mod:`attributions.memory`): each costs its forward values and one signal as
+        large per vector."""
+        if memory.budget() is None:
+            return len(x)
+        return memory.fitting(len(x), self.bytes_per_image(x) * (1 + vectors))
 
     def _run(self, x: torch.Tensor, record: frozenset[str] = frozenset()) -> dict:
         """Every node's value; for the nodes in ``record`` also their autograd graph, (leaves, output)
@@ -259,10 +282,17 @@ class Explainer(Attribution):
         ``start``. A forward pass made here (no ``envs``) is released during the backward."""
         env, ref = envs if envs is not None else self._forward_envs(x)
         with torch.no_grad():
-            taps = self._backward(env, ref, start, make_signal(env), keep, release=envs is None)
-            if ref is not None:  # DeepLIFT's signal: multiplier times the difference from the reference
-                taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
-        return taps
+            signal = make_signal(env)
+            held = memory.tensor_bytes(env)
+            # each vector's signals are as large as the forward values: chunks of vectors share the forward
+            chunks = memory.spans(len(signal), memory.fitting(len(signal), held, held))
+            parts = []
+            for i, j in chunks:
+                taps = self._backward(env, ref, start, signal[i:j], keep, release=envs is None and j == len(signal))
+                if ref is not None:  # DeepLIFT's signal: multiplier times the difference from the reference
+                    taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
+                parts.append(taps)
+        return parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
     # --- public API --------------------------------------------------------------------------------
 
@@ -272,7 +302,13 @@ class Explainer(Attribution):
         For the graph methods the K explained outputs travel down in ONE batched backward pass
         over one forward pass; the method's engine decides for the others.
         """
-        return self.method.engine.maps(self, self._check_input(x), targets, envs, **kwargs)
+        x = self._check_input(x)
+        n = self.images_per_pass(x, len(targets)) if self.method.chain and envs is None else len(x)
+        if n < len(x):  # under a memory budget: images in chunks, each with its own forward pass
+            return torch.cat([self.maps_for_targets(x[i:j], [_rows(t, i, j, len(x)) for t in targets], **kwargs)
+                              for i, j in memory.spans(len(x), n)], 1)
+        # under autocast (mixed precision) the passes run at half width; maps keep the inputs' dtype
+        return self.method.engine.maps(self, x, targets, envs, **kwargs).to(x.dtype)
 
     def chain_maps(self, x: torch.Tensor, targets: list, envs=None) -> torch.Tensor:
         """The rule chain's maps for K targets (K, B, ...): one forward, one batched backward."""
@@ -327,6 +363,10 @@ class Explainer(Attribution):
         x = self._check_input(x)
         if inject_at not in self._g.layers:
             raise unknown_name("layer", inject_at, self._g.layers, AttributionError)
+        n = self.images_per_pass(x, len(vectors)) if vectors.ndim >= 2 and vectors.shape[1] == len(x) else len(x)
+        if n < len(x):  # under a memory budget: images in chunks, each with its own forward pass
+            parts = [self.propagate(x[i:j], inject_at, vectors[:, i:j]) for i, j in memory.spans(len(x), n)]
+            return {k: torch.cat([p[k] for p in parts], 1) for k in parts[0]}
 
         def start(env):
             expected = (env[inject_at].shape[0],) + tuple(env[inject_at].shape[1:])
@@ -337,7 +377,7 @@ class Explainer(Attribution):
 
         taps = self._signals(x, inject_at, start)
         taps.pop(inject_at, None)
-        return taps
+        return {k: v.to(x.dtype) for k, v in taps.items()}
 
     # --- checks ------------------------------------------------------------------------------------
 
@@ -383,6 +423,15 @@ class Explainer(Attribution):
         return t
 
 
+def _rows(target, start: int, stop: int, batch: int):
+    """The part of a target specification for the images [start, stop) of a batch of ``batch``."""
+    if target is None or isinstance(target, int) or (isinstance(target, torch.Tensor) and target.ndim == 0):
+        return target
+    if len(target) != batch:  # a bad shape: left whole, so the usual error names it
+        return target
+    return target[start:stop]
+
+
 def model_dtype(model: nn.Module) -> torch.dtype | None:
     """The floating-point dtype the model computes in (its first floating parameter's); None without one."""
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
@@ -408,6 +457,9 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor) -> tuple[d
         return None
     if len({id(e.graph) for e in chains}) > 1:
         raise AttributionError("explainers sharing a forward pass must be built on one traced graph (pass graph=)")
+    per_image = max(e.bytes_per_image(x) for e in chains) if memory.budget() is not None else 0
+    if memory.fitting(len(x), 2 * per_image) < len(x):  # over the memory budget: each explainer in chunks
+        return None
     return chains[0]._forward_envs(chains[0]._check_input(x), any(e.method.signal == "multiplier" for e in chains),
                                    frozenset().union(*(e.recorded for e in chains)))
 

@@ -86,6 +86,8 @@ class LinearOp:
     def transpose(self, s: torch.Tensor, w: torch.Tensor | None, in_shape: torch.Size) -> torch.Tensor:
         """W^T s for a signal (K, B, ...out) -> (K, B, ...in); ``in_shape`` is the stored input's (B, ...)."""
         k, b = s.shape[:2]
+        if w is not None and w.dtype != s.dtype:  # under autocast (mixed precision) the signal is half width
+            w = w.to(s.dtype)
         flat = self._transpose(s.reshape(k * b, *s.shape[2:]), w, torch.Size((k * b, *in_shape[1:])))
         return flat.reshape(k, b, *in_shape[1:])
 

@@ -112,7 +112,8 @@ def _run(args: argparse.Namespace) -> int:
     options = {name: getattr(args, name) for name in check_options()}
     config = load_config(args.config, models=args.models, methods=args.methods, tests=args.tests,
                          n_images=args.n_images, seed=args.seed, device=args.device, data=args.data,
-                         data_root=args.data_root, preprocess=args.preprocess, weights=args.weights, **options)
+                         data_root=args.data_root, preprocess=args.preprocess, weights=args.weights,
+                         max_memory=args.max_memory, mixed_precision=args.mixed_precision, **options)
     shard = from_environment(config.device)
     result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet, shard=shard)
     if shard.lead:
@@ -213,6 +214,11 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--config", default=None, help="a TOML file with the same keys (underscores)")
     a.add_argument("--seed", type=int, default=None)
     a.add_argument("--device", default=None, choices=["cpu", "cuda"])
+    a.add_argument("--max-memory", default=None, help="the memory the passes are held to, e.g. 4GB (default: half "
+                   "of the free RAM, or GPU memory, when the run starts); images and vectors go in chunks to fit")
+    a.add_argument("--mixed-precision", default=None, action=argparse.BooleanOptionalAction,
+                   help="compute the maps under autocast (bfloat16 on CPU, float16 on GPU; default off); the "
+                   "manifest records each method's agreement with float32")
     a.add_argument("--out", required=True, help="the run folder (results, manifest, report)")
     a.add_argument("--workers", type=int, default=1, help="processes to shard the units over (torch.distributed, "
                    "gloo on CPU, nccl on GPU); several nodes: torchrun --nnodes ... -m audit run ...")

@@ -25,6 +25,7 @@ from scipy import stats
 from torch import nn
 from tqdm.auto import tqdm
 
+from attributions import memory
 from attributions.errors import unknown_name
 from attributions.explainer import Explainer, shared_forward
 from attributions.graph import LINEAR_KINDS, Graph, trace
@@ -80,17 +81,23 @@ def pairwise_abs_cos(signal: torch.Tensor, k: int | None = None, channel_axis: i
 def spectrum(signal: torch.Tensor) -> tuple[float, float]:
     """Median over images of sigma2 / sigma1 and of the effective rank (exp of the entropy of the
     normalised singular values, Roy & Vetterli 2007) of each image's K x D signal matrix."""
+    ratio, rank = image_spectra(signal)
+    if not len(ratio):
+        return float("nan"), float("nan")
+    return float(torch.from_numpy(ratio).median()), float(torch.from_numpy(rank).median())
+
+
+def image_spectra(signal: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """sigma2 / sigma1 and the effective rank of each image's K x D signal matrix (images with a zero
+    signal left out): two arrays of at most B values."""
     k, b = signal.shape[:2]
     mats = signal.double().reshape(k, b, -1).transpose(0, 1)  # (B, K, D)
     sv = torch.linalg.svdvals(mats)
-    ok = sv[:, 0] > 0
-    if not bool(ok.any()):
-        return float("nan"), float("nan")
-    sv = sv[ok]
+    sv = sv[sv[:, 0] > 0]
     ratio = sv[:, 1] / sv[:, 0]
     p = sv / sv.sum(1, keepdim=True)
     entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(1)
-    return float(ratio.median()), float(torch.exp(entropy).median())
+    return ratio.numpy(), torch.exp(entropy).numpy()
 
 
 def channel_axes(graph: Graph, env: dict) -> dict[str, int]:
@@ -219,46 +226,71 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
             raise unknown_name("layer", _split_token(t)[0], layers, AuditError)
     depth = {name: i for i, name in enumerate(["input"] + layers)}
     kinds = {n.name: n.kind for n in graph.nodes}
-    with model_errors():
-        envs = shared_forward(explainers, x)
-    assert envs is not None  # every explainer left is a graph method
-    env, ref = envs
-    axes = channel_axes(graph, env)
     k_total = max(n_vectors, spectrum_vectors)
-    rows = []
-    jobs = [(m, t) for m in explainers for t in targets]
-    for method, target in tqdm(jobs, desc="CSC", disable=not progress, leave=False):
-        ex = explainers[method]
+    # the vectors of every image at once (their draw does not depend on how the images are chunked)
+    shapes: dict[str, torch.Size] = {}
+    with model_errors():
+        probe = any_ex._run(x[:1])
+    vectors = {}
+    for target in targets:
         node, token = _split_token(target)
-        shape = env[node].shape
         gen = torch.Generator().manual_seed(_vector_seed(seed, target))
-        vectors = torch.randn(k_total, *shape, generator=gen, dtype=torch.float64).to(env[node])
-        size_l = int(np.prod(shape[1:]))
+        v = torch.randn(k_total, len(x), *probe[node].shape[1:], generator=gen, dtype=torch.float64).to(probe[node])
         if token is not None:  # one token's vector: the others get no signal
-            keep = torch.zeros(shape[1:-1], dtype=vectors.dtype)
+            keep = torch.zeros(v.shape[2:-1], dtype=v.dtype)
             keep.view(-1)[token] = 1
-            vectors = vectors * keep[..., None]
-            size_l = shape[-1]
-        own_ref = ref if ex.method.signal == "multiplier" else None
-        taps = ex._signals(x, node, lambda e: vectors, envs=(env, own_ref))
-        taps.pop(node, None)
-        for layer, signal in taps.items():
-            kind = kinds.get(layer, "input")
-            if kind not in RECORDED_KINDS and not graph.by_name[layer].params.get("cat"):
-                continue
-            axis = axes.get(layer, 1)
-            channels = signal.shape[2] if signal.ndim == 3 else signal.shape[axis % (signal.ndim - 1) + 1]
-            if channels == 1 and signal.ndim > 3:
-                continue  # one channel: |cos| is trivially 1
-            cos = pairwise_abs_cos(signal, n_vectors, axis)
-            ratio, rank = spectrum(signal)
-            q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
-            rows.append({"method": method, "inject_at": target, "is_logits": target == graph.output, "layer": layer,
-                         "depth": depth[layer], "kind": kinds.get(layer, "input"), "channels": channels, "median": q[2],
-                         "p10": q[0], "p25": q[1], "p75": q[3], "p90": q[4], "mean": float(cos.mean()) if cos.size else np.nan,
-                         "baseline": random_cosine_median(min(channels, size_l)),
-                         "sigma2_over_sigma1": ratio, "effective_rank": rank,
-                         "collapsed": bool(q[2] >= threshold)})
+            v = v * keep[..., None]
+        vectors[target] = v
+        shapes[node] = probe[node].shape
+    del probe
+    # under a memory budget the images go in chunks: each vector's signal is as large as the forward pass
+    chunk = min(e.images_per_pass(x, k_total) for e in explainers.values())
+    pooled: dict[tuple[str, str, str], list] = {}
+    jobs = [(m, t) for m in explainers for t in targets]
+    for start, stop in tqdm(memory.spans(len(x), chunk), desc="CSC", disable=not progress or chunk == len(x),
+                            leave=False):
+        xs = x[start:stop]
+        with model_errors():
+            envs = shared_forward(explainers, xs)
+        assert envs is not None  # every explainer left is a graph method
+        env, ref = envs
+        axes = channel_axes(graph, env)
+        for method, target in tqdm(jobs, desc="CSC", disable=not progress or chunk < len(x), leave=False):
+            ex = explainers[method]
+            node = _split_token(target)[0]
+            own_ref = ref if ex.method.signal == "multiplier" else None
+            part = vectors[target][:, start:stop]
+            taps = ex._signals(xs, node, lambda e: part, envs=(env, own_ref))
+            taps.pop(node, None)
+            for layer, signal in taps.items():
+                kind = kinds.get(layer, "input")
+                if kind not in RECORDED_KINDS and not graph.by_name[layer].params.get("cat"):
+                    continue
+                axis = axes.get(layer, 1)
+                channels = signal.shape[2] if signal.ndim == 3 else signal.shape[axis % (signal.ndim - 1) + 1]
+                if channels == 1 and signal.ndim > 3:
+                    continue  # one channel: |cos| is trivially 1
+                entry = pooled.setdefault((method, target, layer), [channels, [], [], []])
+                entry[1].append(pairwise_abs_cos(signal, n_vectors, axis))
+                ratio, rank = image_spectra(signal)
+                entry[2].append(ratio)
+                entry[3].append(rank)
+            del taps
+        del env, ref, envs
+    rows = []
+    for (method, target, layer), (channels, cos_parts, ratios, ranks) in pooled.items():
+        cos = np.concatenate(cos_parts)
+        ratio, rank = np.concatenate(ratios), np.concatenate(ranks)
+        node, token = _split_token(target)
+        size_l = shapes[node][-1] if token is not None else int(np.prod(shapes[node][1:]))
+        q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
+        rows.append({"method": method, "inject_at": target, "is_logits": target == graph.output, "layer": layer,
+                     "depth": depth[layer], "kind": kinds.get(layer, "input"), "channels": channels, "median": q[2],
+                     "p10": q[0], "p25": q[1], "p75": q[3], "p90": q[4], "mean": float(cos.mean()) if cos.size else np.nan,
+                     "baseline": random_cosine_median(min(channels, size_l)),
+                     "sigma2_over_sigma1": float(np.median(ratio)) if len(ratio) else np.nan,
+                     "effective_rank": float(np.median(rank)) if len(rank) else np.nan,
+                     "collapsed": bool(q[2] >= threshold)})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

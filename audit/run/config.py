@@ -16,6 +16,7 @@ from audit.checks import check_options, get_check
 from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError
 from audit.inputs import resolve_methods
+from audit.run.resources import parse_size
 
 DEVICES = ("cpu", "cuda")
 
@@ -34,6 +35,10 @@ class AuditConfig:
     n_images : images audited per model (class-balanced: the first of each class in order; for
         "imagefolder" a seeded draw per class)
     heatmap_examples : images whose heatmaps the randomization checks keep for the report
+    max_memory : the memory the passes are held to ("4GB"; None: half of the free RAM or GPU
+        memory when the run starts), see :mod:`audit.run.resources`
+    mixed_precision : compute the maps under autocast (bfloat16 on the CPU, float16 on the GPU);
+        the manifest records how far each method's maps move from float32
     options : the checks' own keys (defaults from the registry), also readable as attributes
     """
 
@@ -48,6 +53,8 @@ class AuditConfig:
     preprocess: str | dict = "none"
     weights: str | None = None
     heatmap_examples: int = 2
+    max_memory: str | None = None
+    mixed_precision: bool = False
     options: dict = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
@@ -69,6 +76,10 @@ class AuditConfig:
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
         preprocess_from(out.preprocess)  # a clear error for an unknown preset or a bad table
+        if not isinstance(out.mixed_precision, bool):
+            raise ConfigError(f"mixed_precision must be true or false, got {out.mixed_precision!r}")
+        if out.max_memory is not None:
+            parse_size(out.max_memory)
         if out.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {out.seed}")
         out.models = _as_list(out.models, "models")

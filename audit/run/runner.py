@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from attributions import memory
 from attributions.errors import AttributionError
 from attributions.explainer import Explainer
 from audit.atomic import atomic_write_bytes, is_partial, remove_partials
@@ -41,6 +42,7 @@ from audit.errors import ConfigError, ModelError
 from audit.models.checkpoint import model_files, resolve_model
 from audit.run.config import AuditConfig
 from audit.run.distributed import SINGLE, Shard
+from audit.run.resources import Peak, budget_bytes
 from audit.run.results import MODELS_FILE, AuditResult, load_results, read_manifest, read_table, unit_path
 from bort import constraint_error
 
@@ -138,9 +140,14 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
     x, y, images = audit_images(config)
     prints = fingerprints(config, x, y)
     if previous is not None:
-        if previous["config"] != json.loads(json.dumps(config.to_dict())):
+        if _without_budget(previous["config"]) != _without_budget(json.loads(json.dumps(config.to_dict()))):
             raise ConfigError(f"{out} holds a run with another configuration; resume needs the same one")
         _same_inputs(previous.get("fingerprints", {}), prints, out)
+    device = _device(config.device)
+    # one budget for every rank and every resume (unless a new one is given): the passes chunk alike
+    recorded = (previous or {}).get("memory", {}).get("budget_bytes")
+    budget = shard.gather({"b": recorded if recorded is not None and config.max_memory is None
+                           else budget_bytes(config.max_memory, device)})[0]["b"]
     shard.barrier()  # every rank has checked the folder before the lead writes into it
     # everything checked: only now is the folder made, so a refused run leaves nothing behind
     if shard.lead:
@@ -150,10 +157,13 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         if shard.lead:
             remove_partials(out)  # a killed run's half-written files: never read, never kept
             atomic_write_bytes(manifest_path, json.dumps({"config": config.to_dict(), "status": "running",
-                                                          "fingerprints": prints}, indent=2).encode())
+                                                          "fingerprints": prints, "memory": {"budget_bytes": budget}},
+                                                         indent=2).encode())
         shard.barrier()
-        device = _device(config.device)
         x = x.to(device)
+        peak = Peak(device)
+        peaks: dict[str, float | None] = {}
+        half = torch.bfloat16 if device.type == "cpu" else torch.float16
         units = [(spec, CHECKS[test], method) for spec in config.models for test in config.tests
                  for method in config.methods]
         timings = {}
@@ -173,8 +183,11 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                 models[spec] = resolve_model(spec, config.weights).to(device)
             torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
             start = time.perf_counter()
-            result = _run_unit(check, models[spec], x, y, method, config, progress, key)
+            with memory.limit(budget), peak.track(), \
+                    torch.autocast(device.type, dtype=half, enabled=config.mixed_precision):
+                result = _run_unit(check, models[spec], x, y, method, config, progress, key)
             timings[key] = round(time.perf_counter() - start, 3)
+            peaks[key] = round(peak.nbytes / 2**20, 1) if peak.nbytes is not None else None
             if result.maps is not None:
                 atomic_write_bytes(unit.with_suffix(".npz"), _npz_bytes(result.maps, x[: config.heatmap_examples].cpu().numpy()))
             atomic_write_bytes(unit, _csv_bytes(result.table))  # last: its presence marks the unit finished
@@ -190,6 +203,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                                              + (f", about {_duration(eta)})" if left else ")"))
         shard.barrier()  # every rank's units are written
         timings = {k: v for part in shard.gather(timings) for k, v in part.items()}
+        peaks = {k: v for part in shard.gather(peaks) for k, v in part.items()}
         if not shard.lead:
             shard.barrier()  # the lead joins and writes the results and the manifest
             return load_results(out)
@@ -201,13 +215,47 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         atomic_write_bytes(out / "results" / MODELS_FILE, _csv_bytes(info))
         tables["models"] = info
         old = previous.get("timings_s", {}) if previous is not None else {}  # the units timed before the resume
+        old_peaks = previous.get("memory", {}).get("peak_mb", {}) if previous is not None else {}
+        memory_record = {"budget_bytes": budget, "peak_mb": {**old_peaks, **peaks},
+                         "peak_of": "allocated GPU memory" if device.type == "cuda" else "resident memory of the process"}
+        precision: dict[str, object] = {"mixed": config.mixed_precision}
+        if config.mixed_precision:
+            precision |= {"dtype": str(half).removeprefix("torch."),
+                          "agreement": half_precision_agreement(models, labels, list(config.methods), x, y, half, log)}
         manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
-                    "images": images,
+                    "images": images, "memory": memory_record, "precision": precision,
                     "versions": versions(), "timings_s": {**old, **timings},
                     "units": len(units), "results": sorted(str(p.relative_to(out)) for p in (out / "results").glob("*.csv"))}
         atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
         shard.barrier()
         return AuditResult(out, config, tables, json.loads(json.dumps(manifest)))
+
+
+def half_precision_agreement(models: dict[str, nn.Module], labels: dict[str, str], methods: list[str], x: torch.Tensor,
+                             y: torch.Tensor, half: torch.dtype, log: Callable[[str], None]) -> dict[str, float]:
+    """Per model and method, the lowest cosine similarity over the first two images between their maps
+    under autocast to ``half`` and in float32 (1: unchanged); a warning for those under 0.99."""
+    out = {}
+    for spec, model in models.items():
+        for method in methods:
+            ex = Explainer(model, method)
+            maps = []
+            for enabled in (False, True):
+                torch.manual_seed(0)  # the noise of SmoothGrad and the random control: drawn alike both times
+                with torch.autocast(x.device.type, dtype=half, enabled=enabled):
+                    maps.append(ex.attribute(x[:2], target=y[:2].to(x.device)).flatten(1).double())
+            cos = torch.nn.functional.cosine_similarity(maps[0], maps[1], dim=1, eps=1e-30)
+            out[f"{labels[spec]}/{method}"] = round(float(cos.min()), 6)
+            if out[f"{labels[spec]}/{method}"] < 0.99:
+                log(f"mixed precision: {labels[spec]}/{method} maps move from float32 (cosine "
+                    f"{out[f'{labels[spec]}/{method}']:.3f}); audit this method in float32")
+    return out
+
+
+def _without_budget(config: dict) -> dict:
+    """A run's configuration without ``max_memory``, which a resumed run may change (after running out
+    of memory): it only sets how the passes are chunked."""
+    return {k: v for k, v in config.items() if k != "max_memory"}
 
 
 @contextlib.contextmanager

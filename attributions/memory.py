@@ -1,0 +1,72 @@
+"""A byte budget for the explainer's passes, and how many images or vectors fit in it.
+
+A backward pass with K vectors holds K signals as large as the forward pass's values, so a
+batched pass over B images and K vectors costs about ``B * (1 + K) * bytes per image``. Under a
+budget (:func:`limit`) the explainer splits its passes: the K vectors into chunks that share one
+forward pass, and the images into chunks each with its own forward pass. Each image's and each
+vector's signal is computed by the same operations whatever the chunk, so the maps agree with
+one batched pass up to the rounding of the batched kernels, which pick their blocking by batch
+size (about 1e-6 relative on the CPU, ``tests/attributions/test_memory.py``): a run is
+reproducible bit for bit under the same budget. Without a budget nothing is split.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+import torch
+
+_BUDGET: ContextVar[int | None] = ContextVar("attribution_memory_budget", default=None)
+
+
+@contextlib.contextmanager
+def limit(nbytes: int | None) -> Iterator[None]:
+    """Within the block, the explainer's passes aim to hold at most ``nbytes`` (None: no limit)."""
+    if nbytes is not None and nbytes <= 0:
+        raise ValueError(f"a memory budget must be positive, got {nbytes} bytes")
+    token = _BUDGET.set(nbytes)
+    try:
+        yield
+    finally:
+        _BUDGET.reset(token)
+
+
+def budget() -> int | None:
+    """The budget in force (bytes), or None."""
+    return _BUDGET.get()
+
+
+def tensor_bytes(values) -> int:
+    """Bytes of every tensor in ``values`` (a forward pass's dict, with tuples and lists inside), each
+    storage counted once."""
+    seen: set[int] = set()
+    total = 0
+    stack = list(values.values()) if isinstance(values, dict) else [values]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.Tensor):
+            key = v.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += v.untyped_storage().nbytes()
+        elif isinstance(v, (tuple, list)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+    return total
+
+
+def fitting(total: int, per_item: int, fixed: int = 0) -> int:
+    """How many of ``total`` items fit in the budget beside ``fixed`` bytes when each costs ``per_item``:
+    between 1 (an item that does not fit alone still runs, alone) and ``total``; ``total`` without a
+    budget."""
+    nbytes = budget()
+    if nbytes is None or per_item <= 0:
+        return total
+    return max(1, min(total, (nbytes - fixed) // per_item))
+
+
+def spans(total: int, size: int) -> list[tuple[int, int]]:
+    """[start, stop) pairs covering ``range(total)`` in chunks of ``size``."""
+    return [(i, min(i + size, total)) for i in range(0, total, max(1, size))]

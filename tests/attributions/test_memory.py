@@ -1,0 +1,141 @@
+"""The memory budget: chunked passes give the maps of one batched pass, and chunk as promised."""
+import pytest
+import torch
+
+from attributions import Explainer, memory
+from audit.checks.convergence import chain_convergence
+from audit.models import build
+
+CHAIN_METHODS = ["gradient", "lrp-epsilon", "lrp-zplus", "deeplift", "guided-backprop"]
+
+
+def _model(arch: str):
+    torch.manual_seed(0)
+    return build(arch, (1, 16, 16), 10).eval()
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-5) -> bool:
+    """Equal to float32 rounding (the batched kernels block differently by batch size): elementwise
+    within ``rtol`` of the largest value, and every map's direction kept."""
+    cos = torch.nn.functional.cosine_similarity(a.flatten(-3).double(), b.flatten(-3).double(), dim=-1)
+    return bool((a - b).abs().max() <= rtol * a.abs().max().clamp_min(1e-30)) and bool(cos.min() > 1 - 1e-6)
+
+
+def test_limit_is_scoped_and_refuses_nonsense():
+    assert memory.budget() is None
+    with memory.limit(1000):
+        assert memory.budget() == 1000
+        with memory.limit(None):
+            assert memory.budget() is None
+        assert memory.budget() == 1000
+    assert memory.budget() is None
+    for bad in (0, -5):
+        with pytest.raises(ValueError, match="positive"), memory.limit(bad):
+            pass
+
+
+def test_tensor_bytes_counts_each_storage_once():
+    a = torch.zeros(100)  # 400 bytes
+    env = {"a": a, "view": a[:10], "pair": (torch.zeros(10, dtype=torch.float64), [a]), "name": "x"}
+    assert memory.tensor_bytes(env) == 400 + 80
+
+
+def test_fitting_and_spans():
+    assert memory.fitting(10, 100) == 10  # no budget: everything at once
+    with memory.limit(1000):
+        assert memory.fitting(10, 100) == 10
+        assert memory.fitting(10, 300) == 3
+        assert memory.fitting(10, 300, fixed=500) == 1
+        assert memory.fitting(10, 10_000) == 1  # one item that does not fit still runs, alone
+    assert memory.spans(7, 3) == [(0, 3), (3, 6), (6, 7)]
+    assert memory.spans(2, 5) == [(0, 2)]
+
+
+@pytest.mark.parametrize("arch", ["cnn", "resnet"])
+def test_chunked_maps_equal_one_batched_pass(arch, monkeypatch):
+    model = _model(arch)
+    x = torch.rand(5, 1, 16, 16, generator=torch.Generator().manual_seed(1))
+    y = torch.tensor([0, 3, 1, 7, 2])
+    for method in CHAIN_METHODS:
+        ex = Explainer(model, method)
+        whole = ex.maps_for_targets(x, [y, 4])
+        calls = []
+        run = ex._run
+        monkeypatch.setattr(ex, "_run", lambda inputs, *a, **k: calls.append(len(inputs)) or run(inputs, *a, **k))
+        per_image = ex.bytes_per_image(x)
+        calls.clear()
+        with memory.limit(per_image * 3 * 2):  # two images with their two targets' signals
+            chunked = ex.maps_for_targets(x, [y, 4])
+        assert calls == [2, 2, 1], (method, calls)  # the images went in chunks, each with its own forward pass
+        assert chunked.shape == whole.shape
+        # the epsilon rule divides by pre-activations near zero, which magnifies the rounding
+        assert _close(whole, chunked, 1e-3 if method == "lrp-epsilon" else 1e-5), method
+
+
+def test_vectors_chunk_over_one_shared_forward_pass(monkeypatch):
+    model = _model("cnn")
+    x = torch.rand(3, 1, 16, 16, generator=torch.Generator().manual_seed(2))
+    ex = Explainer(model, "lrp-epsilon")
+    logits = ex.forward(x)
+    vectors = torch.randn(8, *logits.shape, generator=torch.Generator().manual_seed(3))
+    whole = ex.propagate(x, ex.layers[-1], vectors)
+    backwards = []
+    step = ex._backward
+    monkeypatch.setattr(ex, "_backward", lambda env, ref, start, signal, *a, **k:
+                        backwards.append(len(signal)) or step(env, ref, start, signal, *a, **k))
+    env = ex._forward_envs(x)[0]
+    held = memory.tensor_bytes(env)
+    with memory.limit(held * 4):  # the forward values and three vectors' signals
+        chunked = ex._signals(x, ex.layers[-1], lambda e: vectors, envs=(env, None))
+    assert backwards == [3, 3, 2]
+    for name, value in whole.items():
+        assert chunked[name].shape == value.shape
+        assert _close(value, chunked[name]), name
+
+
+def test_propagate_chunks_images_with_their_vectors():
+    model = _model("resnet")
+    x = torch.rand(4, 1, 16, 16, generator=torch.Generator().manual_seed(4))
+    ex = Explainer(model, "lrp-zplus")
+    vectors = torch.randn(5, 4, 10, generator=torch.Generator().manual_seed(5))
+    whole = ex.propagate(x, ex.layers[-1], vectors)
+    with memory.limit(1):  # one image at a time, one vector at a time
+        chunked = ex.propagate(x, ex.layers[-1], vectors)
+    assert whole.keys() == chunked.keys()
+    assert all(_close(whole[k], chunked[k]) for k in whole)
+
+
+def test_csc_under_a_budget_matches_the_batched_table():
+    model = _model("cnn")
+    x = torch.rand(4, 1, 16, 16, generator=torch.Generator().manual_seed(6))
+    whole = chain_convergence(model, x, methods=["lrp-zplus", "gradient"], progress=False)
+    with memory.limit(1):
+        chunked = chain_convergence(model, x, methods=["lrp-zplus", "gradient"], progress=False)
+    assert list(whole.columns) == list(chunked.columns)
+    assert whole[["method", "inject_at", "layer", "collapsed"]].equals(chunked[["method", "inject_at", "layer",
+                                                                               "collapsed"]])
+    numbers = whole.select_dtypes("number").columns
+    assert (whole[numbers] - chunked[numbers]).abs().max().max() < 1e-5
+
+
+@pytest.mark.parametrize("method,kwarg", [("integrated-gradients", "internal_batch_size"),
+                                          ("smoothgrad", "nt_samples_batch_size")])
+def test_sampling_methods_batch_their_samples_under_a_budget(method, kwarg, monkeypatch):
+    from captum.attr import IntegratedGradients, NoiseTunnel
+    model = _model("cnn")
+    x = torch.rand(2, 1, 16, 16, generator=torch.Generator().manual_seed(7))
+    ex = Explainer(model, method)
+    seen = []
+    peer = IntegratedGradients if method == "integrated-gradients" else NoiseTunnel
+    original = peer.attribute
+    monkeypatch.setattr(peer, "attribute", lambda self, *a, **k: seen.append(k.get(kwarg)) or original(self, *a, **k))
+    torch.manual_seed(0)
+    whole = ex.attribute(x, target=1)
+    assert seen[-1] is None
+    per_image = ex.bytes_per_image(x)
+    torch.manual_seed(0)
+    with memory.limit(per_image * 2 * 2 * 3):
+        chunked = ex.attribute(x, target=1)
+    assert seen[-1] == (6 if method == "integrated-gradients" else 3)  # 12 images' worth: 6 path points, 3 noisy copies of 2
+    if method == "integrated-gradients":  # the same path points, summed in chunks
+        assert _close(whole, chunked)

@@ -176,3 +176,57 @@ def test_each_unit_line_says_how_much_is_left(tmp_path):
     run_audit(load_config(models=["cnn-sgd"], methods=["gradient", "edge"], tests=["random-logit"], n_images=2),
               tmp_path / "r", progress=False, log=lines.append)
     assert "; 1 unit left, about " in lines[0] and lines[1].endswith("; 0 units left)")
+
+
+def test_an_imagenet_size_model_with_torchvision_keys_end_to_end(tmp_path, monkeypatch):
+    """ResNet-50 at 224 x 224 built by the user's factory, weights from a state_dict file with
+    torchvision's keys, ImageNet preprocessing of JPEG files: the run uses those weights (its logits are
+    the file's model's) and finishes under a memory budget."""
+    import json
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from audit.data.preprocess import preprocess_from
+    from audit.models import build
+
+    rng = np.random.default_rng(1)
+    for c in ("n01440764", "n01443537"):
+        (tmp_path / "val" / c).mkdir(parents=True)
+        for i in range(2):
+            h, w = rng.integers(240, 320, 2)
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / "val" / c / f"{i}.JPEG")
+    (tmp_path / "zoo_factory.py").write_text("from audit.models import build\n\n"
+                                             "def resnet50():\n    return build('resnet50', (3, 224, 224), 1000)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    torch.manual_seed(7)
+    trained = build("resnet50", (3, 224, 224), 1000).eval()
+    with torch.no_grad():  # non-default statistics, so that a model left at its initialisation would differ
+        for m in trained.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    state = trained.state_dict()
+    assert "layer4.2.bn3.num_batches_tracked" in state and "fc.weight" in state  # torchvision's layout
+    torch.save(state, tmp_path / "resnet50.pth")
+    config = load_config(models=["zoo_factory:resnet50"], weights=str(tmp_path / "resnet50.pth"),
+                         methods=["gradient", "lrp-epsilon-plus"], tests=["random-logit"], data="imagefolder",
+                         data_root=str(tmp_path / "val"), preprocess="imagenet", n_images=2, max_memory="2GB")
+    result = run_audit(config, tmp_path / "out", progress=False, log=lambda s: None)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["memory"]["budget_bytes"] == 2 * 2**30
+    assert str(tmp_path / "resnet50.pth") in manifest["fingerprints"]["files"]
+    table = result.tables["random-logit"]
+    assert len(table) == 4 and np.isfinite(table.ssim).all()
+    # the audited model is the file's: its scores are those of the model the weights were saved from
+    from audit.checks.random_logit import random_logit_test
+    from audit.data.datasets import sample_image_folder
+    sample = sample_image_folder(str(tmp_path / "val"), 2, 0, "imagenet")
+    assert sample.x.shape == (2, 3, 224, 224) and preprocess_from("imagenet").crop == 224
+    direct = random_logit_test(trained, torch.from_numpy(sample.x), torch.from_numpy(sample.y),
+                               ["gradient", "lrp-epsilon-plus"], seed=0, progress=False)
+    assert np.allclose(table.ssim.to_numpy(), direct.ssim.to_numpy(), atol=1e-6)
+    untrained = random_logit_test(build("resnet50", (3, 224, 224), 1000).eval(), torch.from_numpy(sample.x),
+                                  torch.from_numpy(sample.y), ["gradient"], seed=0, progress=False)
+    assert not np.allclose(table.ssim.to_numpy()[:2], untrained.ssim.to_numpy(), atol=1e-3)

@@ -113,7 +113,8 @@ def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config, models=args.models, methods=args.methods, tests=args.tests,
                          n_images=args.n_images, seed=args.seed, device=args.device, data=args.data,
                          data_root=args.data_root, preprocess=args.preprocess, weights=args.weights,
-                         max_memory=args.max_memory, mixed_precision=args.mixed_precision, **options)
+                         max_memory=args.max_memory, mixed_precision=args.mixed_precision,
+                         image_block=args.image_block, **options)
     shard = from_environment(config.device)
     result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet, shard=shard)
     if shard.lead:
@@ -216,6 +217,8 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--device", default=None, choices=["cpu", "cuda"])
     a.add_argument("--max-memory", default=None, help="the memory the passes are held to, e.g. 4GB (default: half "
                    "of the free RAM, or GPU memory, when the run starts); images and vectors go in chunks to fit")
+    a.add_argument("--image-block", type=int, default=None, help="images per work item of the checks scored per "
+                   "image (default 0: a unit's images together); smaller blocks share a unit's images among ranks")
     a.add_argument("--mixed-precision", default=None, action=argparse.BooleanOptionalAction,
                    help="compute the maps under autocast (bfloat16 on CPU, float16 on GPU; default off); the "
                    "manifest records each method's agreement with float32")

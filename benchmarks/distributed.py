@@ -31,11 +31,12 @@ AUDIT = ["--models", "cnn-sgd,cnn-bort", "--methods", "gradient,input-x-gradient
          "deeplift,integrated-gradients,smoothgrad", "--tests", "random-logit,cascading", "--n-images", "16", "--quiet"]
 
 
-def _run(out: Path, workers: int) -> None:
+def _run(out: Path, workers: int, threads: int | None = None) -> None:
     if out.exists():
         shutil.rmtree(out)
+    env = os.environ.copy() | ({"OMP_NUM_THREADS": str(threads)} if threads else {})
     subprocess.run([sys.executable, "-m", "audit", "run", *AUDIT, "--workers", str(workers), "--out", str(out)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 
 def _tables(out: Path) -> dict[str, bytes]:
@@ -51,14 +52,17 @@ def _unit_phase(out: Path, world: int) -> float:
     return max(sum(timings.get(k, 0.0) for i, k in enumerate(keys) if i % world == r) for r in range(world))
 
 
-def ranks(rounds: int = 3) -> tuple[float, float, bool]:
-    """(time of 2 ranks / time of 1 process for the whole command, the same for the units' phase,
-    whether their result tables are byte-identical)."""
+def ranks(rounds: int = 3) -> dict[str, float | bool]:
+    """Time of 2 ranks (one thread each) over 1 process with the machine's threads and over 1 process
+    with one thread (the same work, parallel only across ranks), for the whole command and for the
+    units' phase; and whether the result tables of all three are byte-identical."""
     with tempfile.TemporaryDirectory() as tmp:
-        one, two = Path(tmp) / "one", Path(tmp) / "two"
-        times = median_times({"one": lambda: _run(one, 1), "two": lambda: _run(two, 2)}, rounds=rounds, warmup=0)
-        phase = _unit_phase(two, 2) / _unit_phase(one, 1)
-        return times["two"] / times["one"], phase, _tables(one) == _tables(two)
+        one, single, two = Path(tmp) / "one", Path(tmp) / "single", Path(tmp) / "two"
+        times = median_times({"one": lambda: _run(one, 1), "single": lambda: _run(single, 1, threads=1),
+                              "two": lambda: _run(two, 2)}, rounds=rounds, warmup=0)
+        return {"whole": times["two"] / times["one"], "phase": _unit_phase(two, 2) / _unit_phase(one, 1),
+                "whole_1t": times["two"] / times["single"], "phase_1t": _unit_phase(two, 2) / _unit_phase(single, 1),
+                "same": _tables(one) == _tables(two) == _tables(single)}
 
 
 def seconds_per_map(methods: list[str], batch: int = 8) -> dict[str, float]:
@@ -96,12 +100,15 @@ def projection(per_map: dict[str, float], efficiency: float, images: int = 200) 
 
 
 def run() -> str:
-    ratio, phase, same = ranks()
+    r = ranks()
     per_map = seconds_per_map(["gradient", "guided-backprop", "lrp-epsilon", "lrp-zplus", "deeplift", "smoothgrad",
                                "integrated-gradients"])
-    efficiency = 1 / (2 * phase)
-    lines = [f"2 ranks / 1 process (same audit, {' '.join(AUDIT)}): whole command {ratio:.2f}x, units' phase "
-             f"{phase:.2f}x (target <= 0.6x); result tables identical: {same}",
+    efficiency = 1 / (2 * float(r["phase"]))
+    lines = [f"2 ranks / 1 process (same audit, {' '.join(AUDIT)}), target <= 0.6x; result tables identical: "
+             f"{r['same']}", "",
+             table([("1 process, 2 threads", f"{r['whole']:.2f}x", f"{r['phase']:.2f}x"),
+                    ("1 process, 1 thread", f"{r['whole_1t']:.2f}x", f"{r['phase_1t']:.2f}x")],
+                   ("2 ranks (1 thread each) over", "whole command", "units' phase")),
              "", table([(m, f"{s:.3f}") for m, s in per_map.items()], ("method", "s per map (VGG-16 224, CPU)")),
              "", projection(per_map, efficiency)]
     return "\n".join(lines)

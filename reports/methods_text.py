@@ -94,7 +94,21 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
                    f"test {_cite(['wilcoxon1945'])}." if bort else ".")))
     versions = manifest.get("versions", {})
     listed = ", ".join(f"{k} {v}" + (f" {_cite(['paszke2019'])}" if k == "torch" else "") for k, v in versions.items())
-    out.append(("Software", f"Audit seed {config['seed']}, device {config.get('device', 'cpu')}; {listed}."))
+    precision = manifest.get("precision", {})
+    if precision.get("mixed"):
+        agreement = precision.get("agreement", {})
+        worst = min(agreement.values()) if agreement else float("nan")
+        arithmetic = (f"Maps were computed under automatic mixed precision ({precision.get('dtype')}); per model and "
+                      f"method the cosine similarity between these maps and float32 maps of two images was at least "
+                      f"{worst:.3f} (each value is in the run's manifest).")
+    else:
+        arithmetic = "Maps were computed in float32."
+    block = config.get("image_block", 0)
+    if block:
+        arithmetic += (f" The checks scored per image ran on blocks of {block} images, each seeded by its unit and "
+                       "its first image.")
+    out.append(("Software", f"Audit seed {config['seed']}, device {config.get('device', 'cpu')}. {arithmetic} "
+                f"{listed}."))
     return out
 
 

@@ -148,6 +148,8 @@ class Check:
     order : position in the registry (the configuration's, the report's and the verdict's order)
     description : the protocol in one line (the CLI's listing and the report's methods text)
     cite : BibTeX keys of the protocol's references (``reports.references``)
+    per_image : whether every row describes one image (column ``image``), so that a unit's images can be
+        computed in blocks (``image_block``); False for statistics pooled over images
     """
 
     name: str
@@ -164,3 +166,4 @@ class Check:
     order: int = 100
     description: str = field(default="")
     cite: tuple[str, ...] = ()
+    per_image: bool = True

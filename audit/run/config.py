@@ -37,6 +37,9 @@ class AuditConfig:
     heatmap_examples : images whose heatmaps the randomization checks keep for the report
     max_memory : the memory the passes are held to ("4GB"; None: half of the free RAM or GPU
         memory when the run starts), see :mod:`audit.run.resources`
+    image_block : images per work item of the checks scored per image (0: all of a unit's images
+        together); blocks are seeded by the unit and their first image, so the results depend on this
+        value but not on how many processes share the work (:mod:`audit.run.distributed`)
     mixed_precision : compute the maps under autocast (bfloat16 on the CPU, float16 on the GPU);
         the manifest records how far each method's maps move from float32
     options : the checks' own keys (defaults from the registry), also readable as attributes
@@ -54,6 +57,7 @@ class AuditConfig:
     weights: str | None = None
     heatmap_examples: int = 2
     max_memory: str | None = None
+    image_block: int = 0
     mixed_precision: bool = False
     options: dict = field(default_factory=dict)
 
@@ -71,7 +75,7 @@ class AuditConfig:
         """A copy with list fields normalised and option defaults filled in, after checking every value."""
         out = AuditConfig(**{**asdict(self), "options": dict(self.options)})
         for name, kind in (("n_images", int), ("seed", int), ("heatmap_examples", int), ("device", str),
-                           ("data", str)):
+                           ("data", str), ("image_block", int)):
             value = getattr(out, name)
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
@@ -101,7 +105,7 @@ class AuditConfig:
             if key not in known:
                 raise unknown_name("check option", key, known, ConfigError)
         out.options = {name: option.check(out.options.get(name, option.default)) for name, option in known.items()}
-        checks = [("n_images", out.n_images >= 2), ("device", out.device in DEVICES),
+        checks = [("n_images", out.n_images >= 2), ("device", out.device in DEVICES), ("image_block", out.image_block >= 0),
                   ("heatmap_examples", 0 <= out.heatmap_examples <= out.n_images)]
         for name, ok in checks:
             if not ok:

@@ -9,6 +9,7 @@ What a unit computes, and how it is summarised, is the check's (:mod:`audit.chec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import io
@@ -87,6 +88,66 @@ def _run_unit(check: Check, model: nn.Module, x, y, method: str, config: AuditCo
         raise ModelError(f"{key}: {exc}") from exc
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkItem:
+    """One model, check and method over the images [start, stop): a whole unit, or one block of it."""
+
+    spec: str
+    check: Check
+    method: str
+    start: int
+    stop: int
+    blocked: bool
+
+    def unit(self, out: Path, labels: dict[str, str]) -> Path:
+        return unit_path(out, labels[self.spec], self.check.name, self.method)
+
+    def path(self, out: Path, labels: dict[str, str]) -> Path:
+        """The unit's file, or for a block ``<method>@<start>-<stop>.csv`` beside it."""
+        unit = self.unit(out, labels)
+        return unit.with_name(f"{self.method}@{self.start}-{self.stop}.csv") if self.blocked else unit
+
+    def key(self, labels: dict[str, str]) -> str:
+        """"model/test/method", with "@start-stop" for a block: the seed's and the timings' key."""
+        base = f"{labels[self.spec]}/{self.check.name}/{self.method}"
+        return f"{base}@{self.start}-{self.stop}" if self.blocked else base
+
+
+def work_items(units: list[tuple[str, Check, str]], n_images: int, block: int) -> list[WorkItem]:
+    """The run's work in its fixed order: each unit whole, or (``block`` > 0, a check scored per image)
+    as blocks of ``block`` images. The order and the blocks depend on the configuration only."""
+    items = []
+    for spec, check, method in units:
+        split = block > 0 and check.per_image and block < n_images
+        spans = memory.spans(n_images, block) if split else [(0, n_images)]
+        items += [WorkItem(spec, check, method, a, b, split) for a, b in spans]
+    return items
+
+
+def _assemble(unit: Path, blocks: list[Path]) -> None:
+    """Join a unit's block files (in image order) into its own files, then remove them (only remove
+    them when the unit's files were written before a kill)."""
+    if unit.exists():
+        for b in blocks:
+            b.unlink(missing_ok=True)
+            b.with_suffix(".npz").unlink(missing_ok=True)
+        return
+    tables = [read_table(b) for b in blocks]
+    maps = [b.with_suffix(".npz") for b in blocks if b.with_suffix(".npz").exists()]
+    if maps:
+        parts = []
+        for m in maps:
+            with np.load(m) as npz:
+                parts.append((npz["maps"], npz["images"]))
+        atomic_write_bytes(unit.with_suffix(".npz"), _npz_bytes(np.concatenate([p[0] for p in parts], axis=1),
+                                                                np.concatenate([p[1] for p in parts])))
+    filled = [t for t in tables if not t.empty]
+    atomic_write_bytes(unit, _csv_bytes(pd.concat(filled, ignore_index=True) if filled else tables[0]))
+    for b in blocks:  # the unit's file is written: the blocks are no longer needed
+        b.unlink()
+        b.with_suffix(".npz").unlink(missing_ok=True)
+
+
 def remaining_seconds(left: list[tuple[str, str]], timings: dict[str, float]) -> float:
     """Seconds the units ``left`` ((test, method) pairs) should take, from the units measured so far
     (``timings``: "model/test/method" -> seconds): the mean of the same test and method on other
@@ -96,7 +157,7 @@ def remaining_seconds(left: list[tuple[str, str]], timings: dict[str, float]) ->
     by_pair: dict[tuple[str, str], list[float]] = {}
     by_test: dict[str, list[float]] = {}
     for key, v in timings.items():
-        test, method = key.split("/")[-2:]  # a model label holds no "/"
+        test, method = key.split("@")[0].split("/")[-2:]  # a model label holds no "/"; "@" marks a block
         by_pair.setdefault((test, method), []).append(v)
         by_test.setdefault(test, []).append(v)
     overall = sum(timings.values()) / len(timings)
@@ -166,39 +227,48 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         half = torch.bfloat16 if device.type == "cpu" else torch.float16
         units = [(spec, CHECKS[test], method) for spec in config.models for test in config.tests
                  for method in config.methods]
+        items = work_items(units, len(x), config.image_block)
         timings = {}
         models: dict[str, nn.Module] = {}
-        bar = tqdm(units, desc="audit" if shard.world == 1 else f"audit (rank {shard.rank} of {shard.world})",
+        bar = tqdm(items, desc="audit" if shard.world == 1 else f"audit (rank {shard.rank} of {shard.world})",
                    disable=not progress, position=shard.rank)
-        # this process's units still to compute, looked up once (a resumed run skips the rest)
-        pending = [i for i, (spec, check, method) in enumerate(units)
-                   if shard.mine(i) and not unit_path(out, labels[spec], check.name, method).exists()]
+        # this process's work still to do, looked up once (a resumed run skips the rest)
+        pending = [i for i, item in enumerate(items)
+                   if shard.mine(i) and not item.path(out, labels).exists() and not item.unit(out, labels).exists()]
         todo = set(pending)
-        for index, (spec, check, method) in enumerate(bar):
-            unit = unit_path(out, labels[spec], check.name, method)
-            key = f"{labels[spec]}/{check.name}/{method}"
+        for index, item in enumerate(bar):
             if index not in todo:
                 continue
+            spec, check, method = item.spec, item.check, item.method
+            key = item.key(labels)
             if spec not in models:
                 models[spec] = resolve_model(spec, config.weights).to(device)
             torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
+            xs, ys = x[item.start:item.stop], y[item.start:item.stop]
+            shown = max(0, min(config.heatmap_examples - item.start, len(xs)))  # example heatmaps among these images
+            part = dataclasses.replace(config, heatmap_examples=shown) if item.blocked else config
             start = time.perf_counter()
             with memory.limit(budget), peak.track(), \
                     torch.autocast(device.type, dtype=half, enabled=config.mixed_precision):
-                result = _run_unit(check, models[spec], x, y, method, config, progress, key)
+                result = _run_unit(check, models[spec], xs, ys, method, part, progress, key)
             timings[key] = round(time.perf_counter() - start, 3)
             peaks[key] = round(peak.nbytes / 2**20, 1) if peak.nbytes is not None else None
-            if result.maps is not None:
-                atomic_write_bytes(unit.with_suffix(".npz"), _npz_bytes(result.maps, x[: config.heatmap_examples].cpu().numpy()))
-            atomic_write_bytes(unit, _csv_bytes(result.table))  # last: its presence marks the unit finished
-            line = check.summary(result.table) if not result.table.empty else f"does not apply to {method}: skipped"
+            table = result.table
+            if item.start and "image" in table:
+                table = table.assign(image=table["image"] + item.start)
+            path = item.path(out, labels)
+            if result.maps is not None and shown:
+                atomic_write_bytes(path.with_suffix(".npz"), _npz_bytes(result.maps, xs[:shown].cpu().numpy()))
+            atomic_write_bytes(path, _csv_bytes(table))  # last: its presence marks the work finished
+            line = check.summary(table) if not table.empty else f"does not apply to {method}: skipped"
             metric = getattr(check.verdict, "metric", None)
-            if metric in result.table and result.table[metric].isna().any():  # say why the verdict may be undefined
-                line += (f"; {int(result.table[metric].isna().sum())} of {len(result.table)} scores undefined "
+            if metric in table and table[metric].isna().any():  # say why the verdict may be undefined
+                line += (f"; {int(table[metric].isna().sum())} of {len(table)} scores undefined "
                          "(maps constant or non-finite)")
-            left = [(units[i][1].name, units[i][2]) for i in pending if i > index]
+            left = [(items[i].check.name, items[i].method) for i in pending if i > index]
             eta = remaining_seconds(left, timings)
-            (bar.write if progress else log)(f"{key}: {line} ({timings[key]:.1f} s; {len(left)} unit"
+            noun = "block" if config.image_block else "unit"
+            (bar.write if progress else log)(f"{key}: {line} ({timings[key]:.1f} s; {len(left)} {noun}"
                                              f"{'' if len(left) == 1 else 's'} left"
                                              + (f", about {_duration(eta)})" if left else ")"))
         shard.barrier()  # every rank's units are written
@@ -207,6 +277,10 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         if not shard.lead:
             shard.barrier()  # the lead joins and writes the results and the manifest
             return load_results(out)
+        for item in items:  # a unit computed in blocks: its blocks joined into the unit's files
+            if item.blocked and item.start == 0:
+                unit = item.unit(out, labels)
+                _assemble(unit, [i.path(out, labels) for i in items if i.unit(out, labels) == unit])
         tables = _join(out, config, labels)
         for spec in config.models:  # units all resumed: the models were not needed until now
             if spec not in models:
@@ -224,6 +298,8 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                           "agreement": half_precision_agreement(models, labels, list(config.methods), x, y, half, log)}
         manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
                     "images": images, "memory": memory_record, "precision": precision,
+                    # float32 kernels block their sums by thread count: the last bits depend on it
+                    "processes": shard.world, "threads_per_process": torch.get_num_threads(),
                     "versions": versions(), "timings_s": {**old, **timings},
                     "units": len(units), "results": sorted(str(p.relative_to(out)) for p in (out / "results").glob("*.csv"))}
         atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())

@@ -42,3 +42,14 @@ def test_citations_render_per_format_and_every_cited_key_exists():
 def test_a_run_without_bort_models_does_not_cite_bort():
     pairs = methods_text.paragraphs(manifest(), MODELS[MODELS.optimizer == "sgd"])
     assert "zhang2023bort" not in methods_text.cited(pairs) and "wilcoxon1945" not in methods_text.cited(pairs)
+
+
+def test_the_arithmetic_and_the_image_blocks_are_stated():
+    plain = dict(methods_text.paragraphs(manifest(), MODELS))["Software"]
+    assert "computed in float32" in plain and "blocks" not in plain
+    mixed = manifest(mixed_precision=True, image_block=4)
+    mixed["precision"] = {"mixed": True, "dtype": "bfloat16", "agreement": {"cnn-sgd/gradient": 0.981,
+                                                                           "cnn-sgd/lrp-zplus": 0.9957}}
+    text = dict(methods_text.paragraphs(mixed, MODELS))["Software"]
+    assert "mixed precision (bfloat16)" in text and "at least 0.981" in text
+    assert "blocks of 4 images" in text

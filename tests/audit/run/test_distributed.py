@@ -1,5 +1,6 @@
 """Runs sharded over torch.distributed ranks (gloo, localhost): the files of one process, and
 --resume after a rank is killed."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -8,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from audit.cli import _without_workers, main
 from audit.errors import ConfigError
@@ -25,10 +27,23 @@ def files(out: Path) -> dict[str, bytes]:
                                                                       *(out / "units").rglob("*.csv")])}
 
 
+@contextlib.contextmanager
+def one_thread():
+    """One intra-op thread, as torchrun gives each rank: float32 kernels block their sums by thread
+    count, so a process with other threads differs from the ranks in the last bits."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def single(tmp_path_factory) -> dict[str, bytes]:
     out = tmp_path_factory.mktemp("single") / "run"
-    assert main(["run", *ARGS, "--out", str(out)]) == 0
+    with one_thread():
+        assert main(["run", *ARGS, "--out", str(out)]) == 0
     return files(out)
 
 
@@ -85,3 +100,35 @@ def test_a_run_object_in_one_process_is_the_single_shard(tmp_path):
     result = run_audit(load_config(models=["cnn-sgd"], methods=["gradient"], tests=["random-logit"], n_images=2),
                        tmp_path / "one", progress=False, log=lambda s: None, shard=Shard())
     assert set(result.tables) == {"random-logit", "models"}
+
+
+BLOCKED = ["--models", "cnn-sgd", "--methods", "gradient,lrp-zplus", "--tests", "csc,random-logit,cascading",
+           "--n-images", "6", "--image-block", "2", "--quiet"]
+
+
+def _maps(out: Path) -> dict[str, list]:
+    import numpy as np
+    found = {}
+    for p in sorted((out / "units").rglob("*.npz")):
+        with np.load(p) as npz:
+            found[str(p.relative_to(out))] = [npz["maps"], npz["images"]]
+    return found
+
+
+def test_the_images_of_a_unit_are_shared_among_ranks_in_blocks(tmp_path):
+    import numpy as np
+    one, two = tmp_path / "one", tmp_path / "two"
+    (tmp_path / "audit.toml").write_text("heatmap_examples = 3\n")
+    blocked = [*BLOCKED, "--config", str(tmp_path / "audit.toml")]
+    with one_thread():
+        assert main(["run", *blocked, "--out", str(one)]) == 0
+    assert main(["run", *blocked, "--workers", "2", "--out", str(two)]) == 0
+    assert files(one) == files(two)
+    assert not list(two.rglob("*@*"))  # the blocks were joined into their units and removed
+    cascading = files(one)["units/cnn-sgd/cascading/gradient.csv"].decode().splitlines()
+    assert len(cascading) > 1 and sorted({int(line.split(",")[3]) for line in cascading[1:]}) == list(range(6))
+    a, b = _maps(one), _maps(two)
+    assert a.keys() == b.keys() == {"units/cnn-sgd/cascading/gradient.npz", "units/cnn-sgd/cascading/lrp-zplus.npz"}
+    for k in a:
+        assert a[k][0].shape[1] == 3 and a[k][1].shape[0] == 3  # three example images, from two blocks
+        assert all(np.array_equal(u, v) for u, v in zip(a[k], b[k]))

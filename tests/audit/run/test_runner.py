@@ -230,3 +230,49 @@ def test_an_imagenet_size_model_with_torchvision_keys_end_to_end(tmp_path, monke
     untrained = random_logit_test(build("resnet50", (3, 224, 224), 1000).eval(), torch.from_numpy(sample.x),
                                   torch.from_numpy(sample.y), ["gradient"], seed=0, progress=False)
     assert not np.allclose(table.ssim.to_numpy()[:2], untrained.ssim.to_numpy(), atol=1e-3)
+
+
+def test_blocks_of_images_give_the_units_of_one_pass_and_resume(tmp_path, monkeypatch):
+    """A unit computed in blocks of images equals the whole unit where nothing random depends on the
+    block (cascading randomization of the gradient); a run failing part way through the blocks
+    finishes, after --resume, with the files of an uninterrupted one."""
+    import numpy as np
+    import pytest
+
+    import audit.run.runner as runner
+
+    base = dict(models=["cnn-sgd"], methods=["gradient"], tests=["cascading"], n_images=5, heatmap_examples=3)
+    whole = run_audit(load_config(**base), tmp_path / "whole", progress=False, log=lambda s: None)
+    blocked = run_audit(load_config(**base, image_block=2), tmp_path / "blocked", progress=False, log=lambda s: None)
+    a, b = whole.tables["cascading"], blocked.tables["cascading"]
+    assert a[["stage", "layer", "image"]].equals(b[["stage", "layer", "image"]])
+    assert np.allclose(a.ssim, b.ssim, atol=1e-5) and np.allclose(a.spearman, b.spearman, atol=1e-5)
+    with np.load(tmp_path / "whole/units/cnn-sgd/cascading/gradient.npz") as u, \
+            np.load(tmp_path / "blocked/units/cnn-sgd/cascading/gradient.npz") as v:
+        assert u["maps"].shape == v["maps"].shape and np.allclose(u["maps"], v["maps"], atol=1e-5 * abs(u["maps"]).max())
+        assert np.array_equal(u["images"], v["images"])
+    assert blocked.manifest["timings_s"].keys() == {"cnn-sgd/cascading/gradient@0-2", "cnn-sgd/cascading/gradient@2-4",
+                                                    "cnn-sgd/cascading/gradient@4-5"}
+
+    config = load_config(**{**base, "methods": ["gradient", "lrp-zplus"]}, image_block=2)
+    writes = []
+    real = runner.atomic_write_bytes
+
+    def failing(path, data):
+        writes.append(path)
+        if len(writes) == 6:  # part way through the second unit's blocks
+            raise OSError("disk full")
+        real(path, data)
+
+    monkeypatch.setattr(runner, "atomic_write_bytes", failing)
+    with pytest.raises(OSError, match="disk full"):
+        run_audit(config, tmp_path / "failed", progress=False, log=lambda s: None)
+    monkeypatch.setattr(runner, "atomic_write_bytes", real)
+    assert list((tmp_path / "failed" / "units").rglob("*@*.csv"))  # blocks done before the failure are kept
+    run_audit(config, tmp_path / "failed", resume=True, progress=False, log=lambda s: None)
+    fresh = run_audit(config, tmp_path / "fresh", progress=False, log=lambda s: None)
+    assert not list((tmp_path / "failed").rglob("*@*"))
+    for name in ("gradient", "lrp-zplus"):
+        unit = f"units/cnn-sgd/cascading/{name}.csv"
+        assert (tmp_path / "failed" / unit).read_bytes() == (tmp_path / "fresh" / unit).read_bytes()
+    assert _results(tmp_path / "failed") == _results(tmp_path / "fresh") and len(fresh.tables["cascading"])

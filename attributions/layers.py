@@ -108,8 +108,9 @@ def _fold(node: Node, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, t
 def bn_affine(bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """Eval-mode BatchNorm as y = scale * x + shift, per channel."""
     assert isinstance(bn, (nn.BatchNorm1d, nn.BatchNorm2d))  # the only "affine" module kinds (graph._MODULE_KINDS)
-    var = bn.running_var if bn.running_var is not None else torch.ones(bn.num_features)
-    mean = bn.running_mean if bn.running_mean is not None else torch.zeros(bn.num_features)
+    device = bn.weight.device if bn.weight is not None else None
+    var = bn.running_var if bn.running_var is not None else torch.ones(bn.num_features, device=device)
+    mean = bn.running_mean if bn.running_mean is not None else torch.zeros(bn.num_features, device=device)
     scale = torch.rsqrt(var + bn.eps)
     if bn.weight is not None:
         scale = scale * bn.weight

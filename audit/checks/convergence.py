@@ -104,7 +104,7 @@ def image_spectra(signal: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     ratio = sv[:, 1] / sv[:, 0]
     p = sv / sv.sum(1, keepdim=True)
     entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(1)
-    return ratio.numpy(), torch.exp(entropy).numpy()
+    return ratio.cpu().numpy(), torch.exp(entropy).cpu().numpy()
 
 
 def channel_axes(graph: Graph, env: dict) -> dict[str, int]:
@@ -244,7 +244,7 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
         gen = torch.Generator().manual_seed(_vector_seed(seed, target))
         v = torch.randn(k_total, len(x), *probe[node].shape[1:], generator=gen, dtype=torch.float64).to(probe[node])
         if token is not None:  # one token's vector: the others get no signal
-            keep = torch.zeros(v.shape[2:-1], dtype=v.dtype)
+            keep = torch.zeros(v.shape[2:-1], dtype=v.dtype, device=v.device)
             keep.view(-1)[token] = 1
             v = v * keep[..., None]
         vectors[target] = v

@@ -35,7 +35,7 @@ def discrete_entropy(maps: torch.Tensor, n_bins: int = 100) -> np.ndarray:
     """
     if n_bins < 1:
         raise ConfigError(f"n_bins must be a positive integer, got {n_bins}")
-    flat = maps.reshape(maps.shape[0], -1).double()
+    flat = maps.reshape(maps.shape[0], -1).detach().cpu().double()
     finite = torch.isfinite(flat).all(1).numpy()
     rows = torch.nan_to_num(flat, 0.0, 0.0, 0.0).numpy()
     counts = np.stack([np.histogram(row, bins=n_bins)[0] for row in rows]).astype(np.float64)

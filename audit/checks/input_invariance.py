@@ -87,7 +87,7 @@ def shifted_model(model: nn.Module, x: torch.Tensor, shift: float | Sequence[flo
     shifted = copy.deepcopy(model)
     layer: Any = shifted.get_submodule(names[0])  # a Conv / Linear (checked above); typed loosely for its fields
     w = layer.weight.detach()
-    bias = layer.bias.detach() if layer.bias is not None else torch.zeros(w.shape[0], dtype=w.dtype)
+    bias = layer.bias.detach() if layer.bias is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
     replacement: nn.Module = layer
     if node.kind == "dense":
         offset = seen.reshape(1, -1) @ w.T

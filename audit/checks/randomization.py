@@ -67,6 +67,12 @@ def reinitialise(module: nn.Module, name: str, seed: int, init: str = "reset") -
     ``permute``: a random permutation of each trained tensor's entries, which keeps their distribution.
     """
     check_option("re-initialisation", init, INITS)
+    device = next(module.parameters(), torch.empty(0)).device
+    if device.type != "cpu":  # drawn by the CPU generator, so that a GPU run re-initialises to the same values
+        twin = copy.deepcopy(module).cpu()
+        reinitialise(twin, name, seed, init)
+        module.load_state_dict(twin.state_dict())
+        return
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
         if init == "reset":

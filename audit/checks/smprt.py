@@ -36,7 +36,7 @@ def noisy_copies(x: torch.Tensor, n_samples: int, noise: float, seed: int) -> to
     flat = x.reshape(x.shape[0], -1)
     scale = (flat.max(1).values - flat.min(1).values).reshape(-1, *([1] * (x.ndim - 1)))
     gen = torch.Generator().manual_seed(seed)
-    eps = torch.randn((n_samples, *x.shape), generator=gen, dtype=x.dtype) * (noise * scale)
+    eps = torch.randn((n_samples, *x.shape), generator=gen, dtype=x.dtype).to(x.device) * (noise * scale)
     eps[-1] = 0.0
     return x[None] + eps
 

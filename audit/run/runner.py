@@ -142,10 +142,21 @@ def _assemble(unit: Path, blocks: list[Path]) -> None:
         atomic_write_bytes(unit.with_suffix(".npz"), _npz_bytes(np.concatenate([p[0] for p in parts], axis=1),
                                                                 np.concatenate([p[1] for p in parts])))
     filled = [t for t in tables if not t.empty]
-    atomic_write_bytes(unit, _csv_bytes(pd.concat(filled, ignore_index=True) if filled else tables[0]))
+    atomic_write_bytes(unit, _csv_bytes(_image_order(pd.concat(filled, ignore_index=True)) if filled else tables[0]))
     for b in blocks:  # the unit's file is written: the blocks are no longer needed
         b.unlink()
         b.with_suffix(".npz").unlink(missing_ok=True)
+
+
+def _image_order(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a unit's blocks in the order of the whole unit: grouped by the columns before
+    ``image`` (method, stage, layer), groups in order of first appearance, images ascending in each."""
+    key = list(table.columns[: list(table.columns).index("image")])
+    if not key:
+        return table.sort_values("image", kind="stable", ignore_index=True)
+    rank = table.groupby(key, sort=False, dropna=False).ngroup()
+    return table.assign(_group=rank).sort_values(["_group", "image"], kind="stable", ignore_index=True) \
+        .drop(columns="_group")
 
 
 def remaining_seconds(left: list[tuple[str, str]], timings: dict[str, float]) -> float:

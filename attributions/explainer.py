@@ -171,7 +171,8 @@ class Explainer(Attribution):
         autograd graphs its rules read), measured once per input shape."""
         key = (tuple(x.shape[1:]), x.dtype, x.device)
         if key not in self._image_bytes:
-            env = self._forward_envs(x[:1], with_ref=False)[0] if self.graph is not None else {"input": x[:1]}
+            env = self._forward_envs(x[:1], with_ref=False, batch=x.shape)[0] if self.graph is not None \
+                else {"input": x[:1]}
             self._image_bytes[key] = memory.tensor_bytes(env)
         return self._image_bytes[key]
 
@@ -252,17 +253,18 @@ class Explainer(Attribution):
         return taps
 
     def _forward_envs(self, x: torch.Tensor, with_ref: bool | None = None,
-                      record: frozenset[str] | None = None) -> tuple[dict, dict | None]:
+                      record: frozenset[str] | None = None, batch: torch.Size | None = None) -> tuple[dict, dict | None]:
         """Every node's output for x and (DeepLIFT, or ``with_ref``) for the zero reference: one image,
         broadcast against the batch. ``record``: nodes whose autograd graph to keep (default: those
-        this method's rules differentiate)."""
+        this method's rules differentiate); ``batch``: the shape of the inputs ``x`` was taken from, which
+        an error names (the user's, not a probe's)."""
         with_ref = self.method.signal == "multiplier" if with_ref is None else with_ref
         with torch.no_grad():
             try:
                 env = self._run(x, self.recorded if record is None else record)
             except RuntimeError as exc:  # most often inputs of a shape or channel count the model does not take
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise AttributionError(f"the model's forward pass failed on inputs of shape {tuple(x.shape)}: "
+                raise AttributionError(f"the model's forward pass failed on inputs of shape {tuple(batch or x.shape)}: "
                                        f"{first}; check the input shape and channels the model expects") from None
             ref = self._reference_env(x) if with_ref else None
         return env, ref

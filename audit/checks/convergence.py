@@ -237,7 +237,7 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
     # the vectors of every image at once (their draw does not depend on how the images are chunked)
     shapes: dict[str, torch.Size] = {}
     with model_errors():
-        probe = any_ex._run(x[:1])
+        probe = any_ex._forward_envs(x[:1], with_ref=False, batch=x.shape)[0]
     vectors = {}
     for target in targets:
         node, token = _split_token(target)

@@ -31,7 +31,8 @@ def audit_and_report(out: Path, resume: bool = False) -> None:
 
 def snapshot(out: Path) -> dict[str, object]:
     """Every file of a run folder: bytes, or for .npz the arrays (zip entries carry write times);
-    the manifest without its timings (wall-clock)."""
+    the manifest without what it measured of the machine: timings, the peak memory of each unit and
+    the default memory budget (half of the free RAM when the run started)."""
     files: dict[str, object] = {}
     for path in sorted(p for p in out.rglob("*") if p.is_file() and p.name != ".lock"):
         name = str(path.relative_to(out))
@@ -41,6 +42,7 @@ def snapshot(out: Path) -> dict[str, object]:
         elif path.name == "manifest.json":
             manifest = json.loads(path.read_text())
             manifest.pop("timings_s", None)
+            manifest.pop("memory", None)
             files[name] = manifest
         else:
             files[name] = path.read_bytes()

@@ -26,6 +26,8 @@ class Explaining(Protocol):
 
     def bytes_per_image(self, x: torch.Tensor) -> int: ...
 
+    def baseline_like(self, x: torch.Tensor) -> torch.Tensor: ...
+
 
 class Engine:
     """Computes maps for K target specifications: ``maps(ex, x, targets, envs) -> (K, B, ...)``.
@@ -68,6 +70,7 @@ class IntegratedGradientsEngine(Engine):
         ig = IntegratedGradients(ex.forward)
         if memory.budget() is not None and "internal_batch_size" not in kwargs:  # steps x images in chunks
             kwargs["internal_batch_size"] = memory.fitting(n_steps * len(x), 2 * ex.bytes_per_image(x))
+        kwargs.setdefault("baselines", ex.baseline_like(x))
         return torch.stack([ig.attribute(x, target=ex.targets(logits, t), n_steps=n_steps, **kwargs).detach()
                             for t in targets])
 

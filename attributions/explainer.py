@@ -132,10 +132,10 @@ class Explainer(Attribution):
                                   ) -> torch.Tensor:
         """How far each map's sum is from what the method promises, (B,).
 
-        DeepLIFT and integrated gradients (zero reference): sum - (f(x) - f(0)) for the explained
-        output (completeness; exact for DeepLIFT, a Riemann error for IG). LRP from the logit:
-        sum - f(x) (conservation; biases, stabilisers and constants absorb part of it, so it is
-        exact only on bias-free models).
+        DeepLIFT and integrated gradients: sum - (f(x) - f(x0)) for the explained output, x0 the
+        method's baseline (completeness; exact for DeepLIFT, a Riemann error for IG). LRP from the
+        logit: sum - f(x) (conservation; biases, stabilisers and constants absorb part of it, so it
+        is exact only on bias-free models).
         """
         if not self.has_convergence_delta():
             raise AttributionError(f"{self.method.name!r} promises no completeness or conservation")
@@ -145,7 +145,7 @@ class Explainer(Attribution):
             t = self.targets(logits, target)
             expected = logits.gather(1, t[:, None])[:, 0]
             if self.method.completeness == "difference":
-                expected = expected - self.forward(torch.zeros_like(x[:1]))[0, t]
+                expected = expected - self.forward(self.baseline_like(x))[0, t]
         return attributions.detach().reshape(len(x), -1).sum(1).to(expected.dtype) - expected
 
     @property
@@ -269,15 +269,27 @@ class Explainer(Attribution):
             ref = self._reference_env(x) if with_ref else None
         return env, ref
 
+    def baseline_like(self, x: torch.Tensor) -> torch.Tensor:
+        """The method's reference input for inputs like ``x`` (B, C, ...): (1, C, ...), a constant or one
+        value per channel (:attr:`Method.baseline`; zero by default)."""
+        value = self.method.baseline
+        if isinstance(value, float):
+            return torch.full_like(x[:1], value)
+        if x.ndim < 2 or len(value) != x.shape[1]:
+            raise AttributionError(f"{self.method.name!r}: the baseline has {len(value)} values but the inputs have "
+                                   f"{x.shape[1] if x.ndim > 1 else 0} channels (shape {tuple(x.shape)})")
+        per_channel = torch.tensor(value, dtype=x.dtype, device=x.device).reshape(1, -1, *([1] * (x.ndim - 2)))
+        return per_channel.expand_as(x[:1]).clone()
+
     def _reference_env(self, x: torch.Tensor) -> dict:
-        """The forward pass of the zero reference (1, ...): it depends on the model's tensors only, so it
+        """The forward pass of the reference input (1, ...): it depends on the model's tensors only, so it
         is kept until one of them changes (:mod:`attributions.derived`)."""
         graph = self._g
         consts = [v for n in graph.nodes if "attribute" in n.params for v in [n.evaluate({})]
                   if isinstance(v, torch.Tensor)]
         sources = [*self.model.parameters(), *self.model.buffers(), *consts]
-        return self._reference.get(sources, lambda: self._run(torch.zeros_like(x[:1])),
-                                   key=(tuple(x.shape[1:]), x.dtype, x.device))
+        return self._reference.get(sources, lambda: self._run(self.baseline_like(x)),
+                                   key=(tuple(x.shape[1:]), x.dtype, x.device, self.method.baseline))
 
     def _signals(self, x: torch.Tensor, start: str, make_signal, envs=None, keep=None) -> dict:
         """Every node's signal (or only those named in ``keep``) for the signal ``make_signal(env)`` at

@@ -31,7 +31,8 @@ class Method:
     gradient-like maps). ``completeness``: what a map's sum equals where the method promises it
     (``difference``: f(x) - f(0) for the explained output; ``output``: f(x); None: no promise).
     ``family``: one of :data:`FAMILIES`, the group the report draws and colours the method in.
-    ``cite``: BibTeX keys of the method's references (``reports.references``).
+    ``cite``: BibTeX keys of the method's references (``reports.references``). ``baseline``: the
+    reference input of DeepLIFT and integrated gradients, a constant or one value per channel.
     """
 
     name: str
@@ -47,6 +48,7 @@ class Method:
     completeness: str | None = None
     family: str = "gradient-based"
     cite: tuple[str, ...] = ()
+    baseline: float | tuple[float, ...] = 0.0
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -184,22 +186,33 @@ def _excitation_backprop(stabilizer: float = 1e-6):
                 output="onehot", stabilizer=stabilizer, family=ZPLUS, cite=("zhang2016",))
 
 
-def _deeplift(eps: float = 1e-10):
-    return Method("deeplift", "DeepLIFT Rescale with a zero reference (as captum's DeepLift)",
+def _baseline(value) -> float | tuple[float, ...]:
+    """A reference input: one number, or one per channel."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                          for v in value):
+        return tuple(float(v) for v in value)
+    raise AttributionError(f"baseline must be a number or one number per input channel, got {value!r}")
+
+
+def _deeplift(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0):
+    return Method("deeplift", "DeepLIFT Rescale from a reference input (zero by default, as captum's DeepLift)",
                   "Shrikumar et al. 2017 (ICML)", signal="multiplier", rules=_deeplift_rules(R.Gradient(), eps),
-                  completeness="difference", family="DeepLIFT", cite=("shrikumar2017",))
+                  completeness="difference", family="DeepLIFT", cite=("shrikumar2017",), baseline=_baseline(baseline))
 
 
-def _deeplift_ablation(eps: float = 1e-10):
+def _deeplift_ablation(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0):
     return Method("deeplift-ablation", "DeepLIFT without positive/negative intermixing (non-negative chain)",
                   SIXT, signal="multiplier", rules=_deeplift_rules(R.DeepLiftAblation(), eps), family="DeepLIFT",
-                  cite=("shrikumar2017", "sixt2020"))
+                  cite=("shrikumar2017", "sixt2020"), baseline=_baseline(baseline))
 
 
-def _integrated_gradients(n_steps: int = 50):
-    return Method("integrated-gradients", "integrated gradients from a zero baseline (captum)",
+def _integrated_gradients(n_steps: int = 50, baseline: float | tuple[float, ...] = 0.0):
+    return Method("integrated-gradients", "integrated gradients from a baseline input (zero by default; captum)",
                   "Sundararajan et al. 2017 (ICML)", engine=IntegratedGradientsEngine(n_steps),
-                  params={"n_steps": n_steps}, completeness="difference", cite=("sundararajan2017",))
+                  params={"n_steps": n_steps}, completeness="difference", cite=("sundararajan2017",),
+                  baseline=_baseline(baseline))
 
 
 def _smoothgrad(noise: float = 0.15, samples: int = 50):
@@ -257,6 +270,12 @@ def build_method(name: str, **params) -> Method:
         raise AttributionError(f"method {name!r} has no parameter {', '.join(sorted(bad))}; "
                           f"parameters: {', '.join(accepted) or 'none'}")
     return builder(**params)
+
+
+def takes_baseline(name: str) -> bool:
+    """Whether the method ``name`` has a reference input (DeepLIFT, integrated gradients)."""
+    builder = BUILDERS.get(name)
+    return builder is not None and "baseline" in inspect.signature(builder).parameters
 
 
 def available_methods() -> dict[str, str]:

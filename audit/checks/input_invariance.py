@@ -27,10 +27,11 @@ from tqdm.auto import tqdm
 from attributions.explainer import Explainer, attribute_many
 from attributions.graph import trace
 from attributions.layers import explicit_padding
+from attributions.methods import takes_baseline
 from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.checks.passes import prepare
 from audit.errors import AuditError
-from audit.inputs import check_inputs, resolve_methods
+from audit.inputs import check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import heatmaps
 from audit.measures.similarity import WINDOW, normalize_map, screen, ssim
 from audit.panels import family_panels, method_boxes, threshold_line
@@ -121,8 +122,11 @@ def shifted_model(model: nn.Module, x: torch.Tensor, shift: float | Sequence[flo
     return shifted
 
 
+REFERENCES = ("zero", "shifted")
+
+
 def input_invariance(model: nn.Module, x, y, methods="all", shift: float | Sequence[float] = -1.0, seed: int = 0,
-                     reduction: dict | None = None, progress: bool = True) -> pd.DataFrame:
+                     reduction: dict | None = None, progress: bool = True, reference: str = "zero") -> pd.DataFrame:
     """Whether each method's maps survive a constant input shift that the model compensates.
 
     Parameters
@@ -131,6 +135,9 @@ def input_invariance(model: nn.Module, x, y, methods="all", shift: float | Seque
     x : (B, C, H, W) images; y : (B,) labels (the explained class)
     shift : the constant added to the input, one number or one per channel (-1 on [0, 1] images)
     seed : both passes draw the same noise from it (SmoothGrad), so only the shift differs
+    reference : the reference input of DeepLIFT and integrated gradients on the shifted input: "zero"
+        (as on the original, the methods' default: not invariant) or "shifted" (the shift itself, the
+        image of the original zero reference: invariant, Kindermans et al.)
 
     Returns
     -------
@@ -142,11 +149,16 @@ def input_invariance(model: nn.Module, x, y, methods="all", shift: float | Seque
     if y is None:
         raise AuditError("input_invariance needs the labels y")
     names = resolve_methods(methods)
+    check_option("reference", reference, REFERENCES)
     shifted = shifted_model(model, x, shift)
     x_shifted = x + _shift_tensor(shift, x)
+    moved = {}
+    if reference == "shifted":
+        values = _shift_tensor(shift, x).reshape(x.shape[1], -1)[:, 0].tolist()
+        moved = {m: {"baseline": values[0] if len(set(values)) == 1 else values} for m in names if takes_baseline(m)}
     maps = []
-    for m_, inputs, labels in ((model, x, y), (shifted, x_shifted, None)):
-        _, explainers, envs, _ = prepare(m_, inputs, names, labels)
+    for m_, inputs, labels, params in ((model, x, y, {}), (shifted, x_shifted, None, moved)):
+        _, explainers, envs, _ = prepare(m_, inputs, names, labels, params=params)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             raw = attribute_many(explainers, inputs, [y], envs)
@@ -164,7 +176,8 @@ def input_invariance(model: nn.Module, x, y, methods="all", shift: float | Seque
 
 
 def _run(model, x, y, method, config, progress) -> UnitResult:
-    return UnitResult(input_invariance(model, x, y, [method], shift=config.shift, seed=config.seed, progress=progress))
+    return UnitResult(input_invariance(model, x, y, [method], shift=config.shift, seed=config.seed, progress=progress,
+                                       reference=config.invariance_reference))
 
 
 def invariance_figure(table: pd.DataFrame, model: str, tolerance: float) -> Figure:
@@ -200,5 +213,8 @@ CHECK = Check(
                         metric="relative_l2"),
     description="the input shifted by a constant compensated in the first layer's bias; maps compared before/after",
     options=(Option("shift", -1.0, "constant added to every input value (compensated in the first layer's bias)"),
+             Option("invariance_reference", "zero", "reference input of DeepLIFT and integrated gradients on the "
+                    "shifted input: zero (their default) or shifted (the shift, which makes them invariant)",
+                    choices=REFERENCES),
              Option("invariance_tolerance", 0.01, "median relative L2 change of the maps from which a method counts "
                     "as not input-invariant", valid=lambda v: v > 0, rule="> 0")))

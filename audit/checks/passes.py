@@ -26,17 +26,19 @@ def model_errors() -> Iterator[None]:
 
 
 def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tensor | None = None,
-            graph: Graph | None = None, seed: int = 0) -> tuple[Graph, dict[str, Explainer], tuple | None, torch.Tensor]:
+            graph: Graph | None = None, seed: int = 0, params: dict[str, dict] | None = None
+            ) -> tuple[Graph, dict[str, Explainer], tuple | None, torch.Tensor]:
     """(graph, {method: Explainer}, shared forward pass or None, logits (B, classes)) for ``x`` (B, ...).
 
-    ``graph``: reuse a trace of ``model``; ``seed``: the random control's. With labels ``y`` (B,), the
+    ``graph``: reuse a trace of ``model``; ``seed``: the random control's; ``params``: methods'
+    parameters, {method: {name: value}}. With labels ``y`` (B,), the
     logits must be finite and the labels index the model's classes (else an :class:`AuditError`); a
     model the engine cannot trace, or inputs it does not take, are a :class:`ModelError`.
     """
     with model_errors():
         graph = graph if graph is not None else trace(model)
-        params: dict[str, dict] = {"random": {"seed": seed}}
-        explainers = {m: Explainer(model, m, graph=graph, **params.get(m, {})) for m in methods}
+        given = {"random": {"seed": seed}} | (params or {})
+        explainers = {m: Explainer(model, m, graph=graph, **given.get(m, {})) for m in methods}
         envs = shared_forward(explainers, x)
         logits = envs[0][graph.output] if envs else Explainer(model, "gradient", graph=graph).forward(x).detach()
     if y is not None:

@@ -25,6 +25,31 @@ def test_theory_on_a_padded_cnn(trained):
     assert (df[df.method.isin(["gradient", "edge"])].ssim > 0.999).all()
 
 
+def test_deeplift_and_ig_are_invariant_with_the_shifted_reference(trained):
+    """Kindermans et al.: the maps of DeepLIFT and integrated gradients change with the shift from a
+    zero reference, and do not from the reference shifted alike (the image of the original zero)."""
+    model, x, y = trained
+    methods = ["deeplift", "integrated-gradients", "deeplift-ablation", "gradient"]
+    zero = input_invariance(model, x, y, methods, shift=-1.0, progress=False).groupby("method").relative_l2.median()
+    moved = input_invariance(model, x, y, methods, shift=-1.0, progress=False, reference="shifted")
+    med = moved.groupby("method").relative_l2.median()
+    assert (zero[["deeplift", "integrated-gradients", "deeplift-ablation"]] > 0.1).all(), zero
+    # IG's path points are computed from other float32 values on the shifted side: rounding, summed over steps
+    assert (med[["deeplift", "deeplift-ablation", "gradient"]] < 1e-5).all() and med["integrated-gradients"] < 1e-3, med
+    assert med["gradient"] == zero["gradient"]  # no reference: untouched by the option
+    with pytest.raises(AuditError, match="reference"):
+        input_invariance(model, x, y, ["deeplift"], reference="mean")
+
+
+def test_a_per_channel_shift_moves_the_reference_per_channel():
+    model = _conv_net()
+    x = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    y = torch.tensor([0, 2])
+    med = input_invariance(model, x, y, ["deeplift", "integrated-gradients"], shift=[-0.5, 0.2, 1.0], progress=False,
+                           reference="shifted").groupby("method").relative_l2.median()
+    assert med["deeplift"] < 1e-5 and med["integrated-gradients"] < 1e-3, med
+
+
 def _conv_net(padding_mode: str = "zeros", channels: int = 3) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(channels, 4, 3, padding=1, padding_mode=padding_mode), nn.ReLU(),

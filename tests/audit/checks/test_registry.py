@@ -24,7 +24,7 @@ def test_registered_checks_in_order_with_their_declarations():
                                                                "input-invariance"]
     assert {"n_vectors", "csc_threshold", "random_logit_pass", "randomization_pass", "bn", "target", "init",
             "emprt_order", "emprt_bins", "emprt_curve", "emprt_pass", "smprt_order", "smprt_samples", "smprt_noise", "smprt_pass",
-            "shift", "invariance_tolerance"} == set(check_options())
+            "shift", "invariance_reference", "invariance_tolerance"} == set(check_options())
     with pytest.raises(ConfigError, match="unknown test 'cascade'.*Did you mean 'cascading'"):
         get_check("cascade")
 

@@ -68,8 +68,8 @@ class IntegratedGradientsEngine(Engine):
         logits = ex.forward(x).detach()
         n_steps = kwargs.pop("n_steps", self.n_steps)
         ig = IntegratedGradients(ex.forward)
-        if memory.budget() is not None and "internal_batch_size" not in kwargs:  # steps x images in chunks
-            kwargs["internal_batch_size"] = memory.fitting(n_steps * len(x), 2 * ex.bytes_per_image(x))
+        if memory.budget() is not None:  # steps x images in chunks that fit
+            kwargs.setdefault("internal_batch_size", memory.fitting(n_steps * len(x), lambda: 2 * ex.bytes_per_image(x)))
         kwargs.setdefault("baselines", ex.baseline_like(x))
         return torch.stack([ig.attribute(x, target=ex.targets(logits, t), n_steps=n_steps, **kwargs).detach()
                             for t in targets])
@@ -87,8 +87,7 @@ class SmoothGradEngine(Engine):
         sigma = self.noise * float(x.max() - x.min())
         tunnel = NoiseTunnel(ex.sibling("gradient"))
         # the noisy copies of the batch in chunks that fit the memory budget
-        per_sample = memory.fitting(self.samples, 2 * len(x) * ex.bytes_per_image(x)) \
-            if memory.budget() is not None else self.samples
+        per_sample = memory.fitting(self.samples, lambda: 2 * len(x) * ex.bytes_per_image(x))
         batch = None if per_sample >= self.samples else per_sample
         return torch.stack([tunnel.attribute(x, nt_type="smoothgrad", nt_samples=self.samples, stdevs=sigma,
                                              nt_samples_batch_size=batch, target=ex.targets(logits, t)).detach()

@@ -160,11 +160,9 @@ class Explainer(Attribution):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The model's output computed by the graph (eval semantics); differentiable."""
         graph = self._need_graph("forward")
-        n = len(x) if torch.is_grad_enabled() or memory.budget() is None else \
-            memory.fitting(len(x), self.bytes_per_image(x))
-        if n < len(x):  # logits only: one chunk's values at a time
-            return torch.cat([self._run(x[i:j])[graph.output] for i, j in memory.spans(len(x), n)])
-        return self._run(x)[graph.output]
+        n = len(x) if torch.is_grad_enabled() else memory.fitting(len(x), lambda: self.bytes_per_image(x))
+        # logits only (no autograd graph to keep): one chunk's values at a time
+        return memory.joined([self._run(x[i:j])[graph.output] for i, j in memory.spans(len(x), n)], 0)
 
     def bytes_per_image(self, x: torch.Tensor) -> int:
         """Bytes one image of ``x`` (B, ...) takes in this method's forward pass (its values and the
@@ -180,9 +178,7 @@ class Explainer(Attribution):
         """How many images of ``x`` one forward and backward pass with ``vectors`` signals may take under
         the memory budget (:mod:`attributions.memory`): each costs its forward values and one signal as
         large per vector."""
-        if memory.budget() is None:
-            return len(x)
-        return memory.fitting(len(x), self.bytes_per_image(x) * (1 + vectors))
+        return memory.fitting(len(x), lambda: self.bytes_per_image(x) * (1 + vectors))
 
     def _run(self, x: torch.Tensor, record: frozenset[str] = frozenset()) -> dict:
         """Every node's value; for the nodes in ``record`` also their autograd graph, (leaves, output)
@@ -306,7 +302,7 @@ class Explainer(Attribution):
                 if ref is not None:  # DeepLIFT's signal: multiplier times the difference from the reference
                     taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
                 parts.append(taps)
-        return parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        return memory.joined(parts, 0)
 
     # --- public API --------------------------------------------------------------------------------
 
@@ -319,8 +315,8 @@ class Explainer(Attribution):
         x = self._check_input(x)
         n = self.images_per_pass(x, len(targets)) if self.method.chain and envs is None else len(x)
         if n < len(x):  # under a memory budget: images in chunks, each with its own forward pass
-            return torch.cat([self.maps_for_targets(x[i:j], [_rows(t, i, j, len(x)) for t in targets], **kwargs)
-                              for i, j in memory.spans(len(x), n)], 1)
+            return memory.joined([self.maps_for_targets(x[i:j], [_rows(t, i, j, len(x)) for t in targets], **kwargs)
+                                  for i, j in memory.spans(len(x), n)], 1)
         # under autocast (mixed precision) the passes run at half width; maps keep the inputs' dtype
         return self.method.engine.maps(self, x, targets, envs, **kwargs).to(x.dtype)
 
@@ -379,8 +375,8 @@ class Explainer(Attribution):
             raise unknown_name("layer", inject_at, self._g.layers, AttributionError)
         n = self.images_per_pass(x, len(vectors)) if vectors.ndim >= 2 and vectors.shape[1] == len(x) else len(x)
         if n < len(x):  # under a memory budget: images in chunks, each with its own forward pass
-            parts = [self.propagate(x[i:j], inject_at, vectors[:, i:j]) for i, j in memory.spans(len(x), n)]
-            return {k: torch.cat([p[k] for p in parts], 1) for k in parts[0]}
+            return memory.joined([self.propagate(x[i:j], inject_at, vectors[:, i:j])
+                                  for i, j in memory.spans(len(x), n)], 1)
 
         def start(env):
             expected = (env[inject_at].shape[0],) + tuple(env[inject_at].shape[1:])
@@ -471,8 +467,8 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor) -> tuple[d
         return None
     if len({id(e.graph) for e in chains}) > 1:
         raise AttributionError("explainers sharing a forward pass must be built on one traced graph (pass graph=)")
-    per_image = max(e.bytes_per_image(x) for e in chains) if memory.budget() is not None else 0
-    if memory.fitting(len(x), 2 * per_image) < len(x):  # over the memory budget: each explainer in chunks
+    if memory.fitting(len(x), lambda: 2 * max(e.bytes_per_image(x) for e in chains)) < len(x):
+        # over the memory budget: each explainer goes in chunks of images
         return None
     return chains[0]._forward_envs(chains[0]._check_input(x), any(e.method.signal == "multiplier" for e in chains),
                                    frozenset().union(*(e.recorded for e in chains)))

@@ -12,7 +12,7 @@ reproducible bit for bit under the same budget. Without a budget nothing is spli
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 
 import torch
@@ -57,14 +57,24 @@ def tensor_bytes(values) -> int:
     return total
 
 
-def fitting(total: int, per_item: int, fixed: int = 0) -> int:
-    """How many of ``total`` items fit in the budget beside ``fixed`` bytes when each costs ``per_item``:
-    between 1 (an item that does not fit alone still runs, alone) and ``total``; ``total`` without a
-    budget."""
+def fitting(total: int, per_item: int | Callable[[], int], fixed: int = 0) -> int:
+    """How many of ``total`` items fit in the budget beside ``fixed`` bytes when each costs ``per_item``
+    (bytes, or a function measuring them, called only under a budget): between 1 (an item that does
+    not fit alone still runs, alone) and ``total``; ``total`` without a budget."""
     nbytes = budget()
-    if nbytes is None or per_item <= 0:
+    if nbytes is None:
         return total
-    return max(1, min(total, (nbytes - fixed) // per_item))
+    cost = per_item() if callable(per_item) else per_item
+    return total if cost <= 0 else max(1, min(total, (nbytes - fixed) // cost))
+
+
+def joined(parts: list, dim: int):
+    """Chunk results joined along ``dim``: tensors, or dicts of tensors with the same keys."""
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], dict):
+        return {k: torch.cat([p[k] for p in parts], dim) for k in parts[0]}
+    return torch.cat(parts, dim)
 
 
 def spans(total: int, size: int) -> list[tuple[int, int]]:

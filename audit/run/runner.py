@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from attributions import memory
 from attributions.errors import AttributionError
 from attributions.explainer import Explainer
+from attributions.graph import trace
 from audit.atomic import atomic_write_bytes, is_partial, remove_partials
 from audit.checks import CHECKS, Check, UnitResult
 from audit.data import balanced_sample
@@ -125,26 +126,23 @@ def work_items(units: list[tuple[str, Check, str]], n_images: int, block: int) -
 
 
 def _assemble(unit: Path, blocks: list[Path]) -> None:
-    """Join a unit's block files (in image order) into its own files, then remove them (only remove
-    them when the unit's files were written before a kill)."""
-    if unit.exists():
-        for b in blocks:
-            b.unlink(missing_ok=True)
-            b.with_suffix(".npz").unlink(missing_ok=True)
-        return
-    tables = [read_table(b) for b in blocks]
-    maps = [b.with_suffix(".npz") for b in blocks if b.with_suffix(".npz").exists()]
-    if maps:
+    """Join a unit's block files (in image order) into its own files, unless a run killed after
+    writing them left the blocks behind; then remove the blocks."""
+    if not unit.exists():
         parts = []
-        for m in maps:
-            with np.load(m) as npz:
-                parts.append((npz["maps"], npz["images"]))
-        atomic_write_bytes(unit.with_suffix(".npz"), _npz_bytes(np.concatenate([p[0] for p in parts], axis=1),
-                                                                np.concatenate([p[1] for p in parts])))
-    filled = [t for t in tables if not t.empty]
-    atomic_write_bytes(unit, _csv_bytes(_image_order(pd.concat(filled, ignore_index=True)) if filled else tables[0]))
+        for m in (b.with_suffix(".npz") for b in blocks):
+            if m.exists():
+                with np.load(m) as npz:
+                    parts.append((npz["maps"], npz["images"]))
+        if parts:
+            atomic_write_bytes(unit.with_suffix(".npz"), _npz_bytes(np.concatenate([p[0] for p in parts], axis=1),
+                                                                    np.concatenate([p[1] for p in parts])))
+        tables = [read_table(b) for b in blocks]
+        filled = [t for t in tables if not t.empty]
+        atomic_write_bytes(unit, _csv_bytes(_image_order(pd.concat(filled, ignore_index=True)) if filled
+                                            else tables[0]))
     for b in blocks:  # the unit's file is written: the blocks are no longer needed
-        b.unlink()
+        b.unlink(missing_ok=True)
         b.with_suffix(".npz").unlink(missing_ok=True)
 
 
@@ -288,10 +286,12 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         if not shard.lead:
             shard.barrier()  # the lead joins and writes the results and the manifest
             return load_results(out)
-        for item in items:  # a unit computed in blocks: its blocks joined into the unit's files
-            if item.blocked and item.start == 0:
-                unit = item.unit(out, labels)
-                _assemble(unit, [i.path(out, labels) for i in items if i.unit(out, labels) == unit])
+        blocks: dict[Path, list[Path]] = {}  # a unit computed in blocks: its blocks joined into the unit's files
+        for item in items:
+            if item.blocked:
+                blocks.setdefault(item.unit(out, labels), []).append(item.path(out, labels))
+        for unit, paths in blocks.items():
+            _assemble(unit, paths)
         tables = _join(out, config, labels)
         for spec in config.models:  # units all resumed: the models were not needed until now
             if spec not in models:
@@ -324,8 +324,9 @@ def half_precision_agreement(models: dict[str, nn.Module], labels: dict[str, str
     under autocast to ``half`` and in float32 (1: unchanged); a warning for those under 0.99."""
     out = {}
     for spec, model in models.items():
+        graph = trace(model)
         for method in methods:
-            ex = Explainer(model, method)
+            ex = Explainer(model, method, graph=graph)
             maps = []
             for enabled in (False, True):
                 torch.manual_seed(0)  # the noise of SmoothGrad and the random control: drawn alike both times

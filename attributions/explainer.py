@@ -22,6 +22,9 @@ from attributions.layers import OPS, pool
 from attributions.methods import Method, build_method
 from attributions.rules import Context, Rule, resolve
 
+# (an earlier forward pass's values, the names of the nodes whose values may be taken from it)
+Reuse = tuple[dict, frozenset[str]]
+
 RULE_KINDS = SIGNAL_KINDS  # every node that carries the signal has a rule
 
 
@@ -180,12 +183,18 @@ class Explainer(Attribution):
         large per vector."""
         return memory.fitting(len(x), lambda: self.bytes_per_image(x) * (1 + vectors))
 
-    def _run(self, x: torch.Tensor, record: frozenset[str] = frozenset()) -> dict:
+    def _run(self, x: torch.Tensor, record: frozenset[str] = frozenset(), reuse: Reuse | None = None) -> dict:
         """Every node's value; for the nodes in ``record`` also their autograd graph, (leaves, output)
-        under ``(name, "graph")``, so that the backward pass need not re-run them."""
+        under ``(name, "graph")``, so that the backward pass need not re-run them. ``reuse``: (an
+        earlier pass's values for the same ``x``, the nodes whose values it may give), for a model that
+        differs from the earlier one only downstream of those nodes."""
         env: dict = {"input": x}
         for node in self._g.nodes[1:]:
-            if node.name in record and all(isinstance(env[i], torch.Tensor) for i in node.inputs):
+            if reuse is not None and node.name in reuse[1]:
+                for key in (node.name, (node.name, "indices"), (node.name, "graph"), *node.params.get("folded", ())):
+                    if key in reuse[0]:
+                        env[key] = reuse[0][key]
+            elif node.name in record and all(isinstance(env[i], torch.Tensor) for i in node.inputs):
                 leaves = [env[i].detach().requires_grad_() for i in node.inputs]
                 with torch.enable_grad():
                     out = node.evaluate(env, dict(zip(node.inputs, leaves)))
@@ -248,16 +257,16 @@ class Explainer(Attribution):
                     env.pop(name, None)
         return taps
 
-    def _forward_envs(self, x: torch.Tensor, with_ref: bool | None = None,
-                      record: frozenset[str] | None = None, batch: torch.Size | None = None) -> tuple[dict, dict | None]:
+    def _forward_envs(self, x: torch.Tensor, with_ref: bool | None = None, record: frozenset[str] | None = None,
+                      batch: torch.Size | None = None, reuse: Reuse | None = None) -> tuple[dict, dict | None]:
         """Every node's output for x and (DeepLIFT, or ``with_ref``) for the zero reference: one image,
         broadcast against the batch. ``record``: nodes whose autograd graph to keep (default: those
         this method's rules differentiate); ``batch``: the shape of the inputs ``x`` was taken from, which
-        an error names (the user's, not a probe's)."""
+        an error names (the user's, not a probe's); ``reuse``: as :meth:`_run`."""
         with_ref = self.method.signal == "multiplier" if with_ref is None else with_ref
         with torch.no_grad():
             try:
-                env = self._run(x, self.recorded if record is None else record)
+                env = self._run(x, self.recorded if record is None else record, reuse)
             except RuntimeError as exc:  # most often inputs of a shape or channel count the model does not take
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise AttributionError(f"the model's forward pass failed on inputs of shape {tuple(batch or x.shape)}: "
@@ -459,9 +468,14 @@ def check_input(x) -> torch.Tensor:
     return x.detach()
 
 
-def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor) -> tuple[dict, dict | None] | None:
+def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor, reuse: Reuse | None = None
+                   ) -> tuple[dict, dict | None] | None:
     """One forward pass (and one reference pass, if a DeepLIFT method needs it) for all the graph
-    methods among ``explainers``, which must share one traced graph (build them with ``graph=``)."""
+    methods among ``explainers``, which must share one traced graph (build them with ``graph=``).
+
+    ``reuse``: (the values of an earlier shared pass on ``x``, the nodes it may give): the nodes a
+    model change left upstream of (a randomization stage's untouched lower layers) are not recomputed.
+    """
     chains = [e for e in explainers.values() if e.method.chain]
     if not chains:
         return None
@@ -471,7 +485,7 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor) -> tuple[d
         # over the memory budget: each explainer goes in chunks of images
         return None
     return chains[0]._forward_envs(chains[0]._check_input(x), any(e.method.signal == "multiplier" for e in chains),
-                                   frozenset().union(*(e.recorded for e in chains)))
+                                   frozenset().union(*(e.recorded for e in chains)), reuse=reuse)
 
 
 def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: list, envs=None

@@ -37,10 +37,29 @@ def discrete_entropy(maps: torch.Tensor, n_bins: int = 100) -> np.ndarray:
         raise ConfigError(f"n_bins must be a positive integer, got {n_bins}")
     flat = maps.reshape(maps.shape[0], -1).detach().cpu().double()
     finite = torch.isfinite(flat).all(1).numpy()
-    rows = torch.nan_to_num(flat, 0.0, 0.0, 0.0).numpy()
-    counts = np.stack([np.histogram(row, bins=n_bins)[0] for row in rows]).astype(np.float64)
+    counts = histograms(torch.nan_to_num(flat, 0.0, 0.0, 0.0).numpy(), n_bins)
     # scipy.stats.entropy of each row's counts, without its per-call overhead (it dominated eMPRT's time)
     return np.where(finite, special.entr(counts / counts.sum(1, keepdims=True)).sum(1), np.nan)
+
+
+def histograms(rows: np.ndarray, n_bins: int) -> np.ndarray:
+    """``np.histogram(row, bins=n_bins)`` counts of every row of (N, P) at once -> (N, n_bins) float64.
+
+    numpy's binning exactly: equal-width edges from ``linspace`` between the row's extremes (widened
+    by 0.5 each way for a constant row), each value's bin from its scaled offset, then moved by one
+    where it falls on the wrong side of an edge by rounding; the last bin includes its right edge.
+    """
+    n = len(rows)
+    low, high = rows.min(1), rows.max(1)
+    constant = low == high
+    low, high = np.where(constant, low - 0.5, low), np.where(constant, high + 0.5, high)
+    edges = np.linspace(low, high, n_bins + 1, axis=1)  # (N, n_bins + 1)
+    index = ((rows - low[:, None]) / (high - low)[:, None] * n_bins).astype(np.intp)
+    index[index == n_bins] -= 1
+    index -= rows < np.take_along_axis(edges, index, 1)
+    index += (rows >= np.take_along_axis(edges, index + 1, 1)) & (index != n_bins - 1)
+    offsets = (np.arange(n) * n_bins)[:, None]
+    return np.bincount((index + offsets).ravel(), minlength=n * n_bins).reshape(n, n_bins).astype(np.float64)
 
 
 def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_bins: int = 100,

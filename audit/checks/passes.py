@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from attributions.errors import AttributionError
-from attributions.explainer import Explainer, shared_forward
+from attributions.explainer import Explainer, Reuse, shared_forward
 from attributions.graph import Graph, trace
 from audit.errors import ModelError
 from audit.inputs import check_labels, check_logits
@@ -26,12 +26,13 @@ def model_errors() -> Iterator[None]:
 
 
 def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tensor | None = None,
-            graph: Graph | None = None, seed: int = 0, params: dict[str, dict] | None = None
-            ) -> tuple[Graph, dict[str, Explainer], tuple | None, torch.Tensor]:
+            graph: Graph | None = None, seed: int = 0, params: dict[str, dict] | None = None,
+            reuse: Reuse | None = None) -> tuple[Graph, dict[str, Explainer], tuple | None, torch.Tensor]:
     """(graph, {method: Explainer}, shared forward pass or None, logits (B, classes)) for ``x`` (B, ...).
 
     ``graph``: reuse a trace of ``model``; ``seed``: the random control's; ``params``: methods'
-    parameters, {method: {name: value}}. With labels ``y`` (B,), the
+    parameters, {method: {name: value}}; ``reuse``: node values an earlier shared pass on ``x`` gives
+    (:func:`~attributions.explainer.shared_forward`). With labels ``y`` (B,), the
     logits must be finite and the labels index the model's classes (else an :class:`AuditError`); a
     model the engine cannot trace, or inputs it does not take, are a :class:`ModelError`.
     """
@@ -39,7 +40,7 @@ def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tens
         graph = graph if graph is not None else trace(model)
         given = {"random": {"seed": seed}} | (params or {})
         explainers = {m: Explainer(model, m, graph=graph, **given.get(m, {})) for m in methods}
-        envs = shared_forward(explainers, x)
+        envs = shared_forward(explainers, x, reuse)
         logits = envs[0][graph.output] if envs else Explainer(model, "gradient", graph=graph).forward(x).detach()
     if y is not None:
         check_logits(logits)

@@ -26,10 +26,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attributions.explainer import Explainer, attribute_many
-from attributions.graph import trace
+from attributions.graph import Graph, trace
 from audit import style
 from audit.checks.base import Check, MedianScore, Option, UnitResult
-from audit.checks.passes import prepare
+from audit.checks.passes import model_errors, prepare
 from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import AuditError
 from audit.inputs import check_inputs, check_option, resolve_methods
@@ -43,11 +43,14 @@ BN_POLICIES = ("reset", "keep-stats")
 INITS = ("reset", "gaussian", "permute")
 TARGETS = ("true", "predicted")
 COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog"]
+COMPARE_BYTES = 1 << 23  # raw maps per batch of comparisons (the measures' buffers are about ten times as large)
 
 
-def parameterised_layers(model: nn.Module) -> list[tuple[str, nn.Module, nn.Module | None]]:
-    """(name, module, folded BatchNorm or None) of each conv / dense / BatchNorm layer, in forward order."""
-    graph = trace(model)
+def parameterised_layers(model: nn.Module, graph: Graph | None = None) -> list[tuple[str, nn.Module, nn.Module | None]]:
+    """(name, module, folded BatchNorm or None) of each conv / dense / BatchNorm layer, in forward order.
+
+    ``graph``: the model's trace when the caller already has it."""
+    graph = graph if graph is not None else trace(model)
     out: list[tuple[str, nn.Module, nn.Module | None]] = []
     seen = set()
     for node in graph.nodes:
@@ -74,7 +77,7 @@ def reinitialise(module: nn.Module, name: str, seed: int, init: str = "reset") -
         module.load_state_dict(twin.state_dict())
         return
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
+        torch.default_generator.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))  # the CPU generator alone
         if init == "reset":
             module.reset_parameters()  # type: ignore[operator]  # torch types an unknown attribute as Tensor | Module
             return
@@ -103,18 +106,21 @@ def reset_batchnorm(bn: nn.Module) -> None:
 
 
 def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "reset", seed: int = 0,
-                         layers: list | None = None, init: str = "reset"):
+                         layers: list | None = None, init: str = "reset", start: nn.Module | None = None):
     """Yield (stage, layer name, model copy) for stage 0 (the original) and each randomisation stage.
 
-    ``layers``: the result of :func:`parameterised_layers` when the caller already has it;
-    ``init``: the re-initialisation scheme (:func:`reinitialise`).
+    ``layers``: the result of :func:`parameterised_layers` when the caller already has it (of ``start``
+    when given, else of ``model``); ``init``: the re-initialisation scheme (:func:`reinitialise`);
+    ``start``: an unmodified copy of ``model`` to randomize (made here when None).
     """
     check_option("re-initialisation", init, INITS)
     check_option("order", order, ORDERS)
     check_option("BatchNorm policy", bn, BN_POLICIES)
-    layers = layers if layers is not None else parameterised_layers(model)
+    owner = start if start is not None else model  # the model whose modules ``layers`` holds
+    layers = layers if layers is not None else parameterised_layers(owner)
+    folded_names = {n: _module_name(owner, b) for n, _, b in layers if b is not None}
     sequence = list(reversed(layers)) if order in ("cascading", "independent") else layers
-    current = copy.deepcopy(model)
+    current = start if start is not None else copy.deepcopy(model)
     yield 0, "original", current
     for stage, (name, _, _) in enumerate(sequence, start=1):
         target = copy.deepcopy(model) if order == "independent" else current
@@ -125,9 +131,8 @@ def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "
                 reset_batchnorm(module)
         else:
             reinitialise(module, name, seed, init)
-            folded = next((b for n, m, b in layers if n == name), None)
-            if folded is not None and bn == "reset":
-                reset_batchnorm(modules[_module_name(model, folded)])
+            if name in folded_names and bn == "reset":
+                reset_batchnorm(modules[folded_names[name]])
         current = target
         yield stage, name, target
 
@@ -175,6 +180,17 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     reference: dict[str, ReferenceMaps] = {}
     rows: list[dict] = []
     kept: dict[str, list[np.ndarray]] = {}
+    waiting: dict[str, list[tuple[int, str, torch.Tensor]]] = {}
+
+    def score(m: str) -> None:  # the waiting stages' maps compared with the reference at once
+        stages = waiting.pop(m, [])
+        if stages:
+            sims = reference[m].compare(torch.cat([v for _, _, v in stages]))
+            n = len(stages[0][2])
+            rows.extend({"method": m, "stage": stage, "layer": layer, "image": i,
+                         **{k: float(s[k_ * n + i]) for k, s in sims.items()}}
+                        for k_, (stage, layer, _) in enumerate(stages) for i in range(n))
+
     for stage, layer, maps in stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
                                          "parameter_randomization"):
         if not reference:
@@ -182,9 +198,13 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
         for m, v in maps.items():
             if keep_maps:
                 kept.setdefault(m, []).append(v[:keep_maps].numpy())
-            sims = reference[m].compare(v)
-            rows += [{"method": m, "stage": stage, "layer": layer, "image": i,
-                      **{k: float(s[i]) for k, s in sims.items()}} for i in range(len(v))]
+            waiting.setdefault(m, []).append((stage, layer, v))
+            # several stages' maps compared in one batch (the measures' per-call costs shared), a bounded number
+            if sum(w.numel() for _, _, w in waiting[m]) * 8 >= COMPARE_BYTES:
+                score(m)
+    for m in list(waiting):
+        score(m)
+    rows.sort(key=lambda r: (r["stage"], list(reference).index(r["method"]), r["image"]))  # as the stages ran
     df = pd.DataFrame(rows, columns=COLUMNS)
     shape = (0, 0) + tuple(x.shape[2:])
     return df, {m: np.stack(kept[m]) if m in kept else np.zeros(shape) for m in reference}
@@ -215,19 +235,40 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
         raise AuditError(f"{name} needs the labels y")
     check_option("target", target, TARGETS)
     names = resolve_methods(methods)
-    layers = parameterised_layers(model)
-    graph = None
-    stages = randomization_stages(model, order, bn, seed, layers, init)  # lazily: cascading stages share one copy
+    start = copy.deepcopy(model)
+    with model_errors():
+        graph = trace(start)  # cascading and bottom-up stages modify this one copy: traced once
+    layers = parameterised_layers(start, graph)
+    stages = randomization_stages(model, order, bn, seed, layers, init, start)  # lazily: stages share one copy
+    trained = None  # the trained model's shared forward pass
+    changed: set[str] = set()  # the layers re-initialised so far
     for stage, layer, stage_model in tqdm(stages, total=1 + len(layers), desc=f"{name} ({order})",
                                           disable=not progress, leave=False):
+        if stage:
+            changed = {layer} if order == "independent" else changed | {layer}
         if not every_stage and 0 < stage < len(layers):
             continue
-        # cascading stages modify one copy: traced once; the random control draws afresh at every stage
-        # (seeded by the stage), a floor for the scores; logits and labels checked on the trained model
+        # the nodes upstream of every re-initialised layer hold the trained model's values: taken, not recomputed
+        reuse = (trained[0], unchanged_nodes(graph, changed)) if trained is not None else None
+        # the random control draws afresh at every stage (seeded by the stage), a floor for the scores;
+        # logits and labels checked on the trained model
         graph, explainers, envs, logits = prepare(stage_model, x, names, y if stage == 0 else None,
-                                                  None if order == "independent" else graph, seed + stage)
+                                                  graph if stage == 0 or order != "independent" else None,
+                                                  seed + stage, reuse=reuse)
+        trained = envs if stage == 0 else trained
         t = y if target == "true" else logits.argmax(1)
         yield stage, layer, heatmaps(explain(explainers, x, t, envs), reduction)
+
+
+def unchanged_nodes(graph: Graph, changed: set[str]) -> frozenset[str]:
+    """The nodes of ``graph`` whose values do not depend on the layers named in ``changed`` (nor on
+    their parameters read directly): upstream of all of them."""
+    dirty: set[str] = set()
+    for node in graph.nodes[1:]:
+        module = node.name.split("#")[0]
+        if any(module == c or module.startswith(c + ".") for c in changed) or any(i in dirty for i in node.inputs):
+            dirty.add(node.name)
+    return frozenset(n.name for n in graph.nodes[1:] if n.name not in dirty)
 
 
 def randomization_figure(frame: pd.DataFrame, model: str, order: str, threshold: float | None = None) -> Figure:

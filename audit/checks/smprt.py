@@ -21,7 +21,7 @@ from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.checks.randomization import ORDERS, STAGE_OPTIONS, stage_figure, stage_maps
 from audit.errors import ConfigError
 from audit.inputs import check_inputs
-from audit.measures.similarity import screen, spearman
+from audit.measures.similarity import correlation, screen, unit_ranks
 from audit.sections import ReportContext, Section
 
 COLUMNS = ["method", "stage", "layer", "image", "spearman"]
@@ -77,14 +77,14 @@ def smooth_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_sa
         return {m: v.reshape(n_samples, *x.shape).mean(0) for m, v in total.items()}
 
     rows: list[dict] = []
-    first: dict[str, torch.Tensor] = {}
+    first: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the trained model's maps, ranked once
     for stage, layer, maps in stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
                                          "smooth_mprt", explain=denoised):
         for m, v in maps.items():
-            magnitude = v.abs()
-            reference = first.setdefault(m, magnitude)
-            (bad_ref, ref_clean), (bad, clean) = screen(reference), screen(magnitude)
-            rho = np.where(bad_ref | bad, np.nan, spearman(ref_clean, clean))
+            bad, clean = screen(v.abs())
+            ranked = unit_ranks(clean)
+            bad_ref, ref_ranks = first.setdefault(m, (bad, ranked))
+            rho = np.where(bad_ref | bad, np.nan, correlation(ref_ranks, ranked))
             rows += [{"method": m, "stage": stage, "layer": layer, "image": i, "spearman": float(rho[i])}
                      for i in range(len(rho))]
     return pd.DataFrame(rows, columns=COLUMNS)

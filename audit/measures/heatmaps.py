@@ -5,16 +5,17 @@ import numpy as np
 import torch
 
 from attributions.methods import build_method
+from audit.errors import AuditError
 from audit.measures.similarity import (
     WINDOW,
+    normalized_from_sorted,
+    correlation,
     hog_features,
-    hog_similarity,
-    normalize_map,
     reduce_map,
     screen,
-    spearman,
     ssim,
     undefined_where,
+    unit_ranks,
 )
 
 
@@ -30,23 +31,54 @@ def heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> di
             for m, v in maps.items()}
 
 
-class ReferenceMaps:
-    """Raw heatmaps (N, H, W) that later maps are compared with; their normalised form and HOG
-    descriptors are computed once."""
+class ComparableMaps:
+    """Raw heatmaps (N, H, W) with what the similarity measures read, computed once: which maps are
+    :func:`~audit.measures.similarity.degenerate`, the rank vectors of the maps and of their
+    magnitudes (:func:`~audit.measures.similarity.unit_ranks`), the normalised maps and the rank
+    vectors of their HOG descriptors. One sort of each map gives its ranks and the percentiles its
+    normalisation clips at."""
+
+    def __init__(self, raw: torch.Tensor):
+        self.bad, self.raw = screen(raw)
+        flat = self.raw.reshape(len(raw), -1).double()
+        values = flat.numpy()
+        order = np.argsort(values, axis=1)
+        self.ranks = unit_ranks(values, order)
+        # maps without negative values (the max-abs reduction's) are their own magnitudes
+        self.abs_ranks = self.ranks if (values >= 0).all() else unit_ranks(np.abs(values))
+        ordered = torch.from_numpy(np.take_along_axis(values, order, 1))
+        self.normalized = normalized_from_sorted(flat, ordered).reshape(self.raw.shape)
+        self.hog_ranks = unit_ranks(hog_features(self.normalized))
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
+class ReferenceMaps(ComparableMaps):
+    """The maps (N, H, W) that later sets of maps are compared with."""
 
     def __init__(self, raw: torch.Tensor, win_size: int = WINDOW):
-        (self.bad, self.raw), self.win_size = screen(raw), win_size
-        self.normalized = normalize_map(self.raw)
-        self.hog = hog_features(self.normalized)
+        super().__init__(raw)
+        self.win_size = win_size
 
-    def compare(self, other: torch.Tensor) -> dict[str, np.ndarray]:
+    def compare(self, other: torch.Tensor | ComparableMaps) -> dict[str, np.ndarray]:
         """Flip-invariant SSIM of the normalised maps, Spearman of the raw maps (signed and of
-        |.|), and Spearman of the normalised maps' HOG descriptors; each (N,), NaN where either map
-        is :func:`~audit.measures.similarity.degenerate`."""
-        bad, other = screen(other)
-        bad = bad | self.bad
-        norm = normalize_map(other)
+        |.|), and Spearman of the normalised maps' HOG descriptors; each (M,), NaN where either map
+        is :func:`~audit.measures.similarity.degenerate`.
+
+        ``other``: raw heatmaps (M, H, W), or their :class:`ComparableMaps`; M may be any multiple
+        of N (several sets stacked, each compared with the reference).
+        """
+        other = other if isinstance(other, ComparableMaps) else ComparableMaps(other)
+        times = len(other) // len(self)
+        if times * len(self) != len(other):
+            raise AuditError(f"{len(other)} maps cannot be compared with {len(self)} reference maps: the number must "
+                             "be a multiple")
+        bad = other.bad | np.tile(self.bad, times)
+        reference = self.normalized.repeat(times, 1, 1) if times > 1 else self.normalized
         return undefined_where(bad, {
-            "ssim": ssim(self.normalized, norm, win_size=self.win_size, data_range=1.0, flip_invariant=True).numpy(),
-            "spearman": spearman(self.raw, other), "spearman_abs": spearman(self.raw.abs(), other.abs()),
-            "hog": hog_similarity(self.hog, norm)})
+            "ssim": ssim(reference, other.normalized, win_size=self.win_size, data_range=1.0,
+                         flip_invariant=True).numpy(),
+            "spearman": correlation(self.ranks, other.ranks), "spearman_abs": correlation(self.abs_ranks,
+                                                                                          other.abs_ranks),
+            "hog": correlation(self.hog_ranks, other.hog_ranks)})

@@ -7,7 +7,7 @@ import torch
 from scipy import stats
 
 from audit import efficient_mprt, randomization_with_maps
-from audit.checks.emprt import discrete_entropy
+from audit.checks.emprt import discrete_entropy, histograms
 from audit.checks.randomization import parameterised_layers
 from audit.errors import ConfigError
 
@@ -23,6 +23,16 @@ def test_discrete_entropy_by_hand():
     np.testing.assert_allclose(discrete_entropy(noisy), peer, rtol=1e-12)
     with pytest.raises(ConfigError, match="n_bins"):
         discrete_entropy(maps, n_bins=0)
+
+
+@pytest.mark.parametrize("bins", [1, 2, 7, 100])
+def test_histograms_equal_numpy_row_by_row(bins):
+    rng = np.random.default_rng(0)
+    rows = np.concatenate([rng.normal(size=(4, 300)) ** 3,  # heavy tails
+                           rng.integers(0, 6, (3, 300)).astype(float),  # values on the edges
+                           np.zeros((1, 300)), rng.uniform(size=(2, 300)) * 1e-12 + 5.0])  # constant; tiny range
+    want = np.stack([np.histogram(r, bins=bins)[0] for r in rows])
+    np.testing.assert_array_equal(histograms(rows, bins), want)
 
 
 def test_efficient_mprt_controls_order_and_determinism(trained):

@@ -9,7 +9,9 @@ from audit import (
     parameter_randomization,
     random_logit_test,
 )
-from audit.checks.randomization import parameterised_layers, randomization_stages
+from attributions.graph import trace
+from audit.checks import randomization
+from audit.checks.randomization import parameterised_layers, randomization_stages, unchanged_nodes
 from audit.errors import AuditError, ConfigError
 from audit.models import build
 
@@ -51,6 +53,29 @@ def test_independent_and_bottom_up_orders_and_batchnorm_policy():
     _, _, reset_model = next(s for s in randomization_stages(model, "cascading", "reset", seed=1) if s[1] == "layer3.2.conv2")
     bn = reset_model.layer3[2].bn2
     assert torch.equal(bn.running_mean, torch.zeros(64)) and torch.equal(bn.weight.data, torch.ones(64))
+
+
+@pytest.mark.parametrize("order", ["cascading", "independent", "bottom-up"])
+def test_reused_forward_values_change_nothing(order, monkeypatch):
+    # the stages take the trained model's values for the nodes below their re-initialised layers; the
+    # tables must be those of recomputing every node (BatchNorm folded into the convolutions included)
+    torch.manual_seed(0)
+    model = build("resnet").eval()
+    x, y = torch.rand(3, 1, 28, 28), torch.tensor([1, 4, 7])
+    methods = ["gradient", "lrp-epsilon-plus", "deeplift"]
+    reused = parameter_randomization(model, x, y, methods, order=order, progress=False)
+    monkeypatch.setattr(randomization, "unchanged_nodes", lambda graph, changed: frozenset())
+    assert reused.equals(parameter_randomization(model, x, y, methods, order=order, progress=False))
+
+
+def test_unchanged_nodes_are_upstream_of_every_change(trained):
+    model = trained[0]
+    graph = trace(model)
+    assert unchanged_nodes(graph, set()) == frozenset(n.name for n in graph.nodes[1:])
+    top = unchanged_nodes(graph, {"classifier.2"})
+    assert "classifier.1" in top and "classifier.2" not in top
+    assert unchanged_nodes(graph, {"features.0"}) == frozenset()
+    assert "features.4" in unchanged_nodes(graph, {"features.5", "classifier.2"})
 
 
 def test_randomization_bad_input(trained):

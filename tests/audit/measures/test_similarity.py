@@ -3,12 +3,16 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from skimage.feature import hog
 from skimage.metrics import structural_similarity
 
 from audit.errors import AuditError, ConfigError
+from audit.measures.heatmaps import ComparableMaps, ReferenceMaps
 from audit.measures.similarity import (
+    hog_features,
     hog_similarity,
     normalize_map,
+    ranks,
     reduce_map,
     spearman,
     ssim,
@@ -88,3 +92,51 @@ def test_spearman_and_hog_match_scipy():
     np.testing.assert_allclose(h, 1.0)
     assert (hog_similarity(a, torch.rand(3, 16, 16, dtype=torch.float64)) < 0.9).all()
 
+
+
+def test_ranks_average_ties_as_scipy():
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.integers(0, 4, (3, 40)), rng.normal(size=(2, 40))]).astype(float)
+    np.testing.assert_array_equal(ranks(values), stats.rankdata(values, axis=1))
+
+
+def test_normalize_map_clips_at_torch_quantiles():
+    g = torch.Generator().manual_seed(1)
+    m = torch.randn(3, 17, 13, generator=g, dtype=torch.float64) ** 3
+    flat = m.reshape(3, -1)
+    q = torch.quantile(flat, torch.tensor([0.005, 0.995], dtype=flat.dtype), dim=1)
+    clipped = flat.clamp(min=q[0][:, None], max=q[1][:, None])
+    want = (clipped - q[0][:, None]) / (q[1] - q[0])[:, None]
+    torch.testing.assert_close(normalize_map(m), want.reshape(m.shape), rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("shape", [(4, 28, 28), (3, 16, 16), (2, 30, 22), (2, 64, 64)])
+def test_hog_features_match_scikit_image(shape):
+    g = torch.Generator().manual_seed(2)
+    maps = normalize_map(torch.randn(*shape, generator=g, dtype=torch.float64))
+    maps[0, : shape[1] // 3] = 0.0  # a flat region: zero gradients, empty bins
+    cell = max(2, min(shape[1:]) // 4)
+    want = np.stack([hog(m, orientations=9, pixels_per_cell=(cell, cell), cells_per_block=(2, 2))
+                     for m in maps.numpy()])
+    got = hog_features(maps)
+    assert got.shape == want.shape
+    # scikit-image sums each cell in single precision, pixel by pixel; ours sums in double, then rounds
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+    ours = spearman(torch.from_numpy(got), torch.from_numpy(got[::-1].copy()))
+    theirs = [stats.spearmanr(a, b).statistic for a, b in zip(want, want[::-1])]
+    np.testing.assert_allclose(ours, theirs, atol=1e-6)
+
+
+def test_reference_compares_stacked_sets_as_one_at_a_time():
+    g = torch.Generator().manual_seed(3)
+    reference = ReferenceMaps(torch.randn(3, 20, 20, generator=g, dtype=torch.float64))
+    sets = [torch.randn(3, 20, 20, generator=g, dtype=torch.float64) for _ in range(3)]
+    sets[1][0] = 0.0  # a degenerate map: NaN scores
+    stacked = reference.compare(torch.cat(sets))
+    for k, part in enumerate(sets):
+        alone = reference.compare(ComparableMaps(part))
+        for name, scores in alone.items():
+            np.testing.assert_allclose(stacked[name][3 * k:3 * k + 3], scores, rtol=1e-12, equal_nan=True)
+    assert np.isnan(stacked["ssim"][3]) and not np.isnan(stacked["ssim"][4])
+    with pytest.raises(AuditError, match="multiple"):
+        reference.compare(torch.cat(sets)[:4])

@@ -8,9 +8,9 @@ from attributions.methods import build_method
 from audit.errors import AuditError
 from audit.measures.similarity import (
     WINDOW,
-    normalized_from_sorted,
     correlation,
     hog_features,
+    normalized_from_sorted,
     reduce_map,
     screen,
     ssim,

@@ -5,11 +5,11 @@ import pytest
 import torch
 from torch import nn
 
+from attributions.graph import trace
 from audit import (
     parameter_randomization,
     random_logit_test,
 )
-from attributions.graph import trace
 from audit.checks import randomization
 from audit.checks.randomization import parameterised_layers, randomization_stages, unchanged_nodes
 from audit.errors import AuditError, ConfigError

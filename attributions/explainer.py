@@ -25,6 +25,12 @@ from attributions.rules import Context, Rule, resolve
 # (an earlier forward pass's values, the names of the nodes whose values may be taken from it)
 Reuse = tuple[dict, frozenset[str]]
 
+
+class Releasable(tuple):
+    """A shared forward pass (env, ref) handed to its last reader: its backward pass drops each value
+    once passed (as autograd frees what it saved), so memory freed early is reused by the next
+    allocations instead of being returned to the system and faulted in again."""
+
 RULE_KINDS = SIGNAL_KINDS  # every node that carries the signal has a rule
 
 
@@ -298,7 +304,8 @@ class Explainer(Attribution):
 
     def _signals(self, x: torch.Tensor, start: str, make_signal, envs=None, keep=None) -> dict:
         """Every node's signal (or only those named in ``keep``) for the signal ``make_signal(env)`` at
-        ``start``. A forward pass made here (no ``envs``) is released during the backward."""
+        ``start``. A forward pass made here (no ``envs``), or handed over as :class:`Releasable`, is
+        released during the backward."""
         env, ref = envs if envs is not None else self._forward_envs(x)
         with torch.no_grad():
             signal = make_signal(env)
@@ -307,7 +314,9 @@ class Explainer(Attribution):
             chunks = memory.spans(len(signal), memory.fitting(len(signal), held, held))
             parts = []
             for i, j in chunks:
-                taps = self._backward(env, ref, start, signal[i:j], keep, release=envs is None and j == len(signal))
+                last = j == len(signal)
+                taps = self._backward(env, ref, start, signal[i:j], keep,
+                                      release=(envs is None or isinstance(envs, Releasable)) and last)
                 if ref is not None:  # DeepLIFT's signal: multiplier times the difference from the reference
                     taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
                 parts.append(taps)
@@ -495,9 +504,13 @@ def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: l
     The graph methods share one forward pass (see :func:`shared_forward`; ``envs`` reuses one) and
     each explains all K targets in one batched backward pass.
     """
+    made = envs is None
     envs = envs if envs is not None else shared_forward(explainers, x)
+    last = [label for label, ex in explainers.items() if ex.method.chain][-1:]
     out = {}
     for label, ex in explainers.items():
         own = (envs[0], envs[1] if ex.method.signal == "multiplier" else None) if ex.method.chain else None
+        if made and own is not None and label in last:  # nobody reads the pass made here after the last method
+            own = Releasable(own)
         out[label] = ex.maps_for_targets(x, targets, own)
     return out

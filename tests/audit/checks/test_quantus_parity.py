@@ -1,4 +1,4 @@
-"""Parity with Quantus (a test dependency only): its EfficientMPRT and SmoothMPRT run on exactly our
+"""Parity with Quantus (a test dependency only): its MPRT, EfficientMPRT and SmoothMPRT run on exactly our
 randomized models (its layer generator replaced by ours: Quantus re-seeds every layer with the same
 seed and walks modules in registration order, ours seeds per layer and follows the forward order)
 and on our maps, and must give our scores."""
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from attributions import Explainer
-from audit import efficient_mprt, parameter_randomization, smooth_mprt
+from audit import efficient_mprt, parameter_randomization, random_logit_test, smooth_mprt
+from audit.checks import random_logit
 from audit.checks.randomization import randomization_stages
 from audit.measures.heatmaps import heatmaps
 
@@ -75,3 +76,30 @@ def test_cascading_randomization_equals_quantus_mprt(trained, monkeypatch):
     for stage, scores in enumerate(theirs.values()):
         got = ours[ours.stage == stage].sort_values("image").spearman_abs.to_numpy()
         np.testing.assert_allclose(got, np.asarray(scores, dtype=float), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("method,magnitude", [("gradient", False), ("lrp-epsilon", False), ("lrp-epsilon", True)])
+def test_random_logit_equals_quantus_random_logit(trained, monkeypatch, method, magnitude):
+    # Quantus draws the other class from numpy's global RNG, ours from a seeded generator of its own: ours is
+    # given Quantus's draw (the classes Quantus asks its explain function for). With Spearman as the
+    # similarity, no normalisation, and |map| or the signed map, the definitions coincide; its default
+    # SSIM on flattened maps does not (README: "Where our checks differ from Quantus").
+    model, x, y = trained
+    asked = []
+    explain = _explain(method)  # LRP-epsilon's maps are signed: Spearman of the map and of |map| differ
+
+    def recording(model, inputs, targets, **kwargs):
+        asked.append(np.asarray(targets).copy())
+        return explain(model, inputs, targets)
+
+    metric = quantus.RandomLogit(num_classes=10, similarity_func=quantus.similarity_func.correlation_spearman,
+                                 normalise=False, abs=magnitude, disable_warnings=True, display_progressbar=False)
+    theirs = metric(model=model, x_batch=x.numpy(), y_batch=y.numpy(), a_batch=None, explain_func=recording,
+                    device="cpu")
+    other = torch.as_tensor(asked[-1])
+    assert len(asked) == 2 and (other != y).all()
+    monkeypatch.setattr(random_logit, "random_classes", lambda labels, classes, seed: other)
+    ours = random_logit_test(model, x, y, [method], progress=False)
+    assert (ours.random_class.to_numpy() == other.numpy()).all()
+    column = "spearman_abs" if magnitude else "spearman"
+    np.testing.assert_allclose(ours[column].to_numpy(), np.asarray(theirs, dtype=float), rtol=1e-6, atol=1e-9)

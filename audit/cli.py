@@ -23,6 +23,7 @@ from audit.models import ARCHS, OPTIMIZERS, SHIPPED, TrainConfig, available_chec
 from audit.models.recipes import RECIPES
 from audit.run import load_config, run_audit
 from audit.run.distributed import from_environment, launch
+from audit.run.resources import keep_freed_memory
 from reports import build_report, verdict_table
 from reports.references import short
 
@@ -254,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     prefix = f"attribution-audit {args.command}"
+    keep_freed_memory()  # passes over the same shapes reuse freed memory instead of faulting it in again
     try:
         return args.func(args)
     except ToolkitError as exc:

@@ -1,6 +1,8 @@
 """Audit-test speed: our batched SSIM over a scikit-image loop, and our randomization and
 random-logit tests over Quantus's MPRT and RandomLogit on the same model, images and method.
 
+The process keeps freed memory for reuse, as the command line does
+(:func:`audit.run.resources.keep_freed_memory`); the bare passes run under the same allocator.
 Quantus is installed only for this benchmark (``pip install .[bench]``); without it those rows
 say so. Our functions compute more per call (SSIM, two Spearman correlations and HOG
 similarity; Quantus computes one similarity), so the ratios are conservative.
@@ -13,6 +15,7 @@ from skimage.metrics import structural_similarity
 from audit.data import embedded_sample
 from audit.measures.similarity import ssim
 from audit.models import load_checkpoint
+from audit.run.resources import keep_freed_memory
 from benchmarks.timing import median_times, table
 
 
@@ -148,6 +151,7 @@ def _floor_by_model_rows(rounds: int, n_images: int = 16) -> list[tuple]:
 
 
 def run(rounds: int = 5) -> str:
+    keep_freed_memory()  # as the command line does; the bare passes run under it too
     rows = (_ssim_rows(rounds) + _quantus_rows(max(3, rounds // 2)) + _mprt_family_rows(max(5, rounds))
             + _floor_by_model_rows(max(3, rounds // 2)))
     return "Audit speed (ours faster by)\n\n" + table(rows, ("comparison", "speed-up", "target"))

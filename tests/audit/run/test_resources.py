@@ -7,7 +7,7 @@ import torch
 
 from audit.errors import ConfigError
 from audit.run.config import load_config
-from audit.run.resources import Peak, available_bytes, budget_bytes, parse_size
+from audit.run.resources import Peak, available_bytes, budget_bytes, keep_freed_memory, parse_size
 from audit.run.runner import run_audit
 
 
@@ -84,3 +84,10 @@ def test_mixed_precision_records_each_methods_agreement_with_float32(tmp_path):
     assert any("lrp-alpha2beta1" in line and "float32" in line for line in lines)
     table = result.tables["random-logit"]
     assert np.isfinite(table.ssim).all()
+
+
+def test_the_allocator_keeps_freed_memory_on_glibc_unless_told_not_to(monkeypatch):
+    import platform
+    assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
+    monkeypatch.setenv("AUDIT_SYSTEM_MALLOC", "1")
+    assert keep_freed_memory() is False

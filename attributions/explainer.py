@@ -509,8 +509,10 @@ def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: l
     last = [label for label, ex in explainers.items() if ex.method.chain][-1:]
     out = {}
     for label, ex in explainers.items():
-        own = (envs[0], envs[1] if ex.method.signal == "multiplier" else None) if ex.method.chain else None
-        if made and own is not None and label in last:  # nobody reads the pass made here after the last method
-            own = Releasable(own)
+        own = None  # controls, or over the memory budget: each method its own (chunked) passes
+        if ex.method.chain and envs is not None:
+            own = (envs[0], envs[1] if ex.method.signal == "multiplier" else None)
+            if made and label in last:  # nobody reads the pass made here after the last method
+                own = Releasable(own)
         out[label] = ex.maps_for_targets(x, targets, own)
     return out

@@ -25,6 +25,7 @@ from matplotlib.figure import Figure as MplFigure
 from torch import nn
 from tqdm.auto import tqdm
 
+from attributions import memory
 from attributions.explainer import Explainer, attribute_many
 from attributions.graph import Graph, trace
 from audit import style
@@ -255,7 +256,10 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
         graph, explainers, envs, logits = prepare(stage_model, x, names, y if stage == 0 else None,
                                                   graph if stage == 0 or order != "independent" else None,
                                                   seed + stage, reuse=reuse)
-        trained = envs if stage == 0 else trained
+        if stage == 0 and envs is not None:
+            # kept while the stages run: under a memory budget only if it leaves room for a stage's own passes
+            limit = memory.budget()
+            trained = envs if limit is None or 3 * memory.tensor_bytes(envs[0]) <= limit else None
         t = y if target == "true" else logits.argmax(1)
         yield stage, layer, heatmaps(explain(explainers, x, t, envs), reduction)
 

@@ -1,10 +1,13 @@
 """Parameter randomization: cascading, independent and bottom-up stages, BatchNorm policies, bad input."""
 import copy
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from attributions import memory
+from attributions.explainer import Explainer, shared_forward
 from attributions.graph import trace
 from audit import (
     parameter_randomization,
@@ -66,6 +69,29 @@ def test_reused_forward_values_change_nothing(order, monkeypatch):
     reused = parameter_randomization(model, x, y, methods, order=order, progress=False)
     monkeypatch.setattr(randomization, "unchanged_nodes", lambda graph, changed: frozenset())
     assert reused.equals(parameter_randomization(model, x, y, methods, order=order, progress=False))
+
+
+def test_the_trained_pass_is_kept_for_reuse_only_where_the_budget_has_room(trained, monkeypatch):
+    model, x, y = trained
+    ex = Explainer(model, "gradient", graph=trace(model))
+    one_pass = ex.bytes_per_image(x) * len(x)  # the estimate the shared forward pass is held to
+    held = memory.tensor_bytes(shared_forward({"gradient": ex}, x)[0])
+    asked = []
+    spy = randomization.unchanged_nodes
+    monkeypatch.setattr(randomization, "unchanged_nodes", lambda g, changed: asked.append(changed) or spy(g, changed))
+    free = parameter_randomization(model, x, y, ["gradient"], progress=False)
+    assert asked
+    asked.clear()
+    with memory.limit(max(2 * one_pass, 3 * held)):  # room for the trained pass besides a stage's own
+        assert parameter_randomization(model, x, y, ["gradient"], progress=False).equals(free)
+    assert asked
+    asked.clear()
+    with memory.limit(held):  # no shared pass fits: every stage in chunks of images, nothing kept
+        tight = parameter_randomization(model, x, y, ["gradient"], progress=False)
+    assert not asked
+    # chunked maps equal batched ones to float32 rounding (attributions.memory); a rank may swap
+    for column, atol in (("ssim", 1e-5), ("spearman", 1e-5), ("hog", 1e-4)):
+        np.testing.assert_allclose(tight[column], free[column], atol=atol)
 
 
 def test_unchanged_nodes_are_upstream_of_every_change(trained):

@@ -207,13 +207,14 @@ def ranks(values: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
 
 def unit_ranks(values, order: np.ndarray | None = None) -> np.ndarray:
     """The average ranks of each flattened row of (N, ...) values, centred and scaled to unit length
-    -> (N, P); NaN rows for constant rows. The Spearman correlation of two rows is the dot product of
+    -> (N, P); NaN rows for constant rows and rows holding NaN. The Spearman correlation of two rows is the dot product of
     theirs, so a set of maps compared many times is ranked once."""
     values = values.reshape(values.shape[0], -1)
     flat = values.double().numpy() if isinstance(values, torch.Tensor) else np.asarray(values, dtype=np.float64)
     r = ranks(flat, order)
     r -= (flat.shape[1] + 1) / 2  # the mean rank
     norm = np.sqrt(np.einsum("ij,ij->i", r, r))[:, None]
+    norm[np.isnan(flat).any(1)] = 0.0  # NaN has no rank: the row's correlations are NaN, as scipy's
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(norm > 0, r / norm, np.nan)
 

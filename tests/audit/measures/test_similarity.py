@@ -88,6 +88,9 @@ def test_spearman_and_hog_match_scipy():
     want = [stats.spearmanr(x.flatten(), y.flatten()).statistic for x, y in zip(a.numpy(), b.numpy())]
     np.testing.assert_allclose(got, want, rtol=1e-10)
     assert np.isnan(spearman(torch.ones(1, 4, 4), torch.rand(1, 4, 4)))[0]
+    with_nan = a.clone()
+    with_nan[1, 0, 0] = float("nan")
+    assert np.isnan(spearman(with_nan, b)).tolist() == [False, True, False]
     h = hog_similarity(a, a)
     np.testing.assert_allclose(h, 1.0)
     assert (hog_similarity(a, torch.rand(3, 16, 16, dtype=torch.float64)) < 0.9).all()
@@ -140,3 +143,8 @@ def test_reference_compares_stacked_sets_as_one_at_a_time():
     assert np.isnan(stacked["ssim"][3]) and not np.isnan(stacked["ssim"][4])
     with pytest.raises(AuditError, match="multiple"):
         reference.compare(torch.cat(sets)[:4])
+
+
+def test_hog_of_maps_too_small_for_two_cells_is_a_clear_error():
+    with pytest.raises(AuditError, match="HOG needs maps of at least 4 x 4, got 3 x 3"):
+        hog_features(torch.rand(1, 3, 3))

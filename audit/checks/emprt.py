@@ -18,7 +18,7 @@ import torch
 from scipy import special
 
 from audit.checks.base import Check, MedianScore, Option, UnitResult
-from audit.checks.randomization import ORDERS, STAGE_OPTIONS, stage_figure, stage_maps
+from audit.checks.randomization import ORDERS, STAGE_OPTIONS, stage_batches, stage_figure, stage_maps
 from audit.errors import ConfigError
 from audit.measures.similarity import degenerate
 from audit.sections import ReportContext, Section
@@ -87,15 +87,18 @@ def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n
     """
     rows: list[dict] = []
     first: dict[str, np.ndarray] = {}
-    for stage, layer, maps in stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
-                                         "efficient_mprt", every_stage=curve):
-        for m, v in maps.items():
+    n = len(x)
+    for batch in stage_batches(stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
+                                          "efficient_mprt", every_stage=curve)):
+        for m in batch[0][2]:
+            v = torch.cat([maps[m] for _, _, maps in batch])  # the batch's stages measured at once
             h = np.where(degenerate(v), np.nan, discrete_entropy(v, n_bins))  # constant / non-finite: undefined
-            h0 = first.setdefault(m, h)
+            h0 = np.tile(first.setdefault(m, h[:n]), len(batch))  # the trained model's, for each stage
             with np.errstate(invalid="ignore", divide="ignore"):
                 score = np.where(h0 > 0, (h - h0) / h0, np.nan)  # a constant trained map: undefined
-            rows += [{"method": m, "stage": stage, "layer": layer, "image": i, "entropy": float(h[i]),
-                      "score": float(score[i])} for i in range(len(h))]
+            rows += [{"method": m, "stage": stage, "layer": layer, "image": i, "entropy": float(h[k * n + i]),
+                      "score": float(score[k * n + i])} for k, (stage, layer, _) in enumerate(batch) for i in range(n)]
+    rows.sort(key=lambda r: r["stage"])  # as the stages ran (stable: methods and images keep their order)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

@@ -44,7 +44,7 @@ BN_POLICIES = ("reset", "keep-stats")
 INITS = ("reset", "gaussian", "permute")
 TARGETS = ("true", "predicted")
 COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog"]
-COMPARE_BYTES = 1 << 23  # raw maps per batch of comparisons (the measures' buffers are about ten times as large)
+COMPARE_BYTES = 1 << 23  # maps per batch of measures (their buffers are about ten times as large)
 
 
 def parameterised_layers(model: nn.Module, graph: Graph | None = None) -> list[tuple[str, nn.Module, nn.Module | None]]:
@@ -181,31 +181,18 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     reference: dict[str, ReferenceMaps] = {}
     rows: list[dict] = []
     kept: dict[str, list[np.ndarray]] = {}
-    waiting: dict[str, list[tuple[int, str, torch.Tensor]]] = {}
-
-    def score(m: str) -> None:  # the waiting stages' maps compared with the reference at once
-        stages = waiting.pop(m, [])
-        if stages:
-            sims = reference[m].compare(torch.cat([v for _, _, v in stages]))
-            n = len(stages[0][2])
-            rows.extend({"method": m, "stage": stage, "layer": layer, "image": i,
-                         **{k: float(s[k_ * n + i]) for k, s in sims.items()}}
-                        for k_, (stage, layer, _) in enumerate(stages) for i in range(n))
-
-    for stage, layer, maps in stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
-                                         "parameter_randomization"):
+    for batch in stage_batches(stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
+                                          "parameter_randomization")):
         if not reference:
-            reference = {m: ReferenceMaps(v) for m, v in maps.items()}
-        for m, v in maps.items():
-            if keep_maps:
-                kept.setdefault(m, []).append(v[:keep_maps].numpy())
-            waiting.setdefault(m, []).append((stage, layer, v))
-            # several stages' maps compared in one batch (the measures' per-call costs shared), a bounded number
-            if sum(w.numel() for _, _, w in waiting[m]) * 8 >= COMPARE_BYTES:
-                score(m)
-    for m in list(waiting):
-        score(m)
-    rows.sort(key=lambda r: (r["stage"], list(reference).index(r["method"]), r["image"]))  # as the stages ran
+            reference = {m: ReferenceMaps(v) for m, v in batch[0][2].items()}
+        sims = {m: reference[m].compare(torch.cat([maps[m] for _, _, maps in batch])) for m in reference}
+        n = len(x)
+        for k, (stage, layer, maps) in enumerate(batch):
+            for m in reference:
+                if keep_maps:
+                    kept.setdefault(m, []).append(maps[m][:keep_maps].numpy())
+                rows += [{"method": m, "stage": stage, "layer": layer, "image": i,
+                          **{name: float(s[k * n + i]) for name, s in sims[m].items()}} for i in range(n)]
     df = pd.DataFrame(rows, columns=COLUMNS)
     shape = (0, 0) + tuple(x.shape[2:])
     return df, {m: np.stack(kept[m]) if m in kept else np.zeros(shape) for m in reference}
@@ -262,6 +249,22 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
             trained = envs if limit is None or 3 * memory.tensor_bytes(envs[0]) <= limit else None
         t = y if target == "true" else logits.argmax(1)
         yield stage, layer, heatmaps(explain(explainers, x, t, envs), reduction)
+
+
+def stage_batches(stages, limit: int = COMPARE_BYTES):
+    """The (stage, layer, {method: (B, H, W) maps}) of :func:`stage_maps` in lists of consecutive
+    stages whose maps take about ``limit`` bytes (at least one stage each), so that a check measures
+    several stages' maps in one batch: the measures' per-call costs are paid once per batch."""
+    batch: list = []
+    size = 0
+    for item in stages:
+        batch.append(item)
+        size += sum(v.numel() * v.element_size() for v in item[2].values())
+        if size >= limit:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
 def unchanged_nodes(graph: Graph, changed: set[str]) -> frozenset[str]:

@@ -26,6 +26,12 @@ from attributions.rules import Context, Rule, resolve
 Reuse = tuple[dict, frozenset[str]]
 
 
+def _entries(node) -> tuple:
+    """The keys under which a forward pass holds a node's values: its output, max pooling's winners,
+    its recorded autograd graph, and the names of the folded BatchNorm calls that read its output."""
+    return (node.name, (node.name, "indices"), (node.name, "graph"), *node.params.get("folded", ()))
+
+
 class Releasable(tuple):
     """A shared forward pass (env, ref) handed to its last reader: its backward pass drops each value
     once passed (as autograd frees what it saved), so memory freed early is reused by the next
@@ -197,7 +203,7 @@ class Explainer(Attribution):
         env: dict = {"input": x}
         for node in self._g.nodes[1:]:
             if reuse is not None and node.name in reuse[1]:
-                for key in (node.name, (node.name, "indices"), (node.name, "graph"), *node.params.get("folded", ())):
+                for key in _entries(node):
                     if key in reuse[0]:
                         env[key] = reuse[0][key]
             elif node.name in record and all(isinstance(env[i], torch.Tensor) for i in node.inputs):
@@ -259,7 +265,7 @@ class Explainer(Attribution):
                 for name, o in zip(node.inputs, outs):
                     pending[name] = o if name not in pending else pending[name] + o
             if release and keep is not None and node.name not in keep:
-                for name in (node.name, (node.name, "indices"), *node.params.get("folded", ())):
+                for name in _entries(node):
                     env.pop(name, None)
         return taps
 
@@ -506,13 +512,13 @@ def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: l
     """
     made = envs is None
     envs = envs if envs is not None else shared_forward(explainers, x)
-    last = [label for label, ex in explainers.items() if ex.method.chain][-1:]
+    last = next((label for label, ex in reversed(explainers.items()) if ex.method.chain), None)
     out = {}
     for label, ex in explainers.items():
         own = None  # controls, or over the memory budget: each method its own (chunked) passes
         if ex.method.chain and envs is not None:
             own = (envs[0], envs[1] if ex.method.signal == "multiplier" else None)
-            if made and label in last:  # nobody reads the pass made here after the last method
+            if made and label == last:  # nobody reads the pass made here after the last method
                 own = Releasable(own)
         out[label] = ex.maps_for_targets(x, targets, own)
     return out

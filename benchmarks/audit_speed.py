@@ -19,6 +19,12 @@ from audit.run.resources import keep_freed_memory
 from benchmarks.timing import median_times, table
 
 
+def _sample(n_images: int):
+    """``n_images`` images of the embedded sample and their labels, spread over its classes (numpy)."""
+    x, y = embedded_sample()
+    return x[:: 1000 // n_images][:n_images], y[:: 1000 // n_images][:n_images]
+
+
 def _ssim_rows(rounds: int) -> list[tuple]:
     rows = []
     for n, side in ((1000, 28), (64, 224)):
@@ -42,8 +48,7 @@ def _quantus_rows(rounds: int, n_images: int = 16) -> list[tuple]:
     from audit import parameter_randomization, random_logit_test
 
     model = load_checkpoint("cnn-sgd")
-    x, y = embedded_sample()
-    x, y = x[:: 1000 // n_images][:n_images], y[:: 1000 // n_images][:n_images]
+    x, y = _sample(n_images)
 
     def quantus_mprt():
         # Quantus's default similarity (Spearman): its SSIM path fails in MPRT 0.6.0 (a list has no
@@ -89,8 +94,7 @@ def _mprt_family_rows(rounds: int, n_images: int = 16, samples: int = 10) -> lis
     from audit import efficient_mprt, parameter_randomization, smooth_mprt
 
     model = load_checkpoint("cnn-sgd")
-    x, y = embedded_sample()
-    x, y = x[:: 1000 // n_images][:n_images], y[:: 1000 // n_images][:n_images]
+    x, y = _sample(n_images)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     # each comparison timed in its own interleaved group: a call right after a heavy one (Quantus's
     # SmoothMPRT) runs up to 1.7x slower on this machine (allocator and caches), whichever it is
@@ -136,8 +140,7 @@ def _floor_by_model_rows(rounds: int, n_images: int = 16) -> list[tuple]:
     how the ratio moves as the passes grow against the measures (which cost the same per map)."""
     from audit import parameter_randomization
 
-    x, y = embedded_sample()
-    xt, yt = torch.from_numpy(x[:: 1000 // n_images][:n_images]), torch.from_numpy(y[:: 1000 // n_images][:n_images])
+    xt, yt = (torch.from_numpy(a) for a in _sample(n_images))
     rows = []
     for name in ("vgg-sgd", "resnet-sgd", "vit-sgd"):
         model = load_checkpoint(name)

@@ -90,15 +90,16 @@ def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n
     n = len(x)
     for batch in stage_batches(stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
                                           "efficient_mprt", every_stage=curve)):
+        measured = {}
         for m in batch[0][2]:
             v = torch.cat([maps[m] for _, _, maps in batch])  # the batch's stages measured at once
             h = np.where(degenerate(v), np.nan, discrete_entropy(v, n_bins))  # constant / non-finite: undefined
             h0 = np.tile(first.setdefault(m, h[:n]), len(batch))  # the trained model's, for each stage
             with np.errstate(invalid="ignore", divide="ignore"):
-                score = np.where(h0 > 0, (h - h0) / h0, np.nan)  # a constant trained map: undefined
+                measured[m] = h, np.where(h0 > 0, (h - h0) / h0, np.nan)  # a constant trained map: undefined
+        for k, (stage, layer, _) in enumerate(batch):
             rows += [{"method": m, "stage": stage, "layer": layer, "image": i, "entropy": float(h[k * n + i]),
-                      "score": float(score[k * n + i])} for k, (stage, layer, _) in enumerate(batch) for i in range(n)]
-    rows.sort(key=lambda r: r["stage"])  # as the stages ran (stable: methods and images keep their order)
+                      "score": float(score[k * n + i])} for m, (h, score) in measured.items() for i in range(n)]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

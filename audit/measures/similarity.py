@@ -72,8 +72,8 @@ def normalized_from_sorted(flat: torch.Tensor, ordered: torch.Tensor, low: float
     position = torch.tensor([low / 100, high / 100], dtype=torch.float64) * (flat.shape[1] - 1)
     below, above = position.long(), position.ceil().long()
     q = ordered[:, below].lerp(ordered[:, above], (position - below).to(ordered.dtype))
-    clipped = flat.clamp(min=q[:, :1], max=q[:, 1:])
-    lo, hi = q[:, :1], q[:, 1:]  # the clipped map's extremes
+    lo, hi = q[:, :1], q[:, 1:]  # the percentiles: the clipped map's extremes
+    clipped = flat.clamp(min=lo, max=hi)
     span = hi - lo
     return torch.where(span > 0, (clipped - lo) / torch.where(span > 0, span, 1.0), torch.zeros_like(clipped))
 
@@ -94,10 +94,10 @@ def _band(n: int, window: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=32)
 def _band_of(n: int, window: tuple[float, ...]) -> torch.Tensor:
-    k = len(window)
+    k, taps = len(window), torch.tensor(window, dtype=torch.float64)
     band = torch.zeros(n, n - k + 1, dtype=torch.float64)
     for j in range(n - k + 1):
-        band[j:j + k, j] = torch.tensor(window, dtype=torch.float64)
+        band[j:j + k, j] = taps
     return band
 
 

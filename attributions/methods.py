@@ -9,6 +9,7 @@ own engine object, so the explainer never branches on a method's name.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -259,12 +260,18 @@ BUILDERS: dict[str, Callable[..., Method]] = {
 }
 
 
+@functools.cache
+def _parameters(builder: Callable[..., Method]) -> tuple[str, ...]:
+    """A builder's parameter names (read once: every explainer builds its method)."""
+    return tuple(inspect.signature(builder).parameters)
+
+
 def build_method(name: str, **params) -> Method:
     """The method ``name`` with its parameters (e.g. ``epsilon=1e-6``); errors name the valid ones."""
     builder = BUILDERS.get(name)
     if builder is None:
         raise unknown_name("attribution method", name, BUILDERS, AttributionError)
-    accepted = inspect.signature(builder).parameters
+    accepted = _parameters(builder)
     bad = set(params) - set(accepted)
     if bad:
         raise AttributionError(f"method {name!r} has no parameter {', '.join(sorted(bad))}; "
@@ -275,7 +282,7 @@ def build_method(name: str, **params) -> Method:
 def takes_baseline(name: str) -> bool:
     """Whether the method ``name`` has a reference input (DeepLIFT, integrated gradients)."""
     builder = BUILDERS.get(name)
-    return builder is not None and "baseline" in inspect.signature(builder).parameters
+    return builder is not None and "baseline" in _parameters(builder)
 
 
 def available_methods() -> dict[str, str]:

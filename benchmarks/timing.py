@@ -21,6 +21,27 @@ def median_times(candidates: dict[str, Callable[[], object]], rounds: int = 7, w
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
+def median_ratios(candidates: dict[str, Callable[[], object]], baseline: str, rounds: int = 21,
+                  warmup: int = 1) -> dict[str, float]:
+    """Median over rounds of each candidate's time over the ``baseline`` candidate's time in the same
+    round. The two run back to back, in alternating order, so a machine whose speed drifts over
+    minutes (a shared host) moves both alike: steadier than a ratio of medians."""
+    for fn in candidates.values():
+        for _ in range(warmup):
+            fn()
+    ratios: dict[str, list[float]] = {name: [] for name in candidates}
+    names = list(candidates)
+    for r in range(rounds):
+        times = {}
+        for name in names if r % 2 == 0 else reversed(names):
+            start = time.perf_counter()
+            candidates[name]()
+            times[name] = time.perf_counter() - start
+        for name in names:
+            ratios[name].append(times[name] / times[baseline])
+    return {name: statistics.median(r) for name, r in ratios.items()}
+
+
 def table(rows: list[tuple], header: tuple) -> str:
     """A Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]

@@ -27,19 +27,23 @@ def model_errors() -> Iterator[None]:
 
 def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tensor | None = None,
             graph: Graph | None = None, seed: int = 0, params: dict[str, dict] | None = None,
-            reuse: Reuse | None = None) -> tuple[Graph, dict[str, Explainer], tuple | None, torch.Tensor]:
+            reuse: Reuse | None = None, previous: dict[str, Explainer] | None = None
+            ) -> tuple[Graph, dict[str, Explainer], tuple | None, torch.Tensor]:
     """(graph, {method: Explainer}, shared forward pass or None, logits (B, classes)) for ``x`` (B, ...).
 
     ``graph``: reuse a trace of ``model``; ``seed``: the random control's; ``params``: methods'
     parameters, {method: {name: value}}; ``reuse``: node values an earlier shared pass on ``x`` gives
-    (:func:`~attributions.explainer.shared_forward`). With labels ``y`` (B,), the
+    (:func:`~attributions.explainer.shared_forward`); ``previous``: the explainers of an earlier call on
+    this same model object and graph (a model whose layers were re-initialised in place since), kept
+    for the methods without parameters given here. With labels ``y`` (B,), the
     logits must be finite and the labels index the model's classes (else an :class:`AuditError`); a
     model the engine cannot trace, or inputs it does not take, are a :class:`ModelError`.
     """
     with model_errors():
         graph = graph if graph is not None else trace(model)
         given = {"random": {"seed": seed}} | (params or {})
-        explainers = {m: Explainer(model, m, graph=graph, **given.get(m, {})) for m in methods}
+        kept = {m: e for m, e in (previous or {}).items() if e.model is model and e.graph is graph and m not in given}
+        explainers = {m: kept[m] if m in kept else Explainer(model, m, graph=graph, **given.get(m, {})) for m in methods}
         envs = shared_forward(explainers, x, reuse)
         logits = envs[0][graph.output] if envs else Explainer(model, "gradient", graph=graph).forward(x).detach()
     if y is not None:

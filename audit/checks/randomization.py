@@ -185,7 +185,9 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
                                           "parameter_randomization")):
         if not reference:
             reference = {m: ReferenceMaps(v) for m, v in batch[0][2].items()}
-        sims = {m: reference[m].compare(torch.cat([maps[m] for _, _, maps in batch])) for m in reference}
+        # stage 0's maps are the reference's own, already prepared
+        sims = {m: reference[m].compare([reference[m] if stage == 0 else maps[m] for stage, _, maps in batch])
+                for m in reference}
         n = len(x)
         for k, (stage, layer, maps) in enumerate(batch):
             for m in reference:
@@ -229,6 +231,7 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
     layers = parameterised_layers(start, graph)
     stages = randomization_stages(model, order, bn, seed, layers, init, start)  # lazily: stages share one copy
     trained = None  # the trained model's shared forward pass
+    explainers = None  # the last stage's: kept while the stages modify one model in place
     changed: set[str] = set()  # the layers re-initialised so far
     for stage, layer, stage_model in tqdm(stages, total=1 + len(layers), desc=f"{name} ({order})",
                                           disable=not progress, leave=False):
@@ -242,7 +245,7 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
         # logits and labels checked on the trained model
         graph, explainers, envs, logits = prepare(stage_model, x, names, y if stage == 0 else None,
                                                   graph if stage == 0 or order != "independent" else None,
-                                                  seed + stage, reuse=reuse)
+                                                  seed + stage, reuse=reuse, previous=explainers)
         if stage == 0 and envs is not None:
             # kept while the stages run: under a memory budget only if it leaves room for a stage's own passes
             limit = memory.budget()

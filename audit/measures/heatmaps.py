@@ -1,6 +1,8 @@
 """From attribution maps to comparable heatmaps, and the similarity scores between two sets."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
@@ -10,6 +12,7 @@ from audit.measures.similarity import (
     WINDOW,
     correlation,
     hog_features,
+    local_means,
     normalized_from_sorted,
     reduce_map,
     screen,
@@ -60,25 +63,35 @@ class ReferenceMaps(ComparableMaps):
     def __init__(self, raw: torch.Tensor, win_size: int = WINDOW):
         super().__init__(raw)
         self.win_size = win_size
+        self.means = local_means(self.normalized, win_size)  # SSIM's local means of the reference, filtered once
 
-    def compare(self, other: torch.Tensor | ComparableMaps) -> dict[str, np.ndarray]:
+    def compare(self, other: torch.Tensor | ComparableMaps | list[torch.Tensor | ComparableMaps]
+                ) -> dict[str, np.ndarray]:
         """Flip-invariant SSIM of the normalised maps, Spearman of the raw maps (signed and of
         |.|), and Spearman of the normalised maps' HOG descriptors; each (M,), NaN where either map
         is :func:`~audit.measures.similarity.degenerate`.
 
         ``other``: raw heatmaps (M, H, W), or their :class:`ComparableMaps`; M may be any multiple
-        of N (several sets stacked, each compared with the reference).
+        of N (several sets stacked, each compared with the reference); or a list of such sets, whose
+        scores come concatenated in its order (consecutive raw sets prepared in one batch, prepared
+        ones, such as the reference itself, used as they are).
         """
+        if isinstance(other, list):
+            runs = itertools.groupby(other, key=lambda part: isinstance(part, ComparableMaps))
+            scores = [self.compare(part) for prepared, run in runs
+                      for part in (list(run) if prepared else [torch.cat(list(run))])]
+            return {k: np.concatenate([s[k] for s in scores]) for k in scores[0]}
         other = other if isinstance(other, ComparableMaps) else ComparableMaps(other)
         times = len(other) // len(self)
         if times * len(self) != len(other):
             raise AuditError(f"{len(other)} maps cannot be compared with {len(self)} reference maps: the number must "
                              "be a multiple")
         bad = other.bad | np.tile(self.bad, times)
-        reference = self.normalized.repeat(times, 1, 1) if times > 1 else self.normalized
+        reference, means = ((self.normalized.repeat(times, 1, 1), self.means.repeat(1, times, 1, 1)) if times > 1
+                            else (self.normalized, self.means))
         return undefined_where(bad, {
-            "ssim": ssim(reference, other.normalized, win_size=self.win_size, data_range=1.0,
-                         flip_invariant=True).numpy(),
+            "ssim": ssim(reference, other.normalized, win_size=self.win_size, data_range=1.0, flip_invariant=True,
+                         a_means=means).numpy(),
             "spearman": correlation(self.ranks, other.ranks), "spearman_abs": correlation(self.abs_ranks,
                                                                                           other.abs_ranks),
             "hog": correlation(self.hog_ranks, other.hog_ranks)})

@@ -8,7 +8,6 @@ filter radius), so no padding is needed.
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 import torch
@@ -49,6 +48,10 @@ def degenerate(maps: torch.Tensor) -> np.ndarray:
 
 def screen(maps: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
     """(:func:`degenerate` mask (N,), the maps with NaN / inf set to 0 so the measures can run on them)."""
+    flat = maps.reshape(maps.shape[0], -1)
+    if bool(torch.isfinite(flat).all()):  # the usual case: one pass to find the constant maps, no copy
+        low, high = torch.aminmax(flat, dim=1)
+        return (low == high).numpy(), maps
     return degenerate(maps), torch.nan_to_num(maps, 0.0, 0.0, 0.0)
 
 
@@ -123,7 +126,7 @@ def _shift_add(x: torch.Tensor, window: torch.Tensor, dim: int) -> torch.Tensor:
 
 def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int = WINDOW, data_range: float = 1.0,
          gaussian: bool = False, flip_invariant: bool = False, sigma: float = GAUSSIAN_SIGMA,
-         use_sample_covariance: bool = True) -> torch.Tensor:
+         use_sample_covariance: bool = True, a_means: torch.Tensor | None = None) -> torch.Tensor:
     """Mean structural similarity of each pair of maps.
 
     Parameters
@@ -135,6 +138,8 @@ def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int = WINDOW, data_range: f
     flip_invariant : the larger of SSIM(a, b) and SSIM(a, data_range - b): for maps normalised to
         [0, data_range] with symmetric percentile clipping, data_range - b is the normalised -b
     use_sample_covariance : divide covariances by NP - 1 (scikit-image's default)
+    a_means : :func:`local_means` of ``a`` with the same window, when at hand (a reference compared
+        with many sets is filtered once)
 
     Returns
     -------
@@ -149,23 +154,41 @@ def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int = WINDOW, data_range: f
     n = win_size ** 2
     cov_norm = n / (n - 1) if use_sample_covariance else 1.0
     window = _window(win_size, gaussian, sigma)
+    side = (a.shape[1] - len(window) + 1, a.shape[2] - len(window) + 1)
+    if a_means is not None and a_means.shape != (2, len(a), *side):
+        raise AuditError(f"a_means must be local_means(a) with this window, of shape {(2, len(a), *side)}, got "
+                         f"{tuple(a_means.shape)}")
     # Blocks of maps small enough to stay in cache (the elementwise steps are memory-bound), large
     # enough to amortise the per-operation overhead; large maps go one at a time (measured best).
     pixels = a.shape[1] * a.shape[2]
     chunk = max(1, (1 << 18) // pixels) if max(a.shape[1:]) <= 64 else 1
     out = torch.cat([_ssim_block(a[i:i + chunk].double(), b[i:i + chunk].double(), window, cov_norm, data_range,
-                                 flip_invariant) for i in range(0, a.shape[0], chunk)])
+                                 flip_invariant, None if a_means is None else a_means[:, i:i + chunk])
+                     for i in range(0, a.shape[0], chunk)])
     return out.to(a.dtype if a.is_floating_point() else torch.float64)
 
 
-def _ssim_block(x, y, window, cov_norm, data_range, flip_invariant) -> torch.Tensor:
-    ux, uy, uxx, uyy, uxy = _filter(torch.stack([x, y, x * x, y * y, x * y]), window).unbind(0)
+def local_means(a: torch.Tensor, win_size: int = WINDOW, gaussian: bool = False,
+                sigma: float = GAUSSIAN_SIGMA) -> torch.Tensor:
+    """The local means of (N, H, W) maps and of their squares over :func:`ssim`'s valid windows ->
+    (2, N, H - w + 1, W - w + 1) float64, w the window side."""
+    if gaussian:
+        win_size = 2 * int(GAUSSIAN_TRUNCATE * sigma + 0.5) + 1
+    x = a.double()
+    return _filter(torch.stack([x, x * x]), _window(win_size, gaussian, sigma))
+
+
+def _ssim_block(x, y, window, cov_norm, data_range, flip_invariant, x_means=None) -> torch.Tensor:
+    if x_means is None:
+        ux, uy, uxx, uyy, uxy = _filter(torch.stack([x, y, x * x, y * y, x * y]), window).unbind(0)
+    else:
+        (ux, uxx), (uy, uyy, uxy) = x_means.double().unbind(0), _filter(torch.stack([y, y * y, x * y]), window).unbind(0)
     c1, c2 = (K1 * data_range) ** 2, (K2 * data_range) ** 2
     # S = (2 ux uy + c1)(2 vxy + c2) / ((ux^2 + uy^2 + c1)(vx + vy + c2)), with the variances
     # written through a = ux uy and q = ux^2 + uy^2 to keep the number of passes low.
     a = ux * uy
     q = torch.addcmul(ux * ux, uy, uy)
-    second = uxx.add_(uyy)  # uxx + uyy, reused for vx + vy
+    second = uyy.add_(uxx)  # uxx + uyy, reused for vx + vy (uxx may be the caller's)
 
     def mean_ssim(a, q, cov_xy):
         num = (a * 2).add_(c1).mul_((cov_xy - a).mul_(2 * cov_norm).add_(c2))
@@ -256,13 +279,14 @@ def hog_features(maps: torch.Tensor, orientations: int = 9) -> np.ndarray:
     magnitude = torch.hypot(g_col, g_row)
     angle = torch.rad2deg(torch.atan2(g_row, g_col)).remainder_(180)
     step = 180.0 / orientations
-    # a pixel votes in bin i when edge i <= angle < edge i + 1, edge i = step * i as scikit-image computes it;
-    # an angle rounded up to 180 votes nowhere (bin ``orientations``, dropped). The quotient's bin moved by
-    # one where rounding put it on the wrong side of an edge.
-    edges = torch.tensor([step * i for i in range(orientations + 1)] + [math.inf], dtype=x.dtype)
-    bins = (angle / step).long().clamp_(0, orientations)
-    bins -= (angle < edges[bins]).long()
-    bins += (angle >= edges[bins + 1]).long()
+    # a pixel votes in bin i when edge i <= angle < edge i + 1, edge i = step * i as scikit-image computes it
+    # (the products below, in double precision, are those edges exactly); an angle rounded up to 180 votes
+    # nowhere (bin ``orientations``, dropped). The quotient's bin moved by one where rounding put it on
+    # the wrong side of an edge.
+    bins = (angle / step).floor_().clamp_(0, orientations)
+    bins -= (angle < bins * step).to(x.dtype)
+    bins += (angle >= (bins + 1) * step).to(x.dtype)
+    bins = bins.long()
     cell_of = (torch.arange(rows * cell) // cell)[:, None] * cols + (torch.arange(cols * cell) // cell)[None]
     index = (cell_of[None] * (orientations + 1) + bins).reshape(n, -1)
     sums = torch.zeros(n, rows * cols * (orientations + 1), dtype=x.dtype)

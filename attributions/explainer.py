@@ -499,7 +499,8 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor, reuse: Reu
     if memory.fitting(len(x), lambda: 2 * max(e.bytes_per_image(x) for e in chains)) < len(x):
         # over the memory budget: each explainer goes in chunks of images
         return None
-    return chains[0]._forward_envs(chains[0]._check_input(x), any(e.method.signal == "multiplier" for e in chains),
+    x = chains[0]._check_input(x) if reuse is None else x  # else checked for the earlier pass
+    return chains[0]._forward_envs(x, any(e.method.signal == "multiplier" for e in chains),
                                    frozenset().union(*(e.recorded for e in chains)), reuse=reuse)
 
 

@@ -34,7 +34,7 @@ from audit.checks.passes import model_errors, prepare
 from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import AuditError
 from audit.inputs import check_inputs, check_option, resolve_methods
-from audit.measures.heatmaps import ReferenceMaps, heatmaps
+from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, heatmaps
 from audit.measures.statistics import summarize
 from audit.panels import family_panels, method_legend, threshold_line
 from audit.sections import Figure, ReportContext, Section
@@ -183,11 +183,10 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     kept: dict[str, list[np.ndarray]] = {}
     for batch in stage_batches(stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
                                           "parameter_randomization")):
-        if not reference:
-            reference = {m: ReferenceMaps(v) for m, v in batch[0][2].items()}
-        # stage 0's maps are the reference's own, already prepared
-        sims = {m: reference[m].compare([reference[m] if stage == 0 else maps[m] for stage, _, maps in batch])
-                for m in reference}
+        stacked = {m: ComparableMaps(torch.cat([maps[m] for _, _, maps in batch])) for m in batch[0][2]}
+        if not reference:  # stage 0 (the trained model's maps) leads the first batch: prepared with it
+            reference = {m: ReferenceMaps(v, n=len(x)) for m, v in stacked.items()}
+        sims = {m: reference[m].compare(stacked[m]) for m in reference}
         n = len(x)
         for k, (stage, layer, maps) in enumerate(batch):
             for m in reference:
@@ -231,7 +230,7 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
     layers = parameterised_layers(start, graph)
     stages = randomization_stages(model, order, bn, seed, layers, init, start)  # lazily: stages share one copy
     trained = None  # the trained model's shared forward pass
-    explainers = None  # the last stage's: kept while the stages modify one model in place
+    explainers: dict[str, Explainer] | None = None  # the last stage's: kept while the stages modify one model in place
     changed: set[str] = set()  # the layers re-initialised so far
     for stage, layer, stage_model in tqdm(stages, total=1 + len(layers), desc=f"{name} ({order})",
                                           disable=not progress, leave=False):

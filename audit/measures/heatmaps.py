@@ -1,8 +1,6 @@
 """From attribution maps to comparable heatmaps, and the similarity scores between two sets."""
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import torch
 
@@ -56,31 +54,34 @@ class ComparableMaps:
     def __len__(self) -> int:
         return len(self.raw)
 
+    def head(self, n: int) -> ComparableMaps:
+        """The first ``n`` maps' measures (views; nothing recomputed)."""
+        part = ComparableMaps.__new__(ComparableMaps)
+        part.bad, part.raw, part.ranks, part.abs_ranks, part.normalized, part.hog_ranks = (
+            self.bad[:n], self.raw[:n], self.ranks[:n], self.abs_ranks[:n], self.normalized[:n], self.hog_ranks[:n])
+        return part
+
 
 class ReferenceMaps(ComparableMaps):
-    """The maps (N, H, W) that later sets of maps are compared with."""
+    """The maps (N, H, W) that later sets of maps are compared with: raw heatmaps, or the first N of
+    a :class:`ComparableMaps` (a batch whose first set is the reference, prepared with the others)."""
 
-    def __init__(self, raw: torch.Tensor, win_size: int = WINDOW):
-        super().__init__(raw)
+    def __init__(self, raw: torch.Tensor | ComparableMaps, win_size: int = WINDOW, n: int | None = None):
+        if isinstance(raw, ComparableMaps):
+            vars(self).update(vars(raw.head(len(raw) if n is None else n)))
+        else:
+            super().__init__(raw)
         self.win_size = win_size
         self.means = local_means(self.normalized, win_size)  # SSIM's local means of the reference, filtered once
 
-    def compare(self, other: torch.Tensor | ComparableMaps | list[torch.Tensor | ComparableMaps]
-                ) -> dict[str, np.ndarray]:
+    def compare(self, other: torch.Tensor | ComparableMaps) -> dict[str, np.ndarray]:
         """Flip-invariant SSIM of the normalised maps, Spearman of the raw maps (signed and of
         |.|), and Spearman of the normalised maps' HOG descriptors; each (M,), NaN where either map
         is :func:`~audit.measures.similarity.degenerate`.
 
         ``other``: raw heatmaps (M, H, W), or their :class:`ComparableMaps`; M may be any multiple
-        of N (several sets stacked, each compared with the reference); or a list of such sets, whose
-        scores come concatenated in its order (consecutive raw sets prepared in one batch, prepared
-        ones, such as the reference itself, used as they are).
+        of N (several sets stacked, each compared with the reference).
         """
-        if isinstance(other, list):
-            runs = itertools.groupby(other, key=lambda part: isinstance(part, ComparableMaps))
-            scores = [self.compare(part) for prepared, run in runs
-                      for part in (list(run) if prepared else [torch.cat(list(run))])]
-            return {k: np.concatenate([s[k] for s in scores]) for k in scores[0]}
         other = other if isinstance(other, ComparableMaps) else ComparableMaps(other)
         times = len(other) // len(self)
         if times * len(self) != len(other):

@@ -9,11 +9,14 @@ from skimage.metrics import structural_similarity
 from audit.errors import AuditError, ConfigError
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps
 from audit.measures.similarity import (
+    degenerate,
     hog_features,
     hog_similarity,
+    local_means,
     normalize_map,
     ranks,
     reduce_map,
+    screen,
     spearman,
     ssim,
 )
@@ -55,6 +58,29 @@ def test_flip_invariant_ssim_takes_the_better_sign():
     # On raw maps: normalising -m with symmetric clipping gives 1 - normalise(m).
     raw = torch.randn(4, 16, 16, dtype=torch.float64)
     torch.testing.assert_close(normalize_map(-raw), 1 - normalize_map(raw))
+
+
+@pytest.mark.parametrize("options", [dict(win_size=5), dict(gaussian=True), dict(win_size=3, flip_invariant=True)])
+def test_ssim_with_the_first_maps_local_means_given_is_the_same(options):
+    a, b = _pairs(6)
+    means = local_means(a, **{k: v for k, v in options.items() if k != "flip_invariant"})
+    assert torch.equal(ssim(a, b, a_means=means, **options), ssim(a, b, **options))
+    with pytest.raises(AuditError, match="a_means"):
+        ssim(a, b, a_means=means[:, :3], **options)
+
+
+def test_screen_marks_the_degenerate_maps_and_zeroes_non_finite_values():
+    maps = torch.rand(5, 6, 6, dtype=torch.float64)
+    maps[1] = 0.25  # constant
+    finite_mask, finite_maps = screen(maps)
+    np.testing.assert_array_equal(finite_mask, degenerate(maps))
+    np.testing.assert_array_equal(finite_mask, [False, True, False, False, False])
+    assert torch.equal(finite_maps, maps)
+    maps[2, 0, 0], maps[3, 1, 1] = float("nan"), float("-inf")
+    mask, cleaned = screen(maps)
+    np.testing.assert_array_equal(mask, [False, True, True, True, False])
+    assert torch.isfinite(cleaned).all() and cleaned[2, 0, 0] == 0 and cleaned[3, 1, 1] == 0
+    assert torch.equal(cleaned[4], maps[4])
 
 
 def test_ssim_bad_shapes():
@@ -143,6 +169,18 @@ def test_reference_compares_stacked_sets_as_one_at_a_time():
     assert np.isnan(stacked["ssim"][3]) and not np.isnan(stacked["ssim"][4])
     with pytest.raises(AuditError, match="multiple"):
         reference.compare(torch.cat(sets)[:4])
+
+
+def test_reference_taken_from_a_prepared_batch_scores_as_one_prepared_alone():
+    g = torch.Generator().manual_seed(4)
+    batch = torch.randn(12, 20, 20, generator=g, dtype=torch.float64)
+    batch[5] = 0.0
+    prepared = ComparableMaps(batch)
+    from_batch = ReferenceMaps(prepared, n=4).compare(prepared)
+    alone = ReferenceMaps(batch[:4]).compare(batch)
+    for name, scores in alone.items():
+        np.testing.assert_array_equal(from_batch[name], scores)
+    assert np.allclose(from_batch["spearman"][:4], 1.0) and np.isnan(from_batch["ssim"][5])
 
 
 def test_hog_of_maps_too_small_for_two_cells_is_a_clear_error():

@@ -1,0 +1,27 @@
+"""The layer operations' transposes against autograd's input gradients."""
+import pytest
+import torch
+from torch import nn
+
+from attributions.graph import trace
+from attributions.layers import OPS
+
+
+@pytest.mark.parametrize("conv,shape", [
+    (nn.Conv2d(3, 6, 3, stride=2, padding=1), (2, 3, 9, 9)),
+    (nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=2), (2, 4, 8, 8)),
+    (nn.Conv2d(2, 3, 4, stride=3), (2, 2, 11, 11)),  # the last rows and columns are read by no window
+    (nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"), (2, 2, 7, 7)),
+    (nn.Conv2d(2, 3, (3, 2), padding="same", bias=False), (2, 2, 6, 5)),
+    (nn.Conv1d(2, 3, 3, stride=2, padding=1), (2, 2, 9)),
+])
+def test_convolution_transpose_is_its_input_gradient(conv, shape):
+    torch.manual_seed(0)
+    conv = conv.double()
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    y = conv(x)
+    signals = torch.randn(3, *y.shape, dtype=torch.float64)  # K = 3 signals at once
+    node = next(n for n in trace(nn.Sequential(conv)).nodes if n.kind == "conv")
+    got = OPS["conv"](node).transpose(signals, conv.weight, x.shape)
+    want = torch.stack([torch.autograd.grad(y, x, s, retain_graph=True)[0] for s in signals])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -57,9 +57,12 @@ class ComparableMaps:
     def head(self, n: int) -> ComparableMaps:
         """The first ``n`` maps' measures (views; nothing recomputed)."""
         part = ComparableMaps.__new__(ComparableMaps)
-        part.bad, part.raw, part.ranks, part.abs_ranks, part.normalized, part.hog_ranks = (
-            self.bad[:n], self.raw[:n], self.ranks[:n], self.abs_ranks[:n], self.normalized[:n], self.hog_ranks[:n])
+        part._take_head(self, n)
         return part
+
+    def _take_head(self, source: ComparableMaps, n: int) -> None:
+        for name in ("bad", "raw", "ranks", "abs_ranks", "normalized", "hog_ranks"):
+            setattr(self, name, getattr(source, name)[:n])
 
 
 class ReferenceMaps(ComparableMaps):
@@ -68,7 +71,7 @@ class ReferenceMaps(ComparableMaps):
 
     def __init__(self, raw: torch.Tensor | ComparableMaps, win_size: int = WINDOW, n: int | None = None):
         if isinstance(raw, ComparableMaps):
-            vars(self).update(vars(raw.head(len(raw) if n is None else n)))
+            self._take_head(raw, len(raw) if n is None else n)
         else:
             super().__init__(raw)
         self.win_size = win_size

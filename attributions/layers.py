@@ -93,8 +93,8 @@ class LinearOp:
 
 
 
-def _tuple(value: int | tuple[int, ...] | str, d: int) -> list[int]:
-    """A convolution's stride, padding or dilation as one int per spatial dimension."""
+def per_dimension(value: int | tuple[int, ...] | str, d: int) -> list[int]:
+    """A convolution's or pooling's size, stride, padding or dilation as one int per spatial dimension."""
     assert not isinstance(value, str)  # explicit_padding resolves "same" / "valid" to numbers
     return list(value) if isinstance(value, tuple | list) else [value] * d
 
@@ -165,8 +165,8 @@ class ConvOp(LinearOp):
         # convolution take its fast path, where torch.nn.grad's stride-0 stand-in costs about 10 %
         like = s.new_empty(in_shape)
         return torch.ops.aten.convolution_backward(
-            s, like, w, None, _tuple(m.stride, d), _tuple(padding, d), _tuple(m.dilation, d), False, [0] * d,
-            m.groups, (True, False, False))[0]
+            s, like, w, None, per_dimension(m.stride, d), per_dimension(padding, d), per_dimension(m.dilation, d),
+            False, [0] * d, m.groups, (True, False, False))[0]
 
     def _transpose(self, s, w, in_shape):
         pads, mode, padding = self._padding
@@ -175,7 +175,7 @@ class ConvOp(LinearOp):
         padded = list(in_shape)
         for i in range(len(pads) // 2):  # F.pad lists the last dimension first
             padded[-1 - i] += pads[2 * i] + pads[2 * i + 1]
-        grad = self._input_grad(s, w, torch.Size(padded), padding)
+        grad = self._input_grad(s, w, padded, padding)
         # the padding's own adjoint: a crop for zeros, folding the copied borders back for the other modes
         probe = torch.zeros(in_shape, dtype=s.dtype, device=s.device)
         return torch.func.vjp(lambda t: F.pad(t, pads, mode=mode), probe)[1](grad)[0]

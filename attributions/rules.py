@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import LINEAR_KINDS
-from attributions.layers import LinearOp
+from attributions.layers import LinearOp, per_dimension
 
 WEIGHTED_KINDS = ("dense", "conv", "affine")  # linear kinds with a weight tensor
 ACTIVATION_KINDS = ("relu", "leaky_relu", "activation")
@@ -309,10 +309,6 @@ class Rescale(Rule):
         return [signal * multiplier]
 
 
-def _pair(v) -> list[int]:
-    return list(v) if isinstance(v, (tuple, list)) else [v, v]
-
-
 def _unpool(signal: torch.Tensor, indices: torch.Tensor, in_shape: torch.Size) -> torch.Tensor:
     """Scatter-add (K, B, C, *out) signals to the max positions given by indices (B, C, *out)."""
     k, b, c = signal.shape[:3]
@@ -330,8 +326,8 @@ class WinnerTakeAll(Rule):
         m = ctx.node.module
         if signal.shape[0] == 1 and ctx.x.ndim == 4:  # torch's own kernel for a single signal
             grad = torch.ops.aten.max_pool2d_with_indices_backward(
-                signal[0], ctx.x, _pair(m.kernel_size), _pair(m.stride or m.kernel_size), _pair(m.padding),
-                _pair(m.dilation), m.ceil_mode, ctx.indices)
+                signal[0], ctx.x, per_dimension(m.kernel_size, 2), per_dimension(m.stride or m.kernel_size, 2),
+                per_dimension(m.padding, 2), per_dimension(m.dilation, 2), m.ceil_mode, ctx.indices)
             return [grad[None]]
         return [_unpool(signal, ctx.indices, ctx.x.shape)]
 

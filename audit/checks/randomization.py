@@ -181,13 +181,13 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     reference: dict[str, ReferenceMaps] = {}
     rows: list[dict] = []
     kept: dict[str, list[np.ndarray]] = {}
+    n = len(x)
     for batch in stage_batches(stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
                                           "parameter_randomization")):
         stacked = {m: ComparableMaps(torch.cat([maps[m] for _, _, maps in batch])) for m in batch[0][2]}
         if not reference:  # stage 0 (the trained model's maps) leads the first batch: prepared with it
-            reference = {m: ReferenceMaps(v, n=len(x)) for m, v in stacked.items()}
+            reference = {m: ReferenceMaps(v, n=n) for m, v in stacked.items()}
         sims = {m: reference[m].compare(stacked[m]) for m in reference}
-        n = len(x)
         for k, (stage, layer, maps) in enumerate(batch):
             for m in reference:
                 if keep_maps:

@@ -54,13 +54,8 @@ class ComparableMaps:
     def __len__(self) -> int:
         return len(self.raw)
 
-    def head(self, n: int) -> ComparableMaps:
-        """The first ``n`` maps' measures (views; nothing recomputed)."""
-        part = ComparableMaps.__new__(ComparableMaps)
-        part._take_head(self, n)
-        return part
-
     def _take_head(self, source: ComparableMaps, n: int) -> None:
+        """The first ``n`` maps' measures of ``source`` as this object's (views; nothing recomputed)."""
         for name in ("bad", "raw", "ranks", "abs_ranks", "normalized", "hog_ranks"):
             setattr(self, name, getattr(source, name)[:n])
 

@@ -171,9 +171,7 @@ def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int = WINDOW, data_range: f
 def local_means(a: torch.Tensor, win_size: int = WINDOW, gaussian: bool = False,
                 sigma: float = GAUSSIAN_SIGMA) -> torch.Tensor:
     """The local means of (N, H, W) maps and of their squares over :func:`ssim`'s valid windows ->
-    (2, N, H - w + 1, W - w + 1) float64, w the window side."""
-    if gaussian:
-        win_size = 2 * int(GAUSSIAN_TRUNCATE * sigma + 0.5) + 1
+    (2, N, H - w + 1, W - w + 1) float64, w the window side (``win_size``; with ``gaussian``, set by sigma)."""
     x = a.double()
     return _filter(torch.stack([x, x * x]), _window(win_size, gaussian, sigma))
 

@@ -473,9 +473,13 @@ def model_dtype(model: nn.Module) -> torch.dtype | None:
 
 def check_input(x) -> torch.Tensor:
     """``x`` detached, after checking it is a finite floating-point tensor (B, ...) with B >= 1."""
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise AttributionError(f"inputs must be a floating-point tensor (B, ...), got "
-                               f"{getattr(x, 'dtype', type(x).__name__)}")
+    if not isinstance(x, torch.Tensor):
+        hint = " (torch.from_numpy(x) makes one of a numpy array)" if type(x).__module__ == "numpy" else ""
+        raise AttributionError(f"inputs must be a torch.Tensor (B, ...), got a {type(x).__module__}."
+                               f"{type(x).__qualname__}; pass a floating-point tensor{hint}")
+    if not x.is_floating_point():
+        raise AttributionError(f"inputs must be a floating-point tensor (B, ...), got dtype {x.dtype}; convert it "
+                               "with x.float()")
     if x.ndim < 2 or x.shape[0] == 0:
         raise AttributionError(f"inputs must have a batch axis and at least one sample, got shape {tuple(x.shape)}")
     if not torch.isfinite(x).all():

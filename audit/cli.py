@@ -22,7 +22,7 @@ from audit.errors import ConfigError
 from audit.models import ARCHS, OPTIMIZERS, SHIPPED, TrainConfig, available_checkpoints, train
 from audit.models.recipes import RECIPES
 from audit.run import load_config, run_audit
-from audit.run.distributed import from_environment, launch
+from audit.run.distributed import launch, sharded
 from audit.run.resources import keep_freed_memory
 from reports import build_report, verdict_table
 from reports.references import short
@@ -116,8 +116,8 @@ def _run(args: argparse.Namespace) -> int:
                          data_root=args.data_root, preprocess=args.preprocess, weights=args.weights,
                          max_memory=args.max_memory, mixed_precision=args.mixed_precision,
                          image_block=args.image_block, **options)
-    shard = from_environment(config.device)
-    result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet, shard=shard)
+    with sharded(config.device) as shard:
+        result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet, shard=shard)
     if shard.lead:
         print(f"report: {build_report(result.out)}")
     return 0

@@ -88,8 +88,13 @@ def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
     if "data" not in batch or "labels" not in batch:
         raise DataError(f"{path}: CIFAR batch lacks 'data' or 'labels' (keys: {sorted(batch)})")
-    data = np.asarray(batch["data"])
-    labels = np.asarray(batch["labels"], dtype=np.int64)
+    data, labels = np.asarray(batch["data"]), np.asarray(batch["labels"])
+    for name, values in (("data", data), ("labels", labels)):
+        if not (np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)):
+            raise DataError(f"{path}: CIFAR batch {name!r} holds {values.dtype} values, not numbers; fetch it again")
+    if not np.isfinite(data).all() or not np.isfinite(labels).all() or (labels != np.round(labels)).any():
+        raise DataError(f"{path}: CIFAR batch holds non-finite pixel values or non-integer labels; fetch it again")
+    labels = labels.astype(np.int64)
     if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.shape[0] != labels.shape[0]:
         raise DataError(f"{path}: CIFAR batch has data {data.shape} and {labels.shape[0]} labels; "
                         "expected (N, 3072) and N labels")

@@ -49,7 +49,11 @@ def save_checkpoint(model: nn.Module, metadata: dict, path: str | os.PathLike) -
 def _resolve(name_or_path: str | os.PathLike) -> tuple[Path, Path]:
     text = str(name_or_path)
     path = Path(text)
-    local = path.exists() or path.with_suffix(".pt").exists()
+    # files only: a folder that happens to carry a shipped model's name does not hide the model
+    local = path.is_file() or path.with_suffix(".pt").is_file()
+    if path.is_dir() and text not in available_checkpoints():
+        raise ModelError(f"checkpoint {text} is a folder; give the .pt file of a checkpoint (a state_dict beside a "
+                         ".json metadata file, as written by `attribution-audit train`)")
     if local and isinstance(name_or_path, str) and text in available_checkpoints() and os.sep not in text:
         raise ModelError(f"{text!r} is a shipped checkpoint, and {path.with_suffix('.pt')} exists here too; give "
                          f"./{path.with_suffix('.pt')} for the file, or move it to use the shipped one")
@@ -78,11 +82,22 @@ def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
         arch, in_shape, classes = meta["arch"], meta["in_shape"], meta["num_classes"]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise ModelError(f"{meta_path}: metadata must be JSON with arch, in_shape, num_classes ({exc})") from exc
-    model = build(arch, tuple(in_shape), classes, **meta.get("arch_options", {}))
+    options = meta.get("arch_options", {})
+    if not isinstance(options, dict) or not isinstance(in_shape, list) or not isinstance(classes, int):
+        raise ModelError(f"{meta_path}: in_shape must be a list, num_classes an integer and arch_options a table, got "
+                         f"{in_shape!r}, {classes!r}, {options!r}")
+    try:
+        model = build(arch, tuple(in_shape), classes, **options)
+    except (TypeError, ValueError) as exc:  # an option the architecture does not take, or of the wrong type
+        raise ModelError(f"{meta_path}: cannot build {arch!r} from its metadata (in_shape {in_shape}, {classes} classes, "
+                         f"arch_options {options}): {exc}") from exc
     try:
         state = torch.load(pt, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a corrupt file
         raise ModelError(f"{pt}: not a readable state_dict ({exc})") from exc
+    if not isinstance(state, dict):
+        raise ModelError(f"{pt}: holds a {type(state).__name__}, not a state_dict (a dict of parameter name -> tensor, "
+                         "as torch.save(model.state_dict(), path) writes)")
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:

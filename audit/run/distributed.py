@@ -10,9 +10,16 @@ the same through torch's launcher.
 """
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Sequence
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -66,20 +73,41 @@ def from_environment(device: str = "cpu") -> Shard:
     return Shard(dist.get_rank(), dist.get_world_size())
 
 
+@contextmanager
+def sharded(device: str = "cpu") -> Iterator[Shard]:
+    """:func:`from_environment` for the duration, the process group ended after it (every rank
+    tears its gloo / nccl connections down itself, instead of at interpreter exit, where a rank
+    still connected to one that already left can abort)."""
+    shard = from_environment(device)
+    try:
+        yield shard
+    finally:
+        if shard.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def launch(workers: int, argv: Sequence[str]) -> int:
     """Run ``attribution-audit <argv>`` in ``workers`` processes on this machine through torch's
-    launcher (torchrun); returns 0, or raises a :class:`ConfigError` naming the failed rank."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
+    launcher, started in a process of its own (:mod:`audit.run.launcher`): the caller's environment,
+    thread count and signal handlers stay as they were. Returns 0, or raises a :class:`ConfigError`
+    naming the failed rank."""
     if workers < 1:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
-    args = get_args_parser().parse_args(["--standalone", f"--nproc-per-node={workers}", "--module", "audit", *argv])
-    try:
-        run(args)
-    except ChildFailedError as exc:
-        first = next(iter(exc.failures.values()), None)
-        rank = f"rank {first.local_rank}" if first is not None else "a rank"
-        raise ConfigError(f"{rank} of {workers} failed (exit code {getattr(first, 'exitcode', '?')}); its error "
-                          "is printed above; finished units are kept (--resume continues)") from None
-    return 0
+    with tempfile.TemporaryDirectory(prefix="audit-launch-") as tmp:
+        report = Path(tmp) / "failure.json"
+        proc = subprocess.Popen([sys.executable, "-m", "audit.run.launcher", str(report), str(workers), *argv])
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:  # the launcher ends its ranks on SIGINT; wait for it rather than orphan them
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            raise
+        if code == 0:
+            return 0
+        failure = json.loads(report.read_text()) if report.exists() else {}
+    if failure:
+        rank = f"rank {failure['rank']}" if failure.get("rank") is not None else "a rank"
+        raise ConfigError(f"{rank} of {workers} failed (exit code {failure.get('exitcode', '?')}); its error "
+                          "is printed above; finished units are kept (--resume continues)")
+    how = f"was killed by signal {-code}" if code < 0 else f"ended with exit code {code}"
+    raise ConfigError(f"the launcher of the {workers} ranks {how}; finished units are kept (--resume continues)")

@@ -44,6 +44,7 @@ from audit.errors import ConfigError, ModelError
 from audit.models.checkpoint import model_files, resolve_model
 from audit.run.config import AuditConfig
 from audit.run.distributed import SINGLE, Shard
+from audit.run.faults import kill_point
 from audit.run.resources import Peak, budget_bytes
 from audit.run.results import MODELS_FILE, AuditResult, load_results, read_manifest, read_table, unit_path
 from bort import constraint_error
@@ -214,20 +215,32 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             raise ConfigError(f"{out} holds a run with another configuration; resume needs the same one")
         _same_inputs(previous.get("fingerprints", {}), prints, out)
     device = _device(config.device)
-    # one budget for every rank and every resume (unless a new one is given): the passes chunk alike
+    if previous is not None:
+        _same_software(previous, out)
+    # one budget for every rank and every resume (unless a new one is given): the passes chunk alike;
+    # one intra-op thread count too, the first start's: float32 kernels block their sums by it, so a
+    # unit computed with another count differs in the last bits
     recorded = (previous or {}).get("memory", {}).get("budget_bytes")
-    budget = shard.gather({"b": recorded if recorded is not None and config.max_memory is None
-                           else budget_bytes(config.max_memory, device)})[0]["b"]
+    recorded_threads = (previous or {}).get("threads_per_process")
+    agreed = shard.gather({"b": recorded if recorded is not None and config.max_memory is None
+                           else budget_bytes(config.max_memory, device),
+                           "t": recorded_threads or torch.get_num_threads()})[0]
+    budget, threads = agreed["b"], agreed["t"]
+    if threads != torch.get_num_threads():
+        source = "as the run was started" if previous is not None else "as rank 0"
+        log(f"computing with {threads} intra-op thread{'' if threads == 1 else 's'} per process, {source} (this "
+            f"process has {torch.get_num_threads()}): the units of one run are computed alike, to the last bit")
     shard.barrier()  # every rank has checked the folder before the lead writes into it
     # everything checked: only now is the folder made, so a refused run leaves nothing behind
     if shard.lead:
         out.mkdir(parents=True, exist_ok=True)
     # a second run on this folder fails at once instead of interleaving results (the lead holds the lock)
-    with exclusive(out) if shard.lead else contextlib.nullcontext():
+    with exclusive(out) if shard.lead else contextlib.nullcontext(), intra_op_threads(threads):
         if shard.lead:
             remove_partials(out)  # a killed run's half-written files: never read, never kept
             atomic_write_bytes(manifest_path, json.dumps({"config": config.to_dict(), "status": "running",
-                                                          "fingerprints": prints, "memory": {"budget_bytes": budget}},
+                                                          "fingerprints": prints, "memory": {"budget_bytes": budget},
+                                                          "threads_per_process": threads, "versions": versions()},
                                                          indent=2).encode())
         shard.barrier()
         x = x.to(device)
@@ -245,6 +258,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         pending = [i for i, item in enumerate(items)
                    if shard.mine(i) and not item.path(out, labels).exists() and not item.unit(out, labels).exists()]
         todo = set(pending)
+        written = 0
         for index, item in enumerate(bar):
             if index not in todo:
                 continue
@@ -269,6 +283,8 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             if result.maps is not None and shown:
                 atomic_write_bytes(path.with_suffix(".npz"), _npz_bytes(result.maps, xs[:shown].cpu().numpy()))
             atomic_write_bytes(path, _csv_bytes(table))  # last: its presence marks the work finished
+            written += 1
+            kill_point(written, shard.rank)
             line = check.summary(table) if not table.empty else f"does not apply to {method}: skipped"
             metric = getattr(check.verdict, "metric", None)
             if metric in table and table[metric].isna().any():  # say why the verdict may be undefined
@@ -296,7 +312,8 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         for spec in config.models:  # units all resumed: the models were not needed until now
             if spec not in models:
                 models[spec] = resolve_model(spec, config.weights).to(device)
-        info = model_table(models, labels, x, y)
+        # in the run's order, whichever process loaded which model first
+        info = model_table({spec: models[spec] for spec in config.models}, labels, x, y)
         atomic_write_bytes(out / "results" / MODELS_FILE, _csv_bytes(info))
         tables["models"] = info
         old = previous.get("timings_s", {}) if previous is not None else {}  # the units timed before the resume
@@ -310,7 +327,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
                     "images": images, "memory": memory_record, "precision": precision,
                     # float32 kernels block their sums by thread count: the last bits depend on it
-                    "processes": shard.world, "threads_per_process": torch.get_num_threads(),
+                    "processes": shard.world, "threads_per_process": threads,
                     "versions": versions(), "timings_s": {**old, **timings},
                     "units": len(units), "results": sorted(str(p.relative_to(out)) for p in (out / "results").glob("*.csv"))}
         atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
@@ -348,18 +365,56 @@ def _without_budget(config: dict) -> dict:
 
 @contextlib.contextmanager
 def exclusive(out: Path) -> Iterator[None]:
-    """Hold an advisory lock on ``out`` (``out/.lock``, flock) for the duration; a clear error when
-    another run holds it."""
-    with open(out / ".lock", "a") as handle:
+    """Hold an advisory lock on ``out`` (``out/.lock``, flock) for the duration, and remove the file
+    when done; a clear error when another run holds it."""
+    lock = out / ".lock"
+    while True:
+        handle = open(lock, "a")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            handle.close()
             raise ConfigError(f"another audit run is writing to {out}; wait for it to finish or choose another "
                               "folder") from None
+        # the run before us may have removed the file between our open and our lock: we would hold a
+        # lock nobody else sees, so take the file that is there now
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            if os.stat(lock).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        handle.close()
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)  # before the lock is released: a waiting run then opens a new file
+        handle.close()
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op thread count set to ``threads`` for the duration, then restored."""
+    before = torch.get_num_threads()
+    if threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def _same_software(previous: dict, out: Path) -> None:
+    """Refuse to resume a run started with other versions of the software that computes it (the
+    units would differ in the last bits from those already written)."""
+    before, now = previous.get("versions"), versions()
+    if not before:
+        return
+    changed = [f"{k} {before.get(k)} -> {now.get(k)}" for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    if changed:
+        raise ConfigError(f"the run in {out} was started with other software ({', '.join(changed)}); its units would "
+                          "differ from those written so far in the last bits: resume it with the versions it started "
+                          "with, or start a new run")
 
 
 def fingerprints(config: AuditConfig, x: torch.Tensor, y: torch.Tensor) -> dict:

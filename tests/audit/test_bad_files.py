@@ -13,6 +13,7 @@ from audit.cli import main
 from audit.errors import ConfigError, DataError, ModelError
 from audit.run.config import load_config
 from audit.run.runner import run_audit
+from tests.helpers import write_cifar_batches
 
 RUN = ["run", "--methods", "gradient", "--tests", "random-logit", "--n-images", "2", "--quiet"]
 
@@ -95,6 +96,34 @@ def _factory_module(body: str, spec: str, *extra: str):
     return setup
 
 
+def _checkpoint(state, **metadata):
+    """A checkpoint m.pt holding ``state`` beside m.json with the shipped cnn's metadata, updated by ``metadata``."""
+    def setup(finished: Path, tmp: Path) -> list[str]:
+        import torch
+        meta = {"arch": "cnn", "in_shape": [1, 28, 28], "num_classes": 10, **metadata}
+        torch.save(state() if callable(state) else state, tmp / "m.pt")
+        (tmp / "m.json").write_text(json.dumps(meta))
+        return [*RUN, "--models", str(tmp / "m.pt"), "--out", str(tmp / "o")]
+    return setup
+
+
+def _cifar_of_text(finished: Path, tmp: Path) -> list[str]:
+    import pickle
+
+    import numpy as np
+    folder = tmp / "c" / "cifar-10-batches-py"
+    write_cifar_batches(folder, per_batch=2, seed=0)
+    for batch in folder.iterdir():
+        with open(batch, "wb") as f:
+            pickle.dump({b"data": np.full((2, 3072), "x"), b"labels": ["cat", "dog"]}, f, protocol=2)
+    return [*RUN, "--models", "cnn-sgd", "--data", "cifar10", "--data-root", str(tmp / "c"), "--out", str(tmp / "o")]
+
+
+def _cnn_state():
+    from audit.models import load_checkpoint
+    return load_checkpoint("cnn-sgd").state_dict()
+
+
 FACTORY = ("import torch\nfrom torch import nn\n"
            "def make():\n    return nn.Sequential(nn.Flatten(), nn.Linear(784, 10))\n"
            "def sized():\n    return nn.Sequential(nn.Flatten(), nn.Linear(100, 10))\n"
@@ -144,6 +173,16 @@ CASES = {
     # model files and factories
     "checkpoint not a torch file": (_file("m.pt", b"not a checkpoint", *RUN, "--models", "{tmp}/m.pt", "--out",
                                           "{tmp}/o"), ModelError, "m.pt"),
+    "checkpoint holding a bare tensor": (_checkpoint(lambda: __import__("torch").zeros(3)), ModelError,
+                                         "m.pt: holds a Tensor, not a state_dict"),
+    "checkpoint option of the wrong type": (_checkpoint(_cnn_state, arch="vgg", arch_options={"dropout": "high"}),
+                                            ModelError, r"m.json: cannot build 'vgg' from its metadata.*dropout"),
+    "checkpoint options not a table": (_checkpoint(_cnn_state, arch_options=[1]), ModelError,
+                                       r"m.json: .*arch_options a table, got .*\[1\]"),
+    "checkpoint path a folder": (lambda f, t: (t / "folder.pt").mkdir() or [*RUN, "--models", str(t / "folder.pt"),
+                                                                            "--out", str(t / "o")],
+                                 ModelError, "folder.pt is a folder"),
+    "data file of text, not numbers": (_cifar_of_text, DataError, "test_batch: CIFAR batch 'data' holds <U1 values"),
     "checkpoint path missing": (_run("--models", "{tmp}/missing.pt"), ModelError, "missing.pt"),
     "weights file missing": (_factory_module(FACTORY, "usermodels:make", "--weights", "{tmp}/w.pt"), ModelError,
                              "w.pt"),

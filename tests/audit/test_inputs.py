@@ -35,6 +35,8 @@ CASES = {
     "model not a module": (lambda: random_logit_test("cnn-sgd", X, Y), AuditError, "nn.Module, got str"),
     "x with NaN": (lambda: random_logit_test(MODEL, X.clone().index_fill_(0, torch.tensor([2]), float("nan")), Y),
                    AuditError, "NaN or infinite"),
+    "Explainer on a numpy array": (lambda: Explainer(MODEL, "gradient").attribute(X.numpy(), target=0),
+                                   AttributionError, r"torch.Tensor \(B, ...\), got a numpy.ndarray"),
     "x integer": (lambda: random_logit_test(MODEL, (X * 255).to(torch.uint8), Y), AuditError, "floating-point"),
     "x without batch axis": (lambda: random_logit_test(MODEL, torch.rand(5), Y), AuditError, r"shape \(5,\)"),
     "y float": (lambda: random_logit_test(MODEL, X, Y.float()), AuditError, "y must be integer labels"),

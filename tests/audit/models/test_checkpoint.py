@@ -9,7 +9,7 @@ from torch import nn
 from audit.data.datasets import embedded_sample, load_dataset
 from audit.errors import ModelError
 from audit.models import available_checkpoints, load_checkpoint
-from audit.models.checkpoint import SHIPPED, resolve_model
+from audit.models.checkpoint import SHIPPED, model_files, resolve_model
 from audit.models.compare import first_conv
 from audit.models.recipes import RECIPES
 from audit.models.training import evaluate
@@ -103,3 +103,10 @@ def test_a_shipped_name_shadowed_by_a_local_file_is_ambiguous(tmp_path, monkeypa
         load_checkpoint("cnn-sgd")
     (tmp_path / "cnn-sgd.pt").unlink()
     assert load_checkpoint("cnn-sgd").metadata["arch"] == "cnn"
+
+
+def test_a_folder_with_a_shipped_name_does_not_hide_the_shipped_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cnn-sgd").mkdir()  # e.g. the output folder of an earlier audit of that model
+    assert load_checkpoint("cnn-sgd").metadata["arch"] == "cnn"
+    assert [p.name for p in model_files("cnn-sgd")] == ["cnn-sgd.pt", "cnn-sgd.json"]

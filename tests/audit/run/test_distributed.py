@@ -2,10 +2,8 @@
 --resume after a rank is killed."""
 import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +13,10 @@ from audit.cli import _without_workers, main
 from audit.errors import ConfigError
 from audit.run.config import load_config
 from audit.run.distributed import Shard, launch
+from audit.run.faults import KILL_AFTER_UNITS
 from audit.run.runner import run_audit
 
+ROOT = Path(__file__).resolve().parents[3]
 ARGS = ["--models", "cnn-sgd,cnn-bort", "--methods", "gradient,lrp-zplus,deeplift",
         "--tests", "csc,random-logit,cascading", "--n-images", "4", "--quiet"]
 
@@ -57,41 +57,26 @@ def test_shards_split_the_units_without_overlap():
 
 
 def test_two_ranks_write_the_files_of_one_process(single, tmp_path, capsys):
+    environ, threads = dict(os.environ), torch.get_num_threads()
     assert main(["run", *ARGS, "--workers", "2", "--out", str(tmp_path / "two")]) == 0
+    # the launcher runs in a process of its own: the caller's environment and threads stay as they were
+    assert dict(os.environ) == environ and torch.get_num_threads() == threads
     assert files(tmp_path / "two") == single
     assert (tmp_path / "two" / "index.html").exists() and not list((tmp_path / "two").rglob("*.part"))
+    assert not (tmp_path / "two" / ".lock").exists()  # the lock lives as long as the run holds it
 
 
-def _children(pid: int) -> list[int]:
-    """Every descendant process of ``pid`` (from /proc)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = [], [pid]
-    while frontier:
-        frontier = [c for c, p in parents.items() if p in frontier]
-        found += frontier
-    return found
-
-
-def test_resume_after_a_rank_is_killed(single, tmp_path):
+@pytest.mark.parametrize("kill", ["2@1", "6@0"])
+def test_resume_after_a_rank_is_killed(single, tmp_path, kill):
+    """A rank kills itself after its k-th unit file (``k@rank``): the same point on any machine."""
     out = tmp_path / "killed"
-    launcher = subprocess.Popen([sys.executable, "-m", "audit", "run", *ARGS, "--workers", "2", "--out", str(out)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and len(list((out / "units").rglob("*.csv"))) < 4:
-        time.sleep(0.2)
-    workers = [p for p in _children(launcher.pid) if "audit" in Path(f"/proc/{p}/cmdline").read_bytes().decode(
-        errors="replace")]
-    assert workers, "no rank found"
-    os.kill(workers[-1], signal.SIGKILL)  # one rank dies; the launcher ends the others
-    assert launcher.wait(timeout=240) != 0
-    done = len(list((out / "units").rglob("*.csv")))
-    assert 4 <= done < len([k for k in single if k.startswith("units")])
+    env = {**os.environ, KILL_AFTER_UNITS: kill, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "audit", "run", *ARGS, "--workers", "2", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "failed (exit code" in done.stderr, done.stderr[-3000:]
+    written = len(list((out / "units").rglob("*.csv")))
+    assert int(kill.split("@")[0]) <= written < len([k for k in single if k.startswith("units")])
+    assert not (out / "results").exists()
     assert main(["run", *ARGS, "--workers", "2", "--out", str(out), "--resume"]) == 0
     assert files(out) == single
 

@@ -1,14 +1,22 @@
 """The runner: resume after a kill, user models left unchanged."""
+import contextlib
 import hashlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import pytest
+import torch
+
+import audit.run.runner
 from audit.cli import main
+from audit.errors import ConfigError
 from audit.run.config import load_config
+from audit.run.faults import KILL_AFTER_UNITS
 from audit.run.runner import exclusive, run_audit
 
 
@@ -16,28 +24,82 @@ def _results(out: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted((out / "results").glob("*.csv"))}
 
 
-def test_resume_after_sigkill_gives_identical_results(tmp_path):
-    args = ["--models", "cnn-sgd", "--methods", "gradient,lrp-zplus,deeplift,lrp-epsilon,edge",
-            "--tests", "random-logit,cascading", "--n-images", "4", "--quiet"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "audit", "run", *args, "--out", str(killed)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    def written() -> int:
-        return len(list((killed / "units").rglob("*.csv"))) if (killed / "units").exists() else 0
+ARGS = ["--models", "cnn-sgd", "--methods", "gradient,lrp-zplus,deeplift,lrp-epsilon,edge",
+        "--tests", "random-logit,cascading", "--n-images", "4", "--quiet"]
+ROOT = Path(__file__).resolve().parents[3]
 
-    deadline = time.time() + 120
-    while time.time() < deadline and written() < 3 and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done = written()
-    assert 0 < done < 10, f"the kill should land part way ({done} of 10 units written)"
-    assert not (killed / "results").exists()
-    assert main(["run", *args, "--out", str(killed), "--resume"]) == 0
-    fresh = tmp_path / "fresh"
-    assert main(["run", *args, "--out", str(fresh)]) == 0
-    assert _results(killed) == _results(fresh)
+
+def _tables(out: Path) -> dict[str, bytes]:
+    """The run's tables: joined results and every unit."""
+    return {str(p.relative_to(out)): p.read_bytes()
+            for p in sorted([*(out / "results").glob("*.csv"), *(out / "units").rglob("*.csv")])}
+
+
+def _killed_run(out: Path, after: int, **env: str) -> subprocess.CompletedProcess:
+    """``attribution-audit run ARGS`` in a subprocess that kills itself after its ``after``-th unit file."""
+    env = {**os.environ, KILL_AFTER_UNITS: str(after), "PYTHONPATH": str(ROOT), **env}
+    done = subprocess.run([sys.executable, "-m", "audit", "run", *ARGS, "--out", str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    assert len(list((out / "units").rglob("*.csv"))) == after and not (out / "results").exists()
+    return done
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, dict[str, bytes]]:
+    """The tables of uninterrupted runs of ARGS, with two intra-op threads and with one."""
+    base = tmp_path_factory.mktemp("uninterrupted")
+    tables = {}
+    for n in (2, 1):
+        with _threads(n):
+            assert main(["run", *ARGS, "--out", str(base / str(n))]) == 0
+        tables[str(n)] = _tables(base / str(n))
+        assert not (base / str(n) / ".lock").exists()  # the lock lives as long as the run holds it
+    return tables
+
+
+@pytest.mark.parametrize("after", [1, 5, 9])
+def test_resume_after_sigkill_gives_identical_results(uninterrupted, tmp_path, after):
+    killed = tmp_path / "killed"
+    _killed_run(killed, after, OMP_NUM_THREADS="2")
+    with _threads(2):
+        assert main(["run", *ARGS, "--out", str(killed), "--resume"]) == 0
+    assert _tables(killed) == uninterrupted["2"]
+
+
+def test_resume_computes_with_the_threads_the_run_started_with(uninterrupted, tmp_path, capsys, monkeypatch):
+    killed = tmp_path / "killed"
+    _killed_run(killed, 4, OMP_NUM_THREADS="1")
+    assert json.loads((killed / "manifest.json").read_text())["threads_per_process"] == 1
+    seen, real = [], audit.run.runner._run_unit
+    monkeypatch.setattr(audit.run.runner, "_run_unit", lambda *a: seen.append(torch.get_num_threads()) or real(*a))
+    with _threads(2):
+        assert main(["run", *ARGS, "--out", str(killed), "--resume"]) == 0
+        assert torch.get_num_threads() == 2  # restored after the run
+    assert seen == [1] * 6  # the six units left, each computed with the run's one thread
+    assert "computing with 1 intra-op thread per process, as the run was started (this process has 2)" \
+        in capsys.readouterr().out
+    assert _tables(killed) == uninterrupted["1"]
+
+
+def test_resume_refuses_a_run_started_with_other_software(tmp_path):
+    killed = tmp_path / "killed"
+    _killed_run(killed, 2)
+    manifest = json.loads((killed / "manifest.json").read_text())
+    manifest["versions"]["torch"] = "1.0.0"
+    (killed / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=rf"started with other software \(torch 1.0.0 -> {re.escape(torch.__version__)}\)"):
+        main(["--debug", "run", *ARGS, "--out", str(killed), "--resume"])
 
 
 def test_user_model_from_a_factory_and_a_checkpoint_file_left_unchanged(tmp_path, monkeypatch):

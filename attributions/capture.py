@@ -101,7 +101,7 @@ class Capture:
                     or not schema.arguments[0].alias_info.is_write:
                 continue
             base = node.args[0]
-            while isinstance(base, torch.fx.Node) and base.op == "call_function" and _is_view(base):
+            while isinstance(base, torch.fx.Node) and base.op == "call_function" and is_view(base):
                 base = base.args[0]
             if isinstance(base, torch.fx.Node) and base.op == "placeholder" and \
                     self.sources[base.name].kind != "input":
@@ -145,7 +145,7 @@ class Capture:
         return [n for n in self.graph.nodes if n.op == "call_function"]
 
 
-def _is_view(node: torch.fx.Node) -> bool:
+def is_view(node: torch.fx.Node) -> bool:
     """Whether an op's output aliases its first argument (a view, or an in-place op's result)."""
     schema = getattr(node.target, "_schema", None)
     return bool(schema is not None and schema.returns and schema.returns[0].alias_info is not None)
@@ -201,8 +201,11 @@ def _returns_only_none(hook: Any) -> bool:
         code = getattr(type(hook).__call__, "__code__", None)  # a callable object's method
     if code is None:
         return False
+    instructions = list(dis.get_instructions(code))
+    if code.co_name == "<lambda>" and _observes(instructions):
+        return True
     previous = None
-    for ins in dis.get_instructions(code):
+    for ins in instructions:
         if ins.opname == "RETURN_CONST" and ins.argval is not None:
             return False
         if ins.opname == "RETURN_VALUE" and not (previous is not None and previous.opname == "LOAD_CONST"
@@ -210,6 +213,22 @@ def _returns_only_none(hook: Any) -> bool:
             return False
         previous = ins
     return True
+
+
+# calls whose value is None: a lambda returning one of them (``lambda *a: acts.append(a)``) observes
+_OBSERVING_CALLS = {"append", "extend", "add", "update", "write", "print", "put", "put_nowait", "info", "debug",
+                    "warning", "set"}
+
+
+def _observes(instructions: list[dis.Instruction]) -> bool:
+    """Whether a lambda's body is one call of an observing function or method (its result, None, is
+    what the lambda returns)."""
+    loads = [i for i in instructions if i.opname in ("LOAD_METHOD", "LOAD_ATTR", "LOAD_GLOBAL", "LOAD_NAME")]
+    returns = [k for k, i in enumerate(instructions) if i.opname == "RETURN_VALUE"]
+    return (len(returns) == 1 and returns[0] > 0 and instructions[returns[0] - 1].opname == "CALL"
+            and bool(loads) and loads[0].opname in ("LOAD_METHOD", "LOAD_ATTR", "LOAD_GLOBAL")
+            and (loads[0].argval in _OBSERVING_CALLS if loads[0].opname != "LOAD_GLOBAL" else loads[0].argval == "print"
+                 or len(loads) > 1 and loads[1].argval in _OBSERVING_CALLS))
 
 
 def forward_changing_hooks(model: nn.Module) -> list[str]:
@@ -264,8 +283,9 @@ def _silenced() -> Iterator[None]:
     """torch's export and symbolic-shape loggers silenced for the duration: a failed attempt
     (the dynamic batch before the static one) logs graphs and guards a user has no use for; the
     error we raise says what went wrong."""
-    loggers = [logging.getLogger(name) for name in ("torch.fx.experimental.symbolic_shapes", "torch._export",
-                                                    "torch.export", "torch._subclasses.fake_tensor", "torch._dynamo")]
+    names = ("torch.fx.experimental.symbolic_shapes", "torch._export", "torch.export", "torch._subclasses.fake_tensor",
+             "torch._dynamo", "torch.__trace")
+    loggers = [logging.getLogger(name) for name in names]
     levels = [lg.level for lg in loggers]
     try:
         for lg in loggers:

@@ -75,22 +75,39 @@ class Explainer(Attribution):
             raise AttributionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.method: Method = build_method(method, **params)
-        if not self.method.engine.needs_graph:
-            graph = None
-        elif graph is None:
-            graph = trace(model)
-        self.graph: Graph | None = graph
         if rules and not self.method.chain:
             raise AttributionError(f"{self.method.name!r} is not a chain of rules; rules= applies to the graph "
                                    "methods only")
-        self._ops = {n.name: OPS[n.kind](n) for n in self.graph.nodes if n.kind in LINEAR_KINDS} if self.graph else {}
-        self._rules = self._rule_table(rules or {}) if self.method.chain else {}
-        # nodes whose rule reads the node's own gradient: the forward pass records their autograd graph
-        self.recorded = frozenset(n.name for n in self.graph.nodes if n.name in self._rules and self._rules[n.name].records
-                                  and not (n.params.get("identity") or n.params.get("reshape"))) if self.graph else frozenset()
+        self._overrides = dict(rules or {})
+        for value in self._overrides.values():  # rule names are checked at once; node names once captured
+            resolve(value)
+        self.graph: Graph | None = None
+        self._graphs: dict[tuple, Graph] = {}  # captured graphs by input shape (sizes are specialised)
+        self._ops: dict = {}
+        self._rules: dict[str, Rule] = {}
+        self.recorded: frozenset[str] = frozenset()
+        if self.method.engine.needs_graph and graph is not None:
+            self._bind(graph)
         self._reference: Derived[dict] = Derived()
         self._image_bytes: dict[tuple, int] = {}
         Attribution.__init__(self, self.forward)
+
+    def _bind(self, graph: Graph) -> None:
+        """Use ``graph``: its linear ops, the rule of every node, the nodes whose autograd graph to record."""
+        self.graph = graph
+        self._graphs[_shape_key(graph.shape, graph.dynamic_batch)] = graph
+        self._ops = {n.name: OPS[n.kind](n) for n in graph.nodes if n.kind in LINEAR_KINDS}
+        self._rules = self._rule_table(self._overrides) if self.method.chain else {}
+        # nodes whose rule reads the node's own gradient: the forward pass records their autograd graph
+        self.recorded = frozenset(n.name for n in graph.nodes if n.name in self._rules and self._rules[n.name].records
+                                  and not (n.params.get("identity") or n.params.get("reshape")))
+
+    def _graph_for(self, x: torch.Tensor) -> None:
+        """Bind the graph of inputs shaped like ``x``, capturing the model at that shape the first time."""
+        if not self.method.engine.needs_graph or (self.graph is not None and self.graph.accepts(x.shape)):
+            return
+        graph = self._graphs.get(_shape_key(x.shape, True)) or self._graphs.get(_shape_key(x.shape, False))
+        self._bind(graph if graph is not None else trace(self.model, x))
 
     def _rule_table(self, overrides: dict) -> dict[str, Rule]:
         """The rule of every rule-driven node, by precedence: the user's rule for its name, the user's
@@ -174,6 +191,7 @@ class Explainer(Attribution):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The model's output computed by the graph (eval semantics); differentiable."""
+        self._graph_for(x)
         graph = self._need_graph("forward")
         n = len(x) if torch.is_grad_enabled() else memory.fitting(len(x), lambda: self.bytes_per_image(x))
         # logits only (no autograd graph to keep): one chunk's values at a time
@@ -182,6 +200,7 @@ class Explainer(Attribution):
     def bytes_per_image(self, x: torch.Tensor) -> int:
         """Bytes one image of ``x`` (B, ...) takes in this method's forward pass (its values and the
         autograd graphs its rules read), measured once per input shape."""
+        self._graph_for(x)
         key = (tuple(x.shape[1:]), x.dtype, x.device)
         if key not in self._image_bytes:
             env = self._forward_envs(x[:1], with_ref=False, batch=x.shape)[0] if self.graph is not None \
@@ -200,6 +219,7 @@ class Explainer(Attribution):
         under ``(name, "graph")``, so that the backward pass need not re-run them. ``reuse``: (an
         earlier pass's values for the same ``x``, the nodes whose values it may give), for a model that
         differs from the earlier one only downstream of those nodes."""
+        self._graph_for(x)
         env: dict = {"input": x}
         for node in self._g.nodes[1:]:
             if reuse is not None and node.name in reuse[1]:
@@ -288,8 +308,11 @@ class Explainer(Attribution):
 
     def baseline_like(self, x: torch.Tensor) -> torch.Tensor:
         """The method's reference input for inputs like ``x`` (B, C, ...): (1, C, ...), a constant or one
-        value per channel (:attr:`Method.baseline`; zero by default)."""
+        value per channel (:attr:`Method.baseline`; zero by default); (B, C, ...) for a graph whose sizes
+        depend on the batch (:attr:`Graph.batch_sized`), where one image cannot be broadcast."""
         value = self.method.baseline
+        if self.graph is not None and self.graph.batch_sized and len(x) > 1:
+            return self.baseline_like(x[:1]).expand_as(x).clone()
         if isinstance(value, float):
             return torch.full_like(x[:1], value)
         if x.ndim < 2 or len(value) != x.shape[1]:
@@ -306,7 +329,8 @@ class Explainer(Attribution):
                   if isinstance(v, torch.Tensor)]
         sources = [*self.model.parameters(), *self.model.buffers(), *consts]
         return self._reference.get(sources, lambda: self._run(self.baseline_like(x)),
-                                   key=(tuple(x.shape[1:]), x.dtype, x.device, self.method.baseline))
+                                   key=(tuple(x.shape[1:]), x.dtype, x.device, self.method.baseline,
+                                        len(x) if self._g.batch_sized else 1))
 
     def _signals(self, x: torch.Tensor, start: str, make_signal, envs=None, keep=None) -> dict:
         """Every node's signal (or only those named in ``keep``) for the signal ``make_signal(env)`` at
@@ -416,8 +440,11 @@ class Explainer(Attribution):
     # --- checks ------------------------------------------------------------------------------------
 
     def _need_graph(self, what: str) -> Graph:
-        if self.graph is None:
+        if not self.method.engine.needs_graph:
             raise AttributionError(f"{what} is not available for the control method {self.method.name!r}")
+        if self.graph is None:
+            raise AttributionError(f"{what}: the model is captured at its input shape on the first call; call the "
+                                   "explainer on inputs first, or build it with graph=trace(model, x)")
         return self.graph
 
     @property
@@ -432,6 +459,7 @@ class Explainer(Attribution):
         if dtype is not None and x.dtype != dtype:  # else torch's own "expected scalar type" error, deep inside
             raise AttributionError(f"inputs are {x.dtype} but the model computes in {dtype}; convert them with "
                                    f"x.to({dtype}) (half-precision maps are not supported: use float32 or float64)")
+        self._graph_for(x)
         return x
 
     @staticmethod
@@ -455,6 +483,11 @@ class Explainer(Attribution):
         if bool(((t < 0) | (t >= classes)).any()):
             raise AttributionError(f"target out of range: the model has {classes} classes, got {t.tolist()}")
         return t
+
+
+def _shape_key(shape: tuple | torch.Size, dynamic: bool) -> tuple:
+    """The key of a graph captured at ``shape``: sizes other than the batch, and the batch if fixed."""
+    return (tuple(shape[1:]), None if dynamic else shape[0])
 
 
 def _rows(target, start: int, stop: int, batch: int):

@@ -1,20 +1,25 @@
-"""The traced graph: every call site of a model as a node, canonicalised for the rules.
+"""The traced graph: every op of ``model(x)`` as a node, canonicalised for the rules.
 
-``trace(model)`` runs ``torch.fx`` symbolic tracing (the model itself is not changed, and none of
-its hooks runs), maps each call site to a node *kind*, folds eval-mode BatchNorm into the conv /
-linear layer before it, and treats in-place operations as out-of-place (the engine computes
-every node functionally). Weights and other parameters are read from the model at call time, so
-an explainer always sees their current values.
+``trace(model, x)`` captures the model with ``torch.export`` (:mod:`attributions.capture`: the
+model is not changed and none of its hooks runs), maps each exported op to a node *kind* through
+one table (:data:`OPS`), then applies named graph passes (:data:`PASSES`): the pieces of split /
+chunk ops fused into their readers, the gating operands of products marked, eval-mode BatchNorm
+folded into the conv / linear layer before it. In-place ops are computed out-of-place. Weights and
+other parameters are read from the live model at call time (:class:`Layer`), so an explainer always
+sees their current values.
 
-Only nodes that carry the signal (floating tensors computed from the input through
-differentiable operations) get a kind that a rule acts on. Everything else is computed in the
-forward pass and held constant in the backward pass: ``value`` nodes (sizes, shapes, asserts,
-comparisons) and ``const`` nodes (parameters used in ``forward``, tensors made there, anything
-computed from them alone).
+Only nodes that carry the signal (floating tensors computed from the input) get a kind that a rule
+acts on. Everything else is computed in the forward pass and held constant in the backward pass:
+``value`` nodes (sizes, shapes, asserts) and ``const`` nodes (parameters, buffers, tensors made
+in ``forward`` and anything computed from them alone).
+
+Node names are the module paths users know: an op that is what its module computes (the
+convolution of an ``nn.Conv2d``, the ReLU of an ``nn.ReLU``) takes the module's name
+(``layer4.1.conv2``); any other op ``<module path>.<op>`` (``layer1.0.add``); a repeated name gets
+``#1``, ``#2``...
 """
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,10 +27,10 @@ from typing import Any, cast
 
 import torch
 import torch.fx
-import torch.nn.functional as F
 from torch import nn
 
 from attributions import attention
+from attributions.capture import Capture, capture, is_view
 from attributions.errors import AttributionError
 
 # Kinds whose output is linear in the input (plus a bias), with weights: the layers LRP rules act on.
@@ -35,20 +40,10 @@ SIGNAL_KINDS = LINEAR_KINDS + ("relu", "leaky_relu", "maxpool", "add", "move", "
                                "norm", "softmax")
 CONSTANT_KINDS = ("input", "value", "const")
 
-SUPPORTED = ("Conv1d/2d (any padding mode, padding='same'), Linear, BatchNorm1d/2d (folded into the conv / linear "
-             "before it, else an affine node; without running statistics a normalisation), LayerNorm, GroupNorm, "
-             "ReLU, LeakyReLU, ReLU6, ELU, CELU, SELU, GELU, SiLU, Mish, Hardswish, Hardsigmoid, Hardtanh, Sigmoid, "
-             "Tanh, Softplus, LogSigmoid, Softmax, MaxPool1d/2d, AvgPool1d/2d, AdaptiveAvgPool1d/2d, Dropout, "
-             "Identity, Flatten, Unflatten; functions and methods: indexing and slicing, view / reshape / flatten "
-             "/ unflatten, permute / transpose / mT / T, expand / repeat, squeeze / unsqueeze, chunk / split / "
-             "unbind, cat / stack, pad, roll, flip, narrow, contiguous / clone, + - * / (by constants or of two "
-             "signals), mean / sum over dims, matmul / bmm / einsum, the activations above, softmax, layer_norm, "
-             "group_norm, dropout and stochastic_depth (identities in eval), sizes, shapes and asserts")
-
 
 @dataclass
 class Node:
-    """One call site.
+    """One op.
 
     ``inputs`` names the signal-carrying nodes it reads (in argument order, each once); ``run(env,
     replace)`` computes its value from the values of all nodes it reads, with ``replace`` overriding
@@ -58,8 +53,8 @@ class Node:
     name: str
     kind: str
     inputs: tuple[str, ...]
-    module: nn.Module | None = None
-    bn: nn.Module | None = None  # an eval-mode BatchNorm folded after this conv / linear
+    module: Any = None  # a Layer (conv, dense, affine) or a pooling module (maxpool, avgpool)
+    bn: Any = None  # the Layer of an eval-mode BatchNorm folded after this conv / linear
     run: Callable[..., Any] | None = None
     params: dict = field(default_factory=dict)
     # inputs renamed by BatchNorm folding: {name the traced call reads: node that now computes it}
@@ -74,153 +69,26 @@ class Node:
         return self.run(env, replace)
 
 
-# --- what each call site is -----------------------------------------------------------------------
-
-_IDENTITIES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout, nn.Identity)
-_ACTIVATION_MODULES = (nn.ReLU6, nn.ELU, nn.CELU, nn.SELU, nn.GELU, nn.SiLU, nn.Mish, nn.Hardswish, nn.Hardsigmoid,
-                       nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Softplus, nn.LogSigmoid)
-_MODULE_KINDS: list[tuple[tuple[type, ...], str]] = [
-    ((nn.Linear,), "dense"),
-    ((nn.Conv1d, nn.Conv2d), "conv"),
-    ((nn.BatchNorm1d, nn.BatchNorm2d), "affine"),
-    ((nn.ReLU,), "relu"),
-    ((nn.LeakyReLU,), "leaky_relu"),
-    ((nn.MaxPool1d, nn.MaxPool2d), "maxpool"),
-    ((nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d), "avgpool"),
-    ((nn.Flatten, nn.Unflatten, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.AlphaDropout, nn.Identity), "move"),
-    (_ACTIVATION_MODULES, "activation"),
-    ((nn.Softmax,), "softmax"),
-    ((nn.LayerNorm, nn.GroupNorm), "norm"),
-]
-_ACTIVATION_FUNCTIONS = {F.relu6, F.elu, F.celu, F.selu, F.gelu, F.silu, F.mish, F.hardswish, F.hardsigmoid,
-                         F.hardtanh, F.softplus, F.logsigmoid, torch.sigmoid, F.sigmoid, torch.tanh, F.tanh,
-                         torch.exp, torch.sqrt, torch.rsqrt, torch.reciprocal, torch.square, torch.log, torch.erf,
-                         torch.abs, torch.selu, torch.celu}
-_ACTIVATION_METHODS = {"sigmoid", "tanh", "exp", "sqrt", "rsqrt", "reciprocal", "square", "log", "erf", "abs",
-                       "pow"}
-_MOVE_FUNCTIONS = {operator.getitem, torch.permute, torch.transpose, torch.reshape, torch.flatten, torch.unflatten,
-                   torch.squeeze, torch.unsqueeze, torch.cat, torch.concat, torch.stack, torch.chunk, torch.split,
-                   torch.unbind, torch.tensor_split, F.pad, torch.roll, torch.flip, torch.narrow, torch.movedim,
-                   torch.swapaxes, torch.t, torch.clone, torch.select, torch.index_select, torch.tile, F.dropout,
-                   F.dropout1d, F.dropout2d, F.alpha_dropout, torch.broadcast_to}
-_MOVE_METHODS = {"view", "reshape", "flatten", "unflatten", "permute", "transpose", "squeeze", "unsqueeze", "expand",
-                 "expand_as", "repeat", "chunk", "split", "unbind", "tensor_split", "contiguous", "clone", "narrow",
-                 "movedim", "flip", "roll", "t", "swapaxes", "view_as", "reshape_as", "select", "index_select",
-                 "tile", "float", "double", "type_as", "to", "__getitem__", "broadcast_to"}
-_MOVE_ATTRIBUTES = {"mT", "T", "mH", "H", "real"}
-_MIX_FUNCTIONS = {operator.add, operator.iadd, torch.add, operator.sub, operator.isub, torch.sub, torch.subtract,
-                  operator.neg, torch.neg, torch.mean, torch.sum, operator.mul, operator.imul, torch.mul,
-                  torch.multiply, operator.truediv, operator.itruediv, torch.div, torch.true_divide, operator.matmul,
-                  torch.matmul, torch.bmm, torch.mm, torch.einsum, F.linear}
-_MIX_METHODS = {"add", "sub", "neg", "mean", "sum", "mul", "div", "matmul", "bmm", "mm", "__add__", "__radd__",
-                "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__neg__", "__matmul__"}
-# Products of two signals: bilinear (matmul family, mul) or a quotient (div: bilinear in a and 1 / b).
-_PRODUCT_TARGETS = {operator.mul, operator.imul, torch.mul, torch.multiply, operator.matmul, torch.matmul, torch.bmm,
-                    torch.mm, torch.einsum, operator.truediv, operator.itruediv, torch.div, torch.true_divide, "mul",
-                    "matmul", "bmm", "mm", "div", "__mul__", "__rmul__", "__matmul__", "__truediv__"}
-_QUOTIENTS = {operator.truediv, operator.itruediv, torch.div, torch.true_divide, "div", "__truediv__"}
-_MULTIPLICATIVE = _PRODUCT_TARGETS | {F.linear, operator.pow, torch.pow, "pow", "__pow__", "__rpow__"}
-_POWERS = {operator.pow, torch.pow}
-_SOFTMAX = {F.softmax, torch.softmax, "softmax"}
-_NORM_FUNCTIONS = {F.layer_norm, F.group_norm}
-_ADDS = {operator.add, operator.iadd, torch.add, "add", "__add__", "__radd__"}
-_RELUS = {F.relu, torch.relu, torch.relu_, "relu"}
-_POOL_FUNCTIONS = {F.max_pool1d: "maxpool", F.max_pool2d: "maxpool", F.avg_pool1d: "avgpool", F.avg_pool2d: "avgpool",
-                   F.adaptive_avg_pool1d: "avgpool", F.adaptive_avg_pool2d: "avgpool"}
-# Calls whose result is not a signal even when their arguments are: sizes, shapes, comparisons, indices.
-_VALUE_TARGETS = {"size", "dim", "numel", "shape", "dtype", "device", "ndim", "is_floating_point", "argmax", "argmin",
-                  "eq", "ne", "gt", "lt", "ge", "le", "isnan", "isfinite", torch._assert, torch.argmax, torch.argmin,
-                  operator.eq, operator.ne, operator.gt, operator.lt, operator.ge, operator.le, operator.floordiv,
-                  operator.mod, torch.eq, torch.ne, torch.gt, torch.lt, torch.ge, torch.le, torch.isnan,
-                  torch.isfinite, operator.not_, getattr, len, math.sqrt}
-# Activations whose output gates another signal in a product (LRP's "gate as constant" convention).
-GATES = {"sigmoid", "Sigmoid", "hardsigmoid", "Hardsigmoid", "softmax", "Softmax"}
-# Tensors made from a signal's shape, dtype or device only: constants of the backward pass.
-_CONSTANT_TARGETS = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", torch.zeros_like, torch.ones_like,
-                     torch.full_like, torch.empty_like}
-_TUPLE_TARGETS = {torch.chunk, torch.split, torch.unbind, torch.tensor_split, "chunk", "split", "unbind",
-                  "tensor_split"}
-
-
-def _target_name(target: Any) -> str:
-    return target if isinstance(target, str) else getattr(target, "__name__", str(target))
-
-
-def _module_kind(module: nn.Module) -> str | None:
-    """The kind of a layer the engine knows; None for any other module, and for a subclass of a known
-    layer that overrides ``forward`` (torchvision's LayerNorm2d permutes around its LayerNorm): those
-    are traced through, so the rules see the operations they really compute."""
-    for types, kind in _MODULE_KINDS:
-        base: Any = next((t for t in types if isinstance(module, t)), None)
-        if base is None:
-            continue
-        if type(module).forward is not base.forward:
-            return None
-        if kind == "affine" and getattr(module, "running_mean", None) is None:
-            return "norm"  # without running statistics it normalises with the batch's: not an affine map
-        return kind
-    return None
-
-
-def _call_kind(fx_node: torch.fx.Node, slots: list) -> str | None:
-    """The kind of a function or method call whose arguments hold signals at ``slots`` (None: unsupported)."""
-    target: Any = fx_node.target
-    n_signals = len(slots)
-    name = _target_name(target)
-    if fx_node.op == "call_method" and target in ("relu", "relu_"):
-        return "relu"
-    if target in _RELUS:
-        return "relu"
-    if target is F.leaky_relu or target in ("leaky_relu", "leaky_relu_"):
-        return "leaky_relu"
-    if target in _POOL_FUNCTIONS:
-        return _POOL_FUNCTIONS[target]
-    if name == "stochastic_depth":  # torchvision's, an identity in eval
-        return "move"
-    if target in _SOFTMAX:
-        return "softmax"
-    if target in _NORM_FUNCTIONS:
-        return "norm"
-    if n_signals == 2 and target in _ADDS and "alpha" not in fx_node.kwargs and len(fx_node.args) == 2:
-        return "add"
-    method = target.rstrip("_") if fx_node.op == "call_method" and not target.endswith("__") else target
-    if n_signals >= 2 and (target in _MULTIPLICATIVE or method in _MULTIPLICATIVE):
-        return "product" if n_signals == 2 and (target in _PRODUCT_TARGETS or method in _PRODUCT_TARGETS) else None
-    if target in _POWERS or method in ("pow", "__pow__", "__rpow__") or (
-            (target in _QUOTIENTS or method in _QUOTIENTS) and (0,) not in slots):
-        return "activation" if n_signals == 1 else None  # x ** c, c ** x, c / x: element-wise nonlinear
-    if target in _MIX_FUNCTIONS or (fx_node.op == "call_method" and target.rstrip("_") in _MIX_METHODS):
-        return "mix"
-    if target in _MOVE_FUNCTIONS or (fx_node.op == "call_method" and target in _MOVE_METHODS):
-        return "move"
-    if target is getattr and fx_node.args[1] in _MOVE_ATTRIBUTES:
-        return "move"
-    if target in _ACTIVATION_FUNCTIONS or (fx_node.op == "call_method" and target.rstrip("_") in _ACTIVATION_METHODS):
-        return "activation"
-    if fx_node.op == "call_method" and target.rstrip("_") in ("softmax",):
-        return "softmax"
-    return None
-
-
-def _is_value_call(fx_node: torch.fx.Node) -> bool:
-    target: Any = fx_node.target
-    if target is getattr:
-        return fx_node.args[1] not in _MOVE_ATTRIBUTES
-    return (target in _VALUE_TARGETS) if not isinstance(target, str) else target in _VALUE_TARGETS
-
-
 class Graph:
-    """The canonical graph of a model: nodes in forward (topological) order.
+    """The canonical graph of a model at one input shape: nodes in forward (topological) order.
 
     Attributes
     ----------
     nodes : list of Node, the first of kind ``input``
     output : str, name of the node whose value the model returns
+    shape : the input shape it was captured at (B, C, H, W); ``dynamic_batch``: whether it serves
+        every batch size
     """
 
-    def __init__(self, nodes: list[Node], output: str):
+    def __init__(self, nodes: list[Node], output: str, shape: tuple = (), dynamic_batch: bool = True,
+                 batch_sized: bool = False):
         self.nodes = nodes
+        # whether the graph computes sizes from the batch (attention merging batch and heads): a
+        # reference pass must then run at the batch's size, not as one image broadcast against it
+        self.batch_sized = batch_sized or not dynamic_batch
         self.output = output
+        self.shape = tuple(shape)
+        self.dynamic_batch = dynamic_batch
         self.by_name = {n.name: n for n in nodes}
         self.consumers: dict[str, list[str]] = {n.name: [] for n in nodes}
         for n in nodes:
@@ -231,6 +99,11 @@ class Graph:
     def layers(self) -> list[str]:
         """Names of the signal-carrying nodes, in forward order (the input excluded)."""
         return [n.name for n in self.nodes if n.kind in SIGNAL_KINDS]
+
+    def accepts(self, shape: torch.Size | tuple) -> bool:
+        """Whether inputs of ``shape`` (B, ...) run on this graph (sizes other than the batch are specialised)."""
+        shape = tuple(shape)
+        return shape[1:] == self.shape[1:] and (self.dynamic_batch or shape[0] == self.shape[0])
 
     def first_layers(self) -> set[str]:
         """Linear nodes that read the input directly (through data-movement nodes)."""
@@ -244,213 +117,526 @@ class Graph:
                     frontier.append(c)
         return out
 
-
-def _path_name(fx_node: torch.fx.Node) -> str:
-    stack = fx_node.meta.get("nn_module_stack") or {}
-    prefix = ""
-    if stack:
-        path = list(stack.values())[-1]
-        path = path[0] if isinstance(path, tuple) else path
-        prefix = f"{path}." if path else ""
-    base = fx_node.name.rstrip("_0123456789") or fx_node.name
-    return prefix + base
-
-
-class _Tracer(torch.fx.Tracer):
-    """fx's tracer with two changes: the layers the engine knows are leaves, and a container module is
-    traced through its ``forward`` rather than its ``__call__``, so the user's hooks never run."""
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return (_module_kind(m) is not None or isinstance(m, nn.MultiheadAttention)
-                or super().is_leaf_module(m, module_qualified_name))
-
-    def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        return super().call_module(m, m.forward, args, kwargs)
+    def weighted_layers(self) -> list[tuple[str, nn.Module, nn.Module | None]]:
+        """The modules whose weights the conv, dense and affine nodes read, once each in forward
+        order: (module path, the module, the folded BatchNorm's module or None)."""
+        seen: set[int] = set()
+        out = []
+        for node in self.nodes:
+            if node.kind in ("conv", "dense", "affine") and node.module.module is not None \
+                    and id(node.module.module) not in seen:
+                seen.add(id(node.module.module))
+                out.append((node.module.path, node.module.module, node.bn.module if node.bn is not None else None))
+        return out
 
 
-def _symbolic_trace(model: nn.Module) -> torch.fx.Graph:
-    """The fx graph of ``model`` traced with eval semantics: every module's ``training`` flag is set to
-    False while tracing (forwards that branch on it take the eval branch) and restored afterwards."""
-    flags = [(m, m.training) for m in model.modules()]
-    try:
-        for m, _ in flags:
-            m.training = False
-        return _Tracer().trace(model)
-    finally:
-        for m, flag in flags:
-            m.training = flag
+# --- live views of a weighted op's tensors ---------------------------------------------------------
+
+class Layer:
+    """The tensors one conv / linear / BatchNorm op reads, looked up in the live model at every use.
+
+    ``tensor(role)`` gives "weight", "bias" (and for BatchNorm "running_mean", "running_var") or
+    None; ``sources()`` the model tensors they are computed from (for caches of derived weights);
+    ``module`` the module holding the weight (what a randomization stage re-initialises), ``path``
+    its name.
+    """
+
+    def __init__(self, getters: dict[str, Callable[[], torch.Tensor | None]], sources: Callable[[], list[torch.Tensor]],
+                 module: nn.Module | None, path: str, **static: Any):
+        self._getters, self._sources = getters, sources
+        self.module, self.path = module, path
+        self.padding_mode = "zeros"
+        for k, v in static.items():
+            setattr(self, k, v)
+
+    def tensor(self, role: str) -> torch.Tensor | None:
+        get = self._getters.get(role)
+        return get() if get is not None else None
+
+    def sources(self) -> list[torch.Tensor]:
+        return [t for t in self._sources() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+    weight = property(lambda self: self.tensor("weight"))
+    bias = property(lambda self: self.tensor("bias"))
+    running_mean = property(lambda self: self.tensor("running_mean"))
+    running_var = property(lambda self: self.tensor("running_var"))
+
+    @property
+    def kernel_size(self) -> tuple[int, ...]:
+        return tuple(self.weight.shape[2:])
+
+    @property
+    def out_channels(self) -> int:
+        return int(self.weight.shape[0])
+
+    out_features = out_channels
+
+    @property
+    def in_channels(self) -> int:
+        return int(self.weight.shape[1]) * getattr(self, "groups", 1)
+
+    @property
+    def num_features(self) -> int:
+        return int((self.weight if self.weight is not None else self.running_mean).shape[0])
 
 
-def _fetch(model: nn.Module, target: str) -> Any:
-    value: Any = model
-    for part in target.split("."):
-        value = getattr(value, part)
+# --- what each exported op is ----------------------------------------------------------------------
+
+_ACTIVATIONS = {"gelu", "silu", "hardswish", "hardsigmoid", "sigmoid", "tanh", "hardtanh", "relu6", "elu", "celu",
+                "selu", "mish", "softplus", "log_sigmoid", "exp", "sqrt", "rsqrt", "reciprocal", "log", "erf", "abs",
+                "square", "pow", "prelu", "clamp", "clamp_min", "clamp_max", "sin", "cos", "glu_jvp"}
+_MOVES = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "flatten", "unflatten", "squeeze",
+          "unsqueeze", "expand", "expand_as", "repeat", "cat", "concat", "stack", "select", "slice", "narrow",
+          "contiguous", "clone", "pad", "constant_pad_nd", "reflection_pad1d", "reflection_pad2d",
+          "replication_pad1d", "replication_pad2d", "roll", "flip", "alias", "movedim", "tile", "index_select",
+          "index", "gather", "_to_copy", "to", "type_as", "dropout", "feature_dropout", "alpha_dropout",
+          "upsample_nearest1d", "upsample_nearest2d", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
+          "repeat_interleave", "unfold", "im2col", "split", "split_with_sizes", "chunk", "unbind", "tensor_split",
+          "swapaxes", "diagonal", "as_strided", "zero_pad2d", "detach", "mT", "mH", "T", "H", "adjoint", "conj",
+          "real", "resolve_conj", "resolve_neg", "lift_fresh_copy"}
+_MIXES = {"add", "sub", "rsub", "neg", "mul", "div", "mean", "sum", "matmul", "bmm", "mm", "einsum", "addmm",
+          "baddbmm", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_linear1d", "masked_fill", "where",
+          "cumsum", "linear", "avg_pool3d"}
+# ops that make a tensor from a signal's shape, dtype or device only: constants of the backward pass
+_SHAPE_ONLY = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "zeros_like", "ones_like", "full_like",
+               "empty_like", "rand_like", "randn_like", "scalar_tensor"}
+_PRODUCTS = {"mul", "matmul", "bmm", "mm", "einsum", "div"}
+_RESHAPES = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "contiguous"}
+_IDENTITIES = {"dropout", "feature_dropout", "alpha_dropout", "alias"}
+_TUPLES = {"split", "split_with_sizes", "chunk", "unbind", "tensor_split"}
+_POOLS = {"max_pool2d": "maxpool", "max_pool1d": "maxpool", "avg_pool2d": "avgpool", "avg_pool1d": "avgpool",
+          "adaptive_avg_pool2d": "avgpool", "adaptive_avg_pool1d": "avgpool"}
+_SIMPLE = {"relu": "relu", "leaky_relu": "leaky_relu", "conv2d": "conv", "conv1d": "conv", "convolution": "conv",
+           "linear": "dense", "layer_norm": "norm", "group_norm": "norm", "softmax": "softmax", "_softmax": "softmax",
+           **_POOLS}
+# Activations whose output gates another signal in a product (LRP's "gate as constant" convention).
+GATES = {"sigmoid", "hardsigmoid", "softmax"}
+# the torch.nn layers whose name their main op takes, with the kind of that op
+_LEAF_KINDS = {"Linear": "dense", "Conv1d": "conv", "Conv2d": "conv", "BatchNorm1d": "affine", "BatchNorm2d": "affine",
+               "ReLU": "relu", "LeakyReLU": "leaky_relu", "MaxPool1d": "maxpool", "MaxPool2d": "maxpool",
+               "AvgPool1d": "avgpool", "AvgPool2d": "avgpool", "AdaptiveAvgPool1d": "avgpool",
+               "AdaptiveAvgPool2d": "avgpool", "Flatten": "move", "Unflatten": "move", "Dropout": "move",
+               "Dropout1d": "move", "Dropout2d": "move", "AlphaDropout": "move", "Softmax": "softmax",
+               "LayerNorm": "norm", "GroupNorm": "norm", **{m: "activation" for m in (
+                   "ReLU6", "ELU", "CELU", "SELU", "GELU", "SiLU", "Mish", "Hardswish", "Hardsigmoid", "Hardtanh",
+                   "Sigmoid", "Tanh", "Softplus", "LogSigmoid")}}
+
+SUPPORTED = ("the torch-level ops torch.export records: " + ", ".join(sorted(
+    set(_SIMPLE) | _ACTIVATIONS | _MOVES | _MIXES | {"batch_norm", "scaled_dot_product_attention"})) +
+    "; sizes, shapes and asserts")
+
+
+def _op_name(target: Any) -> str:
+    """The op's name without overload and without the in-place underscore: "relu" for aten.relu_.default."""
+    name = getattr(target, "__name__", str(target))
+    packet = getattr(target, "_overloadpacket", None)
+    if packet is not None:
+        name = packet.__name__
+    return name[:-1] if name.endswith("_") and not name.endswith("__") and name != "_" else name
+
+
+def _functional(target: Any) -> Any:
+    """The out-of-place overload of an in-place aten op (aten.relu_.default -> aten.relu.default)."""
+    packet = getattr(target, "_overloadpacket", None)
+    if packet is None or not packet.__name__.endswith("_") or packet.__name__.endswith("__"):
+        return target
+    base = getattr(torch.ops.aten, packet.__name__[:-1], None)
+    overload = getattr(base, target._overloadname, None) if base is not None else None
+    if overload is None:
+        raise AttributionError(f"in-place op {target} has no out-of-place form the engine can compute")
+    return overload
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A reference to another node's value inside an op's arguments."""
+
+    name: str
+
+
+def _resolve(value: Any, env: dict, replace: dict) -> Any:
+    """``value`` (an op's arguments) with its node references replaced by their values."""
+    if isinstance(value, _Ref):
+        return replace[value.name] if value.name in replace else env[value.name]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_resolve(v, env, replace) for v in value)
+    if isinstance(value, dict):
+        return {k: _resolve(v, env, replace) for k, v in value.items()}
     return value
 
 
-def trace(model: nn.Module) -> Graph:
-    """Trace ``model`` into a canonical :class:`Graph`.
+def _runner(function: Callable, args: tuple, kwargs: dict) -> Callable[[dict, dict], Any]:
+    """``function(*args, **kwargs)`` with node references resolved from env / replace."""
+    return lambda env, replace: function(*_resolve(args, env, replace), **_resolve(kwargs, env, replace))
 
-    Raises
-    ------
-    AttributionError
-        When the model cannot be traced, or a node's operation is not supported (naming the node,
-        its type and the supported set).
-    """
-    if _module_kind(model) is not None:
-        model = nn.Sequential(model)  # a bare layer: trace it as a call site, not through its forward
-    try:
-        fx_graph = _symbolic_trace(model)
-    except AttributionError:
-        raise
-    except Exception as exc:  # fx raises several types for data-dependent control flow
-        raise AttributionError(
-            f"could not trace {type(model).__name__} with torch.fx ({type(exc).__name__}: {exc}). The engine "
-            "needs a forward without data-dependent Python control flow; move such logic out of forward "
-            "or wrap it in a module") from None
-    modules = dict(model.named_modules())
-    nodes: list[Node] = []
-    fx_to_name: dict[torch.fx.Node, str] = {}
-    signal: set[str] = set()  # names of the signal-carrying nodes
-    tuple_outputs: set[str] = set()  # expanded modules whose traced value is (output, extras)
-    taken: dict[str, int] = {}
-    output = None
 
-    def unique(name: str) -> str:
-        count = taken.get(name, 0)
-        taken[name] = count + 1
+class _Builder:
+    """Turns the exported graph into nodes (one pass over its ops, in order)."""
+
+    def __init__(self, captured: Capture):
+        self.c = captured
+        self.nodes: list[Node] = []
+        self.names: dict[torch.fx.Node, str] = {}
+        self.signal: set[str] = set()
+        self.taken: dict[str, int] = {}
+        self.tuples: dict[torch.fx.Node, tuple[Callable, tuple[str, ...]]] = {}  # split-like ops, fused into getitem
+        self.by_name: dict[str, Node] = {}
+        self.reads: dict[str, tuple[str, ...]] = {}  # const / value nodes: the const / value nodes they read
+
+    def unique(self, name: str) -> str:
+        count = self.taken.get(name, 0)
+        self.taken[name] = count + 1
         return name if count == 0 else f"{name}#{count}"
 
-    for fx_node in fx_graph.nodes:
-        if fx_node.op == "placeholder":
-            if nodes:
-                raise AttributionError(f"the model takes more than one input ({fx_node.name!r}); the engine "
-                                       "explains single-input models (wrap the others in the model)")
-            fx_to_name[fx_node] = "input"
-            signal.add("input")
-            nodes.append(Node("input", "input", ()))
-            continue
-        if fx_node.op == "output":
-            arg = fx_node.args[0]
-            if not isinstance(arg, torch.fx.Node) or fx_to_name[arg] not in signal:
-                raise AttributionError("the model must return one tensor computed from its input (the logits), not "
-                                       "a tuple, a dict or a constant; wrap it to return the logits")
-            output = fx_to_name[arg]
-            continue
-        reads = [fx_to_name[a] for a in fx_node.all_input_nodes]
-        signal_inputs = tuple(dict.fromkeys(r for r in reads if r in signal))
-        if fx_node.target is operator.getitem and signal_inputs and signal_inputs[0] in tuple_outputs:
-            if fx_node.args[1] == 0:
-                fx_to_name[fx_node] = signal_inputs[0]
-                continue
-            if fx_node.users:
-                raise AttributionError(f"{signal_inputs[0]!r}: only the attention output (item 0) can be used; its "
-                                       "attention weights are not part of the explained graph")
-            name = unique(_path_name(fx_node))  # an unused item (``out, _ = attn(...)``)
-            fx_to_name[fx_node] = name
-            nodes.append(Node(name, "value", (), run=lambda env, replace: None))
-            continue
-        if signal_inputs and _is_attention(fx_node, modules):
-            name = unique(fx_node.target if fx_node.op == "call_module" else _path_name(fx_node))
-            expanded = _expand(fx_node, modules, fx_to_name, signal, name)
-            for i, (suffix, kind, inputs, run, params) in enumerate(expanded):
-                own = name if i == len(expanded) - 1 else f"{name}.{suffix}"
-                taken[own] = taken.get(own, 0) + 1
-                nodes.append(Node(own, kind, inputs, run=run, params={**params, "tokens": True}))
-                signal.add(own)
-            if fx_node.op == "call_module":
-                tuple_outputs.add(name)
-            fx_to_name[fx_node] = name
-            continue
-        if fx_node.op == "get_attr":
-            name = unique(fx_node.target)
-            target = fx_node.target
-            node = Node(name, "const", (), params={"attribute": target},
-                        run=lambda env, replace, target=target: _fetch(model, target))
-        elif fx_node.op == "call_module":
-            module = modules[fx_node.target]
-            name = unique(fx_node.target)
-            kind = _module_kind(module) if signal_inputs else "const"
-            if kind is None:
-                raise AttributionError(f"unsupported operation: module {fx_node.target!r} of type "
-                                       f"{type(module).__name__}. Supported: {SUPPORTED}. Rewrite this part of the "
-                                       "model with supported layers, or explain a sub-model")
-            node = Node(name, kind, signal_inputs, module, run=_module_runner(fx_node, fx_to_name, module))
-            if isinstance(module, _IDENTITIES):
-                node.params["identity"] = True  # eval semantics whatever the module's mode
-                node.run = lambda env, replace, source=signal_inputs[0]: replace.get(source, env[source])
-            if isinstance(module, (nn.Flatten, nn.Unflatten)):
-                node.params["reshape"] = True
-            if kind == "leaky_relu":
-                node.params["negative_slope"] = float(module.negative_slope)
-            if kind == "activation":
-                node.params["function"] = type(module).__name__
-            if kind == "softmax":
-                if module.dim is None:
-                    raise AttributionError(f"nn.Softmax at {name!r} needs an explicit dim")
-                node.params["dim"] = module.dim
+    def add(self, node: Node, fx_node: torch.fx.Node | None = None) -> Node:
+        if node.kind == "input":  # the graph's first node, before the parameters export lists first
+            self.nodes.insert(0, node)
         else:
-            name = unique(_path_name(fx_node))
-            if not signal_inputs or _is_value_call(fx_node) or fx_node.target in _CONSTANT_TARGETS:
-                kind = "value" if _is_value_call(fx_node) else "const"
-                node = Node(name, kind, (), run=_evaluator(fx_node, fx_to_name))
-            else:
-                slots = _signal_slots(fx_node, fx_to_name, signal)
-                kind = _call_kind(fx_node, slots)
-                if kind is None:
-                    what = (f"method Tensor.{fx_node.target}" if fx_node.op == "call_method"
-                            else f"function {_target_name(fx_node.target)!r}")
-                    raise AttributionError(f"unsupported operation: {what} at node {name!r} on "
-                                           f"{len(signal_inputs)} signal(s). Supported: {SUPPORTED}. Rewrite this "
-                                           "part of the model with supported operations, or explain a sub-model")
-                node = Node(name, kind, signal_inputs, run=_evaluator(fx_node, fx_to_name))
-                _describe_call(node, fx_node, slots, fx_to_name)
-        fx_to_name[fx_node] = name
-        if node.kind in SIGNAL_KINDS:
-            signal.add(name)
-        nodes.append(node)
-    if output is None:
-        raise AttributionError("the traced model returns nothing")
-    _mark_gates(nodes)
-    return _fold_batchnorm(Graph(_fuse_tuples(nodes, fx_graph, fx_to_name), output))
+            self.nodes.append(node)
+        self.by_name[node.name] = node
+        if fx_node is not None:
+            self.names[fx_node] = node.name
+        if node.kind in SIGNAL_KINDS or node.kind == "input":
+            self.signal.add(node.name)
+        return node
+
+    def ref(self, value: Any) -> Any:
+        as_ref: Any = lambda n: _Ref(self.names[n])  # noqa: E731 - fx's map_arg types its callback narrowly
+        return torch.fx.node.map_arg(value, as_ref)
+
+    def constant(self, name: str) -> Any:
+        """A const / value node's current value, computed from the model's tensors alone."""
+        env: dict = {}
+
+        def ev(n: str) -> Any:
+            if n not in env:
+                for d in self.reads.get(n, ()):
+                    ev(d)
+                env[n] = self.by_name[n].evaluate(env)
+            return env[n]
+        return ev(name)
+
+    def upstream(self, fx_node: Any) -> list[str]:
+        """The parameter / buffer placeholders a const value is computed from."""
+        out, frontier, seen = [], [fx_node], set()
+        while frontier:
+            n = frontier.pop()
+            if not isinstance(n, torch.fx.Node) or n in seen:
+                continue
+            seen.add(n)
+            if n.op == "placeholder":
+                out.append(n.name)
+            frontier += n.all_input_nodes
+        return out
+
+    # --- the pass ----------------------------------------------------------------------------------
+
+    def build(self) -> Graph:
+        for fx_node in self.c.graph.nodes:
+            if fx_node.op == "placeholder":
+                self.placeholder(fx_node)
+            elif fx_node.op == "call_function":
+                self.call(fx_node)
+        out = self.c.output
+        name = self.names.get(out) if isinstance(out, torch.fx.Node) else None
+        if name is None or name not in self.signal:
+            raise AttributionError("the model must return one tensor computed from its input (the logits)")
+        nodes = self.nodes
+        for p in PASSES:
+            nodes = p(nodes)
+        return _fold_batchnorm(Graph(nodes, name, self.c.shape, self.c.dynamic_batch, self.batch_sized()))
+
+    def batch_sized(self) -> bool:
+        """Whether a size the graph computes depends on the batch size (a symbolic batch)."""
+        val = next(n for n in self.c.graph.nodes if n.name == self.c.input).meta.get("val")
+        batch = val.shape[0] if isinstance(val, torch.Tensor) else None
+        if not isinstance(batch, torch.SymInt):
+            return False
+        symbol = batch.node.expr.free_symbols
+        for fx_node in self.c.graph.nodes:
+            v = fx_node.meta.get("val")
+            if fx_node.op == "call_function" and isinstance(v, torch.SymInt) and fx_node.target is not \
+                    torch.ops.aten.sym_size.int and symbol & v.node.expr.free_symbols:
+                return True
+        return False
+
+    def placeholder(self, fx_node: torch.fx.Node) -> None:
+        source = self.c.sources[fx_node.name]
+        if source.kind == "input":
+            self.add(Node("input", "input", ()), fx_node)
+            return
+        name = self.unique(source.target if source.kind != "constant" else f"constant.{source.target}")
+        get = self.c.value
+        self.add(Node(name, "const", (), run=lambda env, replace, p=fx_node.name: get(p),
+                      params={"attribute": source.target}), fx_node)
+
+    def call(self, fx_node: torch.fx.Node) -> None:
+        target = fx_node.target
+        reads = [self.names[a] for a in fx_node.all_input_nodes if a in self.names]
+        signals = tuple(dict.fromkeys(r for r in reads if r in self.signal))
+        if target is operator.getitem and fx_node.args[0] in self.tuples:
+            self.piece(fx_node)
+            return
+        val = fx_node.meta.get("val")
+        # a tuple with any floating tensor (sort's values and indices) carries the signal too
+        is_float = isinstance(val, torch.Tensor) and val.is_floating_point() or (
+            isinstance(val, (tuple, list)) and any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in val))
+        op = _op_name(target)
+        if not signals or not is_float or op in _SHAPE_ONLY:
+            kind = "const" if isinstance(val, torch.Tensor) or (isinstance(val, (tuple, list)) and val and
+                                                                 isinstance(val[0], torch.Tensor)) else "value"
+            name = self.unique(self.path_name(fx_node, op, None))
+            # constants are recomputed in order at every pass, so their in-place ops run as written: a mask
+            # filled slice by slice (Swin's) is read through the tensor it was written into
+            node = Node(name, kind, (), run=_runner(cast(Any, target), self.ref(fx_node.args), self.ref(fx_node.kwargs)))
+            self.reads[name] = tuple(reads)
+            self.add(node, fx_node)
+            return
+        if op == "scaled_dot_product_attention":
+            self.attention(fx_node)
+            return
+        if op in _TUPLES:
+            self.tuples[fx_node] = (_runner(_functional(target), self.ref(fx_node.args), self.ref(fx_node.kwargs)), signals)
+            return
+        if _functional(target) is not target:
+            self.check_out_of_place(fx_node)
+        kind, params, module = self.describe(fx_node, op, signals)
+        name = self.unique(self.path_name(fx_node, op, kind))
+        run = _runner(_functional(target), self.ref(fx_node.args), self.ref(fx_node.kwargs))
+        params["reads"] = tuple(r for r in reads if r not in self.signal)  # the constants it reads (parameters)
+        if params.get("identity"):
+            source = signals[0]
+
+            def run(env: dict, replace: dict) -> Any:
+                return replace.get(source, env[source])
+        self.add(Node(name, kind, signals, module=module, run=run, params=params), fx_node)
+
+    def check_out_of_place(self, fx_node: torch.fx.Node) -> None:
+        """An in-place op on a signal is computed out of place: refused when a later op reads the
+        tensor it overwrote, or a view of it, which would then see the old values (export already
+        routes later uses of the tensor itself to the op's result)."""
+        order = {n: i for i, n in enumerate(self.c.graph.nodes)}
+        aliases, frontier = set(), [fx_node.args[0]]
+        while frontier:  # the tensor and the views taken of it
+            n = frontier.pop()
+            if isinstance(n, torch.fx.Node) and n not in aliases:
+                aliases.add(n)
+                frontier += [u for u in n.users if u is not fx_node and u.op == "call_function" and is_view(u)
+                             and u.args and u.args[0] is n]
+        later = [u for a in aliases for u in a.users if u is not fx_node and u not in aliases
+                 and order[u] > order[fx_node]]
+        if later:
+            raise AttributionError(f"in-place {fx_node.target} at {self.c.module_path(fx_node) or 'the model'!r} "
+                                   f"overwrites a tensor that {later[0].name!r} reads afterwards; the engine computes "
+                                   "ops out of place: use the op's result (y = x.relu_()) or its out-of-place form")
+
+    def path_name(self, fx_node: torch.fx.Node, op: str, kind: str | None) -> str:
+        path = self.c.module_path(fx_node)
+        leaf = self.c.module_type(fx_node)
+        if kind is not None and leaf.startswith("torch.nn.modules.") and _LEAF_KINDS.get(leaf.rsplit(".", 1)[-1]) == kind:
+            return path
+        return f"{path}.{op}" if path else op
+
+    def piece(self, fx_node: torch.fx.Node) -> None:
+        parent: Any = fx_node.args[0]
+        run, signals = self.tuples[parent]
+        index: Any = fx_node.args[1]
+        name = self.unique(self.path_name(fx_node, "getitem", None))
+        self.add(Node(name, "move", signals, run=lambda env, replace: run(env, replace)[index]), fx_node)
+
+    def attention(self, fx_node: torch.fx.Node) -> None:
+        name = self.unique(self.path_name(fx_node, "attention", None))
+        bound: dict[str, Any] = dict(zip(attention.SDPA_ARGUMENTS, fx_node.args)) | dict(fx_node.kwargs)
+        operands = {}
+        for role in ("query", "key", "value"):
+            arg = bound.get(role)
+            if not isinstance(arg, torch.fx.Node) or self.names.get(arg) not in self.signal:
+                raise AttributionError(f"attention at {name!r}: the {role} must be computed from the input")
+            operands[role] = self.names[arg]
+        bound = {k: (v if not isinstance(v, torch.fx.Node) else _Ref(self.names[v])) for k, v in bound.items()}
+        specs = attention.sdpa_specs(name, bound, operands, self.signal)
+        for i, (suffix, kind, inputs, run, params) in enumerate(specs):
+            own = name if i == len(specs) - 1 else f"{name}.{suffix}"
+            self.taken[own] = self.taken.get(own, 0) + 1
+            self.add(Node(own, kind, inputs, run=run, params={**params, "tokens": True}))
+        self.names[fx_node] = name
+
+    def describe(self, fx_node: torch.fx.Node, op: str, signals: tuple[str, ...]) -> tuple[str, dict, Any]:
+        """(kind, params, module) of an op on signals; a clear error for an op without a rule."""
+        args: Any = fx_node.args
+        kwargs: Any = fx_node.kwargs
+        on_signal = [isinstance(a, torch.fx.Node) and self.names.get(a) in self.signal for a in args]
+        where = f"{op} at {self.c.module_path(fx_node) or 'the model'}"
+        if op in ("conv2d", "conv1d", "convolution", "linear") and on_signal[0] and not any(on_signal[1:]):
+            return ("dense" if op == "linear" else "conv"), {}, self.layer(fx_node, op)
+        if op == "batch_norm" and on_signal[0] and not any(on_signal[1:]):
+            training = args[5] if len(args) > 5 else kwargs.get("training", False)
+            if not training and args[3] is not None and args[4] is not None:
+                return "affine", {}, self.layer(fx_node, op)
+            return "norm", {"norm": self.norm_spec(fx_node, "batch")}, None
+        if op in ("layer_norm", "group_norm") and on_signal[0] and not any(on_signal[1:]):
+            return "norm", {"norm": self.norm_spec(fx_node, op.split("_")[0])}, None
+        if op == "relu" and len(signals) == 1:
+            return "relu", {}, None
+        if op == "leaky_relu" and len(signals) == 1:
+            return "leaky_relu", {"negative_slope": float(args[1] if len(args) > 1 else kwargs.get("negative_slope", 0.01))}, None
+        if op in _POOLS and len(signals) == 1:
+            return _POOLS[op], {}, _pool_module(fx_node, op, where)
+        if op in ("softmax", "_softmax") and len(signals) == 1:
+            return "softmax", {"dim": int(args[1])}, None
+        if op == "add" and len(signals) == 2 and sum(on_signal) == 2 and args[0] is not args[1] \
+                and kwargs.get("alpha", 1) == 1 and _same_shape(args[0], args[1], fx_node):
+            return "add", {}, None  # a residual sum (a broadcasting one is a linear mix)
+        slots = self.slots(args)
+        if op in _PRODUCTS and len(slots) >= 2:
+            if len(slots) != 2:
+                raise AttributionError(f"{where}: a product of {len(slots)} signal operands is not supported")
+            operands = [self.names[_at(args, slot)] for slot in slots]
+            function = _functional(fx_node.target)
+            ref_args = self.ref(args)
+            ref_kwargs = self.ref(kwargs)
+
+            def pair(env, a, b, slots=slots):
+                values = _resolve(ref_args, env, {})
+                for slot, operand in zip(slots, (a, b)):
+                    values = _put(values, slot, operand)
+                return function(*values, **_resolve(ref_kwargs, env, {}))
+            return "product", {"quotient": op == "div", "pair": pair, "operands": operands}, None
+        if op == "div" and on_signal == [False, True]:
+            return "activation", {"function": "div"}, None  # c / x: element-wise nonlinear
+        if op == "pow" and len(signals) == 1:
+            return "activation", {"function": "pow"}, None
+        if op in _ACTIVATIONS and len(signals) == 1:
+            return "activation", {"function": op}, None
+        if op in _MOVES and (len(signals) == 1 or op in ("cat", "concat", "stack")):
+            params: dict[str, Any] = {}
+            if op in _RESHAPES:
+                params["reshape"] = True
+            if op in _IDENTITIES:
+                params["identity"] = True
+            if op in ("cat", "concat", "stack"):
+                params["cat"] = True  # recorded by CSC, as a layer joining branches
+            return "move", params, None
+        if op in _MIXES:
+            return "mix", {}, None
+        raise AttributionError(f"unsupported operation: {fx_node.target} on {len(signals)} signal(s) at node "
+                               f"{self.path_name(fx_node, op, None)!r} (module {self.c.module_type(fx_node) or '?'}). "
+                               f"Supported: {SUPPORTED}. Rewrite this part of the model with supported operations, "
+                               "or explain a sub-model")
+
+    def slots(self, args: tuple) -> list[tuple[int, ...]]:
+        """Where the arguments hold signals: (i,) for args[i], (i, j) for args[i][j] (einsum's operands).
+        A signal passed twice (x * x) counts twice."""
+        out: list[tuple[int, ...]] = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.fx.Node) and self.names.get(a) in self.signal:
+                out.append((i,))
+            elif isinstance(a, (list, tuple)):
+                out += [(i, j) for j, b in enumerate(a) if isinstance(b, torch.fx.Node) and self.names.get(b) in self.signal]
+        return out
+
+    def getter(self, value: Any) -> Callable[[], Any]:
+        """The current value of an op argument that is not a signal."""
+        if not isinstance(value, torch.fx.Node):
+            return lambda: value
+        if value.op == "placeholder":
+            name = value.name
+            return lambda: self.c.value(name)
+        const = self.names[value]
+        return lambda: self.constant(const)
+
+    def layer(self, fx_node: torch.fx.Node, op: str) -> Layer:
+        args: Any = list(fx_node.args)
+        names = {"conv2d": ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+                 "convolution": ("input", "weight", "bias", "stride", "padding", "dilation", "transposed",
+                                 "output_padding", "groups"),
+                 "linear": ("input", "weight", "bias"),
+                 "batch_norm": ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps",
+                                "cudnn_enabled")}
+        names["conv1d"] = names["conv2d"]
+        bound: dict[str, Any] = dict(zip(names[op], args)) | dict(fx_node.kwargs)
+        if bound.get("transposed"):
+            raise AttributionError(f"transposed convolution at {self.c.module_path(fx_node)!r} is not supported yet")
+        roles = ("weight", "bias", "running_mean", "running_var") if op == "batch_norm" else ("weight", "bias")
+        getters = {r: self.getter(bound.get(r)) for r in roles if bound.get(r) is not None}
+        tensors = [p for r in roles for p in self.upstream(bound.get(r))]
+        live = self.c.value
+        fqns = [self.c.sources[p].target for p in tensors if self.c.sources[p].kind == "parameter"]
+        owner = fqns[0].rsplit(".", 1)[0] if fqns and "." in fqns[0] else ""
+        module = self.c.model.get_submodule(owner) if fqns else None
+        static: dict[str, Any] = {}
+        if op != "linear" and op != "batch_norm":
+            d = 1 if op == "conv1d" else len(fx_node.meta["val"].shape) - 2
+            static = {"stride": _ints(bound.get("stride", 1), d), "dilation": _ints(bound.get("dilation", 1), d),
+                      "groups": int(bound.get("groups", 1)),
+                      "padding": bound.get("padding", 0) if isinstance(bound.get("padding"), str)
+                      else _ints(bound.get("padding", 0), d)}
+        if op == "batch_norm":
+            static = {"eps": float(bound.get("eps", 1e-5))}
+        return Layer(getters, lambda: [live(p) for p in tensors], module, owner, **static)
+
+    def norm_spec(self, fx_node: torch.fx.Node, kind: str) -> dict:
+        names = {"layer": ("input", "normalized_shape", "weight", "bias", "eps"),
+                 "group": ("input", "num_groups", "weight", "bias", "eps"),
+                 "batch": ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")}
+        bound: dict[str, Any] = dict(zip(names[kind], self.ref(fx_node.args))) | dict(self.ref(fx_node.kwargs))
+        bound.pop("input", None)
+        bound["type"] = kind
+        bound.setdefault("eps", 1e-5)
+        return bound
 
 
-def _signal_slots(fx_node: torch.fx.Node, fx_to_name: dict, signal: set[str]) -> list[tuple[int, ...]]:
-    """Where the call's arguments hold signals: (i,) for args[i], (i, j) for args[i][j] (einsum's list
-    form), ("k", name) for keyword arguments. A signal passed twice (x * x) counts twice."""
-    slots: list[tuple[Any, ...]] = []
-    for i, a in enumerate(fx_node.args):
-        if isinstance(a, torch.fx.Node) and fx_to_name[a] in signal:
-            slots.append((i,))
-        elif isinstance(a, (list, tuple)):
-            slots += [(i, j) for j, b in enumerate(a) if isinstance(b, torch.fx.Node) and fx_to_name[b] in signal]
-    slots += [("k", k) for k, a in fx_node.kwargs.items() if isinstance(a, torch.fx.Node) and fx_to_name[a] in signal]
-    return slots
+def _same_shape(*nodes: torch.fx.Node) -> bool:
+    shapes = [getattr(n.meta.get("val"), "shape", None) for n in nodes]
+    return shapes[0] is not None and all(s == shapes[0] for s in shapes)
 
 
-def _is_attention(fx_node: torch.fx.Node, modules: dict) -> bool:
-    if fx_node.op == "call_module":
-        return isinstance(modules[fx_node.target], nn.MultiheadAttention)
-    return fx_node.target is F.scaled_dot_product_attention
+def _at(args: tuple, slot: tuple[int, ...]) -> Any:
+    return args[slot[0]] if len(slot) == 1 else args[slot[0]][slot[1]]
 
 
-def _expand(fx_node: torch.fx.Node, modules: dict, fx_to_name: dict, signal: set[str], where: str) -> list:
-    """The primitive nodes of an attention call (see :mod:`attributions.attention`), the last its output."""
-    is_mha = fx_node.op == "call_module"
-    names = attention.MHA_ARGUMENTS if is_mha else attention.SDPA_ARGUMENTS
-    bound = dict(zip(names, fx_node.args)) | dict(fx_node.kwargs)
-    operands = {}
-    for role in ("query", "key", "value"):
-        arg = bound.get(role)
-        if not isinstance(arg, torch.fx.Node) or fx_to_name[arg] not in signal:
-            raise AttributionError(f"attention at {where!r}: the {role} must be computed from the input")
-        operands[role] = fx_to_name[arg]
-    if is_mha:
-        return attention.mha_specs(where, modules[fx_node.target], bound, operands, signal)
-    return attention.sdpa_specs(where, bound, operands, signal)
+def _put(args: Any, slot: tuple[int, ...], value: Any) -> tuple:
+    """``args`` with the argument at ``slot`` replaced by ``value``."""
+    out = list(args)
+    if len(slot) == 1:
+        out[slot[0]] = value
+    else:
+        inner = list(out[slot[0]])
+        inner[slot[1]] = value
+        out[slot[0]] = type(args[slot[0]])(inner)
+    return tuple(out)
 
 
-def _mark_gates(nodes: list[Node]) -> None:
+def _ints(value: Any, d: int) -> tuple[int, ...]:
+    if isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value) if len(value) == d else tuple(int(value[0]) for _ in range(d))
+    return tuple(int(value) for _ in range(d))
+
+
+_POOL_ARGS = {"max_pool2d": (nn.MaxPool2d, ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),
+              "max_pool1d": (nn.MaxPool1d, ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),
+              "avg_pool2d": (nn.AvgPool2d, ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
+                                            "divisor_override")),
+              "avg_pool1d": (nn.AvgPool1d, ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")),
+              "adaptive_avg_pool2d": (nn.AdaptiveAvgPool2d, ("output_size",)),
+              "adaptive_avg_pool1d": (nn.AdaptiveAvgPool1d, ("output_size",))}
+
+
+def _pool_module(fx_node: torch.fx.Node, op: str, where: str) -> nn.Module:
+    """An equivalent pooling module for an exported pooling op (arguments bound by name)."""
+    cls, names = _POOL_ARGS[op]
+    bound = dict(zip(names, fx_node.args[1:])) | dict(fx_node.kwargs)
+    if any(isinstance(v, torch.fx.Node) for v in bound.values()):
+        raise AttributionError(f"{where}: pooling with non-constant arguments is not supported")
+    if "stride" in bound and not bound["stride"]:  # aten's empty stride means the kernel size
+        bound.pop("stride")
+    bound = {k: tuple(v) if isinstance(v, list) else v for k, v in bound.items()}
+    return cls(**bound)
+
+
+# --- graph passes: Graph nodes -> nodes, each with its own test -----------------------------------
+
+def mark_gates(nodes: list[Node]) -> list[Node]:
     """For each product, which operands a gating function computed (``params["gates"]``)."""
     by_name = {n.name: n for n in nodes}
     for node in nodes:
@@ -458,188 +644,10 @@ def _mark_gates(nodes: list[Node]) -> None:
             producers = [by_name[name] for name in node.params["operands"]]
             node.params["gates"] = [p.kind == "softmax" or (p.kind == "activation" and p.params.get("function") in GATES)
                                     for p in producers]
+    return nodes
 
 
-def _describe_call(node: Node, fx_node: torch.fx.Node, slots: list, fx_to_name: dict) -> None:
-    """Record what the fast paths and rules need to know about a call: pooling as a module, LeakyReLU's
-    slope, whether a data movement is a plain reshape, where a product's two operands sit."""
-    target: Any = fx_node.target
-    if node.kind in ("maxpool", "avgpool"):
-        node.module = _pool_module(fx_node, node.name)
-    if node.kind == "leaky_relu":
-        node.params["negative_slope"] = float(cast(Any, fx_node.kwargs.get(
-            "negative_slope", fx_node.args[1] if len(fx_node.args) > 1 else 0.01)))
-    if node.kind == "move" and target in ("view", "reshape", "flatten", torch.flatten, torch.reshape, "contiguous"):
-        node.params["reshape"] = True
-    if node.kind == "move" and target in (torch.cat, torch.concat, torch.stack):
-        node.params["cat"] = True  # recorded by CSC, as a layer joining branches
-    if node.kind == "move" and (target in (F.dropout, F.dropout1d, F.dropout2d, F.alpha_dropout)
-                                or _target_name(target) == "stochastic_depth"):
-        node.params["identity"] = True  # identities in eval, whatever their training argument says
-        source = node.inputs[0]
-        node.run = lambda env, replace: replace.get(source, env[source])
-    if node.kind == "product":
-        node.params["quotient"] = target in _QUOTIENTS or target in ("div", "__truediv__")
-        node.params["pair"] = _pair_runner(fx_node, fx_to_name, slots)
-        node.params["operands"] = [fx_to_name[_slot_value(fx_node, slot)] for slot in slots]
-    if node.kind == "activation":
-        node.params["function"] = _target_name(target)
-    if node.kind == "softmax":
-        dim = fx_node.kwargs.get("dim", fx_node.args[1] if len(fx_node.args) > 1 else None)
-        if not isinstance(dim, int):
-            raise AttributionError(f"softmax at node {node.name!r} needs a constant int dim")
-        node.params["dim"] = dim
-    if node.kind == "norm":
-        node.params["norm"] = _functional_norm(fx_node, fx_to_name, node.name)
-
-
-def _slot_value(fx_node: torch.fx.Node, slot: tuple) -> Any:
-    if slot[0] == "k":
-        return fx_node.kwargs[slot[1]]
-    value = fx_node.args[slot[0]]
-    return value[slot[1]] if len(slot) == 2 else value
-
-
-def _pair_runner(fx_node: torch.fx.Node, fx_to_name: dict, slots: list) -> Callable[[dict, Any, Any], Any]:
-    """``pair(env, a, b)``: the product with its first signal operand set to ``a`` and its second to ``b``
-    (the other arguments from ``env``): what the product rules differentiate, operand by operand."""
-    args, kwargs, resolve = _resolver(fx_node, fx_to_name)
-    invoke = _invoker(fx_node)
-
-    def pair(env, a, b):
-        values, named = list(resolve(args, env, {})), dict(resolve(kwargs, env, {}))
-        for slot, operand in zip(slots, (a, b)):
-            if slot[0] == "k":
-                named[slot[1]] = operand
-            elif len(slot) == 1:
-                values[slot[0]] = operand
-            else:
-                inner = list(values[slot[0]])
-                inner[slot[1]] = operand
-                values[slot[0]] = inner
-        return invoke(values, named)
-
-    return pair
-
-
-def _invoker(fx_node: torch.fx.Node) -> Callable[[list, dict], Any]:
-    """Call the node's function or method on resolved arguments (in-place forms made out-of-place)."""
-    target: Any = fx_node.target
-    if fx_node.op == "call_method":
-        method = target.rstrip("_") if target.endswith("_") and not target.endswith("__") else target
-        return lambda values, named: getattr(values[0], method)(*values[1:], **named)
-    function: Any = _OUT_OF_PLACE.get(target, target)
-    return lambda values, named: function(*values, **named)
-
-
-_OUT_OF_PLACE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
-                 operator.itruediv: operator.truediv, torch.relu_: torch.relu}
-
-
-def _functional_norm(fx_node: torch.fx.Node, fx_to_name: dict, name: str) -> dict | None:
-    """For F.layer_norm / F.group_norm: their arguments by name (node references as _Ref); None for modules."""
-    if fx_node.op != "call_function":
-        return None
-    names = ("input", "normalized_shape", "weight", "bias", "eps") if fx_node.target is F.layer_norm \
-        else ("input", "num_groups", "weight", "bias", "eps")
-    args, kwargs, _ = _resolver(fx_node, fx_to_name)
-    bound = dict(zip(names, args)) | kwargs
-    bound["type"] = "layer" if fx_node.target is F.layer_norm else "group"
-    bound.setdefault("eps", 1e-5)
-    return bound
-
-
-def _fuse_tuples(nodes: list[Node], fx_graph: torch.fx.Graph, fx_to_name: dict) -> list[Node]:
-    """Ops that return a tuple of signals (chunk, split, unbind) are fused into each ``getitem`` that reads
-    them: the getitem node computes ``op(...)[i]`` from the op's own inputs. The tuple node goes."""
-    by_name = {n.name: n for n in nodes}
-    tuples = {fx_to_name[f] for f in fx_graph.nodes if f.target in _TUPLE_TARGETS and fx_to_name.get(f) in by_name
-              and by_name[fx_to_name[f]].kind == "move"}
-    if not tuples:
-        return nodes
-    out = []
-    for node in nodes:
-        if node.name in tuples:
-            continue
-        if any(i in tuples for i in node.inputs):
-            if len(node.inputs) != 1 or node.kind != "move":
-                raise AttributionError(f"node {node.name!r} reads the tuple of {node.inputs[0]!r} other than by "
-                                       "indexing it; index the pieces (a, b = x.chunk(2)) before using them")
-            parent = by_name[node.inputs[0]]
-            own = node.run
-
-            def run(env, replace, parent=parent, own=own, name=node.inputs[0]):
-                return own({**env, name: parent.evaluate(env, replace)}, {})
-
-            node.inputs, node.run = parent.inputs, run
-        out.append(node)
-    return out
-
-
-_MAX = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
-_AVG = ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
-_POOL_MODULES: dict[Any, tuple[type[nn.Module], tuple[str, ...]]] = {
-    F.max_pool1d: (nn.MaxPool1d, _MAX), F.max_pool2d: (nn.MaxPool2d, _MAX),
-    F.avg_pool1d: (nn.AvgPool1d, _AVG[:-1]), F.avg_pool2d: (nn.AvgPool2d, _AVG),
-    F.adaptive_avg_pool1d: (nn.AdaptiveAvgPool1d, ("input", "output_size")),
-    F.adaptive_avg_pool2d: (nn.AdaptiveAvgPool2d, ("input", "output_size"))}
-
-
-def _pool_module(fx_node: torch.fx.Node, name: str) -> nn.Module:
-    """An equivalent pooling module for a functional pooling call (arguments bound by name)."""
-    cls, names = _POOL_MODULES[fx_node.target]
-    bound = dict(zip(names, fx_node.args)) | dict(fx_node.kwargs)
-    bound.pop("input", None)
-    if any(isinstance(v, torch.fx.Node) for v in bound.values()) or set(bound) - set(names):
-        raise AttributionError(f"pooling at node {name!r} has non-constant or unknown arguments; use a pooling module")
-    if bound.pop("return_indices", False):
-        raise AttributionError(f"pooling at node {name!r} returns indices; only the pooled tensor is supported")
-    return cls(**bound)
-
-
-def _resolver(fx_node: torch.fx.Node, fx_to_name: dict) -> tuple[Any, dict, Callable[[Any, dict, dict], Any]]:
-    """The call's arguments with node references as names, and a function resolving them from env / replace."""
-    as_ref: Any = lambda n: _Ref(fx_to_name[n])  # noqa: E731 - fx's map_arg types its callback narrowly
-    args = torch.fx.node.map_arg(fx_node.args, as_ref)
-    kwargs = dict(torch.fx.node.map_arg(fx_node.kwargs, as_ref))
-    kwargs.pop("inplace", None)
-
-    def resolve(value, env, replace):
-        if isinstance(value, _Ref):
-            return replace[value.name] if value.name in replace else env[value.name]
-        if isinstance(value, (list, tuple)):
-            items = [resolve(v, env, replace) for v in value]
-            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-        if isinstance(value, slice):
-            return slice(resolve(value.start, env, replace), resolve(value.stop, env, replace),
-                         resolve(value.step, env, replace))
-        if isinstance(value, dict):
-            return {k: resolve(v, env, replace) for k, v in value.items()}
-        return value
-
-    return args, kwargs, resolve
-
-
-@dataclass(frozen=True)
-class _Ref:
-    """A reference to another node's value inside a call's arguments."""
-
-    name: str
-
-
-def _evaluator(fx_node: torch.fx.Node, fx_to_name: dict) -> Callable[[dict, dict], Any]:
-    """Run the original function or method on the computed values (in-place forms made out-of-place)."""
-    if fx_node.target is torch._assert:
-        return lambda env, replace: None  # the traced model's own check: nothing to compute
-    args, kwargs, resolve = _resolver(fx_node, fx_to_name)
-    invoke = _invoker(fx_node)
-    return lambda env, replace: invoke(list(resolve(args, env, replace)), resolve(kwargs, env, replace))
-
-
-def _module_runner(fx_node: torch.fx.Node, fx_to_name: dict, module: nn.Module) -> Callable[[dict, dict], Any]:
-    """A leaf module's forward on the computed values; ``forward``, not ``__call__``, so no hook runs."""
-    args, kwargs, resolve = _resolver(fx_node, fx_to_name)
-    return lambda env, replace: module.forward(*resolve(args, env, replace), **resolve(kwargs, env, replace))
+PASSES: list[Callable[[list[Node]], list[Node]]] = [mark_gates]
 
 
 def _fold_batchnorm(graph: Graph) -> Graph:
@@ -663,4 +671,18 @@ def _fold_batchnorm(graph: Graph) -> Graph:
         nodes.append(node)
     for bn_name, src_name in drop.items():  # the forward pass also stores the value under the BatchNorm's name
         graph.by_name[src_name].params.setdefault("folded", []).append(bn_name)
-    return Graph(nodes, drop.get(graph.output, graph.output))
+    return Graph(nodes, drop.get(graph.output, graph.output), graph.shape, graph.dynamic_batch, graph.batch_sized)
+
+
+def trace(model: nn.Module, x: torch.Tensor) -> Graph:
+    """Capture ``model`` at inputs shaped like ``x`` (B, ...) into a canonical :class:`Graph`.
+
+    Raises
+    ------
+    AttributionError
+        When export cannot capture the model, or an op has no rule (naming the node, the op and the
+        supported set).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise AttributionError(f"trace needs an example input tensor (B, ...), got {type(x).__name__}")
+    return _Builder(capture(model, x.detach())).build()

@@ -29,9 +29,7 @@ class LinearOp:
 
     def _sources(self) -> list[torch.Tensor]:
         """The tensors the effective weights are computed from (the layer's and a folded BatchNorm's)."""
-        modules = [self.node.module, self.node.bn]
-        return [t for m in modules if m is not None for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
-                if t.is_floating_point()]
+        return [t for layer in (self.node.module, self.node.bn) if layer is not None for t in layer.sources()]
 
     def signed(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W+, W-) of the effective weights: two halves of :meth:`stacked`."""
@@ -99,7 +97,7 @@ def per_dimension(value: int | tuple[int, ...] | str, d: int) -> list[int]:
     return list(value) if isinstance(value, tuple | list) else [value] * d
 
 
-def _bias(module: nn.Linear | nn.Conv1d | nn.Conv2d, out: int, like: torch.Tensor) -> torch.Tensor:
+def _bias(module: Any, out: int, like: torch.Tensor) -> torch.Tensor:
     return module.bias if module.bias is not None else torch.zeros(out, dtype=like.dtype, device=like.device)
 
 
@@ -111,9 +109,9 @@ def _fold(node: Node, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, t
     return w * scale.reshape(-1, *([1] * (w.ndim - 1))), b * scale + shift
 
 
-def bn_affine(bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eval-mode BatchNorm as y = scale * x + shift, per channel."""
-    assert isinstance(bn, (nn.BatchNorm1d, nn.BatchNorm2d))  # the only "affine" module kinds (graph._MODULE_KINDS)
+def bn_affine(bn: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eval-mode BatchNorm (a BatchNorm module or the graph's :class:`~attributions.graph.Layer` of a
+    batch_norm op) as y = scale * x + shift, per channel."""
     device = bn.weight.device if bn.weight is not None else None
     var = bn.running_var if bn.running_var is not None else torch.ones(bn.num_features, device=device)
     mean = bn.running_mean if bn.running_mean is not None else torch.zeros(bn.num_features, device=device)
@@ -256,7 +254,7 @@ def pool(node: Node, x: torch.Tensor, return_indices: bool = False):
                             m.divisor_override)  # type: ignore[arg-type]  # 4-D x: m is an AvgPool2d (mypy cannot tell)
     fn = F.max_pool1d if one_d else F.max_pool2d
     # torch's overloads want return_indices as a literal; m is a MaxPool1d / MaxPool2d, typed only as a Module
-    return fn(x, m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode,  # type: ignore[call-overload, misc]
+    return fn(x, m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode,  # type: ignore[call-overload]
               return_indices=return_indices)
 
 

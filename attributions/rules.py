@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from attributions.errors import AttributionError, unknown_name
@@ -535,27 +534,20 @@ def _norm_axes(ctx: Context) -> tuple[Callable[[torch.Tensor], torch.Tensor], tu
     """How a normalisation node groups its input: (view into groups, the reduced dims, weight, bias, eps,
     view back). LayerNorm reduces the trailing normalised dims, GroupNorm each group of channels and
     positions, BatchNorm without running statistics each channel over the batch and positions."""
-    node, x = ctx.node, ctx.x
-    module = node.module
-    spec = node.params.get("norm") or {}
-    env = ctx.env or {}
+    x, spec, env = ctx.x, ctx.node.params["norm"], ctx.env or {}
 
     def value(v):
         return env[v.name] if hasattr(v, "name") and not isinstance(v, str) else v
 
-    if isinstance(module, nn.LayerNorm) or spec.get("type") == "layer":
-        shape = module.normalized_shape if module is not None else tuple(value(spec["normalized_shape"]))
-        dims = tuple(range(x.ndim - len(shape), x.ndim))
-        weight = module.weight if module is not None else value(spec.get("weight"))
-        bias = module.bias if module is not None else value(spec.get("bias"))
-        eps = module.eps if module is not None else float(spec["eps"])
+    weight, bias, eps = value(spec.get("weight")), value(spec.get("bias")), float(spec["eps"])
+    if spec["type"] == "layer":
+        dims = tuple(range(x.ndim - len(value(spec["normalized_shape"])), x.ndim))
         return (lambda t: t), dims, weight, bias, eps, (lambda t: t)
     channel_shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
-    if isinstance(module, nn.GroupNorm) or spec.get("type") == "group":
-        groups = module.num_groups if module is not None else int(value(spec["num_groups"]))
-        weight = module.weight if module is not None else value(spec.get("weight"))
-        bias = module.bias if module is not None else value(spec.get("bias"))
-        eps = module.eps if module is not None else float(spec["eps"])
+    weight = None if weight is None else weight.reshape(channel_shape)
+    bias = None if bias is None else bias.reshape(channel_shape)
+    if spec["type"] == "group":
+        groups = int(value(spec["num_groups"]))
         nd, rest = x.ndim, tuple(x.shape[1:])
 
         def group(t):
@@ -564,11 +556,8 @@ def _norm_axes(ctx: Context) -> tuple[Callable[[torch.Tensor], torch.Tensor], tu
         def ungroup(t):
             return t.reshape(*t.shape[:-2], *rest)
 
-        return (group, (-1,), None if weight is None else weight.reshape(channel_shape),
-                None if bias is None else bias.reshape(channel_shape), eps, ungroup)
-    weight = module.weight.reshape(channel_shape) if module.weight is not None else None
-    bias = module.bias.reshape(channel_shape) if module.bias is not None else None
-    return (lambda t: t), (0,) + tuple(range(2, x.ndim)), weight, bias, module.eps, (lambda t: t)
+        return group, (-1,), weight, bias, eps, ungroup
+    return (lambda t: t), (0,) + tuple(range(2, x.ndim)), weight, bias, eps, (lambda t: t)
 
 
 def _affine(t: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -9,6 +9,8 @@ similarity; Quantus computes one similarity), so the ratios are conservative.
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from skimage.metrics import structural_similarity
 
@@ -78,8 +80,11 @@ def _floor(model, x, y, order: str, samples: int = 1) -> None:
     """A randomization check's floor: its stage models built as the check builds them (the model copied
     and traced, each stage's layer re-initialised), then one forward pass and one input gradient per
     stage model (on ``samples`` copies of the batch), by autograd."""
-    from audit.checks.randomization import randomization_stages
-    stages = [m for _, _, m in randomization_stages(model, order)]
+    from attributions.graph import trace
+    from audit.checks.randomization import parameterised_layers, randomization_stages
+    start = copy.deepcopy(model)
+    layers = parameterised_layers(trace(start, torch.as_tensor(x)))
+    stages = [m for _, _, m in randomization_stages(model, order, layers=layers, start=start)]
     xb, yb = torch.as_tensor(x).repeat(samples, 1, 1, 1), torch.as_tensor(y).repeat(samples)
     for m in stages:
         xg = xb.clone().requires_grad_()

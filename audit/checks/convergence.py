@@ -220,7 +220,7 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
     if n_vectors < 2:
         raise AuditError(f"n_vectors must be at least 2 (pairs are compared), got {n_vectors}")
     with model_errors():
-        graph = trace(model)
+        graph = trace(model, x)
     explainers = {m: Explainer(model, m, graph=graph) for m in names}
     explainers = {m: e for m, e in explainers.items() if e.method.chain}
     if not explainers:

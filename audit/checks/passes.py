@@ -40,7 +40,7 @@ def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tens
     model the engine cannot trace, or inputs it does not take, are a :class:`ModelError`.
     """
     with model_errors():
-        graph = graph if graph is not None else trace(model)
+        graph = graph if graph is not None else trace(model, x)
         given = {"random": {"seed": seed}} | (params or {})
         kept = {m: e for m, e in (previous or {}).items() if e.model is model and e.graph is graph and m not in given}
         explainers = {m: kept[m] if m in kept else Explainer(model, m, graph=graph, **given.get(m, {})) for m in methods}

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from attributions import memory
 from attributions.explainer import Explainer, attribute_many
-from attributions.graph import Graph, trace
+from attributions.graph import SIGNAL_KINDS, Graph, trace
 from audit import style
 from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.checks.passes import model_errors, prepare
@@ -47,19 +47,10 @@ COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_ab
 COMPARE_BYTES = 1 << 23  # maps per batch of measures (their buffers are about ten times as large)
 
 
-def parameterised_layers(model: nn.Module, graph: Graph | None = None) -> list[tuple[str, nn.Module, nn.Module | None]]:
-    """(name, module, folded BatchNorm or None) of each conv / dense / BatchNorm layer, in forward order.
-
-    ``graph``: the model's trace when the caller already has it."""
-    graph = graph if graph is not None else trace(model)
-    out: list[tuple[str, nn.Module, nn.Module | None]] = []
-    seen = set()
-    for node in graph.nodes:
-        if node.kind in ("conv", "dense", "affine") and id(node.module) not in seen:
-            assert node.module is not None  # the graph makes these kinds from module calls only
-            seen.add(id(node.module))
-            out.append((node.name.split("#")[0], node.module, node.bn))
-    return out
+def parameterised_layers(graph: Graph) -> list[tuple[str, nn.Module, nn.Module | None]]:
+    """(name, module, folded BatchNorm or None) of each conv / dense / BatchNorm layer of a traced model,
+    in forward order (the modules whose weights the layers read)."""
+    return graph.weighted_layers()
 
 
 def reinitialise(module: nn.Module, name: str, seed: int, init: str = "reset") -> None:
@@ -80,13 +71,18 @@ def reinitialise(module: nn.Module, name: str, seed: int, init: str = "reset") -
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))  # the CPU generator alone
         if init == "reset":
-            module.reset_parameters()  # type: ignore[operator]  # torch types an unknown attribute as Tensor | Module
+            # nn.MultiheadAttention keeps its own as _reset_parameters
+            reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
+            if not callable(reset):
+                raise AuditError(f"layer {name!r} ({type(module).__name__}) has no reset_parameters; use init "
+                                 "'gaussian' or 'permute'")
+            reset()
             return
         with torch.no_grad():
             for pname, p in module.named_parameters(recurse=False):
                 if init == "permute":
                     p.copy_(p.flatten()[torch.randperm(p.numel())].reshape(p.shape))
-                elif pname == "bias":
+                elif pname.endswith("bias"):
                     p.zero_()
                 else:
                     sigma = float(p.std()) if p.numel() > 1 else 1.0
@@ -110,15 +106,16 @@ def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "
                          layers: list | None = None, init: str = "reset", start: nn.Module | None = None):
     """Yield (stage, layer name, model copy) for stage 0 (the original) and each randomisation stage.
 
-    ``layers``: the result of :func:`parameterised_layers` when the caller already has it (of ``start``
-    when given, else of ``model``); ``init``: the re-initialisation scheme (:func:`reinitialise`);
+    ``layers``: the result of :func:`parameterised_layers` (of ``start`` when given, else of ``model``);
+    ``init``: the re-initialisation scheme (:func:`reinitialise`);
     ``start``: an unmodified copy of ``model`` to randomize (made here when None).
     """
     check_option("re-initialisation", init, INITS)
     check_option("order", order, ORDERS)
     check_option("BatchNorm policy", bn, BN_POLICIES)
     owner = start if start is not None else model  # the model whose modules ``layers`` holds
-    layers = layers if layers is not None else parameterised_layers(owner)
+    if layers is None:
+        raise AuditError("randomization_stages needs the model's layers: layers=parameterised_layers(trace(model, x))")
     folded_names = {n: _module_name(owner, b) for n, _, b in layers if b is not None}
     sequence = list(reversed(layers)) if order in ("cascading", "independent") else layers
     current = start if start is not None else copy.deepcopy(model)
@@ -226,8 +223,8 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
     names = resolve_methods(methods)
     start = copy.deepcopy(model)
     with model_errors():
-        graph = trace(start)  # cascading and bottom-up stages modify this one copy: traced once
-    layers = parameterised_layers(start, graph)
+        graph = trace(start, x)  # cascading and bottom-up stages modify this one copy: traced once
+    layers = parameterised_layers(graph)
     stages = randomization_stages(model, order, bn, seed, layers, init, start)  # lazily: stages share one copy
     trained = None  # the trained model's shared forward pass
     explainers: dict[str, Explainer] | None = None  # the last stage's: kept while the stages modify one model in place
@@ -270,14 +267,15 @@ def stage_batches(stages, limit: int = COMPARE_BYTES):
 
 
 def unchanged_nodes(graph: Graph, changed: set[str]) -> frozenset[str]:
-    """The nodes of ``graph`` whose values do not depend on the layers named in ``changed`` (nor on
-    their parameters read directly): upstream of all of them."""
+    """The signal nodes of ``graph`` whose values do not depend on the layers named in ``changed`` (nor
+    on their parameters, which the graph reads as const nodes named by them): upstream of all of them."""
     dirty: set[str] = set()
     for node in graph.nodes[1:]:
         module = node.name.split("#")[0]
-        if any(module == c or module.startswith(c + ".") for c in changed) or any(i in dirty for i in node.inputs):
+        if any(module == c or module.startswith(c + ".") for c in changed) or \
+                any(i in dirty for i in (*node.inputs, *node.params.get("reads", ()))):
             dirty.add(node.name)
-    return frozenset(n.name for n in graph.nodes[1:] if n.name not in dirty)
+    return frozenset(n.name for n in graph.nodes[1:] if n.name not in dirty and n.kind in SIGNAL_KINDS)
 
 
 def randomization_figure(frame: pd.DataFrame, model: str, order: str, threshold: float | None = None) -> Figure:

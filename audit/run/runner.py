@@ -341,7 +341,7 @@ def half_precision_agreement(models: dict[str, nn.Module], labels: dict[str, str
     under autocast to ``half`` and in float32 (1: unchanged); a warning for those under 0.99."""
     out = {}
     for spec, model in models.items():
-        graph = trace(model)
+        graph = trace(model, x[:2])
         for method in methods:
             ex = Explainer(model, method, graph=graph)
             maps = []

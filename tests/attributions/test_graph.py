@@ -1,5 +1,7 @@
 """Tracing: every graph the engine accepts is explained exactly, everything else is a clear error at
 trace time; the user's model and its hooks are never touched."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -62,8 +64,9 @@ def test_batchnorm_without_running_statistics_normalises_with_the_batch():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3, track_running_stats=False), nn.ReLU(), nn.Flatten(),
                           nn.Linear(3 * 16, 2)).double().eval()
-    assert [n.kind for n in trace(model).nodes][1:3] == ["conv", "norm"]  # not folded with mean 0 / var 1
     x = torch.rand(4, 1, 6, 6, dtype=torch.float64)
+    kinds = [n.kind for n in trace(model, x).nodes if n.kind not in ("const", "value")]
+    assert kinds[1:3] == ["conv", "norm"]  # not folded with mean 0 / var 1
     torch.testing.assert_close(Explainer(model, "gradient").attribute(x, target=1), _autograd(model, x, 1),
                                rtol=0, atol=1e-10)
 
@@ -98,9 +101,10 @@ class _ShapeChecks(nn.Module):
 
 def test_shape_arithmetic_and_asserts_are_evaluated_not_refused():
     model = _ShapeChecks().double().eval()
-    kinds = {n.kind for n in trace(model).nodes}
+    x = torch.rand(3, 2, 6, dtype=torch.float64)
+    kinds = {n.kind for n in trace(model, x).nodes}
     assert "value" in kinds and "const" in kinds
-    _exact(model, torch.rand(3, 2, 6, dtype=torch.float64))
+    _exact(model, x)
 
 
 class _Hooked(nn.Module):
@@ -140,8 +144,9 @@ class _Sorted(nn.Module):
 
 
 def test_unsupported_operations_and_outputs_are_errors_at_trace_or_call_time():
-    with pytest.raises(AttributionError, match="unsupported operation: function 'sort' at node 'sort'.*Supported"):
-        Explainer(_Sorted(), "gradient")
+    with pytest.raises(AttributionError, match=r"unsupported operation: aten.sort.default on 1 signal\(s\) at node "
+                                               r"'sort'.*Supported"):
+        Explainer(_Sorted(), "gradient").attribute(torch.rand(2, 4), target=0)
     flat = nn.Sequential(nn.Conv2d(1, 2, 3))
     with pytest.raises(AttributionError, match=r"output must be \(B, classes\) logits, got shape \(2, 2, 3, 3\)"):
         Explainer(flat, "gradient").attribute(torch.rand(2, 1, 5, 5), target=0)
@@ -214,11 +219,11 @@ class _MHA(nn.Module):
 def test_multihead_attention_is_expanded_into_exact_primitives(batch_first):
     torch.manual_seed(0)
     model = _MHA(batch_first).double().eval()
-    kinds = [n.kind for n in trace(model).nodes]
+    x = torch.randn(3, 5, 4, dtype=torch.float64)
+    kinds = [n.kind for n in trace(model, x).nodes]
     assert kinds.count("product") == 2 and kinds.count("softmax") == 1  # QK^T, softmax, times V
-    _exact(model, torch.randn(3, 5, 4, dtype=torch.float64))
-    with pytest.raises(AttributionError, match="attention weights are not part of the explained graph"):
-        Explainer(_MHA(use_weights=True), "gradient")
+    _exact(model, x)
+    _exact(_MHA(batch_first, use_weights=True).double().eval(), x)  # the attention weights used too: still exact
 
 
 def test_attention_weights_gate_the_values_in_lrp():
@@ -226,7 +231,7 @@ def test_attention_weights_gate_the_values_in_lrp():
     # scores' product; the relevance that reaches V is conserved
     torch.manual_seed(0)
     model = _MHA().double().eval()
-    ex = Explainer(model, "lrp-epsilon")
+    ex = Explainer(model, "lrp-epsilon", graph=trace(model, torch.randn(3, 5, 4, dtype=torch.float64)))
     product = [n for n in ex.graph.nodes if n.kind == "product"]
     assert [n.params["gates"] for n in product] == [[False, False], [True, False]]
 
@@ -246,7 +251,8 @@ def test_a_known_layer_whose_forward_is_overridden_is_traced_through():
     model = model.double().eval()
     with torch.no_grad():
         model[1].weight.uniform_(0.5, 1.5)
-    kinds = [n.kind for n in trace(model).nodes if n.kind not in ("const", "value")]
+    kinds = [n.kind for n in trace(model, torch.rand(3, 1, 6, 6, dtype=torch.float64)).nodes
+             if n.kind not in ("const", "value")]
     assert kinds[1:5] == ["conv", "move", "norm", "move"]  # permute, layer_norm, permute
     _exact(model, torch.rand(3, 1, 6, 6, dtype=torch.float64))
     bias_free = nn.Sequential(nn.Conv2d(1, 4, 3, bias=False), _LayerNorm2d(4, bias=False), nn.Flatten(),
@@ -254,3 +260,81 @@ def test_a_known_layer_whose_forward_is_overridden_is_traced_through():
     ex = Explainer(bias_free, "lrp-epsilon", epsilon=1e-12)
     x = torch.rand(3, 1, 6, 6, dtype=torch.float64)
     assert float(ex.compute_convergence_delta(ex.attribute(x, target=1), x, 1).abs().max()) < 1e-8
+
+
+class _Library(nn.Module):
+    """What the model libraries do: an in-place activation after a BatchNorm (torchvision's MobileNet),
+    ``fc(x + x)``, a functional batch_norm (timm's BatchNormAct2d), an optional forward argument and
+    an output with ``.logits`` (Hugging Face)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.bn2 = nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x, mask=None):
+        h = F.hardswish(self.bn(self.conv(x)), inplace=True)
+        h = F.batch_norm(h, self.bn2.running_mean, self.bn2.running_var, self.bn2.weight, self.bn2.bias, False)
+        h = F.relu6(h, inplace=True).mean((2, 3))
+        return SimpleNamespace(logits=self.fc(h + h))
+
+
+def test_the_patterns_of_the_model_libraries_are_exact():
+    torch.manual_seed(0)
+    model = _Library().double().eval()
+    with torch.no_grad():
+        for bn in (model.bn, model.bn2):
+            bn.running_mean.uniform_(-0.3, 0.3)
+            bn.running_var.uniform_(0.5, 1.5)
+    x = torch.rand(3, 1, 6, 6, dtype=torch.float64)
+    graph = trace(model, x)
+    assert sum(n.bn is not None for n in graph.nodes) == 1 and "affine" in {n.kind for n in graph.nodes}
+    wrapped = lambda t: model(t).logits  # noqa: E731 - autograd's reference on the logits
+    torch.testing.assert_close(Explainer(model, "gradient").attribute(x, target=1), _autograd(wrapped, x, 1),
+                               rtol=0, atol=1e-10)
+    dl = Explainer(model, "deeplift")
+    assert float(dl.compute_convergence_delta(dl.attribute(x, target=1), x, 1).abs().max()) < 1e-8
+    for method in ("lrp-epsilon", "guided-backprop", "lrp-zplus"):
+        assert torch.isfinite(Explainer(model, method).attribute(x, target=1)).all()
+
+
+def test_a_graph_serves_every_batch_size_and_is_recaptured_for_another_image_size():
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2, 3))
+    ex = Explainer(model.double().eval(), "gradient")
+    for shape in ((1, 1, 8, 8), (5, 1, 8, 8), (2, 1, 12, 12)):
+        x = torch.rand(shape, dtype=torch.float64)
+        torch.testing.assert_close(ex.attribute(x, target=0), _autograd(model, x, 0), rtol=0, atol=1e-12)
+    assert ex.graph is not None and ex.graph.dynamic_batch and ex.graph.shape[1:] == (1, 12, 12)
+    assert len(ex._graphs) == 2  # one capture per image size, every batch size on each
+
+
+class _Masked(nn.Module):
+    """A mask written slice by slice into a tensor made in forward (as Swin's shifted windows do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        mask = x.new_zeros(x.shape[-1])
+        mask[:2] = 1.0
+        mask[3:] = -2.0
+        return self.fc(x * mask)
+
+
+class _Overwritten(nn.Module):
+    def forward(self, x):
+        y = x * 2
+        head = y[:, :2]  # a view, taken before y is overwritten
+        y.relu_()
+        return y[:, 2:] + head  # eager: head holds the ReLU's values
+
+
+def test_in_place_writes_to_constants_are_run_and_to_signals_refused_when_read_again():
+    torch.manual_seed(0)
+    model = _Masked().double().eval()
+    x = torch.rand(3, 4, dtype=torch.float64)
+    torch.testing.assert_close(Explainer(model, "gradient").forward(x), model(x), rtol=0, atol=0)
+    _exact(model, x)
+    with pytest.raises(AttributionError, match=r"in-place aten.relu_.default .* overwrites a tensor"):
+        Explainer(_Overwritten(), "gradient").attribute(torch.randn(2, 4), target=0)

@@ -3,6 +3,7 @@ import pytest
 import torch
 from torch import nn
 
+from attributions.explainer import Explainer
 from attributions.graph import trace
 from attributions.layers import OPS
 
@@ -18,10 +19,13 @@ from attributions.layers import OPS
 def test_convolution_transpose_is_its_input_gradient(conv, shape):
     torch.manual_seed(0)
     conv = conv.double()
-    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
-    y = conv(x)
+    model = nn.Sequential(conv)
+    node = next(n for n in trace(model, torch.zeros(shape, dtype=torch.float64)).nodes if n.kind == "conv")
+    # the convolution's own input: a padding mode other than zeros is an op of its own before it
+    x = Explainer(model, "gradient")._forward_envs(torch.randn(shape, dtype=torch.float64))[0][node.inputs[0]]
+    x = x.clone().requires_grad_(True)
+    y = OPS["conv"](node).forward(x, conv.weight, conv.bias)
     signals = torch.randn(3, *y.shape, dtype=torch.float64)  # K = 3 signals at once
-    node = next(n for n in trace(nn.Sequential(conv)).nodes if n.kind == "conv")
     got = OPS["conv"](node).transpose(signals, conv.weight, x.shape)
     want = torch.stack([torch.autograd.grad(y, x, s, retain_graph=True)[0] for s in signals])
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

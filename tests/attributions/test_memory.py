@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from attributions import Explainer, memory
+from attributions.graph import trace
 from audit.checks.convergence import chain_convergence
 from audit.models import build
 
@@ -96,7 +97,7 @@ def test_vectors_chunk_over_one_shared_forward_pass(monkeypatch):
 def test_propagate_chunks_images_with_their_vectors():
     model = _model("resnet")
     x = torch.rand(4, 1, 16, 16, generator=torch.Generator().manual_seed(4))
-    ex = Explainer(model, "lrp-zplus")
+    ex = Explainer(model, "lrp-zplus", graph=trace(model, x))
     vectors = torch.randn(5, 4, 10, generator=torch.Generator().manual_seed(5))
     whole = ex.propagate(x, ex.layers[-1], vectors)
     with memory.limit(1):  # one image at a time, one vector at a time

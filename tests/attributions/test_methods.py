@@ -172,8 +172,8 @@ def test_zoo_recorded_forward_graph_equals_rerunning_each_op(zoo):
     targets = [0, 2, torch.tensor([1, 0, 2])]
     for method in ("gradient", "guided-backprop", "lrp-epsilon", "deeplift", "lrp-epsilon-plus"):
         ex = Explainer(model, method)
-        assert ex.recorded or method != "gradient"  # every zoo model has a traced op the gradient records
         recorded = ex.maps_for_targets(x, targets, ex._forward_envs(x))
+        assert ex.recorded or method != "gradient"  # every zoo model has a traced op the gradient records
         rerun = ex.maps_for_targets(x, targets, ex._forward_envs(x, record=frozenset()))
         torch.testing.assert_close(recorded, rerun, rtol=1e-12, atol=1e-12, msg=method)
         if method == "gradient":

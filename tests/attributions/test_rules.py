@@ -8,6 +8,7 @@ from torch import nn
 from attributions import Explainer
 from attributions import rules as R
 from attributions.errors import AttributionError
+from attributions.graph import trace
 from tests.engine_models import ResidualNet
 
 
@@ -50,7 +51,7 @@ def test_single_layer_flat_and_wsquare_and_zb():
     from attributions.layers import DenseOp
     from attributions.rules import Context
 
-    node = trace(nn.Sequential(LAYER)).nodes[1]
+    node = next(n for n in trace(nn.Sequential(LAYER), X).nodes if n.kind == "dense")
     ctx = Context(node, [X], LAYER(X).detach(), DenseOp(node))
     signal = torch.tensor([[[7.0]]], dtype=torch.float64)
     with torch.no_grad():  # as the engine calls rules
@@ -154,7 +155,7 @@ def test_properties_over_random_architectures(spec):
     delta = (model(x)[:, 1] - model(torch.zeros_like(x[:1]))[:, 1]).detach()
     torch.testing.assert_close(dl.flatten(1).sum(1), delta, rtol=1e-8, atol=1e-10)
     for method in ("lrp-epsilon-plus", "deeplift-ablation", "guided-backprop"):
-        ex = Explainer(model, method)
+        ex = Explainer(model, method, graph=trace(model, x))
         vectors = torch.randn(3, 2, 3, dtype=torch.float64)
         together = ex.propagate(x, ex.graph.output, vectors)["input"]
         apart = torch.cat([ex.propagate(x, ex.graph.output, vectors[k:k + 1])["input"] for k in range(3)])
@@ -185,13 +186,14 @@ def test_epsilon_with_zplus_on_convolutions_is_exactly_epsilon_plus():
 
 def test_names_win_over_kinds_and_kinds_over_first():
     model = _small_cnn()
-    ex = Explainer(model, "lrp-epsilon", rules={"conv": "zplus", "0": "flat", "dense": R.Gamma(0.5)})
+    graph = trace(model, torch.rand(2, 1, 8, 8, dtype=torch.float64))
+    ex = Explainer(model, "lrp-epsilon", graph=graph, rules={"conv": "zplus", "0": "flat", "dense": R.Gamma(0.5)})
     assert isinstance(ex.rule_for("0"), R.Flat)  # the first conv, by its name
     assert isinstance(ex.rule_for("2"), R.AlphaBeta) and isinstance(ex.rule_for("5"), R.Gamma)
-    first = Explainer(model, "deep-taylor", rules={"conv": "epsilon"})
+    first = Explainer(model, "deep-taylor", graph=graph, rules={"conv": "epsilon"})
     assert isinstance(first.rule_for("0"), R.Epsilon)  # a kind override replaces the method's first rule
-    assert isinstance(Explainer(model, "deep-taylor").rule_for("0"), R.ZB)
-    assert isinstance(Explainer(model, "lrp-epsilon", rules={"first": "wsquare"}).rule_for("0"), R.WSquare)
+    assert isinstance(Explainer(model, "deep-taylor", graph=graph).rule_for("0"), R.ZB)
+    assert isinstance(Explainer(model, "lrp-epsilon", graph=graph, rules={"first": "wsquare"}).rule_for("0"), R.WSquare)
 
 
 def test_flat_and_wsquare_through_the_explainer_match_the_hand_answers():
@@ -206,10 +208,11 @@ def test_bad_rule_maps_are_clear_errors():
     model = _small_cnn()
     with pytest.raises(AttributionError, match="unknown rule 'zplsu'.*Did you mean 'zplus'"):
         Explainer(model, "lrp-epsilon", rules={"conv": "zplsu"})
-    with pytest.raises(AttributionError, match="unknown rule key.*'conv9'"):
-        Explainer(model, "lrp-epsilon", rules={"conv9": "zplus"})
+    x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
+    with pytest.raises(AttributionError, match="unknown rule key.*'conv9'"):  # node names are known once captured
+        Explainer(model, "lrp-epsilon", rules={"conv9": "zplus"}).attribute(x, target=0)
     with pytest.raises(AttributionError, match="cannot act on node '1' of kind 'relu'"):
-        Explainer(model, "lrp-epsilon", rules={"relu": "zplus"})
+        Explainer(model, "lrp-epsilon", graph=trace(model, x), rules={"relu": "zplus"})
     with pytest.raises(AttributionError, match="not a chain of rules"):
         Explainer(model, "integrated-gradients", rules={"conv": "zplus"})
 

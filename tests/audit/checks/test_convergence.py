@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from attributions.graph import trace
 from audit import (
     chain_convergence,
 )
@@ -18,10 +19,8 @@ from audit.models import build
 ZPLUS_FAMILY = ["lrp-zplus", "lrp-alpha1beta0", "deep-taylor", "excitation-backprop", "deeplift-ablation"]
 
 
-def _first_wide_conv_input(model, ex_layers_inputs, width=16):
-    from attributions.graph import trace
-
-    graph = trace(model)
+def _first_wide_conv_input(model, x, ex_layers_inputs, width=16):
+    graph = trace(model, x)
     for node in graph.nodes:
         if node.kind == "conv" and node.module.in_channels >= width:
             return ex_layers_inputs[node.name]
@@ -69,7 +68,7 @@ def test_csc_replication_on_a_random_init_vgg():
     df = chain_convergence(model, x, None, ZPLUS_FAMILY + ["gradient", "deeplift", "lrp-z"], progress=False)
     assert list(df.columns) == CSC_COLUMNS
     from attributions import Explainer
-    layer = _first_wide_conv_input(model, layer_inputs(Explainer(model, "gradient")))
+    layer = _first_wide_conv_input(model, x, layer_inputs(Explainer(model, "gradient", graph=trace(model, x))))
     at = df[(df.inject_at == "classifier.6") & (df.layer == layer)].set_index("method")
     assert at.loc["gradient", "channels"] == 16
     for m in ZPLUS_FAMILY:
@@ -108,10 +107,11 @@ def test_csc_on_transformers_compares_token_vectors_and_injects_at_the_class_tok
     x = torch.rand(4, 1, 8, 8)
     df = chain_convergence(model, x, None, ["gradient", "lrp-zplus"], progress=False)
     assert set(df.inject_at) == {"head", "add#2[0]"}  # the logits, and the class token of the block output
-    tokens = df[df.layer.isin(["norm2", "cat", "attn.mha.value_proj"])]
+    tokens = df[df.layer.isin(["norm2", "cat", "attn.mha.linear#1"])]  # linear#1: the output projection
     assert set(tokens.channels) == {8}  # a token's 8-vector, not the 5 tokens of a channel
-    per_head = df[df.layer == "attn.mha.context"]
+    assert set(df[df.layer == "attn.mha.linear"].channels) == {24}  # the packed q, k, v projection
+    per_head = df[df.layer == "attn.mha.attention"]
     assert set(per_head.channels) == {4}  # per head and token: the head's width
     # the class-token injection reaches 8-vectors: the baseline is in dimension min(8, 8)
     assert np.allclose(df[df.inject_at == "add#2[0]"].query("channels == 8").baseline, random_cosine_median(8))
-    assert df.loc[df.is_logits & (df.method == "lrp-zplus") & (df.layer == "attn.mha.scores"), "median"].isna().all()
+    assert df.loc[df.is_logits & (df.method == "lrp-zplus") & (df.layer == "attn.mha.attention.scores"), "median"].isna().all()

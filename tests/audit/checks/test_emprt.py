@@ -6,6 +6,7 @@ import pytest
 import torch
 from scipy import stats
 
+from attributions.graph import trace
 from audit import efficient_mprt, randomization_with_maps
 from audit.checks.emprt import discrete_entropy, histograms
 from audit.checks.randomization import parameterised_layers
@@ -42,7 +43,7 @@ def test_efficient_mprt_controls_order_and_determinism(trained):
     df = efficient_mprt(model, x, y, methods, seed=0, progress=False)
     assert list(df.columns) == ["method", "stage", "layer", "image", "entropy", "score"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    layers = [n for n, _, _ in parameterised_layers(model)]
+    layers = [n for n, _, _ in parameterised_layers(trace(model, x))]
     assert df[df.method == "gradient"].drop_duplicates("stage").layer.tolist() == ["original"] + layers  # bottom-up
     assert (df[df.stage == 0].score == 0).all()
     assert (df[df.method == "edge"].score == 0).all()  # the model-independent map: exactly 0

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from attributions import Explainer
+from attributions.graph import trace
 from audit import efficient_mprt, parameter_randomization, random_logit_test, smooth_mprt
 from audit.checks import random_logit
-from audit.checks.randomization import randomization_stages
+from audit.checks.randomization import parameterised_layers, randomization_stages
 from audit.measures.heatmaps import heatmaps
 
 quantus = pytest.importorskip("quantus")
@@ -23,9 +24,11 @@ def _explain(method: str):
     return explain
 
 
-def _use_our_stages(monkeypatch, model, order: str) -> None:
+def _use_our_stages(monkeypatch, model, order: str, x) -> None:
+    layers = parameterised_layers(trace(model, torch.as_tensor(x)))
+
     def generator(self, order_=None, seed=0, **kwargs):
-        stages = randomization_stages(model, order, seed=0)
+        stages = randomization_stages(model, order, seed=0, layers=layers)
         next(stages)  # stage 0 is the trained model: Quantus yields randomized ones only
         for _, name, stage_model in stages:
             yield name, stage_model
@@ -35,7 +38,7 @@ def _use_our_stages(monkeypatch, model, order: str) -> None:
 
 @pytest.fixture
 def our_stages(trained, monkeypatch):
-    _use_our_stages(monkeypatch, trained[0], "bottom-up")
+    _use_our_stages(monkeypatch, trained[0], "bottom-up", trained[1])
 
 
 @pytest.mark.parametrize("method", ["gradient", "lrp-zplus"])
@@ -67,7 +70,7 @@ def test_smprt_equals_quantus_smooth_mprt_without_noise(trained, our_stages):
 def test_cascading_randomization_equals_quantus_mprt(trained, monkeypatch):
     # Quantus's MPRT defaults (Spearman of |map| after second-moment normalisation) = our spearman_abs
     model, x, y = trained
-    _use_our_stages(monkeypatch, model, "cascading")
+    _use_our_stages(monkeypatch, model, "cascading", x)
     metric = quantus.MPRT(layer_order="top_down", disable_warnings=True, display_progressbar=False)
     theirs = metric(model=model, x_batch=x.numpy(), y_batch=y.numpy(), a_batch=None,
                     explain_func=_explain("guided-backprop"), device="cpu")

@@ -26,7 +26,7 @@ def test_cascading_randomization(trained):
     df = parameter_randomization(model, x, y, ["gradient", "edge", "lrp-zplus"], seed=0, progress=False)
     assert list(df.columns) == ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    layers = [n for n, _, _ in parameterised_layers(model)]
+    layers = [n for n, _, _ in parameterised_layers(trace(model, x))]
     assert layers == ["features.0", "features.3", "features.5", "features.8", "classifier.0", "classifier.2"]
     order = df[df.method == "gradient"].drop_duplicates("stage").layer.tolist()
     assert order == ["original"] + layers[::-1]
@@ -45,15 +45,17 @@ def test_independent_and_bottom_up_orders_and_batchnorm_policy():
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.5, 0.5)
+    layers = parameterised_layers(trace(model, torch.rand(2, 1, 28, 28)))
     stages = list((s, n, {k: v.clone() for k, v in m.state_dict().items()})
-                  for s, n, m in randomization_stages(model, "independent", "keep-stats", seed=1))
+                  for s, n, m in randomization_stages(model, "independent", "keep-stats", seed=1, layers=layers))
     original = stages[0][2]
     for _stage, name, state in stages[1:4]:
         changed = {k.rsplit(".", 1)[0] for k in state if not torch.equal(state[k], original[k])}
         assert changed == {name}, (name, changed)  # one layer at a time; BatchNorm statistics kept
-    bottom = [n for _, n, _ in randomization_stages(model, "bottom-up", seed=1)]
+    bottom = [n for _, n, _ in randomization_stages(model, "bottom-up", seed=1, layers=layers)]
     assert bottom[1] == "conv1" and bottom[-1] == "fc"
-    _, _, reset_model = next(s for s in randomization_stages(model, "cascading", "reset", seed=1) if s[1] == "layer3.2.conv2")
+    _, _, reset_model = next(s for s in randomization_stages(model, "cascading", "reset", seed=1, layers=layers)
+                             if s[1] == "layer3.2.conv2")
     bn = reset_model.layer3[2].bn2
     assert torch.equal(bn.running_mean, torch.zeros(64)) and torch.equal(bn.weight.data, torch.ones(64))
 
@@ -73,7 +75,7 @@ def test_reused_forward_values_change_nothing(order, monkeypatch):
 
 def test_the_trained_pass_is_kept_for_reuse_only_where_the_budget_has_room(trained, monkeypatch):
     model, x, y = trained
-    ex = Explainer(model, "gradient", graph=trace(model))
+    ex = Explainer(model, "gradient", graph=trace(model, x))
     one_pass = ex.bytes_per_image(x) * len(x)  # the estimate the shared forward pass is held to
     held = memory.tensor_bytes(shared_forward({"gradient": ex}, x)[0])
     asked = []
@@ -95,9 +97,9 @@ def test_the_trained_pass_is_kept_for_reuse_only_where_the_budget_has_room(train
 
 
 def test_unchanged_nodes_are_upstream_of_every_change(trained):
-    model = trained[0]
-    graph = trace(model)
-    assert unchanged_nodes(graph, set()) == frozenset(n.name for n in graph.nodes[1:])
+    model, x, _ = trained
+    graph = trace(model, x)
+    assert unchanged_nodes(graph, set()) == frozenset(graph.layers)
     top = unchanged_nodes(graph, {"classifier.2"})
     assert "classifier.1" in top and "classifier.2" not in top
     assert unchanged_nodes(graph, {"features.0"}) == frozenset()

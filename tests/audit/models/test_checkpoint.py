@@ -70,7 +70,7 @@ def test_trained_models_collapse_for_the_zplus_family(name):
     x = torch.from_numpy(embedded_sample()[0][::125])
     family = ["lrp-zplus", "lrp-alpha1beta0", "deep-taylor", "excitation-backprop", "deeplift-ablation"]
     model = load_checkpoint(name)
-    graph = trace(model)
+    graph = trace(model, x)
     entry = next(n for n in graph.nodes if n.kind == "conv" and n.module.in_channels >= 16).inputs[0]
     df = chain_convergence(model, x, None, family, inject_at=graph.output, progress=False)
     at = df[df.layer == entry].set_index("method")["median"]

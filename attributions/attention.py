@@ -35,8 +35,10 @@ def _product(a: str, b: str, function: Callable[[Any, Any], Any]) -> tuple[Calla
     return run, {"pair": lambda env, x, y: function(x, y), "operands": [a, b], "quotient": False}
 
 
-def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, signal: set[str]) -> list[Spec]:
-    """softmax(q k^T * scale) v over the last two dims, as primitive nodes (the last one is the output)."""
+def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, signal: set[str],
+                    mask: str | None = None) -> list[Spec]:
+    """softmax(q k^T * scale + mask) v over the last two dims, as primitive nodes (the last one is the
+    output); ``mask`` names a constant: added when floating, else where False the score is -inf."""
     specs: list[Spec] = []
 
     def mul_kind(a: str, b: str) -> str:
@@ -55,6 +57,16 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
         return s * (scale if scale is not None else _value(env, r, q).shape[-1] ** -0.5)
 
     specs.append(("scaled", "mix", (scores,), scale_scores, {}))
+    if mask is not None:
+        masked = f"{prefix}.masked"
+
+        def apply_mask(env, r, source=scaled):
+            s, m = _value(env, r, source), env[mask]
+            return s + m if m.is_floating_point() else s.masked_fill(~m, float("-inf"))
+
+        specs.append(("masked", "mix", (scaled,), apply_mask, {}))
+        signal = signal | {scaled}
+        scaled = masked
     specs.append(("weights", "softmax", (scaled,), lambda env, r: torch.softmax(_value(env, r, scaled), dim=-1),
                   {"dim": -1}))
     signal = signal | {scores, scaled, weights}
@@ -65,13 +77,18 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
 
 
 def sdpa_specs(prefix: str, bound: dict, names: dict[str, str], signal: set[str]) -> list[Spec]:
-    """F.scaled_dot_product_attention without a mask, dropout or causal masking (else an error)."""
-    unsupported = [k for k, default in (("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False),
-                                        ("enable_gqa", False)) if bound.get(k, default) != default]
+    """F.scaled_dot_product_attention with a constant mask or none, without dropout or causal masking
+    (else an error)."""
+    unsupported = [k for k, default in (("dropout_p", 0.0), ("is_causal", False), ("enable_gqa", False))
+                   if bound.get(k, default) != default]
+    mask = bound.get("attn_mask")
+    if mask is not None and (not hasattr(mask, "name") or mask.name in signal):
+        unsupported.append("an attention mask computed from the input")
     if unsupported:
         raise AttributionError(f"scaled_dot_product_attention at {prefix!r}: {', '.join(unsupported)} not supported; "
                                "attention masks and dropout are not explained yet")
     scale = bound.get("scale")
     if scale is not None and not isinstance(scale, (int, float)):
         raise AttributionError(f"scaled_dot_product_attention at {prefix!r} needs a constant scale")
-    return attention_specs(prefix, names["query"], names["key"], names["value"], scale, signal)
+    return attention_specs(prefix, names["query"], names["key"], names["value"], scale, signal,
+                           mask.name if mask is not None else None)

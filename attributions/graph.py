@@ -201,6 +201,7 @@ _MIXES = {"add", "sub", "rsub", "neg", "mul", "div", "mean", "sum", "matmul", "b
 _SHAPE_ONLY = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "zeros_like", "ones_like", "full_like",
                "empty_like", "rand_like", "randn_like", "scalar_tensor"}
 _PRODUCTS = {"mul", "matmul", "bmm", "mm", "einsum", "div"}
+_LIKE = {"reshape_as", "view_as", "expand_as", "type_as"}  # a move shaped by a second tensor
 _RESHAPES = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "contiguous"}
 _IDENTITIES = {"dropout", "feature_dropout", "alpha_dropout", "alias"}
 _TUPLES = {"split", "split_with_sizes", "chunk", "unbind", "tensor_split"}
@@ -401,6 +402,7 @@ class _Builder:
         if _functional(target) is not target:
             self.check_out_of_place(fx_node)
         kind, params, module = self.describe(fx_node, op, signals)
+        signals = params.pop("only", signals)
         name = self.unique(self.path_name(fx_node, op, kind))
         run = _runner(_functional(target), self.ref(fx_node.args), self.ref(fx_node.kwargs))
         params["reads"] = tuple(r for r in reads if r not in self.signal)  # the constants it reads (parameters)
@@ -508,6 +510,8 @@ class _Builder:
             return "activation", {"function": "pow"}, None
         if op in _ACTIVATIONS and len(signals) == 1:
             return "activation", {"function": op}, None
+        if op in _LIKE and on_signal[0]:  # the other tensor gives only a shape or dtype
+            return "move", {"reshape": op in ("reshape_as", "view_as"), "only": (self.names[args[0]],)}, None
         if op in _MOVES and (len(signals) == 1 or op in ("cat", "concat", "stack")):
             params: dict[str, Any] = {}
             if op in _RESHAPES:

@@ -359,3 +359,20 @@ class _MaskedAttention(nn.Module):
 def test_attention_with_a_constant_mask_is_exact(boolean):
     torch.manual_seed(0)
     _exact(_MaskedAttention(boolean).double().eval(), torch.randn(3, 5, 4, dtype=torch.float64))
+
+
+class _ShapedLike(nn.Module):
+    """Moves shaped by another signal (LeViT's reshape_as): that signal gives only the shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h, g = self.a(x), self.b(x)
+        return self.head(h.reshape(h.shape[0], 2, 3).reshape_as(g).type_as(g) + g[:, :1].expand_as(g))
+
+
+def test_moves_shaped_like_another_signal_are_exact():
+    torch.manual_seed(0)
+    _exact(_ShapedLike().double().eval(), torch.randn(4, 4, dtype=torch.float64))

@@ -672,6 +672,8 @@ def _fold_batchnorm(graph: Graph) -> Graph:
             continue
         node.aliases.update({i: drop[i] for i in node.inputs if i in drop})
         node.inputs = tuple(drop.get(i, i) for i in node.inputs)
+        if "operands" in node.params:  # a product's operand names name its inputs too
+            node.params["operands"] = [drop.get(o, o) for o in node.params["operands"]]
         nodes.append(node)
     for bn_name, src_name in drop.items():  # the forward pass also stores the value under the BatchNorm's name
         graph.by_name[src_name].params.setdefault("folded", []).append(bn_name)

@@ -376,3 +376,26 @@ class _ShapedLike(nn.Module):
 def test_moves_shaped_like_another_signal_are_exact():
     torch.manual_seed(0)
     _exact(_ShapedLike().double().eval(), torch.randn(4, 4, dtype=torch.float64))
+
+
+class _GatedByBatchNorm(nn.Module):
+    """A product whose operand is a folded conv + BatchNorm (GhostNet's and RexNet's gates)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.gate = nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Conv2d(1, 2, 3)
+        self.fc = nn.Linear(2, 3)
+
+    def forward(self, x):
+        return self.fc((self.bn(self.conv(x)) * torch.sigmoid(self.gate(x))).mean((2, 3)))
+
+
+def test_a_product_of_a_folded_layer_is_exact():
+    torch.manual_seed(0)
+    model = _GatedByBatchNorm().double().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.3, 0.3)
+    x = torch.rand(3, 1, 6, 6, dtype=torch.float64)
+    assert any(n.bn is not None for n in trace(model, x).nodes)
+    _exact(model, x)
+    assert torch.isfinite(Explainer(model, "lrp-epsilon").attribute(x, target=1)).all()

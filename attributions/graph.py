@@ -282,7 +282,7 @@ class _Builder:
         self.taken: dict[str, int] = {}
         self.tuples: dict[torch.fx.Node, tuple[Callable, tuple[str, ...]]] = {}  # split-like ops, fused into getitem
         self.by_name: dict[str, Node] = {}
-        self.reads: dict[str, tuple[str, ...]] = {}  # const / value nodes: the const / value nodes they read
+        self.order = {n: i for i, n in enumerate(captured.graph.nodes)}
 
     def unique(self, name: str) -> str:
         count = self.taken.get(name, 0)
@@ -311,7 +311,7 @@ class _Builder:
 
         def ev(n: str) -> Any:
             if n not in env:
-                for d in self.reads.get(n, ()):
+                for d in self.by_name[n].params.get("reads", ()):
                     ev(d)
                 env[n] = self.by_name[n].evaluate(env)
             return env[n]
@@ -389,8 +389,8 @@ class _Builder:
             name = self.unique(self.path_name(fx_node, op, None))
             # constants are recomputed in order at every pass, so their in-place ops run as written: a mask
             # filled slice by slice (Swin's) is read through the tensor it was written into
-            node = Node(name, kind, (), run=_runner(cast(Any, target), self.ref(fx_node.args), self.ref(fx_node.kwargs)))
-            self.reads[name] = tuple(reads)
+            node = Node(name, kind, (), run=_runner(cast(Any, target), self.ref(fx_node.args), self.ref(fx_node.kwargs)),
+                        params={"reads": tuple(reads)})
             self.add(node, fx_node)
             return
         if op == "scaled_dot_product_attention":
@@ -417,7 +417,7 @@ class _Builder:
         """An in-place op on a signal is computed out of place: refused when a later op reads the
         tensor it overwrote, or a view of it, which would then see the old values (export already
         routes later uses of the tensor itself to the op's result)."""
-        order = {n: i for i, n in enumerate(self.c.graph.nodes)}
+        order = self.order
         aliases, frontier = set(), [fx_node.args[0]]
         while frontier:  # the tensor and the views taken of it
             n = frontier.pop()
@@ -467,7 +467,8 @@ class _Builder:
         """(kind, params, module) of an op on signals; a clear error for an op without a rule."""
         args: Any = fx_node.args
         kwargs: Any = fx_node.kwargs
-        on_signal = [isinstance(a, torch.fx.Node) and self.names.get(a) in self.signal for a in args]
+        slots = self.slots(args)
+        on_signal = [(i,) in slots for i in range(len(args))]  # the positional arguments that are signals
         where = f"{op} at {self.c.module_path(fx_node) or 'the model'}"
         if op in ("conv2d", "conv1d", "convolution", "linear") and on_signal[0] and not any(on_signal[1:]):
             return ("dense" if op == "linear" else "conv"), {}, self.layer(fx_node, op)
@@ -489,7 +490,6 @@ class _Builder:
         if op == "add" and len(signals) == 2 and sum(on_signal) == 2 and args[0] is not args[1] \
                 and kwargs.get("alpha", 1) == 1 and _same_shape(args[0], args[1], fx_node):
             return "add", {}, None  # a residual sum (a broadcasting one is a linear mix)
-        slots = self.slots(args)
         if op in _PRODUCTS and len(slots) >= 2:
             if len(slots) != 2:
                 raise AttributionError(f"{where}: a product of {len(slots)} signal operands is not supported")

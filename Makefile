@@ -3,6 +3,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The model libraries the real-library tests build from (torchvision, timm, transformers), in a venv of their
+# own: torchvision does not import beside the CPU-only torch build of .venv (constraints-libraries.txt).
+LIBS     := .venv-libraries
+LIBSTAMP := $(LIBS)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
 
 .PHONY: demo test bench checkpoints data syslibs reportdeps clean
@@ -12,6 +16,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --upgrade pip setuptools wheel
 	$(PY) -m pip install -c constraints.txt -e '.[test]'
 	touch $(STAMP)
+
+$(LIBSTAMP): pyproject.toml constraints-libraries.txt
+	$(PYTHON) -m venv $(LIBS)
+	$(LIBS)/bin/python -m pip install --upgrade pip setuptools wheel
+	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt torch torchvision
+	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt -e . timm transformers safetensors pytest
+	touch $(LIBSTAMP)
 
 # Debian's full Fashion-MNIST, for the full-dataset tests and for training the shipped checkpoints.
 # Installed when we are root with apt; otherwise those tests skip (outside CI) with a message.
@@ -41,11 +52,13 @@ reportdeps:
 demo: $(STAMP)
 	$(PY) -m audit demo
 
-# Lint and type checks first (seconds), then the suite.
-test: $(STAMP) data syslibs reportdeps
+# Lint and type checks first (seconds), then the suite, then the engine on the model libraries (their own
+# venv; MODEL_LIBRARIES=required makes a missing library a failure, not a skip).
+test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
 	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
+	MODEL_LIBRARIES=required $(LIBS)/bin/python -m pytest -q tests/test_model_libraries.py tests/audit/models/test_libraries.py
 
 bench: $(STAMP)
 	$(PY) -m pip install -c constraints.txt -e '.[bench]'
@@ -55,4 +68,4 @@ checkpoints: $(STAMP) data
 	$(PY) -m audit retrain-shipped
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(LIBS) *.egg-info .pytest_cache

@@ -62,6 +62,7 @@ class Capture:
                  shape: torch.Size):
         self.model = model
         self.graph = program.graph
+        self.graph_module = program.graph_module  # holds the subgraphs of higher-order ops (autocast regions)
         self.dynamic_batch = dynamic_batch
         self.shape = shape
         self._constants = dict(program.constants)

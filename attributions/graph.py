@@ -37,7 +37,7 @@ from attributions.errors import AttributionError
 LINEAR_KINDS = ("dense", "conv", "affine", "avgpool")
 # Every kind that carries the signal, and the kinds that do not.
 SIGNAL_KINDS = LINEAR_KINDS + ("relu", "leaky_relu", "maxpool", "add", "move", "mix", "activation", "product",
-                               "norm", "softmax")
+                               "norm", "softmax", "reduce")
 CONSTANT_KINDS = ("input", "value", "const")
 
 
@@ -196,10 +196,14 @@ _MOVES = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "flatt
           "real", "resolve_conj", "resolve_neg", "lift_fresh_copy"}
 _MIXES = {"add", "sub", "rsub", "neg", "mul", "div", "mean", "sum", "matmul", "bmm", "mm", "einsum", "addmm",
           "baddbmm", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_linear1d", "masked_fill", "where",
-          "cumsum", "linear", "avg_pool3d"}
+          "cumsum", "linear", "avg_pool3d", "col2im"}
 # ops that make a tensor from a signal's shape, dtype or device only: constants of the backward pass
 _SHAPE_ONLY = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "zeros_like", "ones_like", "full_like",
                "empty_like", "rand_like", "randn_like", "scalar_tensor"}
+# nonlinear reductions of one signal over some of its axes (``params["dims"]``, None for all)
+_REDUCTIONS = {"linalg_vector_norm": 2, "norm": 2, "amax": 1, "amin": 1, "max": 1, "min": 1, "logsumexp": 1}
+# higher-order ops whose subgraph is built inline: where its submodule sits among the arguments
+_REGIONS = {"wrap_with_autocast": 4, "wrap_with_set_grad_enabled": 1}
 _PRODUCTS = {"mul", "matmul", "bmm", "mm", "einsum", "div"}
 _LIKE = {"reshape_as", "view_as", "expand_as", "type_as"}  # a move shaped by a second tensor
 _RESHAPES = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "contiguous"}
@@ -218,12 +222,15 @@ _LEAF_KINDS = {"Linear": "dense", "Conv1d": "conv", "Conv2d": "conv", "BatchNorm
                "AvgPool1d": "avgpool", "AvgPool2d": "avgpool", "AdaptiveAvgPool1d": "avgpool",
                "AdaptiveAvgPool2d": "avgpool", "Flatten": "move", "Unflatten": "move", "Dropout": "move",
                "Dropout1d": "move", "Dropout2d": "move", "AlphaDropout": "move", "Softmax": "softmax",
-               "LayerNorm": "norm", "GroupNorm": "norm", **{m: "activation" for m in (
+               "LayerNorm": "norm", "GroupNorm": "norm", "ConvTranspose1d": "mix", "ConvTranspose2d": "mix",
+               **{m: "activation" for m in (
                    "ReLU6", "ELU", "CELU", "SELU", "GELU", "SiLU", "Mish", "Hardswish", "Hardsigmoid", "Hardtanh",
                    "Sigmoid", "Tanh", "Softplus", "LogSigmoid")}}
 
 SUPPORTED = ("the torch-level ops torch.export records: " + ", ".join(sorted(
-    set(_SIMPLE) | _ACTIVATIONS | _MOVES | _MIXES | {"batch_norm", "scaled_dot_product_attention"})) +
+    set(_SIMPLE) | _ACTIVATIONS | _MOVES | _MIXES | set(_REDUCTIONS) | {
+        "batch_norm", "scaled_dot_product_attention", "maximum", "minimum", "conv_transpose1d", "conv_transpose2d",
+        "addcmul", "addcdiv"})) +
     "; sizes, shapes and asserts")
 
 
@@ -280,9 +287,13 @@ class _Builder:
         self.names: dict[torch.fx.Node, str] = {}
         self.signal: set[str] = set()
         self.taken: dict[str, int] = {}
-        self.tuples: dict[torch.fx.Node, tuple[Callable, tuple[str, ...]]] = {}  # split-like ops, fused into getitem
+        # split-like ops and max / min along an axis, fused into their getitems: (run, signals, params of
+        # the floating piece: None for a move, a reduction's otherwise)
+        self.tuples: dict[torch.fx.Node, tuple[Callable, tuple[str, ...], dict | None]] = {}
         self.by_name: dict[str, Node] = {}
-        self.order = {n: i for i, n in enumerate(captured.graph.nodes)}
+        self.order: dict[torch.fx.Node, float] = {n: i for i, n in enumerate(captured.graph.nodes)}
+        self.regions: dict[torch.fx.Node, list] = {}  # an inlined region's outputs, read by its getitems
+        self.writers: dict[str, list[str]] = {}  # const node -> the in-place ops on it (or on its views)
 
     def unique(self, name: str) -> str:
         count = self.taken.get(name, 0)
@@ -306,16 +317,20 @@ class _Builder:
         return torch.fx.node.map_arg(value, as_ref)
 
     def constant(self, name: str) -> Any:
-        """A const / value node's current value, computed from the model's tensors alone."""
+        """A const / value node's current value, computed from the model's tensors alone: the nodes it
+        reads and those that write into them in place (``bias[n:2 * n].zero_()``), in graph order."""
+        need: set[str] = set()
+        stack = [name]
+        while stack:
+            n = stack.pop()
+            if n not in need:
+                need.add(n)
+                stack += [*self.by_name[n].params.get("reads", ()), *self.writers.get(n, ())]
         env: dict = {}
-
-        def ev(n: str) -> Any:
-            if n not in env:
-                for d in self.by_name[n].params.get("reads", ()):
-                    ev(d)
-                env[n] = self.by_name[n].evaluate(env)
-            return env[n]
-        return ev(name)
+        for node in self.nodes:
+            if node.name in need:
+                env[node.name] = node.evaluate(env)
+        return env[name]
 
     def upstream(self, fx_node: Any) -> list[str]:
         """The parameter / buffer placeholders a const value is computed from."""
@@ -378,6 +393,12 @@ class _Builder:
         if target is operator.getitem and fx_node.args[0] in self.tuples:
             self.piece(fx_node)
             return
+        if target is operator.getitem and fx_node.args[0] in self.regions:
+            self.names[fx_node] = self.names[self.regions[cast(Any, fx_node.args[0])][cast(int, fx_node.args[1])]]
+            return
+        if getattr(target, "__name__", "") in _REGIONS:
+            self.inline(fx_node)
+            return
         val = fx_node.meta.get("val")
         # a tuple with any floating tensor (sort's values and indices) carries the signal too
         is_float = isinstance(val, torch.Tensor) and val.is_floating_point() or (
@@ -392,14 +413,28 @@ class _Builder:
             node = Node(name, kind, (), run=_runner(cast(Any, target), self.ref(fx_node.args), self.ref(fx_node.kwargs)),
                         params={"reads": tuple(reads)})
             self.add(node, fx_node)
+            if is_view(fx_node) and fx_node.args and isinstance(fx_node.args[0], torch.fx.Node) \
+                    and _op_name(target) != getattr(getattr(target, "_overloadpacket", None), "__name__", _op_name(target)):
+                # an in-place write (zero_, fill_...): into the tensor under the views
+                written: Any = fx_node.args[0]
+                while written.op == "call_function" and is_view(written) and isinstance(written.args[0], torch.fx.Node):
+                    written = written.args[0]
+                if written in self.names:
+                    self.writers.setdefault(self.names[written], []).append(name)
             return
         if op == "scaled_dot_product_attention":
             self.attention(fx_node)
             return
-        if op in _TUPLES:
-            self.tuples[fx_node] = (_runner(_functional(target), self.ref(fx_node.args), self.ref(fx_node.kwargs)), signals)
+        if op in _TUPLES or (op in ("max", "min") and isinstance(val, tuple)):  # max.dim: (values, indices)
+            run = _runner(_functional(target), self.ref(fx_node.args), self.ref(fx_node.kwargs))
+            self.tuples[fx_node] = (run, signals, None if op in _TUPLES else _reduction(fx_node, op))
             return
         if _functional(target) is not target:
+            chain = self.view_chain(fx_node.args[0])
+            base = chain[-1].args[0] if chain else None
+            if isinstance(base, torch.fx.Node) and any(self.order[u] > self.order[fx_node] for u in base.users):
+                self.write_through(fx_node, op, chain)
+                return
             self.check_out_of_place(fx_node)
         kind, params, module = self.describe(fx_node, op, signals)
         signals = params.pop("only", signals)
@@ -432,6 +467,90 @@ class _Builder:
                                    f"overwrites a tensor that {later[0].name!r} reads afterwards; the engine computes "
                                    "ops out of place: use the op's result (y = x.relu_()) or its out-of-place form")
 
+    def inline(self, fx_node: torch.fx.Node) -> None:
+        """The ops of a region export keeps as a subgraph (``with torch.autocast(enabled=False)``, a grad
+        mode), built in place: inside it they compute as anywhere else (the casts it makes are ops too)."""
+        kind = getattr(fx_node.target, "__name__", "")
+        at = _REGIONS[kind]
+        where = self.c.module_path(fx_node) or "the model"
+        if kind == "wrap_with_autocast" and fx_node.args[2]:
+            raise AttributionError(f"an enabled torch.autocast region at {where!r}: the engine computes in the "
+                                   "model's own dtypes; explain the model with autocast disabled")
+        sub = getattr(self.c.graph_module, cast(Any, fx_node.args[at]).target)
+        inputs = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        for placeholder, operand in zip(inputs, fx_node.args[at + 1:]):
+            if not isinstance(operand, torch.fx.Node) or operand not in self.names:
+                raise AttributionError(f"a {kind} region at {where!r} takes an argument the engine cannot follow")
+            self.names[placeholder] = self.names[operand]
+        ops = list(sub.graph.nodes)
+        for k, n in enumerate(ops):  # between the region's op and the next
+            self.order[n] = self.order[fx_node] + (k + 1) / (len(ops) + 1)
+        for n in ops:
+            if n.op == "call_function":
+                self.call(n)
+            elif n.op == "get_attr":
+                raise AttributionError(f"a nested region inside the {kind} region at {where!r} is not supported")
+        out = next(n for n in ops if n.op == "output").args[0]
+        self.regions[fx_node] = list(out if isinstance(out, (tuple, list)) else [out])
+
+    def view_chain(self, value: Any) -> list[torch.fx.Node]:
+        """The views (slice, select, view...) ``value`` is taken through from a signal, outermost last;
+        empty when ``value`` is no view of a signal."""
+        chain = []
+        while isinstance(value, torch.fx.Node) and value.op == "call_function" and is_view(value) \
+                and _functional(value.target) is value.target and value.args and isinstance(value.args[0], torch.fx.Node):
+            chain.append(value)
+            value = value.args[0]
+        return chain if chain and self.names.get(value) in self.signal else []
+
+    def write_through(self, fx_node: torch.fx.Node, op: str, chain: list[torch.fx.Node]) -> None:
+        """An in-place op on a view of a signal that is read afterwards (``attn[:, :, 1:, 1:] = ...``, MViT
+        v2): one node computes the whole tensor after the write (the op run on a clone, through the same
+        views), and every later op that reads the tensor reads that node."""
+        base = chain[-1].args[0]
+        assert isinstance(base, torch.fx.Node)
+        rest: Any = fx_node.args[1:]
+        others = [self.names[a] for a in fx_node.all_input_nodes[1:] if self.names.get(a) in self.signal]
+        where = f"in-place {fx_node.target} at {self.c.module_path(fx_node) or 'the model'!r}"
+        if op == "copy" and len(others) == 1 and len(rest) >= 1 and self.names.get(rest[0]) in self.signal:
+            kind = "move"  # values moved into place
+        elif op in ("add", "sub") or (op in ("mul", "div") and not others):
+            kind = "mix"  # linear in the tensor and what is added
+        elif (op in _ACTIVATIONS or op in ("relu", "leaky_relu")) and not others:
+            kind = "activation"  # element-wise: f on the view, the identity elsewhere
+        else:
+            raise AttributionError(f"{where} writes into a view of a signal: only copies, additions, scalings and "
+                                   "element-wise activations are supported there; write the result out of place "
+                                   "(torch.cat, slice_scatter)")
+        later = [u for v in chain for u in v.users if u is not fx_node and u not in chain
+                 and self.order[u] > self.order[fx_node]]
+        if later:
+            raise AttributionError(f"{where} overwrites a view that {later[0].name!r} reads afterwards; the engine "
+                                   "computes in-place writes into a fresh tensor")
+        steps: list[tuple[Any, Any, Any]] = [(v.target, self.ref(v.args[1:]), self.ref(v.kwargs)) for v in reversed(chain)]
+        base_ref, args, kwargs, function = _Ref(self.names[base]), self.ref(rest), self.ref(fx_node.kwargs), fx_node.target
+
+        def run(env: dict, replace: dict) -> Any:
+            out = _resolve(base_ref, env, replace).clone()
+            view = out
+            for target, step_args, step_kwargs in steps:
+                view = target(view, *_resolve(step_args, env, replace), **_resolve(step_kwargs, env, replace))
+            cast(Any, function)(view, *_resolve(args, env, replace), **_resolve(kwargs, env, replace))
+            return out
+        name = self.unique(self.path_name(fx_node, op, None))
+        reads = [self.names[a] for a in fx_node.all_input_nodes if a in self.names and self.names[a] not in self.signal]
+        inputs = tuple(dict.fromkeys([self.names[base], *others]))
+        params: dict[str, Any] = {"reads": tuple(reads)} | ({"function": op} if kind == "activation" else {})
+        self.add(Node(name, kind, inputs, run=run, params=params))
+        self.names[base] = name  # later readers of the tensor see it written
+
+        def view(env: dict, replace: dict) -> Any:  # the op's own result: the view, as written
+            out = _resolve(_Ref(name), env, replace)
+            for target, step_args, step_kwargs in steps:
+                out = target(out, *_resolve(step_args, env, replace), **_resolve(step_kwargs, env, replace))
+            return out
+        self.add(Node(self.unique(f"{name}.view"), "move", (name,), run=view, params={"reads": tuple(reads)}), fx_node)
+
     def path_name(self, fx_node: torch.fx.Node, op: str, kind: str | None) -> str:
         path = self.c.module_path(fx_node)
         leaf = self.c.module_type(fx_node)
@@ -441,10 +560,17 @@ class _Builder:
 
     def piece(self, fx_node: torch.fx.Node) -> None:
         parent: Any = fx_node.args[0]
-        run, signals = self.tuples[parent]
+        run, signals, reduction = self.tuples[parent]
         index: Any = fx_node.args[1]
-        name = self.unique(self.path_name(fx_node, "getitem", None))
-        self.add(Node(name, "move", signals, run=lambda env, replace: run(env, replace)[index]), fx_node)
+        val = fx_node.meta.get("val")
+        if not (isinstance(val, torch.Tensor) and val.is_floating_point()):  # max's indices: held constant
+            kind, params = "const", {"reads": signals}
+        else:
+            kind, params = ("move", {}) if reduction is None else ("reduce", dict(reduction))
+        op = "getitem" if reduction is None else _op_name(parent.target)
+        name = self.unique(self.path_name(fx_node, op, None))
+        self.add(Node(name, kind, signals if kind != "const" else (), run=lambda env, replace: run(env, replace)[index],
+                      params=params), fx_node)
 
     def attention(self, fx_node: torch.fx.Node) -> None:
         name = self.unique(self.path_name(fx_node, "attention", None))
@@ -457,8 +583,11 @@ class _Builder:
             operands[role] = self.names[arg]
         bound = {k: (v if not isinstance(v, torch.fx.Node) else _Ref(self.names[v])) for k, v in bound.items()}
         specs = attention.sdpa_specs(name, bound, operands, self.signal)
+        order = _layout(fx_node.meta.get("val"))
         for i, (suffix, kind, inputs, run, params) in enumerate(specs):
             own = name if i == len(specs) - 1 else f"{name}.{suffix}"
+            if own == name and order is not None:  # a view the model takes later may rely on the layout
+                run = (lambda run: lambda env, replace: _laid_out(run(env, replace), order))(run)
             self.taken[own] = self.taken.get(own, 0) + 1
             self.add(Node(own, kind, inputs, run=run, params={**params, "tokens": True}))
         self.names[fx_node] = name
@@ -470,6 +599,11 @@ class _Builder:
         slots = self.slots(args)
         on_signal = [(i,) in slots for i in range(len(args))]  # the positional arguments that are signals
         where = f"{op} at {self.c.module_path(fx_node) or 'the model'}"
+        transposed = op.startswith("conv_transpose") or (op == "convolution" and bool(args[6] if len(args) > 6 else
+                                                                                       kwargs.get("transposed")))
+        if transposed and on_signal[0] and not any(on_signal[1:]):
+            # linear in the signal: exact adjoints, and LRP's z rule (its weights are not split by sign)
+            return "mix", {"transposed": True}, None
         if op in ("conv2d", "conv1d", "convolution", "linear") and on_signal[0] and not any(on_signal[1:]):
             return ("dense" if op == "linear" else "conv"), {}, self.layer(fx_node, op)
         if op == "batch_norm" and on_signal[0] and not any(on_signal[1:]):
@@ -523,6 +657,13 @@ class _Builder:
             return "move", params, None
         if op in _MIXES:
             return "mix", {}, None
+        if op in ("addcmul", "addcdiv") and sum(on_signal[1:3]) <= 1 and not (op == "addcdiv" and on_signal[2]):
+            return "mix", {}, None  # self + value * t1 * t2 (or / t2) with one signal factor: linear
+        elementwise = op in ("maximum", "minimum") or getattr(fx_node.target, "_overloadname", "") == "other"
+        if elementwise and len(signals) == 1:
+            return "activation", {"function": op}, None  # against a constant
+        if op in _REDUCTIONS and not elementwise and len(signals) == 1 and on_signal[0]:
+            return "reduce", _reduction(fx_node, op), None
         raise AttributionError(f"unsupported operation: {fx_node.target} on {len(signals)} signal(s) at node "
                                f"{self.path_name(fx_node, op, None)!r} (module {self.c.module_type(fx_node) or '?'}). "
                                f"Supported: {SUPPORTED}. Rewrite this part of the model with supported operations, "
@@ -588,6 +729,36 @@ class _Builder:
         bound["type"] = kind
         bound.setdefault("eps", 1e-5)
         return bound
+
+
+def _layout(val: Any) -> tuple[int, ...] | None:
+    """The axes of a traced tensor from outermost to innermost in memory, when that is not their order
+    (sdpa returns (B, H, L, D) laid out as (B, L, H, D)); None when contiguous or not known."""
+    if not isinstance(val, torch.Tensor):
+        return None
+    # a symbolic stride (one holding the batch size) by its example value: int() would specialise the batch
+    strides = [s.node.hint if isinstance(s, torch.SymInt) else int(s) for s in val.stride()]
+    if any(s is None for s in strides):
+        return None
+    order = tuple(sorted(range(len(strides)), key=lambda d: (-strides[d], d)))
+    return None if order == tuple(range(len(strides))) else order
+
+
+def _laid_out(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """``t``'s values laid out in memory in ``order`` (as :func:`_layout` gives it)."""
+    inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
+    return t.permute(order).contiguous().permute(inverse)
+
+
+def _reduction(fx_node: torch.fx.Node, op: str) -> dict:
+    """A reduction's axes: ``{"dims": tuple or None (all), "keepdim": bool}``."""
+    args: Any = fx_node.args
+    position = _REDUCTIONS[op]  # where the axes sit among the arguments
+    dims: Any = args[position] if len(args) > position else fx_node.kwargs.get("dim")
+    keepdim = args[position + 1] if len(args) > position + 1 else fx_node.kwargs.get("keepdim", False)
+    if isinstance(dims, int):
+        dims = (dims,)
+    return {"dims": tuple(int(d) for d in dims) if dims else None, "keepdim": bool(keepdim)}
 
 
 def _same_shape(*nodes: torch.fx.Node) -> bool:

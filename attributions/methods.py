@@ -62,9 +62,11 @@ class Method:
 
 
 # Data movement takes its exact adjoint in every method; the other traced kinds get each family's rule.
-def _traced(mix: R.Rule, activation: R.Rule, product: R.Rule, norm: R.Rule, softmax: R.Rule) -> dict:
+def _traced(mix: R.Rule, activation: R.Rule, product: R.Rule, norm: R.Rule, softmax: R.Rule,
+            reduce: R.Rule | None = None) -> dict:
+    """``reduce`` defaults to the ``mix`` rule: the gradient's VJP, LRP's z rule (exact on a norm or a max)."""
     return {"move": R.VJP(), "mix": mix, "activation": activation, "product": product, "norm": norm,
-            "softmax": softmax}
+            "softmax": softmax, "reduce": reduce or mix}
 
 
 def _gradient_rules(relu: R.Rule, activation: R.Rule | None = None) -> dict:
@@ -87,7 +89,8 @@ def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabili
 def _deeplift_rules(linear: R.Rule, eps: float) -> dict:
     return {"dense": linear, "conv": linear, "affine": linear, "avgpool": linear, "relu": R.Rescale(),
             "leaky_relu": R.Rescale(), "maxpool": R.DeepLiftMaxPool(eps), "add": R.Copy(),
-            **_traced(R.VJP(), R.RescaleAny(), R.DeepLiftProduct(), R.NormDeepLift(), R.SoftmaxDeepLift())}
+            **_traced(R.VJP(), R.RescaleAny(), R.DeepLiftProduct(), R.NormDeepLift(), R.SoftmaxDeepLift(),
+                      R.SecantReduce())}
 
 
 # The report's method groups, in drawing order: Sixt et al.'s z+ family collapses by construction.

@@ -23,7 +23,7 @@ from attributions.layers import LinearOp, per_dimension
 
 WEIGHTED_KINDS = ("dense", "conv", "affine")  # linear kinds with a weight tensor
 ACTIVATION_KINDS = ("relu", "leaky_relu", "activation")
-TRACED_KINDS = ("move", "mix", "activation", "product", "norm", "softmax")  # kinds run as the traced op itself
+TRACED_KINDS = ("move", "mix", "activation", "product", "norm", "softmax", "reduce")  # run as the traced op itself
 
 
 @dataclass
@@ -426,9 +426,11 @@ class ActivationGradient(Rule):
 class LinearZ(Rule):
     """LRP's z rule through a linear operation of the signals (sums, means, scaling, subtraction, a product
     with a constant): R_i = x_i * (J_i^T (R / stab(z)))[i], z the node's output. Constants the operation
-    adds (a position embedding, a bias) absorb their share; on data movement it equals the adjoint."""
+    adds (a position embedding, a bias) absorb their share; on data movement it equals the adjoint.
+    On a reduction that is positively homogeneous of degree one (a p-norm, a max) it conserves too, by
+    Euler's theorem: sum_i x_i df/dx_i = f."""
 
-    kinds = ("mix",)
+    kinds = ("mix", "reduce")
     records = True
 
     def __init__(self, epsilon: float = 1e-6):
@@ -455,6 +457,40 @@ class RescaleAny(Rule):
         small = dx.abs() <= self.tolerance
         ratio = torch.where(small, slope, (ctx.output - ctx.ref_output) / torch.where(small, 1.0, dx))
         return [signal * ratio]
+
+
+def _secant(ctx: Context, signal: torch.Tensor, dims: tuple[int, ...] | None, rows: bool = False) -> torch.Tensor:
+    """DeepLIFT multipliers of a node whose outputs each read one group of inputs (the axes ``dims``, None
+    for all): the gradient at the midpoint m = (x + x0) / 2, plus the residual of its linearisation spread
+    along the difference,
+
+        mult_ij = dy_j/dx_i (m) + (dy_j - J(m) dx)_j * dx_i / sum_{k in group(j)} dx_k^2,
+
+    so that sum_i mult_ij dx_i = dy_j exactly, for any function of the group; it tends to the gradient as
+    x0 -> x. One output per group (a reduction), or with ``rows`` one output per input of the group (a
+    softmax). A group with dx = 0 has dy = 0 and gets the gradient. signal (K, B, ...) -> (K, B, ...)."""
+    assert ctx.ref_inputs is not None and ctx.ref_output is not None, "DeepLIFT rules run with a reference"
+    x, dx = ctx.x, ctx.x - ctx.ref_inputs[0]
+    mid = x - dx / 2
+    along = torch.func.jvp(ctx.apply, (mid,), (dx,))[1]
+    squares = (dx * dx).sum(dim=dims, keepdim=True) if dims is not None else (dx * dx).sum().reshape([1] * x.ndim)
+    residual = ctx.output - ctx.ref_output - along
+    coefficient = torch.where(squares > 0, residual.reshape(residual.shape if rows else squares.shape)
+                              / torch.where(squares > 0, squares, 1.0), 0.0)
+    weighted = signal.reshape(signal.shape[0], *coefficient.shape) * coefficient
+    if rows:
+        weighted = weighted.sum(dim=[d % x.ndim + 1 for d in (dims or range(x.ndim))], keepdim=True)
+    return ctx.vjp(signal, at=[mid])[0] + dx * weighted
+
+
+class SecantReduce(Rule):
+    """DeepLIFT through a nonlinear reduction (a norm, a max, logsumexp): :func:`_secant`, complete
+    for any reduction."""
+
+    kinds = ("reduce",)
+
+    def backward(self, ctx, signal):
+        return [_secant(ctx, signal, ctx.node.params["dims"])]
 
 
 def _operands(ctx: Context) -> list[str]:
@@ -634,8 +670,8 @@ class SoftmaxDeepLift(Rule):
 
     kinds = ("softmax",)
 
-    def __init__(self, tolerance: float = 1e-10):
-        self.tolerance = tolerance
+    def __init__(self, tolerance: float = 1e-10, underflow: float = 1e-4):
+        self.tolerance, self.underflow = tolerance, underflow
 
     def backward(self, ctx, signal):
         d = ctx.node.params["dim"] % ctx.output.ndim
@@ -648,9 +684,14 @@ class SoftmaxDeepLift(Rule):
         small = ds.abs() <= self.tolerance
         dq = torch.where(small, -q * q, (q - q0) / torch.where(small, 1.0, ds))
         m_e = signal * ((q + q0) / 2) + (signal * (e + e0) / 2).sum(dim=d + 1, keepdim=True) * dq
-        dx = x - x0
+        dx = (x - x0).nan_to_num_(nan=0.0)  # -inf at both (a boolean mask): e = e0 = 0, no contribution
         small_x = dx.abs() <= self.tolerance
-        return [m_e * torch.where(small_x, e, (e - e0) / torch.where(small_x, 1.0, dx))]
+        out = m_e * torch.where(small_x, e, (e - e0) / torch.where(small_x, 1.0, dx))
+        # rows where the exponentials of x or of x0 all but underflow at their shared shift (scores some 10
+        # or more apart): the terms of the exact rule grow as 1 / S and cancel, so the secant rule instead
+        bad = (torch.minimum(big_s, big_s0) < self.underflow).expand_as(x)[None] | ~torch.isfinite(out)
+        bad = bad.any(dim=d + 1, keepdim=True)
+        return [torch.where(bad, _secant(ctx, signal, (d,), rows=True), out) if bad.any() else out]
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,7 @@ def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config, models=args.models, methods=args.methods, tests=args.tests,
                          n_images=args.n_images, seed=args.seed, device=args.device, data=args.data,
                          data_root=args.data_root, preprocess=args.preprocess, weights=args.weights,
+                         num_classes=args.num_classes,
                          max_memory=args.max_memory, mixed_precision=args.mixed_precision,
                          image_block=args.image_block, **options)
     with sharded(config.device) as shard:
@@ -203,8 +204,13 @@ def parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_demo)
 
     a = sub.add_parser("run", help="audit models: CSC, random-logit and parameter randomization, with a report")
-    a.add_argument("--models", default=None, help="comma-separated: shipped names, checkpoint paths, module:factory")
-    a.add_argument("--weights", default=None, help="state_dict for a module:factory model")
+    a.add_argument("--models", default=None, help="comma-separated: shipped names, checkpoint paths, timm:NAME, "
+                   "torchvision:NAME, hf:FOLDER (saved by save_pretrained, or a hub id in the local cache), "
+                   "module:factory")
+    a.add_argument("--weights", default=None, help="state_dict (torch.save or .safetensors) for a timm:, torchvision: "
+                   "or module:factory model")
+    a.add_argument("--num-classes", type=int, default=None, help="the classifier's outputs of a timm:, torchvision: "
+                   "or hf: model (default: the library's)")
     a.add_argument("--methods", default=None, help='comma-separated method names, or "all"')
     a.add_argument("--tests", default=None, help="comma-separated: " + "; ".join(
         f"{c.name} ({c.description})" for c in CHECKS.values()))

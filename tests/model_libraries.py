@@ -9,7 +9,10 @@ and buffers there and run on a meta input, so shape errors show without the cost
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
+import multiprocessing
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -189,7 +192,7 @@ def _torchvision() -> Listing:
             listing.skipped[name] = f"no input size runs: {why}"
             continue
         listing.entries.append(Entry("torchvision", name, _seeded(lambda make=make, size=size: make(size)),
-                                     (3, size, size), params))
+                                     (3, size, size), params, note=f"module {builder.__module__.rsplit('.', 1)[-1]}"))
     return listing
 
 
@@ -379,3 +382,207 @@ def enumerate_models(library: str) -> Listing:
     except ImportError as exc:
         return Listing(library, skipped={library: f"{module} is not installed ({exc})"})
     return {"torchvision": _torchvision, "timm": _timm, "hf": _hf}[library]()
+
+
+# --- the checks on one model ---------------------------------------------------------------------
+
+TOLERANCE = 1e-8
+# for a model that computes part of its forward in float32 whatever its parameters' dtype (timm's LiteMLA
+# casts its attention to float32): float32 rounding, one ulp of 1.2e-7, taken in another order
+FLOAT32_TOLERANCE = 1e-5
+BATCH = 2
+# the costly methods' sample counts, cut for a check of finiteness and determinism
+CHEAP = {"integrated-gradients": {"n_steps": 4}, "smoothgrad": {"samples": 4}}
+HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def snapshot(model: nn.Module) -> tuple:
+    """What an explainer must leave as it found it: a digest of every state_dict tensor, each module's training
+    flag and hook counts (and the global hooks), each parameter's requires_grad and whether it has a grad."""
+    digest = hashlib.blake2b()
+    for name, t in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())  # hashed in place, no copy
+    modules = tuple((m.training, *(len(getattr(m, h)) for h in HOOKS)) for m in model.modules())
+    global_hooks = tuple(len(getattr(torch.nn.modules.module, f"_global{h}")) for h in HOOKS)
+    params = tuple((p.requires_grad, p.grad is None) for p in model.parameters())
+    return digest.hexdigest(), modules, global_hooks, params
+
+
+def float_dtypes(model: nn.Module, x: torch.Tensor) -> set[torch.dtype]:
+    """The floating dtypes of every op's output in ``model(x)`` (recorded below autograd, by dispatch)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    seen: set[torch.dtype] = set()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            seen.update(t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point())
+            return out
+
+    with torch.no_grad(), Record():
+        model(x)
+    return seen
+
+
+def relative(error: torch.Tensor, scale: torch.Tensor) -> float:
+    return float(error.abs().max() / scale.abs().max().clamp_min(torch.finfo(scale.dtype).tiny))
+
+
+def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ()) -> None:
+    """Check ``entry`` on two seeded images, filling ``row`` as it goes (``stage`` names the step running):
+
+    (a) ``gradient`` against the plain autograd input gradient (relative max error), for the predicted class;
+    (b) ``deeplift`` completeness: each map's sum against f(x)[t] - f(0)[t], relative to |f(x)[t]|;
+    both to :data:`TOLERANCE`, or :data:`FLOAT32_TOLERANCE` where the model computes in float32 inside;
+    (c) ``lrp-epsilon`` and every method in ``methods`` finite, and the same bit for bit when called again
+        (``failing``: the methods that were not);
+    (d) the model's state_dict, training flags and hooks unchanged, and no hook called (an observing hook
+        is put on every module for the duration).
+
+    An AttributionError (the model refused) propagates, as does any other failure.
+    """
+    from attributions.explainer import Explainer
+    from attributions.graph import trace
+
+    row["stage"] = "build"
+    start = time.perf_counter()
+    model = entry.perturb(entry.build(), seed)
+    row.update(params=count(model), build_s=round(time.perf_counter() - start, 2), model_class=type(model).__name__)
+    x = torch.randn(BATCH, *entry.input_shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    rows = torch.arange(BATCH)
+    row["stage"] = "reference"
+    with torch.no_grad():  # the predicted class: a random one may sit at zero behind a final ReLU (SqueezeNet)
+        target = model(x).argmax(1)
+    xg = x.clone().requires_grad_()
+    plain = torch.autograd.grad(model(xg)[rows, target].sum(), xg)[0]
+    with torch.no_grad():
+        fx, f0 = model(x)[rows, target], model(torch.zeros_like(x))[rows, target]
+    row.update(logit_max=float(fx.abs().max()), gradient_max=float(plain.abs().max()),
+               tolerance=TOLERANCE if float_dtypes(model, x[:1]) <= {torch.float64} else FLOAT32_TOLERANCE)
+    calls: list[str] = []
+    handles = [m.register_forward_hook(lambda m, i, o, name=name: calls.append(name)) for name, m in model.named_modules()]
+    before = snapshot(model)
+    try:
+        row["stage"] = "capture"
+        start = time.perf_counter()
+        graph = trace(model, x)
+        row.update(capture_s=round(time.perf_counter() - start, 2), nodes=len(graph.nodes))
+        row["stage"] = "gradient"
+        maps = Explainer(model, "gradient", graph=graph).attribute(x, target=target).detach()
+        row["gradient_err"] = relative(maps - plain, plain)
+        row["stage"] = "deeplift"
+        sums = Explainer(model, "deeplift", graph=graph).attribute(x, target=target).detach().reshape(BATCH, -1).sum(1)
+        row["deeplift_err"] = float(((sums - (fx - f0)).abs() / fx.abs().clamp_min(torch.finfo(fx.dtype).tiny)).max())
+        failing = []
+        for method in ("lrp-epsilon", *[m for m in methods if m != "lrp-epsilon"]):
+            row["stage"] = method
+            params = CHEAP.get(method, {})
+            maps = []
+            for _ in range(2):  # same seed, same numbers: a fresh explainer each time (noise draws afresh per call)
+                torch.manual_seed(seed)
+                maps.append(Explainer(model, method, graph=graph, **params).attribute(x, target=target))
+            first, again = maps
+            if not (torch.isfinite(first).all() and torch.equal(first, again)):
+                failing.append(method)
+        row["failing"] = " ".join(failing)
+        row["hook_calls"] = len(calls)
+        row["unchanged"] = snapshot(model) == before
+    finally:
+        for h in handles:
+            h.remove()
+    row["stage"] = ""
+
+
+def verdict(row: dict) -> tuple[str, str]:
+    """(class, reason) of a row whose checks all ran: "exact" or "inexact"."""
+    failed = [] if row["gradient_max"] > 0 else ["the input gradient is zero: the checks are void"]
+    failed += [f"{k} {row[k]:.1e} > {row['tolerance']:.0e}" for k in ("gradient_err", "deeplift_err")
+               if not row[k] <= row["tolerance"]]
+    failed += [f"not finite or not deterministic: {row['failing']}"] if row["failing"] else []
+    failed += [] if row["unchanged"] else ["model changed"]
+    failed += [f"{row['hook_calls']} hook call(s)"] if row["hook_calls"] else []
+    return ("inexact", "; ".join(failed)) if failed else ("exact", "")
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:300]
+
+
+def _child(entry: Entry, seed: int, methods: tuple[str, ...], pipe) -> None:
+    from attributions.errors import AttributionError
+
+    torch.set_num_threads(1)
+    row: dict = {}
+    try:
+        check(entry, row, seed, methods)
+        row["class"], row["reason"] = verdict(row)
+    except AttributionError as exc:
+        row.update({"class": "refused", "reason": first_line(exc)})
+    except Exception as exc:  # any other failure is the engine's (or the library's) crash: keep its type
+        row.update({"class": "crash", "reason": f"{type(exc).__name__}: {first_line(exc)}"})
+    pipe.send(row)
+
+
+def start_one(entry: Entry, seed: int = 0, methods: tuple[str, ...] = ()) -> tuple:
+    """Start checking ``entry`` in a forked child (a hang, a crash of the interpreter or its memory ends
+    with it); :func:`finish_one` collects its row."""
+    context = multiprocessing.get_context("fork")  # the child inherits the entry's builder closure
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(entry, seed, methods, send), daemon=True)
+    child.start()
+    send.close()
+    return entry, child, receive, time.perf_counter()
+
+
+def finish_one(started: tuple, limit: float = 120.0) -> dict:
+    """The row of a child from :func:`start_one`, which is killed after ``limit`` seconds in all."""
+    entry, child, receive, start = started
+    row = {"library": entry.library, "name": entry.name, "params": entry.params, "note": entry.note,
+           "input": "x".join(map(str, entry.input_shape))}
+    try:
+        left = max(0.0, limit - (time.perf_counter() - start))
+        row |= receive.recv() if receive.poll(left) else {"class": "skipped", "reason": f"over the {limit:.0f} s limit"}
+    except EOFError:  # the child died without a word: killed for memory, or a crash in native code
+        child.join()
+        row |= {"class": "crash", "reason": f"the child process died (exit code {child.exitcode})"}
+    if child.is_alive():
+        child.kill()
+    child.join()
+    return row | {"run_s": round(time.perf_counter() - start, 1)}
+
+
+def within(entries: list[Entry], limit: int = MAX_TIMM_PARAMS) -> list[Entry]:
+    """The entries of at most ``limit`` parameters, and of each architecture module (``note``) with none, its
+    smallest: every family once at least, without the cost of building its widest variants."""
+    kept = [e for e in entries if e.params <= limit]
+    covered = {e.note for e in kept}
+    for note in dict.fromkeys(e.note for e in entries if e.note not in covered):
+        kept.append(min((e for e in entries if e.note == note), key=lambda e: (e.params, e.name)))
+    return sorted(kept, key=entries.index)
+
+
+def check_all(entries: list[Entry], seed: int = 0, methods: tuple[str, ...] | list[tuple[str, ...]] = (),
+              limit: float = 120.0, parallel: int = 1, report: Callable[[int, dict], None] | None = None) -> list[dict]:
+    """Every entry's row (in the entries' order), ``parallel`` children at a time, each on one thread;
+    ``methods``: the methods checked on every entry, or a list of them per entry; ``report(i, row)`` is
+    called as each finishes."""
+    from multiprocessing.connection import wait
+
+    rows: dict[int, dict] = {}
+    running: dict[int, tuple] = {}
+    pending = list(enumerate(entries))
+    while pending or running:
+        while pending and len(running) < parallel:
+            i, entry = pending.pop(0)
+            running[i] = start_one(entry, seed, methods[i] if isinstance(methods, list) else methods)
+        deadline = min(started[3] for started in running.values()) + limit
+        ready = wait([started[2] for started in running.values()], max(0.0, deadline - time.perf_counter()))
+        done = [i for i, started in running.items() if started[2] in ready or time.perf_counter() - started[3] >= limit]
+        for i in done:
+            rows[i] = finish_one(running.pop(i), limit)
+            if report is not None:
+                report(i, rows[i])
+    return [rows[i] for i in sorted(rows)]

@@ -17,6 +17,7 @@ from torch import nn
 from attributions.errors import unknown_name
 from audit.atomic import atomic_write, atomic_write_bytes
 from audit.errors import ModelError
+from audit.models.libraries import is_library_spec, library_files, load_library_model
 from audit.models.zoo import build
 
 SHIPPED = resources.files("audit.models").joinpath("checkpoints")
@@ -111,7 +112,9 @@ def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
 
 def model_files(spec: str, weights: str | None = None) -> list[Path]:
     """The files a model specification is read from: a checkpoint's .pt and .json (shipped or a
-    path), or the ``weights`` file of a ``module:factory``."""
+    path), the weights of a library model, or the ``weights`` file of a ``module:factory``."""
+    if is_library_spec(spec):
+        return library_files(spec, weights)
     if ":" in spec and not Path(spec).exists():
         return [_weights_file(weights)] if weights else []
     return list(_resolve(spec))
@@ -124,8 +127,13 @@ def _weights_file(weights: str) -> Path:
     return Path(weights)
 
 
-def resolve_model(spec: str, weights: str | None = None) -> nn.Module:
-    """A shipped checkpoint name, a checkpoint path, or ``module:factory`` (weights from ``weights``)."""
+def resolve_model(spec: str, weights: str | None = None, num_classes: int | None = None) -> nn.Module:
+    """A shipped checkpoint name, a checkpoint path, a library's model (``timm:NAME``, ``torchvision:NAME``,
+    ``hf:FOLDER``: :mod:`audit.models.libraries`), or ``module:factory`` (weights from ``weights``)."""
+    if is_library_spec(spec):
+        return load_library_model(spec, weights, num_classes)
+    if num_classes is not None:
+        raise ModelError(f"--num-classes applies to timm:, torchvision: and hf: models, not to {spec!r}")
     if ":" in spec and not Path(spec).exists():
         module_name, _, factory = spec.partition(":")
         try:

@@ -25,7 +25,9 @@ DEVICES = ("cpu", "cuda")
 class AuditConfig:
     """What to audit and how. Every field is recorded in the run's manifest.
 
-    models : shipped checkpoint names, checkpoint paths, or ``module:factory`` (with ``weights``)
+    models : shipped checkpoint names, checkpoint paths, library models (``timm:NAME``,
+        ``torchvision:NAME``, ``hf:FOLDER``) or ``module:factory``; ``weights`` (a state_dict file,
+        ``.safetensors`` too) for a library model or a factory; ``num_classes`` for a library model
     methods : method names or "all"
     tests : names of registered checks (``attribution-audit run --help`` lists them)
     data : "embedded" (the shipped Fashion-MNIST sample), a data set name for ``load_dataset``, or
@@ -55,6 +57,7 @@ class AuditConfig:
     data_root: str | None = None
     preprocess: str | dict = "none"
     weights: str | None = None
+    num_classes: int | None = None
     heatmap_examples: int = 2
     max_memory: str | None = None
     image_block: int = 0
@@ -105,6 +108,9 @@ class AuditConfig:
             if key not in known:
                 raise unknown_name("check option", key, known, ConfigError)
         out.options = {name: option.check(out.options.get(name, option.default)) for name, option in known.items()}
+        if out.num_classes is not None and (not isinstance(out.num_classes, int) or isinstance(out.num_classes, bool)
+                                            or out.num_classes < 1):
+            raise ConfigError(f"num_classes must be a positive integer, got {out.num_classes!r}")
         checks = [("n_images", out.n_images >= 2), ("device", out.device in DEVICES), ("image_block", out.image_block >= 0),
                   ("heatmap_examples", 0 <= out.heatmap_examples <= out.n_images)]
         for name, ok in checks:

@@ -265,7 +265,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             spec, check, method = item.spec, item.check, item.method
             key = item.key(labels)
             if spec not in models:
-                models[spec] = resolve_model(spec, config.weights).to(device)
+                models[spec] = resolve_model(spec, config.weights, config.num_classes).to(device)
             torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
             xs, ys = x[item.start:item.stop], y[item.start:item.stop]
             shown = max(0, min(config.heatmap_examples - item.start, len(xs)))  # example heatmaps among these images
@@ -311,7 +311,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         tables = _join(out, config, labels)
         for spec in config.models:  # units all resumed: the models were not needed until now
             if spec not in models:
-                models[spec] = resolve_model(spec, config.weights).to(device)
+                models[spec] = resolve_model(spec, config.weights, config.num_classes).to(device)
         # in the run's order, whichever process loaded which model first
         info = model_table({spec: models[spec] for spec in config.models}, labels, x, y)
         atomic_write_bytes(out / "results" / MODELS_FILE, _csv_bytes(info))
@@ -324,7 +324,11 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         if config.mixed_precision:
             precision |= {"dtype": str(half).removeprefix("torch."),
                           "agreement": half_precision_agreement(models, labels, list(config.methods), x, y, half, log)}
+        # a library's model: which library, its version, the weight files' sha256
+        sources = {spec: models[spec].metadata for spec in config.models
+                   if "library" in (getattr(models[spec], "metadata", None) or {})}
         manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
+                    **({"model_sources": sources} if sources else {}),
                     "images": images, "memory": memory_record, "precision": precision,
                     # float32 kernels block their sums by thread count: the last bits depend on it
                     "processes": shard.world, "threads_per_process": threads,

@@ -220,8 +220,12 @@ def test_multihead_attention_is_expanded_into_exact_primitives(batch_first):
     torch.manual_seed(0)
     model = _MHA(batch_first).double().eval()
     x = torch.randn(3, 5, 4, dtype=torch.float64)
-    kinds = [n.kind for n in trace(model, x).nodes]
+    graph = trace(model, x)
+    kinds = [n.kind for n in graph.nodes]
     assert kinds.count("product") == 2 and kinds.count("softmax") == 1  # QK^T, softmax, times V
+    # batch and heads merged: DeepLIFT's reference runs at the batch's size (reading a layout must not
+    # specialise the symbolic batch)
+    assert graph.dynamic_batch and graph.batch_sized
     _exact(model, x)
     _exact(_MHA(batch_first, use_weights=True).double().eval(), x)  # the attention weights used too: still exact
 
@@ -399,3 +403,89 @@ def test_a_product_of_a_folded_layer_is_exact():
     assert any(n.bn is not None for n in trace(model, x).nodes)
     _exact(model, x)
     assert torch.isfinite(Explainer(model, "lrp-epsilon").attribute(x, target=1)).all()
+
+
+class _Upsampling(nn.Module):
+    """A transposed convolution (LowFormer's upsampling), F.fold (MobileViT v2, VOLO) and attention whose
+    output a later ``view`` reads in sdpa's memory layout (BEiT / Data2Vec: permute, then view)."""
+
+    def __init__(self):
+        super().__init__()
+        self.down, self.up = nn.Conv2d(2, 4, 3, stride=2), nn.ConvTranspose2d(4, 2, 3, stride=2)
+        self.qkv, self.fc = nn.Linear(2, 12), nn.Linear(4 * 9 * 9, 3)
+
+    def forward(self, x):
+        h = self.up(F.relu(self.down(x)))  # (B, 2, 9, 9)
+        h = F.fold(F.unfold(h, 3, padding=1), (9, 9), 3, padding=1) / 9
+        q, k, v = self.qkv(h.flatten(2).transpose(1, 2)).reshape(len(x), 81, 3, 2, 2).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v).permute(0, 2, 1, 3).view(len(x), 81, 4)
+        return self.fc(a.flatten(1))
+
+
+def test_transposed_convolution_fold_and_the_attention_layout_are_exact():
+    torch.manual_seed(0)
+    model = _Upsampling().double().eval()
+    x = torch.rand(3, 2, 9, 9, dtype=torch.float64)
+    kinds = {n.name: n.kind for n in trace(model, x).nodes}
+    assert kinds["up"] == "mix" and any(k.endswith("col2im") and v == "mix" for k, v in kinds.items())
+    _exact(model, x)
+    for method in ("lrp-epsilon", "lrp-alpha2beta1", "guided-backprop"):
+        assert torch.isfinite(Explainer(model, method).attribute(x, target=1)).all()
+
+
+class _WrittenInto(nn.Module):
+    """A signal written into through views and read afterwards (MViT v2's relative position terms): a copy,
+    an addition, an in-place ReLU through a reshape."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.fc2 = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        attn = self.fc(x)
+        attn[:, 2:] = attn[:, 2:] * 2 + x[:, :4]
+        attn[:, :1] += x[:, 5:]
+        return self.fc2(attn.view(len(x), 6).relu_().softmax(1) * attn)
+
+
+def test_writes_into_a_view_of_a_signal_are_seen_by_later_readers():
+    torch.manual_seed(0)
+    model = _WrittenInto().double().eval()
+    x = torch.randn(3, 6, dtype=torch.float64)
+    torch.testing.assert_close(Explainer(model, "gradient").forward(x), model(x), rtol=0, atol=0)
+    _exact(model, x)
+    with pytest.raises(AttributionError, match=r"writes into a view of a signal: only copies"):
+        Explainer(_Lambda(lambda t: (t[:, :2].mul_(t[:, 2:]), t)[1]).double(), "gradient").attribute(
+            torch.randn(2, 4, dtype=torch.float64), target=0)
+
+
+class _ZeroedBias(nn.Module):
+    """A layer's bias copied and partly zeroed in forward before F.linear reads it (Swin v2's qkv bias)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.fc = nn.Linear(4, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        bias = self.qkv.bias.clone()
+        bias[2:4].zero_()
+        return self.fc(torch.relu(F.linear(x, self.qkv.weight, bias)))
+
+
+def test_a_weight_written_in_place_in_forward_is_read_as_written():
+    torch.manual_seed(0)
+    model = _ZeroedBias().double().eval()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    torch.testing.assert_close(Explainer(model, "gradient").forward(x), model(x), rtol=0, atol=0)
+    _exact(model, x)
+
+
+def test_the_shipped_vit_keeps_its_symbolic_batch():
+    # nn.MultiheadAttention's sdpa output is laid out sequence-first, with the batch size in its strides:
+    # reading that layout must not specialise the batch, or DeepLIFT's reference would be one broadcast
+    # image where batch and heads are merged
+    from audit.models import load_checkpoint
+
+    model = load_checkpoint("vit-sgd")
+    graph = trace(model, torch.rand(4, 1, 28, 28))
+    assert graph.dynamic_batch and graph.batch_sized

@@ -263,3 +263,64 @@ def test_softmax_rule_by_hand():
     torch.testing.assert_close(relevance, x * (r - s * float(s[0, 0])))
     dl = Explainer(model, "deeplift")
     assert float(dl.compute_convergence_delta(dl.attribute(x, target=0), x, 0).abs().max()) < 1e-12
+
+
+def test_two_norm_by_hand():
+    # ||(3, 4)|| = 5. LRP-z (Euler: sum x_i df/dx_i = f) gives x_i^2 / ||x||: (9/5, 16/5). DeepLIFT from 0:
+    # the gradient at the midpoint (1.5, 2) is (0.6, 0.8), whose linearisation already gives dy = 5.
+    model = _Op(lambda t: torch.linalg.vector_norm(t, dim=1, keepdim=True))
+    x = torch.tensor([[3.0, 4.0]], dtype=torch.float64)
+    expected = torch.tensor([[9 / 5, 16 / 5]], dtype=torch.float64)
+    torch.testing.assert_close(Explainer(model, "lrp-epsilon", epsilon=1e-12).attribute(x, target=0), expected)
+    torch.testing.assert_close(Explainer(model, "deeplift").attribute(x, target=0), expected)
+    torch.testing.assert_close(Explainer(model, "gradient").attribute(x, target=0),
+                               torch.tensor([[0.6, 0.8]], dtype=torch.float64))
+
+
+def test_max_secant_by_hand():
+    # u = x + (0, 2, -1), y = max u. At x = (3, 0, 0): u = (3, 2, -1), y = 3; at the reference x0 = 0:
+    # u0 = (0, 2, -1), y0 = 2. The midpoint (1.5, 2, -1) has its max at index 1, where du = 0, so the
+    # linearisation misses dy = 1 entirely; the residual goes along du = (3, 0, 0) / |du|^2: the multipliers
+    # are e1 + (1/9) du = (1/3, 1, 0), and the contributions du * mult = (1, 0, 0), summing to dy.
+    shift = torch.tensor([0.0, 2.0, -1.0], dtype=torch.float64)
+    for reduce in (lambda u: u.amax(dim=1, keepdim=True), lambda u: u.max(dim=1)[0][:, None]):
+        model = _Op(lambda t, reduce=reduce: reduce(t + shift))
+        dl = Explainer(model, "deeplift").attribute(torch.tensor([[3.0, 0.0, 0.0]], dtype=torch.float64), target=0)
+        torch.testing.assert_close(dl, torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64))
+
+
+def test_reductions_are_exact_in_a_network():
+    # F.normalize (a norm, clamped, divided into its input), a global max, an elementwise maximum with a
+    # constant, logsumexp and addcmul: gradient = autograd, DeepLIFT complete, LRP finite
+    torch.manual_seed(0)
+    conv, head = nn.Conv2d(3, 6, 3).double(), nn.Linear(6, 4).double()
+
+    def forward(t):
+        h = conv(t)
+        h = nn.functional.normalize(h, dim=1) * 3 + h
+        h = h + h.amax(dim=(2, 3), keepdim=True) + torch.maximum(h, torch.tensor(0.1, dtype=h.dtype))
+        h = h * torch.logsumexp(h, dim=1, keepdim=True)
+        h = torch.addcmul(h, torch.full_like(h[:1], 0.5), h)  # timm's GlobalResponseNorm: one signal factor
+        return head(h.max(dim=3)[0].mean(2))
+    model = _Op(forward)
+    x, target = torch.randn(3, 3, 8, 8, dtype=torch.float64), torch.tensor([0, 1, 3])
+    xg = x.clone().requires_grad_()
+    plain = torch.autograd.grad(model(xg)[range(3), target].sum(), xg)[0]
+    torch.testing.assert_close(Explainer(model, "gradient").attribute(x, target=target), plain, rtol=0, atol=1e-12)
+    kinds = {n.kind for n in trace(model, x).nodes}
+    assert {"reduce", "activation", "const"} <= kinds
+    dl = Explainer(model, "deeplift")
+    assert float(dl.compute_convergence_delta(dl.attribute(x, target=target), x, target).abs().max()) < 1e-10
+    assert torch.isfinite(Explainer(model, "lrp-epsilon").attribute(x, target=target)).all()
+
+
+def test_softmax_deeplift_stays_complete_when_the_reference_underflows():
+    # scores 1e4 apart from the reference's: exp of the reference's row at the shared shift is 0 (1 / 0 in
+    # the exact rule); the secant rule takes over those rows and completeness still holds
+    model = _Op(lambda t: torch.softmax(t * 1e4, dim=1))
+    x = torch.tensor([[1.0, 0.5, -0.2], [1e-5, 0.0, 2e-5]], dtype=torch.float64)
+    dl = Explainer(model, "deeplift")
+    for target in (0, 1):
+        maps = dl.attribute(x, target=target)
+        assert torch.isfinite(maps).all()
+        assert float(dl.compute_convergence_delta(maps, x, target).abs().max()) < 1e-12

@@ -1,0 +1,151 @@
+"""Models named as the model libraries name them: ``timm:NAME``, ``torchvision:NAME``, ``hf:FOLDER``.
+
+    timm:convnext_tiny          timm.create_model("convnext_tiny", pretrained=False, num_classes=...)
+    torchvision:resnet50        torchvision.models.get_model("resnet50", weights=None, num_classes=...)
+    hf:./my-vit                 transformers.AutoModelForImageClassification.from_pretrained(folder)
+
+Offline first: nothing is downloaded. timm and torchvision models are built with random weights and
+take theirs from ``weights`` (a state_dict saved by ``torch.save`` or a ``.safetensors`` file); a Hugging
+Face model is read from a folder written by ``save_pretrained`` or from a model already in the Hugging
+Face cache (``local_files_only``). The libraries are optional: only a model that names one imports it.
+
+Each model carries ``metadata`` (library, its version, the name, the weight files and their sha256), which
+the audit's manifest and model table record.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from audit.errors import ModelError
+
+# prefix -> the module it imports (and whose version is recorded)
+LIBRARIES = {"timm": "timm", "torchvision": "torchvision", "hf": "transformers"}
+HF_WEIGHTS = ("*.safetensors", "*.bin")
+
+
+def is_library_spec(spec: str) -> bool:
+    """Whether ``spec`` names a model of a library (``timm:...``), not a file that happens to exist."""
+    prefix, sep, _ = spec.partition(":")
+    return bool(sep) and prefix in LIBRARIES and not Path(spec).exists()
+
+
+def _library(prefix: str) -> Any:
+    name = LIBRARIES[prefix]
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ModelError(f"{prefix}: models need the {name} package ({exc}); pip install {name}") from None
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """A state_dict from ``path``: a ``.safetensors`` file or one saved by ``torch.save``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"weights file {path} not found; give a state_dict saved with torch.save(model.state_dict(), "
+                         "path) or a .safetensors file")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # several types for a corrupt or foreign file
+        raise ModelError(f"{path}: not a readable state_dict ({type(exc).__name__}: {exc})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelError(f"{path}: holds a {type(state).__name__}, not a state_dict (parameter name -> tensor)")
+    return state
+
+
+def _load(model: nn.Module, path: str | Path, spec: str) -> None:
+    missing, unexpected = [], []
+    state = read_state(path)
+    try:
+        result = model.load_state_dict(state, strict=False)
+        missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
+    except RuntimeError as exc:  # shapes differ
+        lines = [s.strip() for s in str(exc).strip().splitlines()[1:4]]
+        raise ModelError(f"{path} does not fit {spec}: {' '.join(lines)}; is --num-classes right?") from None
+    if missing or unexpected:
+        raise ModelError(f"{path} does not fit {spec}: missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
+                         f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}")
+
+
+def _hf_folder(name: str, transformers: Any) -> Path:
+    """The local folder of a Hugging Face model: ``name`` itself, or its snapshot in the cache."""
+    if Path(name).is_dir():
+        return Path(name)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # not in the cache (or not a hub id at all)
+        raise ModelError(f"hf:{name}: no such folder, and no model of that id in the Hugging Face cache; give a folder "
+                         "written by save_pretrained (nothing is downloaded)") from None
+
+
+def load_library_model(spec: str, weights: str | None = None, num_classes: int | None = None) -> nn.Module:
+    """The model ``spec`` names (``timm:NAME``, ``torchvision:NAME``, ``hf:FOLDER``), in eval mode.
+
+    Parameters
+    ----------
+    weights : a state_dict (``torch.save`` or ``.safetensors``) loaded into it; timm and torchvision
+        models without one keep their random initialisation
+    num_classes : the classifier's outputs (default: the library's, 1000 for ImageNet models; a Hugging
+        Face model's from its config)
+    """
+    prefix, _, name = spec.partition(":")
+    if not name:
+        raise ModelError(f"{spec!r} names no model; e.g. timm:convnext_tiny, torchvision:resnet50, hf:./folder")
+    library = _library(prefix)
+    files: list[Path] = []
+    classes = {} if num_classes is None else {"num_classes": int(num_classes)}
+    try:
+        if prefix == "timm":
+            if not library.is_model(name):
+                raise ModelError(f"timm has no model {name!r}; timm.list_models('*{name[:4]}*') lists similar ones")
+            model = library.create_model(name, pretrained=False, **classes)
+        elif prefix == "torchvision":
+            known = library.models.list_models()
+            if name not in known:
+                raise ModelError(f"torchvision has no model {name!r}; torchvision.models.list_models() lists them")
+            model = library.models.get_model(name, weights=None, **classes)
+        else:
+            folder = _hf_folder(name, library)
+            labels = {} if num_classes is None else {"num_labels": int(num_classes), "ignore_mismatched_sizes": True}
+            model = library.AutoModelForImageClassification.from_pretrained(str(folder), local_files_only=True, **labels)
+            files = sorted(f for pattern in HF_WEIGHTS for f in folder.glob(pattern))
+    except ModelError:
+        raise
+    except Exception as exc:  # the library's own error: a bad folder, an option the model does not take
+        raise ModelError(f"cannot build {spec}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from None
+    if weights:
+        _load(model, weights, spec)
+        files = [Path(weights)]
+    model.eval()
+    model.metadata = {"arch": spec, "library": LIBRARIES[prefix], "library_version": library.__version__,
+                      "weights": {str(f): sha256(f) for f in files} or "random initialisation"}
+    return model
+
+
+def library_files(spec: str, weights: str | None = None) -> list[Path]:
+    """The files a library model is read from (its weights), for the run's fingerprints."""
+    if weights:
+        return [Path(weights)]
+    prefix, _, name = spec.partition(":")
+    if prefix == "hf" and Path(name).is_dir():
+        return sorted(f for pattern in HF_WEIGHTS for f in Path(name).glob(pattern))
+    return []

@@ -40,6 +40,26 @@ class Releasable(tuple):
 RULE_KINDS = SIGNAL_KINDS  # every node that carries the signal has a rule
 
 
+class ForwardPass:
+    """One forward pass of an explainer's graph on ``x`` (B, ...), for checks that read inside the chain.
+
+    Attributes
+    ----------
+    values : {node name: its output (B, ...)} for every node
+    reference : the same for the method's reference input (DeepLIFT), else None
+    """
+
+    def __init__(self, explainer: Explainer, x: torch.Tensor, values: dict, reference: dict | None = None):
+        self.explainer, self.x, self.values, self.reference = explainer, x, values, reference
+
+    def signals(self, start: str, vectors: torch.Tensor, keep: set[str] | None = None) -> dict[str, torch.Tensor]:
+        """The method's backward of K signals ``vectors`` (K, B, *shape of ``start``'s output) injected at
+        node ``start``: {node: (K, B, *its shape)} for ``start`` and every node below it (or those in ``keep``); for
+        DeepLIFT the multipliers times each node's difference from the reference."""
+        return self.explainer._signals(self.x, start, lambda env: vectors, envs=(self.values, self.reference),
+                                       keep=keep)
+
+
 class Explainer(Attribution):
     """Attribution maps and backward-chain signals of one method on one model.
 
@@ -353,6 +373,14 @@ class Explainer(Attribution):
         return memory.joined(parts, 0)
 
     # --- public API --------------------------------------------------------------------------------
+
+    def forward_pass(self, x: torch.Tensor, reference: bool | None = None, batch: torch.Size | None = None
+                     ) -> ForwardPass:
+        """Every node's value for ``x`` (B, ...), and with ``reference`` (default: the method has one) the
+        reference input's; ``batch``: the shape of the inputs ``x`` was taken from, for error messages."""
+        self._graph_for(x)
+        values, ref = self._forward_envs(x, with_ref=reference, batch=batch)
+        return ForwardPass(self, x, values, ref)
 
     def maps_for_targets(self, x: torch.Tensor, targets: list, envs=None, **kwargs) -> torch.Tensor:
         """Maps for several targets at once: (K, B, ...) for K target specifications.

@@ -59,6 +59,7 @@ class Node:
     params: dict = field(default_factory=dict)
     # inputs renamed by BatchNorm folding: {name the traced call reads: node that now computes it}
     aliases: dict[str, str] = field(default_factory=dict)
+    path: str = ""  # the module the op ran in ("" for the model's own forward), as named in the model
 
     def evaluate(self, env: dict, replace: dict | None = None) -> Any:
         """The node's value from ``env`` (and ``replace``, which wins over it)."""
@@ -308,6 +309,7 @@ class _Builder:
         self.by_name[node.name] = node
         if fx_node is not None:
             self.names[fx_node] = node.name
+            node.path = node.path or self.c.module_path(fx_node)
         if node.kind in SIGNAL_KINDS or node.kind == "input":
             self.signal.add(node.name)
         return node
@@ -383,8 +385,9 @@ class _Builder:
             return
         name = self.unique(source.target if source.kind != "constant" else f"constant.{source.target}")
         get = self.c.value
+        owner = source.target.rsplit(".", 1)[0] if source.kind != "constant" and "." in source.target else ""
         self.add(Node(name, "const", (), run=lambda env, replace, p=fx_node.name: get(p),
-                      params={"attribute": source.target}), fx_node)
+                      params={"attribute": source.target}, path=owner), fx_node)
 
     def call(self, fx_node: torch.fx.Node) -> None:
         target = fx_node.target
@@ -541,7 +544,7 @@ class _Builder:
         reads = [self.names[a] for a in fx_node.all_input_nodes if a in self.names and self.names[a] not in self.signal]
         inputs = tuple(dict.fromkeys([self.names[base], *others]))
         params: dict[str, Any] = {"reads": tuple(reads)} | ({"function": op} if kind == "activation" else {})
-        self.add(Node(name, kind, inputs, run=run, params=params))
+        self.add(Node(name, kind, inputs, run=run, params=params, path=self.c.module_path(fx_node)))
         self.names[base] = name  # later readers of the tensor see it written
 
         def view(env: dict, replace: dict) -> Any:  # the op's own result: the view, as written
@@ -589,7 +592,7 @@ class _Builder:
             if own == name and order is not None:  # a view the model takes later may rely on the layout
                 run = (lambda run: lambda env, replace: _laid_out(run(env, replace), order))(run)
             self.taken[own] = self.taken.get(own, 0) + 1
-            self.add(Node(own, kind, inputs, run=run, params={**params, "tokens": True}))
+            self.add(Node(own, kind, inputs, run=run, params={**params, "tokens": True}, path=self.c.module_path(fx_node)))
         self.names[fx_node] = name
 
     def describe(self, fx_node: torch.fx.Node, op: str, signals: tuple[str, ...]) -> tuple[str, dict, Any]:

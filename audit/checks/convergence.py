@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from attributions import memory
 from attributions.errors import unknown_name
-from attributions.explainer import Explainer, shared_forward
+from attributions.explainer import Explainer, ForwardPass, shared_forward
 from attributions.graph import LINEAR_KINDS, Graph, trace
 from attributions.methods import build_method
 from audit import style
@@ -237,7 +237,7 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
     # the vectors of every image at once (their draw does not depend on how the images are chunked)
     shapes: dict[str, torch.Size] = {}
     with model_errors():
-        probe = any_ex._forward_envs(x[:1], with_ref=False, batch=x.shape)[0]
+        probe = any_ex.forward_pass(x[:1], reference=False, batch=x.shape).values
     vectors = {}
     for target in targets:
         node, token = _split_token(target)
@@ -268,7 +268,7 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
             node = _split_token(target)[0]
             own_ref = ref if ex.method.signal == "multiplier" else None
             part = vectors[target][:, start:stop]
-            taps = ex._signals(xs, node, lambda e: part, envs=(env, own_ref))
+            taps = ForwardPass(ex, xs, env, own_ref).signals(node, part)
             taps.pop(node, None)
             for layer, signal in taps.items():
                 kind = kinds.get(layer, "input")

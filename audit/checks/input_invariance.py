@@ -85,7 +85,8 @@ def shifted_model(model: nn.Module, x: torch.Tensor, shift: float | Sequence[flo
                          "dense layer called once, whose bias can absorb the shift")
     s = _shift_tensor(shift, x)
     with torch.no_grad():
-        seen = Explainer(model, "gradient", graph=graph)._run(s)[node.inputs[0]]  # the shift as the layer sees it
+        # the shift as the layer sees it
+        seen = Explainer(model, "gradient", graph=graph).forward_pass(s, reference=False).values[node.inputs[0]]
     shifted = copy.deepcopy(model)
     layer: Any = shifted.get_submodule(names[0])  # a Conv / Linear (checked above); typed loosely for its fields
     w = layer.weight.detach()

@@ -271,8 +271,8 @@ def unchanged_nodes(graph: Graph, changed: set[str]) -> frozenset[str]:
     on their parameters, which the graph reads as const nodes named by them): upstream of all of them."""
     dirty: set[str] = set()
     for node in graph.nodes[1:]:
-        module = node.name.split("#")[0]
-        if any(module == c or module.startswith(c + ".") for c in changed) or \
+        owners = {node.path, node.params.get("attribute") or node.path}  # the module it ran in; a parameter's name
+        if any(o == c or o.startswith(c + ".") for o in owners for c in changed) or \
                 any(i in dirty for i in (*node.inputs, *node.params.get("reads", ()))):
             dirty.add(node.name)
     return frozenset(n.name for n in graph.nodes[1:] if n.name not in dirty and n.kind in SIGNAL_KINDS)

@@ -75,6 +75,32 @@ def test_propagate_records_every_node_below_the_injection_point():
     assert taps["features.3"].shape == (5, 3, 32, 14, 14) and taps["input"].shape == (5, 3, 1, 28, 28)
 
 
+def test_a_forward_pass_gives_every_value_and_the_chain_below_a_node():
+    torch.manual_seed(0)
+    model = build("cnn").eval()
+    x, vectors = torch.rand(3, 1, 28, 28), torch.randn(5, 3, 128)
+    for method in ("lrp-zplus", "deeplift"):
+        ex = Explainer(model, method)
+        forward = ex.forward_pass(x)
+        assert (forward.reference is not None) == (method == "deeplift")
+        torch.testing.assert_close(forward.values[ex.graph.output], model(x), rtol=0, atol=0)
+        taps, expected = forward.signals("classifier.0", vectors), ex.propagate(x, "classifier.0", vectors)
+        assert set(taps) == set(expected) | {"classifier.0"}  # the injection point too
+        for name in expected:
+            torch.testing.assert_close(taps[name], expected[name], rtol=0, atol=0)
+
+
+def test_nodes_name_the_module_they_ran_in():
+    model = ResidualNet().eval()
+    graph = trace(model, torch.rand(2, 1, 8, 8))
+    for node in graph.nodes[1:]:
+        if node.kind in ("conv", "dense"):
+            assert node.path == node.module.path and model.get_submodule(node.path) is node.module.module
+        elif "attribute" in node.params and "." in node.params["attribute"]:
+            assert node.path == node.params["attribute"].rsplit(".", 1)[0]  # a parameter: the module holding it
+    assert any(n.kind == "add" and n.path == "" for n in graph.nodes)  # the residual sum: the model's own forward
+
+
 def test_propagate_is_one_batched_backward(monkeypatch):
     calls = []
     original = R.AlphaBeta.backward

@@ -324,3 +324,48 @@ def test_softmax_deeplift_stays_complete_when_the_reference_underflows():
         maps = dl.attribute(x, target=target)
         assert torch.isfinite(maps).all()
         assert float(dl.compute_convergence_delta(maps, x, target).abs().max()) < 1e-12
+
+
+def _jacobian_reference(layer: nn.Module, x: torch.Tensor, signal: torch.Tensor, rule: str, alpha: float = 2.0,
+                        beta: float = 1.0, gamma: float = 0.25, eps: float = 1e-12) -> torch.Tensor:
+    """The LRP rules in matrix form, one image at a time (zennit's reference style: slow, explicit):
+    z_ij = x_i w_ji with W the layer's Jacobian (bias off), relevance R_i = sum_j c_ij R_j."""
+    bias = layer.bias.detach() if layer.bias is not None else None
+    out = []
+    for xb, rb in zip(x, signal):
+        with torch.no_grad():
+            saved, layer.bias = layer.bias, None
+            w = torch.autograd.functional.jacobian(lambda t: layer(t[None])[0], xb).reshape(-1, xb.numel())
+            layer.bias = saved
+        b = bias.repeat_interleave(w.shape[0] // len(bias)) if bias is not None else torch.zeros(w.shape[0], dtype=w.dtype)
+        xi, r = xb.reshape(-1), rb.reshape(-1)
+        if rule == "alpha-beta":
+            z = w * xi[None, :]  # (out, in)
+            zp, zn = z.clamp(min=0), z.clamp(max=0)
+            dp, dn = zp.sum(1) + b.clamp(min=0), zn.sum(1) + b.clamp(max=0)
+            c = alpha * zp / (dp + eps)[:, None] - beta * zn / (dn - eps)[:, None]
+        else:  # gamma (gamma = 0: epsilon)
+            wg, bg = w + gamma * w.clamp(min=0), b + gamma * b.clamp(min=0)
+            z = wg * xi[None, :]
+            d = z.sum(1) + bg
+            c = z / (d + eps * torch.where(d >= 0, 1.0, -1.0))[:, None]
+        out.append((c * r[:, None]).sum(0).reshape(xb.shape))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("positive", [True, False])  # x >= 0 takes the rules' fast path
+@pytest.mark.parametrize("rule, kwargs", [("alpha-beta", {"alpha": 2.0, "beta": 1.0}),
+                                          ("alpha-beta", {"alpha": 1.0, "beta": 0.0}),
+                                          ("gamma", {"gamma": 0.25}), ("gamma", {"gamma": 0.0})])
+def test_linear_rules_match_their_jacobian_form(positive, rule, kwargs):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(2, 3, 3, stride=2, padding=1).double()
+    x = torch.randn(2, 2, 5, 5, dtype=torch.float64)
+    x = x.abs() if positive else x
+    signal = torch.randn(1, 2, 3, 3, 3, dtype=torch.float64)
+    ours = R.AlphaBeta(kwargs["alpha"], kwargs["beta"], bias=True, stabilizer=1e-12) if rule == "alpha-beta" \
+        else (R.Gamma(kwargs["gamma"], 1e-12) if kwargs["gamma"] else R.Epsilon(1e-12))
+    model = nn.Sequential(conv, nn.Flatten()).eval()
+    ex = Explainer(model, "lrp-epsilon", rules={"0": ours})
+    maps = ex.propagate(x, "0", signal)["input"][0]
+    torch.testing.assert_close(maps, _jacobian_reference(conv, x, signal[0], rule, **kwargs), rtol=1e-9, atol=1e-12)

@@ -627,12 +627,13 @@ class NormLRP(Rule):
 class NormDeepLift(Rule):
     """DeepLIFT through a normalisation, exact: with u = x - mean(x), v = mean(u^2) and r = (v + eps)^-1/2,
     y = u r weight + bias; the product u r takes the bilinear rule, v = mean(u u) too, and r(v) Rescale,
-    so the multipliers are linear in the differences and sum to y - y0."""
+    so the multipliers are linear in the differences and sum to y - y0. Where r and r0 differ by more than
+    ``conditioning`` times (LayerNorm), the secant rule (:func:`_secant`), complete too."""
 
     kinds = ("norm",)
 
-    def __init__(self, tolerance: float = 1e-10):
-        self.tolerance = tolerance
+    def __init__(self, tolerance: float = 1e-10, conditioning: float = 4.0):
+        self.tolerance, self.conditioning = tolerance, conditioning
 
     def backward(self, ctx, signal):
         group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
@@ -649,8 +650,14 @@ class NormDeepLift(Rule):
         t = group(_affine(signal, weight))  # the multiplier at z = u r
         kdims = tuple(d - x.ndim if d >= 0 else d for d in dims)  # the same dims counted from the end
         m_u = t * ((r + r0) / 2) + (t * (u + u0) / 2).sum(dim=kdims, keepdim=True) * slope * (u + u0) / n
-        m_x = m_u - m_u.mean(dim=kdims, keepdim=True)
-        return [ungroup(m_x)]
+        m_x = ungroup(m_u - m_u.mean(dim=kdims, keepdim=True))
+        # A reference of (nearly) no variance, as a zero-initialised bias gives (r0 = eps^-1/2): the mean
+        # r's multipliers grow by r0 / r and cancel, and chained over layers lose completeness to rounding;
+        # there, for LayerNorm, the secant rule, whose gradient is the midpoint's
+        ill = torch.maximum(r, r0) > self.conditioning * torch.minimum(r, r0)
+        if ctx.node.params["norm"]["type"] == "layer" and bool(ill.any()):
+            m_x = torch.where(ill, _secant(ctx, signal, dims, rows=True), m_x)
+        return [m_x]
 
 
 class SoftmaxLRP(Rule):

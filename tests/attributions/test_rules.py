@@ -369,3 +369,36 @@ def test_linear_rules_match_their_jacobian_form(positive, rule, kwargs):
     ex = Explainer(model, "lrp-epsilon", rules={"0": ours})
     maps = ex.propagate(x, "0", signal)["input"][0]
     torch.testing.assert_close(maps, _jacobian_reference(conv, x, signal[0], rule, **kwargs), rtol=1e-9, atol=1e-12)
+
+
+class _ConvNeXtLike(nn.Module):
+    """A stem conv with a zero bias (the zero reference's LayerNorm input has no variance), then blocks
+    x + 1e-6 * mlp(LayerNorm(x)) with a LayerNorm between them, as torchvision initialises ConvNeXt."""
+
+    def __init__(self, width: int = 8, blocks: int = 4):
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 4, stride=4)
+        nn.init.zeros_(self.stem.bias)
+        self.norms = nn.ModuleList(nn.LayerNorm(width, eps=1e-6) for _ in range(blocks + 1))
+        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+                                  for _ in range(blocks))
+        self.head = nn.Linear(width, 3)
+
+    def forward(self, x):
+        h = self.norms[0](self.stem(x).permute(0, 2, 3, 1))
+        for norm, mlp in zip(self.norms[1:], self.mlps):
+            h = norm(h + 1e-6 * mlp(h))
+        return self.head(h.mean((1, 2)))
+
+
+def test_deeplift_stays_complete_where_the_reference_has_no_variance():
+    torch.manual_seed(0)
+    model = _ConvNeXtLike().double().eval()
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    errors = {}
+    for label, rules in (("secant where ill-conditioned", None),
+                         ("mean r everywhere", {"norm": R.NormDeepLift(conditioning=float("inf"))})):
+        dl = Explainer(model, "deeplift", rules=rules)
+        errors[label] = float(dl.compute_convergence_delta(dl.attribute(x, target=1), x, 1).abs().max())
+    assert errors["secant where ill-conditioned"] < 1e-12, errors
+    assert errors["mean r everywhere"] > 1e3 * errors["secant where ill-conditioned"], errors  # what it mends

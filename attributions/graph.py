@@ -244,11 +244,17 @@ def _op_name(target: Any) -> str:
     return name[:-1] if name.endswith("_") and not name.endswith("__") and name != "_" else name
 
 
+def _in_place(target: Any) -> bool:
+    """Whether ``target`` is an in-place aten op (aten.relu_.default, aten.copy_.default)."""
+    packet = getattr(target, "_overloadpacket", None)
+    return packet is not None and packet.__name__.endswith("_") and not packet.__name__.endswith("__")
+
+
 def _functional(target: Any) -> Any:
     """The out-of-place overload of an in-place aten op (aten.relu_.default -> aten.relu.default)."""
-    packet = getattr(target, "_overloadpacket", None)
-    if packet is None or not packet.__name__.endswith("_") or packet.__name__.endswith("__"):
+    if not _in_place(target):
         return target
+    packet = target._overloadpacket
     base = getattr(torch.ops.aten, packet.__name__[:-1], None)
     overload = getattr(base, target._overloadname, None) if base is not None else None
     if overload is None:
@@ -272,6 +278,24 @@ def _resolve(value: Any, env: dict, replace: dict) -> Any:
     if isinstance(value, dict):
         return {k: _resolve(v, env, replace) for k, v in value.items()}
     return value
+
+
+def _under_views(value: Any) -> tuple[list[torch.fx.Node], Any]:
+    """(the views ``value`` is taken through, outermost last; the tensor under them): ``x[:, 1:].view(...)``
+    gives ([view, slice], x); a value that is no view gives ([], value)."""
+    chain = []
+    while isinstance(value, torch.fx.Node) and value.op == "call_function" and is_view(value) \
+            and not _in_place(value.target) and value.args and isinstance(value.args[0], torch.fx.Node):
+        chain.append(value)
+        value = value.args[0]
+    return chain, value
+
+
+def _through(tensor: torch.Tensor, steps: list[tuple[Any, Any, Any]], env: dict, replace: dict) -> torch.Tensor:
+    """``tensor`` taken through the views ``steps`` ((op, args, kwargs), innermost first)."""
+    for target, args, kwargs in steps:
+        tensor = target(tensor, *_resolve(args, env, replace), **_resolve(kwargs, env, replace))
+    return tensor
 
 
 def _runner(function: Callable, args: tuple, kwargs: dict) -> Callable[[dict, dict], Any]:
@@ -416,12 +440,8 @@ class _Builder:
             node = Node(name, kind, (), run=_runner(cast(Any, target), self.ref(fx_node.args), self.ref(fx_node.kwargs)),
                         params={"reads": tuple(reads)})
             self.add(node, fx_node)
-            if is_view(fx_node) and fx_node.args and isinstance(fx_node.args[0], torch.fx.Node) \
-                    and _op_name(target) != getattr(getattr(target, "_overloadpacket", None), "__name__", _op_name(target)):
-                # an in-place write (zero_, fill_...): into the tensor under the views
-                written: Any = fx_node.args[0]
-                while written.op == "call_function" and is_view(written) and isinstance(written.args[0], torch.fx.Node):
-                    written = written.args[0]
+            if _in_place(target):  # a write (zero_, fill_...) into the tensor under the views it is made through
+                written = _under_views(fx_node.args[0])[1]
                 if written in self.names:
                     self.writers.setdefault(self.names[written], []).append(name)
             return
@@ -432,10 +452,10 @@ class _Builder:
             run = _runner(_functional(target), self.ref(fx_node.args), self.ref(fx_node.kwargs))
             self.tuples[fx_node] = (run, signals, None if op in _TUPLES else _reduction(fx_node, op))
             return
-        if _functional(target) is not target:
-            chain = self.view_chain(fx_node.args[0])
-            base = chain[-1].args[0] if chain else None
-            if isinstance(base, torch.fx.Node) and any(self.order[u] > self.order[fx_node] for u in base.users):
+        if _in_place(target):
+            chain, base = _under_views(fx_node.args[0])
+            if chain and self.names.get(base) in self.signal and any(self.order[u] > self.order[fx_node]
+                                                                     for u in base.users):
                 self.write_through(fx_node, op, chain)
                 return
             self.check_out_of_place(fx_node)
@@ -496,16 +516,6 @@ class _Builder:
         out = next(n for n in ops if n.op == "output").args[0]
         self.regions[fx_node] = list(out if isinstance(out, (tuple, list)) else [out])
 
-    def view_chain(self, value: Any) -> list[torch.fx.Node]:
-        """The views (slice, select, view...) ``value`` is taken through from a signal, outermost last;
-        empty when ``value`` is no view of a signal."""
-        chain = []
-        while isinstance(value, torch.fx.Node) and value.op == "call_function" and is_view(value) \
-                and _functional(value.target) is value.target and value.args and isinstance(value.args[0], torch.fx.Node):
-            chain.append(value)
-            value = value.args[0]
-        return chain if chain and self.names.get(value) in self.signal else []
-
     def write_through(self, fx_node: torch.fx.Node, op: str, chain: list[torch.fx.Node]) -> None:
         """An in-place op on a view of a signal that is read afterwards (``attn[:, :, 1:, 1:] = ...``, MViT
         v2): one node computes the whole tensor after the write (the op run on a clone, through the same
@@ -535,10 +545,8 @@ class _Builder:
 
         def run(env: dict, replace: dict) -> Any:
             out = _resolve(base_ref, env, replace).clone()
-            view = out
-            for target, step_args, step_kwargs in steps:
-                view = target(view, *_resolve(step_args, env, replace), **_resolve(step_kwargs, env, replace))
-            cast(Any, function)(view, *_resolve(args, env, replace), **_resolve(kwargs, env, replace))
+            cast(Any, function)(_through(out, steps, env, replace), *_resolve(args, env, replace),
+                                **_resolve(kwargs, env, replace))
             return out
         name = self.unique(self.path_name(fx_node, op, None))
         reads = [self.names[a] for a in fx_node.all_input_nodes if a in self.names and self.names[a] not in self.signal]
@@ -548,10 +556,7 @@ class _Builder:
         self.names[base] = name  # later readers of the tensor see it written
 
         def view(env: dict, replace: dict) -> Any:  # the op's own result: the view, as written
-            out = _resolve(_Ref(name), env, replace)
-            for target, step_args, step_kwargs in steps:
-                out = target(out, *_resolve(step_args, env, replace), **_resolve(step_kwargs, env, replace))
-            return out
+            return _through(_resolve(_Ref(name), env, replace), steps, env, replace)
         self.add(Node(self.unique(f"{name}.view"), "move", (name,), run=view, params={"reads": tuple(reads)}), fx_node)
 
     def path_name(self, fx_node: torch.fx.Node, op: str, kind: str | None) -> str:
@@ -606,7 +611,7 @@ class _Builder:
                                                                                        kwargs.get("transposed")))
         if transposed and on_signal[0] and not any(on_signal[1:]):
             # linear in the signal: exact adjoints, and LRP's z rule (its weights are not split by sign)
-            return "mix", {"transposed": True}, None
+            return "mix", {}, None
         if op in ("conv2d", "conv1d", "convolution", "linear") and on_signal[0] and not any(on_signal[1:]):
             return ("dense" if op == "linear" else "conv"), {}, self.layer(fx_node, op)
         if op == "batch_norm" and on_signal[0] and not any(on_signal[1:]):
@@ -703,8 +708,6 @@ class _Builder:
                                 "cudnn_enabled")}
         names["conv1d"] = names["conv2d"]
         bound: dict[str, Any] = dict(zip(names[op], args)) | dict(fx_node.kwargs)
-        if bound.get("transposed"):
-            raise AttributionError(f"transposed convolution at {self.c.module_path(fx_node)!r} is not supported yet")
         roles = ("weight", "bias", "running_mean", "running_var") if op == "batch_norm" else ("weight", "bias")
         getters = {r: self.getter(bound.get(r)) for r in roles if bound.get(r) is not None}
         tensors = [p for r in roles for p in self.upstream(bound.get(r))]
@@ -754,14 +757,13 @@ def _laid_out(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
 
 
 def _reduction(fx_node: torch.fx.Node, op: str) -> dict:
-    """A reduction's axes: ``{"dims": tuple or None (all), "keepdim": bool}``."""
+    """A reduction's axes: ``{"dims": tuple, or None for all}``."""
     args: Any = fx_node.args
     position = _REDUCTIONS[op]  # where the axes sit among the arguments
     dims: Any = args[position] if len(args) > position else fx_node.kwargs.get("dim")
-    keepdim = args[position + 1] if len(args) > position + 1 else fx_node.kwargs.get("keepdim", False)
     if isinstance(dims, int):
         dims = (dims,)
-    return {"dims": tuple(int(d) for d in dims) if dims else None, "keepdim": bool(keepdim)}
+    return {"dims": tuple(int(d) for d in dims) if dims else None}
 
 
 def _same_shape(*nodes: torch.fx.Node) -> bool:

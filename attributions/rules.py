@@ -696,8 +696,7 @@ class SoftmaxDeepLift(Rule):
         out = m_e * torch.where(small_x, e, (e - e0) / torch.where(small_x, 1.0, dx))
         # rows where the exponentials of x or of x0 all but underflow at their shared shift (scores some 10
         # or more apart): the terms of the exact rule grow as 1 / S and cancel, so the secant rule instead
-        bad = (torch.minimum(big_s, big_s0) < self.underflow).expand_as(x)[None] | ~torch.isfinite(out)
-        bad = bad.any(dim=d + 1, keepdim=True)
+        bad = (torch.minimum(big_s, big_s0) < self.underflow) | ~torch.isfinite(out).all(dim=d + 1, keepdim=True)
         return [torch.where(bad, _secant(ctx, signal, (d,), rows=True), out) if bad.any() else out]
 
 

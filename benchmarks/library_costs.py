@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from benchmarks.architectures import plain_gradient
 from benchmarks.timing import median_times, table
 
 TIME_MODELS = ("vit_base_patch16_224", "convnext_tiny")
@@ -68,11 +69,6 @@ def _model(name: str) -> torch.nn.Module:
     for p in model.parameters():
         p.requires_grad_(False)
     return model
-
-
-def plain_gradient(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    x = x.clone().requires_grad_()
-    return torch.autograd.grad(model(x).gather(1, target[:, None]).sum(), x)[0]
 
 
 def time_ratios(name: str, batch: int, rounds: int) -> tuple[list[tuple], float]:

@@ -129,8 +129,10 @@ def count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+def first_line(exc: BaseException, typed: bool = True) -> str:
+    """An error's first line (300 characters at most), after its type unless ``typed`` is False."""
+    line = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {line}" if typed else line
 
 
 def _runs(make: Callable[[], nn.Module], shape: tuple[int, int, int], meta: bool = True) -> tuple[int, str]:
@@ -145,7 +147,7 @@ def _runs(make: Callable[[], nn.Module], shape: tuple[int, int, int], meta: bool
             return 0, f"output shape {tuple(out.shape)}"
         return count(model), ""
     except Exception as exc:  # any failure means: not at this size
-        return 0, _first_line(exc)
+        return 0, first_line(exc)
 
 
 def _smallest(make: Callable[[int], nn.Module], channels: int, default: int, low: int = 0,
@@ -209,7 +211,7 @@ def _timm() -> Listing:
             try:
                 counts[name] = count(meta_build(lambda: timm.create_model(name, pretrained=False, num_classes=CLASSES)))
             except Exception as exc:  # a model that cannot be built with a fresh head
-                why = f"no model builds with {CLASSES} classes ({name}: {_first_line(exc)})"
+                why = f"no model builds with {CLASSES} classes ({name}: {first_line(exc)})"
         small = {n: c for n, c in counts.items() if c <= MAX_TIMM_PARAMS}
         if not small:
             listing.skipped[module] = why if not counts else \
@@ -368,7 +370,7 @@ def _hf() -> Listing:
             try:
                 listing.entries.append(_hf_entry(model_type, class_name))
             except Exception as exc:  # a class that cannot be built from its config alone
-                listing.skipped[class_name] = _first_line(exc) if not isinstance(exc, ValueError) else str(exc)[:300]
+                listing.skipped[class_name] = first_line(exc) if not isinstance(exc, ValueError) else str(exc)[:300]
     return listing
 
 
@@ -513,10 +515,6 @@ def verdict(row: dict) -> tuple[str, str]:
     return ("inexact", "; ".join(failed)) if failed else ("exact", "")
 
 
-def first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0][:300]
-
-
 def _child(entry: Entry, seed: int, methods: tuple[str, ...], pipe) -> None:
     from attributions.errors import AttributionError
 
@@ -526,9 +524,9 @@ def _child(entry: Entry, seed: int, methods: tuple[str, ...], pipe) -> None:
         check(entry, row, seed, methods)
         row["class"], row["reason"] = verdict(row)
     except AttributionError as exc:
-        row.update({"class": "refused", "reason": first_line(exc)})
+        row.update({"class": "refused", "reason": first_line(exc, typed=False)})
     except Exception as exc:  # any other failure is the engine's (or the library's) crash: keep its type
-        row.update({"class": "crash", "reason": f"{type(exc).__name__}: {first_line(exc)}"})
+        row.update({"class": "crash", "reason": first_line(exc)})
     pipe.send(row)
 
 

@@ -276,6 +276,15 @@ def make_embedded_sample(out: Path, per_class: int = 100, root: str | os.PathLik
                                                            indices=idx.astype(np.int32)))
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, read in 1 MB blocks (weight files run to gigabytes)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def array_sha256(*arrays: np.ndarray) -> str:
     """sha256 over the bytes of the given arrays: identifies the exact data a model saw."""
     h = hashlib.sha256()

@@ -17,7 +17,7 @@ from torch import nn
 from attributions.errors import unknown_name
 from audit.atomic import atomic_write, atomic_write_bytes
 from audit.errors import ModelError
-from audit.models.libraries import is_library_spec, library_files, load_library_model
+from audit.models.libraries import is_library_spec, library_files, load_library_model, read_state, weights_file
 from audit.models.zoo import build
 
 SHIPPED = resources.files("audit.models").joinpath("checkpoints")
@@ -116,15 +116,8 @@ def model_files(spec: str, weights: str | None = None) -> list[Path]:
     if is_library_spec(spec):
         return library_files(spec, weights)
     if ":" in spec and not Path(spec).exists():
-        return [_weights_file(weights)] if weights else []
+        return [weights_file(weights)] if weights else []
     return list(_resolve(spec))
-
-
-def _weights_file(weights: str) -> Path:
-    if not Path(weights).is_file():
-        raise ModelError(f"weights file {weights} not found; give the state_dict file saved with "
-                         "torch.save(model.state_dict(), path)")
-    return Path(weights)
 
 
 def resolve_model(spec: str, weights: str | None = None, num_classes: int | None = None) -> nn.Module:
@@ -149,7 +142,7 @@ def resolve_model(spec: str, weights: str | None = None, num_classes: int | None
             raise ModelError(f"{spec!r} returned {type(model).__name__}, not an nn.Module")
         if weights:
             try:
-                model.load_state_dict(torch.load(_weights_file(weights), map_location="cpu", weights_only=True))
+                model.load_state_dict(read_state(weights))
             except Exception as exc:
                 raise ModelError(f"cannot load weights {weights} into {spec!r}: {exc}") from exc
         return model.eval()

@@ -14,7 +14,6 @@ the audit's manifest and model table record.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from audit.data.datasets import file_sha256
 from audit.errors import ModelError
 
 # prefix -> the module it imports (and whose version is recorded)
@@ -43,20 +43,17 @@ def _library(prefix: str) -> Any:
         raise ModelError(f"{prefix}: models need the {name} package ({exc}); pip install {name}") from None
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def weights_file(path: str | Path) -> Path:
+    """``path`` as a Path, or a clear error when it is no file."""
+    if not Path(path).is_file():
+        raise ModelError(f"weights file {path} not found; give a state_dict saved with torch.save(model.state_dict(), "
+                         "path) or a .safetensors file")
+    return Path(path)
 
 
 def read_state(path: str | Path) -> dict[str, torch.Tensor]:
     """A state_dict from ``path``: a ``.safetensors`` file or one saved by ``torch.save``."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModelError(f"weights file {path} not found; give a state_dict saved with torch.save(model.state_dict(), "
-                         "path) or a .safetensors file")
+    path = weights_file(path)
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -84,7 +81,7 @@ def _load(model: nn.Module, path: str | Path, spec: str) -> None:
                          f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}")
 
 
-def _hf_folder(name: str, transformers: Any) -> Path:
+def _hf_folder(name: str) -> Path:
     """The local folder of a Hugging Face model: ``name`` itself, or its snapshot in the cache."""
     if Path(name).is_dir():
         return Path(name)
@@ -124,7 +121,7 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
                 raise ModelError(f"torchvision has no model {name!r}; torchvision.models.list_models() lists them")
             model = library.models.get_model(name, weights=None, **classes)
         else:
-            folder = _hf_folder(name, library)
+            folder = _hf_folder(name)
             labels = {} if num_classes is None else {"num_labels": int(num_classes), "ignore_mismatched_sizes": True}
             model = library.AutoModelForImageClassification.from_pretrained(str(folder), local_files_only=True, **labels)
             files = sorted(f for pattern in HF_WEIGHTS for f in folder.glob(pattern))
@@ -137,7 +134,7 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
         files = [Path(weights)]
     model.eval()
     model.metadata = {"arch": spec, "library": LIBRARIES[prefix], "library_version": library.__version__,
-                      "weights": {str(f): sha256(f) for f in files} or "random initialisation"}
+                      "weights": {str(f): file_sha256(f) for f in files} or "random initialisation"}
     return model
 
 

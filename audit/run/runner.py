@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import io
 import json
 import os
@@ -38,7 +37,7 @@ from attributions.graph import trace
 from audit.atomic import atomic_write_bytes, is_partial, remove_partials
 from audit.checks import CHECKS, Check, UnitResult
 from audit.data import balanced_sample
-from audit.data.datasets import sample_image_folder
+from audit.data.datasets import array_sha256, file_sha256, sample_image_folder
 from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError, ModelError
 from audit.models.checkpoint import model_files, resolve_model
@@ -423,9 +422,8 @@ def _same_software(previous: dict, out: Path) -> None:
 
 def fingerprints(config: AuditConfig, x: torch.Tensor, y: torch.Tensor) -> dict:
     """sha256 of every file the models are read from and of the audited images and labels."""
-    files = {str(f): hashlib.sha256(f.read_bytes()).hexdigest()
-             for spec in config.models for f in model_files(spec, config.weights)}
-    data = hashlib.sha256(x.cpu().numpy().tobytes() + y.cpu().numpy().tobytes()).hexdigest()
+    files = {str(f): file_sha256(f) for spec in config.models for f in model_files(spec, config.weights)}
+    data = array_sha256(x.cpu().numpy(), y.cpu().numpy())
     return {"files": files, "data": data}
 
 

@@ -446,15 +446,16 @@ class RescaleAny(Rule):
     f'(x) where x = x0 (Shrikumar et al. 2017). Keeps completeness."""
 
     kinds = ("activation",)
-    records = True
 
     def __init__(self, tolerance: float = 1e-10):
         self.tolerance = tolerance
 
     def backward(self, ctx, signal):
         dx = ctx.x - ctx.ref_inputs[0]
-        slope = ctx.vjp(torch.ones_like(ctx.output)[None])[0][0]  # f'(x), element-wise
         small = dx.abs() <= self.tolerance
+        if not bool(small.any()):  # the common case, in as few element-wise passes as it takes
+            return [signal * (ctx.output - ctx.ref_output).div_(dx)]
+        slope = ctx.vjp(torch.ones_like(ctx.output)[None])[0][0]  # f'(x), element-wise
         ratio = torch.where(small, slope, (ctx.output - ctx.ref_output) / torch.where(small, 1.0, dx))
         return [signal * ratio]
 
@@ -624,6 +625,32 @@ class NormLRP(Rule):
         return [ctx.x * ctx.vjp(s, [ctx.x], linear)[0]]
 
 
+def _norm_secant(ctx: Context, signal: torch.Tensor) -> torch.Tensor:
+    """:func:`_secant` with ``rows`` for a normalisation, its Jacobian written out: at the midpoint m of
+    a group, with n = (m - mean m) r the normalised midpoint, J t = r (t - mean t - n mean(n t)) before the
+    affine weight; J is symmetric, so one function gives both the tangent along dx and the transpose.
+    About a third of the element-wise passes of the generic forward- and reverse-mode products.
+    signal (K, B, ...) -> (K, B, ...)."""
+    assert ctx.ref_inputs is not None and ctx.ref_output is not None, "DeepLIFT rules run with a reference"
+    group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
+    kdims = tuple(d - ctx.x.ndim if d >= 0 else d for d in dims)  # counted from the end: a K axis may lead
+    x, dx = group(ctx.x), group(ctx.x - ctx.ref_inputs[0])
+    um = x - dx / 2
+    um = um - um.mean(dim=kdims, keepdim=True)
+    rm = torch.rsqrt((um * um).mean(dim=kdims, keepdim=True) + eps)
+    nm = um * rm
+
+    def jacobian(t):
+        t = t - t.mean(dim=kdims, keepdim=True)
+        return (t - nm * (nm * t).mean(dim=kdims, keepdim=True)).mul_(rm)
+
+    residual = group(ctx.output - ctx.ref_output - _affine(ungroup(jacobian(dx)), weight))
+    squares = (dx * dx).sum(dim=kdims, keepdim=True)
+    coefficient = torch.where(squares > 0, residual / torch.where(squares > 0, squares, 1.0), 0.0)
+    weighted = (group(signal) * coefficient).sum(dim=kdims, keepdim=True)
+    return ungroup(jacobian(group(_affine(signal, weight))) + dx * weighted)
+
+
 class NormDeepLift(Rule):
     """DeepLIFT through a normalisation, exact: with u = x - mean(x), v = mean(u^2) and r = (v + eps)^-1/2,
     y = u r weight + bias; the product u r takes the bilinear rule, v = mean(u u) too, and r(v) Rescale,
@@ -641,6 +668,13 @@ class NormDeepLift(Rule):
         u, u0 = x - x.mean(dim=dims, keepdim=True), x0 - x0.mean(dim=dims, keepdim=True)
         v, v0 = (u * u).mean(dim=dims, keepdim=True), (u0 * u0).mean(dim=dims, keepdim=True)
         r, r0 = torch.rsqrt(v + eps), torch.rsqrt(v0 + eps)
+        # A reference of (nearly) no variance, as a zero-initialised bias gives (r0 = eps^-1/2): the mean
+        # r's multipliers grow by r0 / r and cancel, and chained over layers lose completeness to rounding;
+        # there, for LayerNorm, the secant rule, whose gradient is the midpoint's
+        ill = torch.maximum(r, r0) > self.conditioning * torch.minimum(r, r0)
+        secant = ctx.node.params["norm"]["type"] == "layer" and bool(ill.any())
+        if secant and bool(ill.all()):
+            return [_norm_secant(ctx, signal)]
         dv = v - v0
         small = dv.abs() <= self.tolerance
         slope = torch.where(small, -0.5 * r ** 3, (r - r0) / torch.where(small, 1.0, dv))
@@ -651,12 +685,8 @@ class NormDeepLift(Rule):
         kdims = tuple(d - x.ndim if d >= 0 else d for d in dims)  # the same dims counted from the end
         m_u = t * ((r + r0) / 2) + (t * (u + u0) / 2).sum(dim=kdims, keepdim=True) * slope * (u + u0) / n
         m_x = ungroup(m_u - m_u.mean(dim=kdims, keepdim=True))
-        # A reference of (nearly) no variance, as a zero-initialised bias gives (r0 = eps^-1/2): the mean
-        # r's multipliers grow by r0 / r and cancel, and chained over layers lose completeness to rounding;
-        # there, for LayerNorm, the secant rule, whose gradient is the midpoint's
-        ill = torch.maximum(r, r0) > self.conditioning * torch.minimum(r, r0)
-        if ctx.node.params["norm"]["type"] == "layer" and bool(ill.any()):
-            m_x = torch.where(ill, _secant(ctx, signal, dims, rows=True), m_x)
+        if secant:
+            m_x = torch.where(ill, _norm_secant(ctx, signal), m_x)
         return [m_x]
 
 

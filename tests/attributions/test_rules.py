@@ -402,3 +402,42 @@ def test_deeplift_stays_complete_where_the_reference_has_no_variance():
         errors[label] = float(dl.compute_convergence_delta(dl.attribute(x, target=1), x, 1).abs().max())
     assert errors["secant where ill-conditioned"] < 1e-12, errors
     assert errors["mean r everywhere"] > 1e3 * errors["secant where ill-conditioned"], errors  # what it mends
+
+
+class _ChannelsLast(nn.Module):
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class _AsRule(R.Rule):
+    kinds = ("norm",)
+
+    def __init__(self, multipliers):
+        self.multipliers = multipliers
+
+    def backward(self, ctx, signal):
+        return [self.multipliers(ctx, signal)]
+
+
+@pytest.mark.parametrize("norm", [nn.LayerNorm(6), nn.GroupNorm(2, 6)], ids=["layer", "group"])
+def test_norm_secant_is_the_generic_secant_written_out(norm):
+    # the normalisation's Jacobian in closed form against the generic forward- and reverse-mode secant
+    # (LayerNorm: its groups are trailing dims); both complete: the maps sum to f(x) - f(0) per sample
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 3), norm, nn.Flatten(), nn.Linear(6 * 4 * 4, 3)).double().eval()
+    if isinstance(norm, nn.LayerNorm):
+        model[1] = _ChannelsLast(norm).double()
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.5)
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    closed = Explainer(model, "deeplift", rules={"norm": _AsRule(R._norm_secant)})
+    maps = closed.attribute(x, target=1)
+    assert float(closed.compute_convergence_delta(maps, x, 1).abs().max()) < 1e-12
+    if isinstance(norm, nn.LayerNorm):
+        generic = _AsRule(lambda ctx, s: R._secant(ctx, s, R._norm_axes(ctx)[1], rows=True))
+        torch.testing.assert_close(maps, Explainer(model, "deeplift", rules={"norm": generic}).attribute(x, target=1),
+                                   rtol=1e-10, atol=1e-13)

@@ -56,7 +56,7 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
         s = _value(env, r, scores)
         return s * (scale if scale is not None else _value(env, r, q).shape[-1] ** -0.5)
 
-    specs.append(("scaled", "mix", (scores,), scale_scores, {}))
+    specs.append(("scaled", "mix", (scores,), scale_scores, {"elementwise": True}))
     if mask is not None:
         masked = f"{prefix}.masked"
 
@@ -64,7 +64,7 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
             s, m = _value(env, r, source), env[mask]
             return s + m if m.is_floating_point() else s.masked_fill(~m, float("-inf"))
 
-        specs.append(("masked", "mix", (scaled,), apply_mask, {}))
+        specs.append(("masked", "mix", (scaled,), apply_mask, {"elementwise": True}))
         signal = signal | {scaled}
         scaled = masked
     specs.append(("weights", "softmax", (scaled,), lambda env, r: torch.softmax(_value(env, r, scaled), dim=-1),

@@ -13,12 +13,14 @@ import torch.nn.functional as F
 from captum.attr import Attribution
 from captum.log import log_usage
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 
-from attributions import memory
+from attributions import liveness, memory
 from attributions.derived import Derived
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import LINEAR_KINDS, SIGNAL_KINDS, Graph, trace
 from attributions.layers import OPS, pool
+from attributions.liveness import Lean
 from attributions.methods import Method, build_method
 from attributions.rules import Context, Rule, resolve
 
@@ -106,6 +108,7 @@ class Explainer(Attribution):
         self._ops: dict = {}
         self._rules: dict[str, Rule] = {}
         self.recorded: frozenset[str] = frozenset()
+        self._plans: dict[frozenset[str], Lean] = {}
         if self.method.engine.needs_graph and graph is not None:
             self._bind(graph)
         self._reference: Derived[dict] = Derived()
@@ -121,6 +124,7 @@ class Explainer(Attribution):
         # nodes whose rule reads the node's own gradient: the forward pass records their autograd graph
         self.recorded = frozenset(n.name for n in graph.nodes if n.name in self._rules and self._rules[n.name].records
                                   and not (n.params.get("identity") or n.params.get("reshape")))
+        self._plans = {}
 
     def _graph_for(self, x: torch.Tensor) -> None:
         """Bind the graph of inputs shaped like ``x``, capturing the model at that shape the first time."""
@@ -234,14 +238,23 @@ class Explainer(Attribution):
         large per vector."""
         return memory.fitting(len(x), lambda: self.bytes_per_image(x) * (1 + vectors))
 
-    def _run(self, x: torch.Tensor, record: frozenset[str] = frozenset(), reuse: Reuse | None = None) -> dict:
-        """Every node's value; for the nodes in ``record`` also their autograd graph, (leaves, output)
-        under ``(name, "graph")``, so that the backward pass need not re-run them. ``reuse``: (an
+    def _lean(self, keep: frozenset[str]) -> Lean:
+        """The plan of a forward pass for one backward that returns the signals at ``keep``
+        (:mod:`attributions.liveness`), made once per graph."""
+        if keep not in self._plans:
+            self._plans[keep] = liveness.plan(self._g, self._rules, self.recorded, keep)
+        return self._plans[keep]
+
+    def _run(self, x: torch.Tensor, record: frozenset[str] = frozenset(), reuse: Reuse | None = None,
+             free: dict[int, list[str]] | None = None) -> dict:
+        """Every node's value; for the nodes in ``record`` also their autograd graph, (leaves, the
+        output's gradient edge) under ``(name, "graph")``, so that the backward pass need not re-run them. ``reuse``: (an
         earlier pass's values for the same ``x``, the nodes whose values it may give), for a model that
-        differs from the earlier one only downstream of those nodes."""
+        differs from the earlier one only downstream of those nodes. ``free``: {node position: values to
+        replace by a stand-in of their shape once that node has run} (:meth:`_lean`)."""
         self._graph_for(x)
         env: dict = {"input": x}
-        for node in self._g.nodes[1:]:
+        for position, node in enumerate(self._g.nodes[1:], start=1):
             if reuse is not None and node.name in reuse[1]:
                 for key in _entries(node):
                     if key in reuse[0]:
@@ -251,13 +264,20 @@ class Explainer(Attribution):
                 with torch.enable_grad():
                     out = node.evaluate(env, dict(zip(node.inputs, leaves)))
                 if isinstance(out, torch.Tensor) and out.requires_grad:
-                    env[(node.name, "graph")] = (leaves, out)
+                    # the graph's root edge, not its output: the output's memory stays free to go
+                    env[(node.name, "graph")] = (leaves, get_gradient_edge(out))
                     out = out.detach()
                 env[node.name] = out
             else:
                 env[node.name] = self._eval(node, env)
             for alias in node.params.get("folded", ()):  # calls traced to read a folded BatchNorm's output
                 env[alias] = env[node.name]
+            for name in (free or {}).get(position, ()):
+                value = env[name]
+                if isinstance(value, torch.Tensor):
+                    stand_in = memory.stand_in(value)
+                    for key in (name, *self._g.by_name[name].params.get("folded", ())):
+                        env[key] = stand_in
         return env
 
     def _eval(self, node, env):
@@ -280,12 +300,27 @@ class Explainer(Attribution):
     # --- backward ----------------------------------------------------------------------------------
 
     def _backward(self, env: dict, ref: dict | None, start: str, signal: torch.Tensor,
-                  keep: set[str] | None = None, release: bool = False) -> dict[str, torch.Tensor]:
+                  keep: set[str] | None = None, release: bool = False, remat: frozenset[str] = frozenset()
+                  ) -> dict[str, torch.Tensor]:
         """Propagate ``signal`` (K, B, ...) from node ``start`` down to the input; every node's signal
         (only those named in ``keep``: the others are freed as soon as they have been passed on).
         ``release`` also drops each forward value from ``env`` once the backward has passed its node
         (no later node reads it), as autograd frees what it saved: the peak memory, and with it the
-        allocation cost on large feature maps, stays that of one forward pass."""
+        allocation cost on large feature maps, stays that of one forward pass. ``remat``: values the
+        forward pass freed, recomputed where a rule reads them (:mod:`attributions.liveness`)."""
+
+        recomputed: set[str] = set()
+
+        def value(name):
+            if name not in remat or name in recomputed:
+                return env[name]
+            node = self._g.by_name[name]
+            out = node.evaluate(env, {i: value(i) for i in node.inputs if i in remat})
+            if release:  # held until the backward passes the node, which then drops it
+                env[name] = out
+                recomputed.add(name)
+            return out
+
         pending = {start: signal}
         taps = {}
         nodes = self._g.nodes
@@ -298,10 +333,13 @@ class Explainer(Attribution):
                 if node.kind == "input":
                     break
                 key = (node.name, "indices")
-                ctx = Context(node, [env[i] for i in node.inputs], env[node.name], self._ops.get(node.name),
+                rule = self._rules[node.name]
+                reads = rule.reads_for(node) if remat else ()  # what to recompute for it, if freed
+                ctx = Context(node, [value(i) if "inputs" in reads else env[i] for i in node.inputs],
+                              value(node.name) if "output" in reads else env[node.name], self._ops.get(node.name),
                               [ref[i] for i in node.inputs] if ref else None, ref[node.name] if ref else None,
                               env.get(key), ref.get(key) if ref else None, env, ref)
-                outs = self._rules[node.name].backward(ctx, s)
+                outs = rule.backward(ctx, s)
                 for name, o in zip(node.inputs, outs):
                     pending[name] = o if name not in pending else pending[name] + o
             if release and keep is not None and node.name not in keep:
@@ -310,15 +348,20 @@ class Explainer(Attribution):
         return taps
 
     def _forward_envs(self, x: torch.Tensor, with_ref: bool | None = None, record: frozenset[str] | None = None,
-                      batch: torch.Size | None = None, reuse: Reuse | None = None) -> tuple[dict, dict | None]:
+                      batch: torch.Size | None = None, reuse: Reuse | None = None,
+                      lean: Lean | None = None) -> tuple[dict, dict | None]:
         """Every node's output for x and (DeepLIFT, or ``with_ref``) for the zero reference: one image,
         broadcast against the batch. ``record``: nodes whose autograd graph to keep (default: those
         this method's rules differentiate); ``batch``: the shape of the inputs ``x`` was taken from, which
-        an error names (the user's, not a probe's); ``reuse``: as :meth:`_run`."""
+        an error names (the user's, not a probe's); ``reuse``: as :meth:`_run`; ``lean``: the plan of a
+        pass for one backward, which holds only what that backward reads (:meth:`_lean`)."""
         with_ref = self.method.signal == "multiplier" if with_ref is None else with_ref
+        free = None
+        if lean is not None:
+            record, free = lean.record, lean.free
         with torch.no_grad():
             try:
-                env = self._run(x, self.recorded if record is None else record, reuse)
+                env = self._run(x, self.recorded if record is None else record, reuse, free)
             except RuntimeError as exc:  # most often inputs of a shape or channel count the model does not take
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise AttributionError(f"the model's forward pass failed on inputs of shape {tuple(batch or x.shape)}: "
@@ -356,7 +399,11 @@ class Explainer(Attribution):
         """Every node's signal (or only those named in ``keep``) for the signal ``make_signal(env)`` at
         ``start``. A forward pass made here (no ``envs``), or handed over as :class:`Releasable`, is
         released during the backward."""
-        env, ref = envs if envs is not None else self._forward_envs(x)
+        lean = None
+        if envs is None and keep is not None:
+            self._graph_for(x)
+            lean = self._lean(frozenset(keep) | {start})
+        env, ref = envs if envs is not None else self._forward_envs(x, lean=lean)
         with torch.no_grad():
             signal = make_signal(env)
             held = memory.tensor_bytes(env)
@@ -366,7 +413,8 @@ class Explainer(Attribution):
             for i, j in chunks:
                 last = j == len(signal)
                 taps = self._backward(env, ref, start, signal[i:j], keep,
-                                      release=(envs is None or isinstance(envs, Releasable)) and last)
+                                      release=(envs is None or isinstance(envs, Releasable)) and last,
+                                      remat=lean.remat if lean is not None else frozenset())
                 if ref is not None:  # DeepLIFT's signal: multiplier times the difference from the reference
                     taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
                 parts.append(taps)

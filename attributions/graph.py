@@ -199,6 +199,7 @@ _MIXES = {"add", "sub", "rsub", "neg", "mul", "div", "mean", "sum", "matmul", "b
           "baddbmm", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_linear1d", "masked_fill", "where",
           "cumsum", "linear", "avg_pool3d", "col2im"}
 # ops that make a tensor from a signal's shape, dtype or device only: constants of the backward pass
+_ELEMENTWISE = {"add", "sub", "rsub", "neg", "mul", "div", "masked_fill", "where"}  # mixes cheap to recompute
 _SHAPE_ONLY = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "zeros_like", "ones_like", "full_like",
                "empty_like", "rand_like", "randn_like", "scalar_tensor"}
 # nonlinear reductions of one signal over some of its axes (``params["dims"]``, None for all)
@@ -664,7 +665,7 @@ class _Builder:
                 params["cat"] = True  # recorded by CSC, as a layer joining branches
             return "move", params, None
         if op in _MIXES:
-            return "mix", {}, None
+            return "mix", {"elementwise": op in _ELEMENTWISE}, None
         if op in ("addcmul", "addcdiv") and sum(on_signal[1:3]) <= 1 and not (op == "addcdiv" and on_signal[2]):
             return "mix", {}, None  # self + value * t1 * t2 (or / t2) with one signal factor: linear
         elementwise = op in ("maximum", "minimum") or getattr(fx_node.target, "_overloadname", "") == "other"

@@ -80,3 +80,17 @@ def joined(parts: list, dim: int):
 def spans(total: int, size: int) -> list[tuple[int, int]]:
     """[start, stop) pairs covering ``range(total)`` in chunks of ``size``."""
     return [(i, min(i + size, total)) for i in range(0, total, max(1, size))]
+
+
+def stand_in(value: torch.Tensor) -> torch.Tensor:
+    """A stand-in for a value a pass has freed: its shape, dtype and device, one element of memory
+    (strides 0); the rules that read only shapes take it in the value's place."""
+    return value.new_zeros(()).expand(value.shape)
+
+
+def materialised(value: torch.Tensor) -> torch.Tensor:
+    """``value``, or zeros of its shape in place of a :func:`stand_in` (a value that expands one
+    element): where an operation linear in ``value`` is differentiated, any point serves."""
+    if value.numel() > 1 and all(s == 0 for s in value.stride()):
+        return torch.zeros(value.shape, dtype=value.dtype, device=value.device)
+    return value

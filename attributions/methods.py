@@ -72,7 +72,8 @@ def _traced(mix: R.Rule, activation: R.Rule, product: R.Rule, norm: R.Rule, soft
 def _gradient_rules(relu: R.Rule, activation: R.Rule | None = None) -> dict:
     g, exact = R.Gradient(), R.VJP()
     return {"dense": g, "conv": g, "affine": g, "avgpool": g, "relu": relu, "leaky_relu": relu,
-            "maxpool": R.WinnerTakeAll(), "add": R.Copy(), **_traced(exact, activation or exact, exact, exact, exact)}
+            "maxpool": R.WinnerTakeAll(), "add": R.Copy(),
+            **_traced(exact, activation or exact, exact, exact, R.SoftmaxGradient())}
 
 
 def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabilizer: float = 1e-6) -> dict:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from attributions import memory
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import LINEAR_KINDS
 from attributions.layers import LinearOp, per_dimension
@@ -24,6 +25,7 @@ from attributions.layers import LinearOp, per_dimension
 WEIGHTED_KINDS = ("dense", "conv", "affine")  # linear kinds with a weight tensor
 ACTIVATION_KINDS = ("relu", "leaky_relu", "activation")
 TRACED_KINDS = ("move", "mix", "activation", "product", "norm", "softmax", "reduce")  # run as the traced op itself
+LINEAR_TRACED = ("move", "mix")  # linear in their signals: the adjoint is the same wherever it is taken
 
 
 @dataclass
@@ -45,6 +47,11 @@ class Context:
     def x(self) -> torch.Tensor:
         return self.inputs[0]
 
+    @property
+    def recorded(self) -> bool:
+        """Whether the forward pass recorded the node's autograd graph."""
+        return self.env is not None and (self.node.name, "graph") in self.env
+
     def apply(self, *inputs: torch.Tensor) -> torch.Tensor:
         """The node's operation with its signal inputs set to ``inputs`` (the rest from the forward pass)."""
         return self.node.evaluate(self.env, dict(zip(self.node.inputs, inputs)))
@@ -58,9 +65,9 @@ class Context:
         pass when there is one (``env[(name, "graph")]``): nothing is re-run."""
         recorded = self.env.get((self.node.name, "graph")) if self.env is not None else None
         if recorded is not None and at is None and function is None:
-            leaves, out = recorded
+            leaves, edge = recorded
             batched = signal.shape[0] > 1
-            grads = torch.autograd.grad(out, leaves, signal if batched else signal[0], retain_graph=True,
+            grads = torch.autograd.grad([edge], leaves, [signal if batched else signal[0]], retain_graph=True,
                                         allow_unused=True, is_grads_batched=batched)
             return [signal.new_zeros((signal.shape[0], *leaf.shape)) if g is None else (g if batched else g[None])
                     for g, leaf in zip(grads, leaves)]
@@ -95,9 +102,16 @@ class Rule:
 
     kinds: tuple[str, ...] = ()
     records = False  # reads the node's vector-Jacobian product at its forward inputs (Context.vjp)
+    # the forward values it reads beyond their shapes ("inputs", "output"): a forward pass made for one
+    # backward frees the others once no later op reads them, as autograd saves only what a backward needs
+    reads: tuple[str, ...] = ("inputs", "output")
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         raise NotImplementedError
+
+    def reads_for(self, node: Any) -> tuple[str, ...]:
+        """What the rule reads at ``node`` (:attr:`reads`, or less where the node's op makes it so)."""
+        return self.reads
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v}" for k, v in vars(self).items())
@@ -110,6 +124,7 @@ class Gradient(Rule):
     """The plain vector-Jacobian product W^T s (also DeepLIFT's multipliers through linear layers)."""
 
     kinds = LINEAR_KINDS
+    reads = ()
 
     def backward(self, ctx, signal):
         w, _ = ctx.op.weights()
@@ -177,6 +192,7 @@ class Gamma(Rule):
     """LRP-gamma: weights and bias W + gamma W+, b + gamma b+, stabilised by epsilon."""
 
     kinds = WEIGHTED_KINDS
+    reads = ("inputs",)
 
     def __init__(self, gamma: float = 0.25, epsilon: float = 1e-6):
         self.gamma, self.epsilon = gamma, epsilon
@@ -193,6 +209,7 @@ class _InputFree(Rule):
     """Relevance shared by fixed non-negative weights V: R_in = V^T (R / (V 1))."""
 
     kinds = WEIGHTED_KINDS
+    reads = ()
 
     def _weights(self, w):
         raise NotImplementedError
@@ -223,6 +240,7 @@ class ZB(Rule):
     z = W x - W+ low - W- high, R_in = x W^T s - low W+^T s - high W-^T s, s = R / stab(z)."""
 
     kinds = WEIGHTED_KINDS
+    reads = ("inputs",)
 
     def __init__(self, low: float = 0.0, high: float = 1.0, stabilizer: float = 1e-6):
         self.low, self.high, self.stabilizer = low, high, stabilizer
@@ -252,6 +270,7 @@ class DeepLiftAblation(Rule):
     """
 
     kinds = LINEAR_KINDS
+    reads = ()
 
     def backward(self, ctx, signal):
         w, _ = ctx.op.weights()
@@ -266,6 +285,7 @@ class Pass(Rule):
     activation, as zennit and LXT do)."""
 
     kinds = ACTIVATION_KINDS
+    reads = ()
 
     def backward(self, ctx, signal):
         return [signal]
@@ -276,6 +296,7 @@ class ReLUGradient(Rule):
     ``deconv`` ignores the forward mask and keeps positive signals (DeconvNet)."""
 
     kinds = ("relu", "leaky_relu")
+    reads = ("inputs",)
 
     def __init__(self, mode: str = "gradient"):
         self.mode = mode
@@ -320,6 +341,7 @@ class WinnerTakeAll(Rule):
     """Max pooling: the whole signal goes to the winning input (the max-pooling gradient)."""
 
     kinds = ("maxpool",)
+    reads = ("inputs",)
 
     def backward(self, ctx, signal):
         m = ctx.node.module
@@ -383,6 +405,7 @@ class Copy(Rule):
     """The gradient of an add: the same signal to every input."""
 
     kinds = ("add",)
+    reads = ()
 
     def backward(self, ctx, signal):
         return [signal for _ in ctx.inputs]
@@ -397,12 +420,19 @@ class VJP(Rule):
 
     kinds = TRACED_KINDS
     records = True
+    reads = ("inputs",)
+
+    def reads_for(self, node):
+        linear = node.kind in LINEAR_TRACED or node.params.get("identity") or node.params.get("reshape")
+        return () if linear else self.reads
 
     def backward(self, ctx, signal):
         if ctx.node.params.get("identity"):
             return [signal]
         if ctx.node.params.get("reshape"):  # a plain reshape: its adjoint is the inverse reshape
             return [signal.reshape(signal.shape[0], *ctx.x.shape)]
+        if ctx.node.kind in LINEAR_TRACED and not ctx.recorded:  # its inputs may have been freed
+            return ctx.vjp(signal, at=[memory.materialised(t) for t in ctx.inputs])
         return ctx.vjp(signal)
 
 
@@ -413,6 +443,7 @@ class ActivationGradient(Rule):
 
     kinds = ("activation",)
     records = True
+    reads = ("inputs",)
 
     def __init__(self, mode: str = "guided"):
         self.mode = mode
@@ -498,6 +529,14 @@ def _operands(ctx: Context) -> list[str]:
     return ctx.node.params["operands"]
 
 
+def _operand_values(ctx: Context, reference: bool = False) -> list[torch.Tensor]:
+    """The two operands' values (or the reference's), in slot order (x * x gives x twice)."""
+    values = ctx.ref_inputs if reference else ctx.inputs
+    assert values is not None, "DeepLIFT rules run with a reference"
+    by_name = dict(zip(ctx.node.inputs, values))
+    return [by_name[n] for n in _operands(ctx)]
+
+
 def _product_of(ctx: Context) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     env = ctx.env
     pair = ctx.node.params["pair"]
@@ -524,7 +563,7 @@ class GateProduct(Rule):
         self.epsilon = epsilon
 
     def backward(self, ctx, signal):
-        a, b = (ctx.env[n] for n in _operands(ctx))
+        a, b = _operand_values(ctx)
         gates = ctx.node.params.get("gates", [False, False])
         s = signal / stabilize(ctx.output, self.epsilon)
         pair = _product_of(ctx)
@@ -549,9 +588,8 @@ class DeepLiftProduct(Rule):
         self.tolerance = tolerance
 
     def backward(self, ctx, signal):
-        names = _operands(ctx)
-        a, b = (ctx.env[n] for n in names)
-        a0, b0 = (ctx.ref_env[n] for n in names)
+        a, b = _operand_values(ctx)
+        a0, b0 = _operand_values(ctx, reference=True)
         pair = _product_of(ctx)
         if not ctx.node.params.get("quotient"):
             ma = ctx.vjp(signal, [a], lambda t: pair(t, (b + b0) / 2))[0]
@@ -688,6 +726,19 @@ class NormDeepLift(Rule):
         if secant:
             m_x = torch.where(ill, _norm_secant(ctx, signal), m_x)
         return [m_x]
+
+
+class SoftmaxGradient(Rule):
+    """The softmax's gradient from its output alone, s * (g - sum(g s)), by autograd's own kernel: the
+    scores it was computed from need not be kept."""
+
+    kinds = ("softmax",)
+    reads = ("output",)
+
+    def backward(self, ctx, signal):
+        dim = ctx.node.params["dim"] % ctx.output.ndim + 1
+        out = ctx.output.expand_as(signal)
+        return [torch.ops.aten._softmax_backward_data(signal, out, dim, out.dtype)]
 
 
 class SoftmaxLRP(Rule):

@@ -16,6 +16,7 @@ Needs timm: ``.venv-libraries/bin/python -m benchmarks.library_costs [--batch N]
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -93,8 +94,11 @@ def time_ratios(name: str, batch: int, rounds: int) -> tuple[list[tuple], float]
 
 def peak_mb(name: str, method: str, batch: int) -> float:
     """The resident MB a batch adds to a process that holds the model and its capture."""
+    # a fixed mmap threshold: glibc's moving one would serve freed large blocks from the heap, where
+    # fragmentation, not the tensors alive, sets the resident size (runs of one method 10 % apart)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17)}
     out = subprocess.run([sys.executable, "-c", _PEAK.format(name=name, batch=batch, method=method)], check=True,
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=env)
     base, peak = (int(v) for v in out.stdout.split()[-2:])
     return max(peak - base, 0) / 1024
 

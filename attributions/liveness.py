@@ -1,0 +1,78 @@
+"""What a forward pass made for one backward holds: the values the rules read, as autograd saves
+only what its backward needs.
+
+Each rule says what it reads beyond shapes (:meth:`~attributions.rules.Rule.reads_for`: its inputs,
+its output, nothing). A value no rule reads goes once the last op that consumes it has run; it leaves
+a stand-in of its shape (:func:`~attributions.memory.stand_in`) for the rules that read shapes. A
+value that a rule reads but that an element-wise op (an activation, a normalisation, a softmax, data
+movement, an element-wise mix) recomputes cheaply from values held anyway goes too, and is recomputed
+where it is read ("rematerialised"). A node's autograd graph is recorded where its inputs are held
+anyway (it keeps them, and what autograd saves, not the output); elsewhere its rule differentiates the
+op again.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from attributions.graph import SIGNAL_KINDS, Graph
+
+# cheap to recompute from their inputs: one or a few element-wise passes
+REMAT_KINDS = ("activation", "norm", "softmax", "move")
+MAX_CHAIN = 3  # ops recomputed in a row for one value, at most
+
+
+@dataclass(frozen=True)
+class Lean:
+    """The plan of a forward pass for one backward.
+
+    Attributes
+    ----------
+    record : the nodes whose autograd graph the pass keeps
+    free : {node position: the values that go once that node, their last consumer, has run}
+    remat : the values recomputed where a rule reads them (from held values, in chains of at most
+        :data:`MAX_CHAIN` ops)
+    """
+
+    record: frozenset[str]
+    free: dict[int, list[str]]
+    remat: frozenset[str]
+
+
+def _cheap(node: Any) -> bool:
+    return node.kind in REMAT_KINDS or (node.kind == "mix" and bool(node.params.get("elementwise")))
+
+
+def plan(graph: Graph, rules: dict, recorded: frozenset[str], keep: frozenset[str]) -> Lean:
+    """The plan for ``graph`` under ``rules`` ({node: rule}) when the backward returns the signals at
+    ``keep``; ``recorded``: the nodes whose rules differentiate the recorded graph."""
+    needed = set(keep) | {graph.output, "input"}
+    for node in graph.nodes:
+        rule = rules.get(node.name)
+        if rule is None:
+            continue
+        reads = rule.reads_for(node)
+        if "output" in reads:
+            needed.add(node.name)
+        if "inputs" in reads:
+            needed.update(node.inputs)
+    protected = set(keep) | {graph.output, "input"}
+    depth: dict[str, int] = {}  # of the recomputation chain behind each rematerialised value
+    for node in graph.nodes:  # in forward order: what a recomputation reads is held or recomputed itself
+        if node.name in protected or not _cheap(node):
+            continue
+        chain = 1 + max((depth.get(i, 0) for i in node.inputs), default=0)
+        if chain <= MAX_CHAIN and all(i in depth or (i in needed and i not in depth) for i in node.inputs):
+            depth[node.name] = chain
+    remat = set(depth)
+    held = needed - remat
+    position = {n.name: i for i, n in enumerate(graph.nodes)}
+    free: dict[int, list[str]] = {}
+    for node in graph.nodes:
+        if node.kind in SIGNAL_KINDS and node.name not in held:
+            last = max((position[c] for c in graph.consumers[node.name]), default=position[node.name])
+            free.setdefault(last, []).append(node.name)
+    # a recorded graph holds the node's inputs (and what autograd saves): only where the pass holds them
+    # anyway; elsewhere the rule differentiates the op again (a linear one at zeros)
+    record = frozenset(n for n in recorded if set(graph.by_name[n].inputs) <= held)
+    return Lean(record, free, frozenset(remat))

@@ -242,24 +242,31 @@ class Explainer(Attribution):
         """The plan of a forward pass for one backward that returns the signals at ``keep``
         (:mod:`attributions.liveness`), made once per graph."""
         if keep not in self._plans:
-            self._plans[keep] = liveness.plan(self._g, self._rules, self.recorded, keep)
+            self._plans[keep] = liveness.plan(self._g, self._rules, keep)
         return self._plans[keep]
 
     def _run(self, x: torch.Tensor, record: frozenset[str] = frozenset(), reuse: Reuse | None = None,
-             free: dict[int, list[str]] | None = None) -> dict:
-        """Every node's value; for the nodes in ``record`` also their autograd graph, (leaves, the
-        output's gradient edge) under ``(name, "graph")``, so that the backward pass need not re-run them. ``reuse``: (an
-        earlier pass's values for the same ``x``, the nodes whose values it may give), for a model that
-        differs from the earlier one only downstream of those nodes. ``free``: {node position: values to
-        replace by a stand-in of their shape once that node has run} (:meth:`_lean`)."""
+             lean: Lean | None = None) -> dict:
+        """Every node's value; for the nodes in ``record`` also their autograd graph, (leaves, the output's
+        gradient edge) under ``(name, "graph")``, so that the backward pass need not re-run them.
+        ``reuse``: (an earlier pass's values for the same ``x``, the nodes whose values it may give), for
+        a model that differs from the earlier one only downstream of those nodes. ``lean``: the plan of a
+        pass for one backward (:mod:`attributions.liveness`): values it frees leave a stand-in of their
+        shape once their last consumer has run, unless smaller than :data:`memory.SMALL`, and a graph is
+        recorded only where it keeps no value alive that the pass frees."""
         self._graph_for(x)
         env: dict = {"input": x}
+        freed = lean.freed if lean is not None else frozenset()
+
+        def held(name):
+            return name not in freed or memory.is_small(env[name])
+
         for position, node in enumerate(self._g.nodes[1:], start=1):
             if reuse is not None and node.name in reuse[1]:
                 for key in _entries(node):
                     if key in reuse[0]:
                         env[key] = reuse[0][key]
-            elif node.name in record and all(isinstance(env[i], torch.Tensor) for i in node.inputs):
+            elif node.name in record and all(isinstance(env[i], torch.Tensor) and held(i) for i in node.inputs):
                 leaves = [env[i].detach().requires_grad_() for i in node.inputs]
                 with torch.enable_grad():
                     out = node.evaluate(env, dict(zip(node.inputs, leaves)))
@@ -272,9 +279,9 @@ class Explainer(Attribution):
                 env[node.name] = self._eval(node, env)
             for alias in node.params.get("folded", ()):  # calls traced to read a folded BatchNorm's output
                 env[alias] = env[node.name]
-            for name in (free or {}).get(position, ()):
+            for name in lean.free.get(position, ()) if lean is not None else ():
                 value = env[name]
-                if isinstance(value, torch.Tensor):
+                if isinstance(value, torch.Tensor) and not memory.is_small(value):
                     stand_in = memory.stand_in(value)
                     for key in (name, *self._g.by_name[name].params.get("folded", ())):
                         env[key] = stand_in
@@ -312,7 +319,7 @@ class Explainer(Attribution):
         recomputed: set[str] = set()
 
         def value(name):
-            if name not in remat or name in recomputed:
+            if name not in remat or name in recomputed or not memory.is_stand_in(env[name]):
                 return env[name]
             node = self._g.by_name[name]
             out = node.evaluate(env, {i: value(i) for i in node.inputs if i in remat})
@@ -356,12 +363,9 @@ class Explainer(Attribution):
         an error names (the user's, not a probe's); ``reuse``: as :meth:`_run`; ``lean``: the plan of a
         pass for one backward, which holds only what that backward reads (:meth:`_lean`)."""
         with_ref = self.method.signal == "multiplier" if with_ref is None else with_ref
-        free = None
-        if lean is not None:
-            record, free = lean.record, lean.free
         with torch.no_grad():
             try:
-                env = self._run(x, self.recorded if record is None else record, reuse, free)
+                env = self._run(x, self.recorded if record is None else record, reuse, lean)
             except RuntimeError as exc:  # most often inputs of a shape or channel count the model does not take
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise AttributionError(f"the model's forward pass failed on inputs of shape {tuple(batch or x.shape)}: "

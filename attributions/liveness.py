@@ -8,7 +8,7 @@ value that a rule reads but that an element-wise op (an activation, a normalisat
 movement, an element-wise mix) recomputes cheaply from values held anyway goes too, and is recomputed
 where it is read ("rematerialised"). A node's autograd graph is recorded where its inputs are held
 anyway (it keeps them, and what autograd saves, not the output); elsewhere its rule differentiates the
-op again.
+op again. Values under :data:`~attributions.memory.SMALL` bytes stay whatever the plan.
 """
 from __future__ import annotations
 
@@ -28,24 +28,27 @@ class Lean:
 
     Attributes
     ----------
-    record : the nodes whose autograd graph the pass keeps
     free : {node position: the values that go once that node, their last consumer, has run}
     remat : the values recomputed where a rule reads them (from held values, in chains of at most
         :data:`MAX_CHAIN` ops)
     """
 
-    record: frozenset[str]
     free: dict[int, list[str]]
     remat: frozenset[str]
+
+    @property
+    def freed(self) -> frozenset[str]:
+        """Every value the pass frees."""
+        return frozenset(n for names in self.free.values() for n in names)
 
 
 def _cheap(node: Any) -> bool:
     return node.kind in REMAT_KINDS or (node.kind == "mix" and bool(node.params.get("elementwise")))
 
 
-def plan(graph: Graph, rules: dict, recorded: frozenset[str], keep: frozenset[str]) -> Lean:
+def plan(graph: Graph, rules: dict, keep: frozenset[str]) -> Lean:
     """The plan for ``graph`` under ``rules`` ({node: rule}) when the backward returns the signals at
-    ``keep``; ``recorded``: the nodes whose rules differentiate the recorded graph."""
+    ``keep``."""
     needed = set(keep) | {graph.output, "input"}
     for node in graph.nodes:
         rule = rules.get(node.name)
@@ -72,7 +75,4 @@ def plan(graph: Graph, rules: dict, recorded: frozenset[str], keep: frozenset[st
         if node.kind in SIGNAL_KINDS and node.name not in held:
             last = max((position[c] for c in graph.consumers[node.name]), default=position[node.name])
             free.setdefault(last, []).append(node.name)
-    # a recorded graph holds the node's inputs (and what autograd saves): only where the pass holds them
-    # anyway; elsewhere the rule differentiates the op again (a linear one at zeros)
-    record = frozenset(n for n in recorded if set(graph.by_name[n].inputs) <= held)
-    return Lean(record, free, frozenset(remat))
+    return Lean(free, frozenset(remat))

@@ -88,9 +88,17 @@ def stand_in(value: torch.Tensor) -> torch.Tensor:
     return value.new_zeros(()).expand(value.shape)
 
 
-def materialised(value: torch.Tensor) -> torch.Tensor:
-    """``value``, or zeros of its shape in place of a :func:`stand_in` (a value that expands one
-    element): where an operation linear in ``value`` is differentiated, any point serves."""
-    if value.numel() > 1 and all(s == 0 for s in value.stride()):
-        return torch.zeros(value.shape, dtype=value.dtype, device=value.device)
-    return value
+
+def is_stand_in(value) -> bool:
+    """Whether ``value`` is a :func:`stand_in` (a tensor of several elements on one of memory)."""
+    return isinstance(value, torch.Tensor) and value.numel() > 1 and all(s == 0 for s in value.stride())
+
+
+# values a pass for one backward keeps whatever the plan: freeing them saves little, and recomputing
+# them or re-running their op costs the backward more per node than on large maps
+SMALL = 1 << 20
+
+
+def is_small(value) -> bool:
+    """Whether ``value`` holds less than :data:`SMALL` bytes (anything but a tensor counts as small)."""
+    return not isinstance(value, torch.Tensor) or value.numel() * value.element_size() < SMALL

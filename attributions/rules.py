@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from attributions import memory
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import LINEAR_KINDS
 from attributions.layers import LinearOp, per_dimension
@@ -76,6 +75,26 @@ class Context:
         if tree_leaves(signal)[0].shape[0] == 1:  # one signal (a map): no batching; tuples (chunks) stay tuples
             return [tree_map(lambda t: t[None], g) for g in pullback(tree_map(lambda t: t[0], signal))]
         return list(torch.func.vmap(pullback)(signal))
+
+
+    def linear_vjp(self, signal: torch.Tensor) -> list[torch.Tensor]:
+        """The vector-Jacobian products of an op linear in its signal inputs, which do not depend on
+        where they are taken: at stand-ins of one element (through a view this costs nothing), or at
+        zeros where the op needs real strides. signal (K, B, ...) -> one (K, B, ...) per input."""
+        def at(point: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+            with torch.enable_grad():
+                points = [point(t) for t in self.inputs]
+                out = self.apply(*points)
+            batched = signal.shape[0] > 1
+            grads = torch.autograd.grad([out], points, [signal if batched else signal[0]], allow_unused=True,
+                                        is_grads_batched=batched)
+            return [signal.new_zeros((signal.shape[0], *p.shape)) if g is None else (g if batched else g[None])
+                    for g, p in zip(grads, points)]
+
+        try:
+            return at(lambda t: t.new_zeros(()).requires_grad_().expand(t.shape))
+        except RuntimeError:  # an op the stride-0 stand-in cannot take (a view needing real strides)
+            return at(lambda t: torch.zeros(t.shape, dtype=t.dtype, device=t.device).requires_grad_())
 
 
 def stabilize(z: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -432,7 +451,7 @@ class VJP(Rule):
         if ctx.node.params.get("reshape"):  # a plain reshape: its adjoint is the inverse reshape
             return [signal.reshape(signal.shape[0], *ctx.x.shape)]
         if ctx.node.kind in LINEAR_TRACED and not ctx.recorded:  # its inputs may have been freed
-            return ctx.vjp(signal, at=[memory.materialised(t) for t in ctx.inputs])
+            return ctx.linear_vjp(signal)
         return ctx.vjp(signal)
 
 

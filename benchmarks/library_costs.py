@@ -4,7 +4,9 @@ of the same batch, measured side by side in one run on this machine's CPU (rando
 
 * time: the median over interleaved rounds of each method's ``attribute`` over the plain gradient, on
   timm's ``vit_base_patch16_224`` and ``convnext_tiny`` (targets: gradient <= 1.15x, LRP-epsilon and
-  DeepLIFT <= 1.5x); the capture (``torch.export``, paid once per model and input size) separately;
+  DeepLIFT <= 1.5x); the capture (``torch.export``, paid once per model and input size) separately.
+  With the command line's allocator setting (:func:`audit.run.resources.keep_freed_memory`: freed
+  blocks reused, not faulted in again), or glibc's defaults with ``--system-malloc``;
 * memory: the peak resident memory a batch adds, each method in a fresh process, on
   ``convmixer_768_32`` and ``vit_base_patch16_224`` (target: <= 2x the plain gradient's). A process first
   builds the model and captures it on one image, then trims its heap; the peak (Linux's VmHWM, reset
@@ -23,6 +25,7 @@ import time
 
 import torch
 
+from audit.run.resources import keep_freed_memory
 from benchmarks.architectures import plain_gradient
 from benchmarks.timing import median_times, table
 
@@ -110,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-time", action="store_true")
+    parser.add_argument("--system-malloc", action="store_true", help="time with glibc's default allocator settings")
     args = parser.parse_args(argv)
-    print(f"timm models on the CPU ({torch.get_num_threads()} threads), 224 x 224, random weights, float32")
+    kept = False if args.system_malloc else keep_freed_memory()
+    print(f"timm models on the CPU ({torch.get_num_threads()} threads), 224 x 224, random weights, float32; "
+          f"times with {'freed memory kept for reuse, as the command line runs' if kept else 'glibc defaults'}")
     if not args.skip_time:
         for name in TIME_MODELS:
             rows, capture = time_ratios(name, args.batch, args.rounds)

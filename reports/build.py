@@ -16,6 +16,7 @@ from pathlib import Path
 from audit import style
 from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS
+from audit.checks.base import MedianScore
 from audit.errors import ConfigError
 from audit.run.results import AuditResult, example_maps, load_results
 from audit.sections import ReportContext, Section, Table
@@ -43,11 +44,14 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
     tables, config = result.tables, result.config
     manifest = result.manifest
     verdict = verdict_table(tables, config)
+    ran = {c.name: c.verdict for c in CHECKS.values() if c.verdict is not None and c.name in tables}
+    per_image = sorted({v.score_name for v in ran.values() if isinstance(v, MedianScore)})
     thresholds = ("Thresholds: " + "; ".join(
-        f"{c.verdict.failure} when {c.verdict.score_column} {c.verdict.comparison} {getattr(config, c.verdict.threshold)}"
-        for c in CHECKS.values() if c.verdict is not None and c.name in tables)
-        + ". CSC scores the chain injected at the logits; SSIM scores are medians over images with their 99 % "
-          "bootstrap interval (10,000 resamples).")
+        f"{v.failure} when {v.score_column} ({v.score_name}) {v.comparison} {getattr(config, v.threshold)}"
+        for v in ran.values()) + "."
+        + (" CSC scores the chain injected at the logits." if "csc" in ran else "")
+        + (f" Per-image scores ({', '.join(per_image)}) are medians over images with their 99 % bootstrap interval "
+           "(10,000 resamples)." if per_image else ""))
     sections = [Section("Verdict", thresholds, tables=[Table(verdict[display_columns(verdict)],
                                                              "Verdict per model and method.", "verdict")],
                         figures=_across_models(verdict, score))]
@@ -58,10 +62,12 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
     comparison = bort_comparison(tables)
     if not comparison.empty:
         fig = bort_figure(comparison)
-        sections.append(Section("Bort vs baseline", "Median SSIM per method for each baseline and its Bort twin, "
-                                "with a paired Wilcoxon signed-rank test on the per-image scores (scipy).",
-                                tables=[Table(comparison, "Bort vs baseline: paired Wilcoxon tests on per-image "
-                                                          "SSIM.", "bort")],
+        sections.append(Section("Bort vs baseline", "The median of each check's per-image score (named in the "
+                                "score column, with which values are the better ones) per method for each baseline "
+                                "and its Bort twin, with a paired Wilcoxon signed-rank test on the per-image scores "
+                                "(scipy).",
+                                tables=[Table(comparison, "Bort vs baseline: paired Wilcoxon tests on each check's "
+                                                          "per-image scores.", "bort")],
                                 figures=[fig] if fig else []))
     sections.append(Section("Models", tables=[Table(tables["models"], "Models: accuracy and orthogonality error.",
                                                     "models")]))

@@ -51,18 +51,18 @@ def bort_figure(comparison: pd.DataFrame) -> Figure | None:
     fig = MplFigure(figsize=(style.ONE_COLUMN, 0.16 * len(methods) + 0.9), layout="constrained")
     ax = fig.subplots()
     colours = [style.color(m) for m in methods]
-    ax.barh(y - 0.2, part.baseline_ssim, height=0.38, color=colours, alpha=0.4)
-    ax.barh(y + 0.2, part.bort_ssim, height=0.38, color=colours)
+    ax.barh(y - 0.2, part.baseline_score, height=0.38, color=colours, alpha=0.4)
+    ax.barh(y + 0.2, part.bort_score, height=0.38, color=colours)
     ax.set_yticks(y, methods)
     for label, colour in zip(ax.get_yticklabels(), colours):
         label.set_color(colour)
     ax.invert_yaxis()
-    test = str(part.test.iloc[0])
-    ax.set_xlabel(f"median SSIM ({test})")
+    test, score, better = str(part.test.iloc[0]), str(part.score.iloc[0]), str(part.better.iloc[0])
+    ax.set_xlabel(f"median {score} ({test}; {better} is better)")
     fig.legend(handles=[Patch(color="0.55", alpha=0.4, label=str(pair.baseline)), Patch(color="0.2", label=str(pair.bort))],
                loc="outside lower center", ncols=2)
-    return Figure(f"bort_vs_{pair.baseline}", fig, f"Median SSIM ({test}) per method of {pair.baseline} (light) and "
-                  f"its Bort-trained twin {pair.bort} (solid).")
+    return Figure(f"bort_vs_{pair.baseline}", fig, f"Median {score} ({test}, {better} is better) per method of "
+                  f"{pair.baseline} (light) and its Bort-trained twin {pair.bort} (solid).")
 
 
 def verdict_status(text: str) -> str:

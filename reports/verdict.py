@@ -72,7 +72,9 @@ def twins(models: pd.DataFrame) -> list[tuple[str, str]]:
 
 def bort_comparison(tables: dict) -> pd.DataFrame:
     """Paired Wilcoxon signed-rank tests (scipy) of the per-image scores behind each per-image verdict
-    (random-logit SSIM, SSIM at full cascading randomization), baseline vs Bort twin, per method."""
+    (random-logit SSIM, SSIM at full cascading randomization, eMPRT's score, sMPRT's Spearman, input
+    invariance's relative L2), baseline vs Bort twin, per method; each row names its score and which
+    of its values are the better ones."""
     rows = []
     models = tables.get("models", pd.DataFrame())
     if models.empty:
@@ -92,6 +94,7 @@ def bort_comparison(tables: dict) -> pd.DataFrame:
                 diff = b - a
                 p = float(stats.wilcoxon(a, b).pvalue) if np.any(diff != 0) else 1.0
                 rows.append({"baseline": base, "bort": bort, "test": name, "method": method,
-                             "baseline_ssim": float(np.median(a)), "bort_ssim": float(np.median(b)),
+                             "score": check.verdict.score_name, "better": check.verdict.better,
+                             "baseline_score": float(np.median(a)), "bort_score": float(np.median(b)),
                              "median_difference": float(np.median(diff)), "wilcoxon_p": p, "n": len(a)})
     return pd.DataFrame(rows)

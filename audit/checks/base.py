@@ -70,13 +70,19 @@ class VerdictRule:
 
     ``score_column`` / ``text_column`` name the two columns it adds to the verdict table;
     ``failure`` is the reason printed when it fails; ``threshold`` names the configuration option
-    compared with the score.
+    compared with the score; ``score_name`` what the score measures, as the report labels it.
     """
 
     score_column: str
     text_column: str
     failure: str
     threshold: str
+    score_name: str
+
+    @property
+    def better(self) -> str:
+        """Which scores are the better ones, for the report: "lower" or "higher"."""
+        return "higher" if self.comparison == "<" else "lower"
 
     def evaluate(self, part: pd.DataFrame, config) -> VerdictCell:
         raise NotImplementedError
@@ -102,6 +108,7 @@ class MedianScore(VerdictRule):
     text_column: str
     failure: str
     threshold: str
+    score_name: str = "SSIM"
     metric: str = "ssim"
     select: Callable[[pd.DataFrame], pd.DataFrame] = lambda df: df
     fails_below: bool = False

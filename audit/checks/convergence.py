@@ -311,6 +311,7 @@ class Collapse(VerdictRule):
     text_column: str = "collapse_layer"
     failure: str = "rank-1 collapse"
     threshold: str = "csc_threshold"
+    score_name: str = "CSC (median |cos| of the chain from the logits)"
 
     def evaluate(self, part, config):
         logits = part[part.is_logits.astype(bool)].sort_values("depth", ascending=False)

@@ -125,7 +125,8 @@ CHECK = Check(
     result_file="emprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=40,
     summary=lambda df: f"median eMPRT score {df[df.stage == df.stage.max()].score.median():.3f}",
-    verdict=MedianScore("emprt_score", "emprt", "complexity does not rise", "emprt_pass", metric="score",
+    verdict=MedianScore("emprt_score", "emprt", "complexity does not rise", "emprt_pass",
+                        score_name="eMPRT score (entropy ratio)", metric="score",
                         select=lambda df: df[df.stage == df.stage.max()], fails_below=True),
     description="entropy of each map's histogram after randomizing every layer, relative to the trained model's",
     options=STAGE_OPTIONS + (

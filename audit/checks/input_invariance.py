@@ -212,7 +212,7 @@ CHECK = Check(
     result_file="input_invariance.csv", columns=COLUMNS, run=_run, sections=_sections, order=45,
     summary=lambda df: f"median relative L2 change {df.relative_l2.median():.3g}",
     verdict=MedianScore("invariance_l2", "input_invariance", "not input-invariant", "invariance_tolerance",
-                        metric="relative_l2"),
+                        score_name="relative L2 change", metric="relative_l2"),
     description="the input shifted by a constant compensated in the first layer's bias; maps compared before/after",
     options=(Option("shift", -1.0, "constant added to every input value (compensated in the first layer's bias)"),
              Option("invariance_reference", "zero", "reference input of DeepLIFT and integrated gradients on the "

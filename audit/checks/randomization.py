@@ -330,14 +330,22 @@ def _image_rgb(image: np.ndarray, preprocess: Preprocess | None = None) -> np.nd
     return image[0] if image.shape[0] == 1 else np.moveaxis(image[:3], 0, -1)
 
 
+GRID_SCALES = ("map", "row")
+
+
 def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str, image: int, order: str,
-                 images: np.ndarray | None = None, preprocess: Preprocess | None = None) -> Figure:
+                 images: np.ndarray | None = None, preprocess: Preprocess | None = None, scale: str = "map") -> Figure:
     """Adebayo-style grid: the input image first, then one row per method (grouped by family) and
-    one column per randomization stage; one symmetric colour scale per row, with its colour bar.
+    one column per randomization stage, each row with its colour bar. Colour scales, symmetric
+    around 0 at the 99.5th percentile of |map|: ``scale="map"`` each map its own (as Adebayo et al.'s
+    figures: whether a late stage's map keeps its structure shows, however small its values);
+    ``"row"`` one per method across the stages (magnitudes compare; late stages may look blank).
 
     ``maps``: {method: (stages, images, H, W)}; ``images``: (images, C, H, W) model inputs or None,
     shown as they looked before ``preprocess``'s normalisation.
     """
+    if scale not in GRID_SCALES:
+        raise ValueError(f"scale must be one of {GRID_SCALES}, got {scale!r}")
     methods = [m for group in style.by_family(list(maps)).values() for m in group]
     n_stages = len(stage_names)
     # fixed geometry (inches) and one image per row (the stages side by side, NaN between them,
@@ -364,6 +372,8 @@ def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str
     colours = colormaps["coolwarm"].with_extremes(bad="white")
     for r, m in enumerate(methods):
         row = maps[m][:, image]
+        if scale == "map":  # each stage's map on its own scale, in units of its 99.5th percentile
+            row = np.stack([stage / (_percentile_scale(stage) or 1.0) for stage in row])
         h, w = row.shape[1:]
         pad = max(1, round(w * gap / cell))
         strip = np.full((h, n_stages * (w + pad) - pad), np.nan)
@@ -371,9 +381,9 @@ def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str
             strip[:, c * (w + pad): c * (w + pad) + w] = row[c]
         # symmetric around 0 (signed maps keep their sign); the 99.5th percentile so that one hot
         # pixel does not wash the row out
-        scale = float(np.nanpercentile(np.abs(row), 99.5)) or 1.0
+        limit = 1.0 if scale == "map" else (_percentile_scale(row) or 1.0)
         ax = axes_at(r, 1, n_stages * (cell + gap) - gap)
-        shown = ax.imshow(strip, cmap=colours, vmin=-scale, vmax=scale, aspect="auto")
+        shown = ax.imshow(strip, cmap=colours, vmin=-limit, vmax=limit, aspect="auto")
         fig.text((left - 0.06) / width, 1 - (top + (r + 0.5) * (cell + gap)) / height, m, ha="right", va="center",
                  color=style.color(m))
         if r == 0:
@@ -381,12 +391,20 @@ def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str
             ax.set_xticks([c * (w + pad) + w / 2 for c in range(n_stages)], stage_names, rotation=60, ha="left",
                           rotation_mode="anchor")
             ax.tick_params(axis="x", length=0)
-        colour_bar = fig.colorbar(shown, cax=axes_at(r, n_stages + 1, 0.06), ticks=[-scale, 0, scale])
-        colour_bar.ax.set_yticklabels([f"{-scale:.2g}", "0", f"{scale:.2g}"])
+        colour_bar = fig.colorbar(shown, cax=axes_at(r, n_stages + 1, 0.06), ticks=[-limit, 0, limit])
+        colour_bar.ax.set_yticklabels([f"{-limit:.2g}", "0", f"{limit:.2g}"])
         colour_bar.ax.tick_params(labelsize=4.5, length=1.5, pad=1)
+    scales = ("each map on its own symmetric colour scale (its 99.5th percentile of |value| at the ends of the "
+              "bar: structure shows, magnitudes do not compare across stages)" if scale == "map" else
+              "one symmetric colour scale per method row (magnitudes compare across stages)")
     return Figure(f"heatmaps_{model}_image{image}" + ("" if order == "cascading" else f"_{order}"), fig,
                   f"Maps of image {image} on {model} as layers are randomized ({order}, left to right), one row per "
-                  "method with its own symmetric colour scale (red positive, blue negative).")
+                  f"method, {scales}; red positive, blue negative.")
+
+
+def _percentile_scale(values: np.ndarray) -> float:
+    """The 99.5th percentile of |values| (NaN ignored): one hot pixel does not wash a map out."""
+    return float(np.nanpercentile(np.abs(values), 99.5))
 
 
 STAGE_OPTIONS = (
@@ -396,7 +414,9 @@ STAGE_OPTIONS = (
            choices=TARGETS),
     Option("init", "reset", "re-initialisation: reset (the layer's reset_parameters, as Quantus), gaussian "
            "(truncated normal with the trained weights' sigma, after Adebayo) or permute (the trained weights "
-           "shuffled: same distribution)", choices=INITS))
+           "shuffled: same distribution)", choices=INITS),
+    Option("heatmap_scale", "map", "colour scale of the report's heatmap grids: each map its own (map, as Adebayo "
+           "et al.'s figures) or one per method row (row)", choices=GRID_SCALES))
 
 
 def _checks() -> list[Check]:
@@ -421,7 +441,8 @@ def _checks() -> list[Check]:
                 if maps:
                     stages = list(table[table.model == m].drop_duplicates("stage").sort_values("stage").layer)
                     spec = preprocess_from(getattr(context.config, "preprocess", "none"))
-                    grids += [heatmap_grid(maps, stages, m, i, order, images, spec)
+                    grids += [heatmap_grid(maps, stages, m, i, order, images, spec,
+                                           getattr(context.config, "heatmap_scale", "map"))
                               for i in range(next(iter(maps.values())).shape[1])]
             if grids:
                 out.append(Section(f"Heatmaps under {order} randomization", figures=grids))

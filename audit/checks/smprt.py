@@ -115,7 +115,8 @@ CHECK = Check(
     name="smprt", cite=("hedstrom2024",), title="Smooth MPRT (sMPRT)", reference="Hedstroem et al. 2023", result_file="smprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=41,
     summary=lambda df: f"median Spearman at full randomization {_last_stage(df).spearman.median():.3f}",
-    verdict=MedianScore("smprt_spearman", "smprt", "weight-insensitive (denoised)", "smprt_pass", metric="spearman",
+    verdict=MedianScore("smprt_spearman", "smprt", "weight-insensitive (denoised)", "smprt_pass",
+                        score_name="Spearman of magnitudes (sMPRT)", metric="spearman",
                         select=_last_stage),
     description="maps averaged over noisy inputs, compared by Spearman of magnitudes after each randomization stage",
     options=STAGE_OPTIONS + (

@@ -85,7 +85,8 @@ def test_heatmap_grid_shows_the_input_first_and_one_colour_bar_per_row():
     rng = np.random.default_rng(0)
     maps = {m: rng.normal(size=(3, 2, 8, 8)) * s for m, s in (("gradient", 1.0), ("lrp-zplus", 100.0))}
     images = rng.uniform(size=(2, 1, 8, 8))
-    fig = heatmap_grid(maps, ["original", "fc", "conv"], "m", 1, "cascading", images)
+    fig = heatmap_grid(maps, ["original", "fc", "conv"], "m", 1, "cascading", images, scale="row")
+    assert "one symmetric colour scale per method row" in fig.caption
     shown = [ax for ax in fig.figure.axes if ax.get_images()]
     first = shown[0].get_images()[0].get_array()
     assert np.allclose(first, (images[1, 0] - images[1, 0].min()) / np.ptp(images[1, 0]))  # the input image
@@ -96,3 +97,21 @@ def test_heatmap_grid_shows_the_input_first_and_one_colour_bar_per_row():
         assert low == -high and np.isclose(high, np.percentile(np.abs(maps[method][:, 1]), 99.5))
     bars = [ax for ax in fig.figure.axes if not ax.get_images()]
     assert len(bars) == 2 and len(fig.figure.axes) == 1 + 2 + 2  # input, a strip per row, a colour bar per row
+
+
+def test_heatmap_grid_scales_each_map_on_its_own_by_default():
+    # the last stage a thousand times smaller: on one row scale it would be blank, on its own it shows
+    rng = np.random.default_rng(1)
+    maps = {"gradient": rng.normal(size=(3, 1, 8, 8)) * np.array([1.0, 1.0, 1e-3])[:, None, None, None]}
+    fig = heatmap_grid(maps, ["original", "fc", "conv"], "m", 0, "cascading")
+    assert "each map on its own symmetric colour scale" in fig.caption
+    (ax,) = [a for a in fig.figure.axes if a.get_images()]
+    strip = np.ma.filled(ax.get_images()[0].get_array(), np.nan)
+    assert ax.get_images()[0].get_clim() == (-1.0, 1.0)
+    for c in range(3):
+        stage = strip[:, c * (8 + 1): c * (8 + 1) + 8] if strip.shape[1] == 3 * 8 + 2 else None
+        assert stage is not None
+        expected = maps["gradient"][c, 0] / np.percentile(np.abs(maps["gradient"][c, 0]), 99.5)
+        assert np.allclose(stage, expected)
+    with pytest.raises(ValueError, match="scale must be one of"):
+        heatmap_grid(maps, ["original", "fc", "conv"], "m", 0, "cascading", scale="column")

@@ -66,7 +66,7 @@ def test_twins_are_told_apart_by_the_optimizer_registry_and_compared_per_image()
                          + _per_image("gradient", [0.2, 0.4, 0.6, 0.8], model="a-bort"))
     cmp = bort_comparison({"models": models.iloc[:2], "random-logit": logit})
     assert len(cmp) == 1 and cmp.test[0] == "random-logit"
-    assert cmp.baseline_ssim[0] == 0.25 and cmp.bort_ssim[0] == 0.5 and cmp.median_difference[0] == 0.25
+    assert cmp.baseline_score[0] == 0.25 and cmp.bort_score[0] == 0.5 and cmp.median_difference[0] == 0.25
     assert 0 < cmp.wilcoxon_p[0] <= 1
 
 
@@ -79,3 +79,16 @@ def test_a_check_with_no_defined_score_makes_the_verdict_undefined():
     assert v.loc["gradient", "verdict"] == "undefined: random-logit (maps constant or non-finite)"
     assert v.loc["lrp-zplus", "verdict"] == "fail: class-insensitive"  # the one defined image decides
     assert v.loc["deeplift", "verdict"] == "fail: weight-insensitive"  # a failure outranks an undefined check
+
+
+def test_each_comparison_names_its_score_and_which_values_are_better():
+    models = pd.DataFrame({"model": ["a-sgd", "a-bort"], "arch": ["a", "a"], "optimizer": ["sgd", "bort"]})
+    logit = pd.DataFrame(_per_image("gradient", [0.1, 0.2, 0.3], model="a-sgd")
+                         + _per_image("gradient", [0.2, 0.3, 0.5], model="a-bort"))
+    emprt = pd.DataFrame([{"model": m, "method": "gradient", "image": i, "stage": stage, "layer": "x",
+                           "score": 1.0 + stage * (i + 1) * (2 if m == "a-bort" else 1)}
+                          for m in ("a-sgd", "a-bort") for i in range(3) for stage in (0, 3)])
+    cmp = bort_comparison({"models": models, "random-logit": logit, "emprt": emprt}).set_index("test")
+    assert (cmp.loc["random-logit", "score"], cmp.loc["random-logit", "better"]) == ("SSIM", "lower")
+    assert cmp.loc["emprt", "score"].startswith("eMPRT score") and cmp.loc["emprt", "better"] == "higher"
+    assert cmp.loc["emprt", "baseline_score"] == 7.0 and cmp.loc["emprt", "bort_score"] == 13.0  # the last stage

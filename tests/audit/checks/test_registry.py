@@ -22,7 +22,12 @@ def test_registered_checks_in_order_with_their_declarations():
         assert check.result_file.endswith(".csv") and "method" in check.columns and check.title
     assert [c.name for c in CHECKS.values() if c.verdict] == ["csc", "random-logit", "cascading", "emprt", "smprt",
                                                                "input-invariance"]
+    assert {c.name: (c.verdict.score_name, c.verdict.better) for c in CHECKS.values() if c.verdict} == {
+        "csc": ("CSC (median |cos| of the chain from the logits)", "lower"), "random-logit": ("SSIM", "lower"),
+        "cascading": ("SSIM", "lower"), "emprt": ("eMPRT score (entropy ratio)", "higher"),
+        "smprt": ("Spearman of magnitudes (sMPRT)", "lower"), "input-invariance": ("relative L2 change", "lower")}
     assert {"n_vectors", "csc_threshold", "random_logit_pass", "randomization_pass", "bn", "target", "init",
+            "heatmap_scale",
             "emprt_order", "emprt_bins", "emprt_curve", "emprt_pass", "smprt_order", "smprt_samples", "smprt_noise", "smprt_pass",
             "shift", "invariance_reference", "invariance_tolerance"} == set(check_options())
     with pytest.raises(ConfigError, match="unknown test 'cascade'.*Did you mean 'cascading'"):

@@ -198,8 +198,8 @@ _MOVES = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "flatt
 _MIXES = {"add", "sub", "rsub", "neg", "mul", "div", "mean", "sum", "matmul", "bmm", "mm", "einsum", "addmm",
           "baddbmm", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_linear1d", "masked_fill", "where",
           "cumsum", "linear", "avg_pool3d", "col2im"}
-# ops that make a tensor from a signal's shape, dtype or device only: constants of the backward pass
 _ELEMENTWISE = {"add", "sub", "rsub", "neg", "mul", "div", "masked_fill", "where"}  # mixes cheap to recompute
+# ops that make a tensor from a signal's shape, dtype or device only: constants of the backward pass
 _SHAPE_ONLY = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "zeros_like", "ones_like", "full_like",
                "empty_like", "rand_like", "randn_like", "scalar_tensor"}
 # nonlinear reductions of one signal over some of its axes (``params["dims"]``, None for all)

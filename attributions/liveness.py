@@ -49,7 +49,8 @@ def _cheap(node: Any) -> bool:
 def plan(graph: Graph, rules: dict, keep: frozenset[str]) -> Lean:
     """The plan for ``graph`` under ``rules`` ({node: rule}) when the backward returns the signals at
     ``keep``."""
-    needed = set(keep) | {graph.output, "input"}
+    protected = set(keep) | {graph.output, "input"}  # read after the backward: never freed
+    needed = set(protected)
     for node in graph.nodes:
         rule = rules.get(node.name)
         if rule is None:
@@ -59,13 +60,12 @@ def plan(graph: Graph, rules: dict, keep: frozenset[str]) -> Lean:
             needed.add(node.name)
         if "inputs" in reads:
             needed.update(node.inputs)
-    protected = set(keep) | {graph.output, "input"}
     depth: dict[str, int] = {}  # of the recomputation chain behind each rematerialised value
     for node in graph.nodes:  # in forward order: what a recomputation reads is held or recomputed itself
         if node.name in protected or not _cheap(node):
             continue
         chain = 1 + max((depth.get(i, 0) for i in node.inputs), default=0)
-        if chain <= MAX_CHAIN and all(i in depth or (i in needed and i not in depth) for i in node.inputs):
+        if chain <= MAX_CHAIN and all(i in depth or i in needed for i in node.inputs):
             depth[node.name] = chain
     remat = set(depth)
     held = needed - remat

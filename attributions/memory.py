@@ -88,7 +88,6 @@ def stand_in(value: torch.Tensor) -> torch.Tensor:
     return value.new_zeros(()).expand(value.shape)
 
 
-
 def is_stand_in(value) -> bool:
     """Whether ``value`` is a :func:`stand_in` (a tensor of several elements on one of memory)."""
     return isinstance(value, torch.Tensor) and value.numel() > 1 and all(s == 0 for s in value.stride())

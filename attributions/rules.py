@@ -65,17 +65,12 @@ class Context:
         recorded = self.env.get((self.node.name, "graph")) if self.env is not None else None
         if recorded is not None and at is None and function is None:
             leaves, edge = recorded
-            batched = signal.shape[0] > 1
-            grads = torch.autograd.grad([edge], leaves, [signal if batched else signal[0]], retain_graph=True,
-                                        allow_unused=True, is_grads_batched=batched)
-            return [signal.new_zeros((signal.shape[0], *leaf.shape)) if g is None else (g if batched else g[None])
-                    for g, leaf in zip(grads, leaves)]
+            return _autograd_vjp(edge, leaves, signal, retain_graph=True)
         primals = at if at is not None else self.inputs
         pullback = torch.func.vjp(function or self.apply, *primals)[1]
         if tree_leaves(signal)[0].shape[0] == 1:  # one signal (a map): no batching; tuples (chunks) stay tuples
             return [tree_map(lambda t: t[None], g) for g in pullback(tree_map(lambda t: t[0], signal))]
         return list(torch.func.vmap(pullback)(signal))
-
 
     def linear_vjp(self, signal: torch.Tensor) -> list[torch.Tensor]:
         """The vector-Jacobian products of an op linear in its signal inputs, which do not depend on
@@ -85,16 +80,23 @@ class Context:
             with torch.enable_grad():
                 points = [point(t) for t in self.inputs]
                 out = self.apply(*points)
-            batched = signal.shape[0] > 1
-            grads = torch.autograd.grad([out], points, [signal if batched else signal[0]], allow_unused=True,
-                                        is_grads_batched=batched)
-            return [signal.new_zeros((signal.shape[0], *p.shape)) if g is None else (g if batched else g[None])
-                    for g, p in zip(grads, points)]
+            return _autograd_vjp(out, points, signal)
 
         try:
             return at(lambda t: t.new_zeros(()).requires_grad_().expand(t.shape))
         except RuntimeError:  # an op the stride-0 stand-in cannot take (a view needing real strides)
             return at(lambda t: torch.zeros(t.shape, dtype=t.dtype, device=t.device).requires_grad_())
+
+
+def _autograd_vjp(root: Any, inputs: list[torch.Tensor], signal: torch.Tensor, retain_graph: bool = False
+                  ) -> list[torch.Tensor]:
+    """Autograd's vector-Jacobian products from ``root`` (a tensor or its gradient edge) to ``inputs``
+    for K signals (K, B, ...) at once -> one (K, B, ...) per input (zeros where an input is unused)."""
+    batched = signal.shape[0] > 1
+    grads = torch.autograd.grad([root], inputs, [signal if batched else signal[0]], retain_graph=retain_graph,
+                                allow_unused=True, is_grads_batched=batched)
+    return [signal.new_zeros((signal.shape[0], *t.shape)) if g is None else (g if batched else g[None])
+            for g, t in zip(grads, inputs)]
 
 
 def stabilize(z: torch.Tensor, epsilon: float) -> torch.Tensor:

@@ -130,6 +130,27 @@ class Graph:
                 out.append((node.module.path, node.module.module, node.bn.module if node.bn is not None else None))
         return out
 
+    def parameter_uses(self) -> dict[str, int]:
+        """{name of a model parameter or buffer: index into ``nodes`` of the first signal node whose
+        value depends on it}: the forward order of the model's tensors (a tensor no signal node reads
+        is absent)."""
+        sources: dict[str, frozenset[str]] = {}  # a constant node: the model tensors it is computed from
+        first: dict[str, int] = {}
+        for k, node in enumerate(self.nodes):
+            names = {node.params["attribute"]} if "attribute" in node.params else set()
+            for r in node.params.get("reads", ()):
+                names |= sources.get(r, frozenset())
+            if node.kind not in SIGNAL_KINDS:
+                sources[node.name] = frozenset(names)
+                continue
+            for layer in (node.module, node.bn):  # a folded BatchNorm's tensors are read through its layer
+                if isinstance(layer, Layer) and layer.module is not None:
+                    names |= {f"{layer.path}.{n}" if layer.path else n
+                              for n, _ in layer.module.named_parameters(recurse=False)}
+            for n in names:
+                first.setdefault(n, k)
+        return first
+
 
 # --- live views of a weighted op's tensors ---------------------------------------------------------
 

@@ -78,13 +78,14 @@ def _quantus_rows(rounds: int, n_images: int = 16) -> list[tuple]:
 
 def _floor(model, x, y, order: str, samples: int = 1) -> None:
     """A randomization check's floor: its stage models built as the check builds them (the model copied
-    and traced, each stage's layer re-initialised), then one forward pass and one input gradient per
+    and traced, each stage's layer or block re-initialised), then one forward pass and one input gradient per
     stage model (on ``samples`` copies of the batch), by autograd."""
     from attributions.graph import trace
-    from audit.checks.randomization import parameterised_layers, randomization_stages
+    from audit.checks.randomization import randomization_stages
+    from audit.checks.stages import randomization_plan
     start = copy.deepcopy(model)
-    layers = parameterised_layers(trace(start, torch.as_tensor(x)))
-    stages = [m for _, _, m in randomization_stages(model, order, layers=layers, start=start)]
+    plan = randomization_plan(start, trace(start, torch.as_tensor(x)))
+    stages = [m for _, _, m in randomization_stages(model, order, plan=plan, start=start)]
     xb, yb = torch.as_tensor(x).repeat(samples, 1, 1, 1), torch.as_tensor(y).repeat(samples)
     for m in stages:
         xg = xb.clone().requires_grad_()

@@ -157,6 +157,10 @@ class Check:
     cite : BibTeX keys of the protocol's references (``reports.references``)
     per_image : whether every row describes one image (column ``image``), so that a unit's images can be
         computed in blocks (``image_block``); False for statistics pooled over images
+    coverage : ``coverage(model, x, config) -> (rows, summary)``, what the check changes in a model
+        besides its units (the randomization checks: which tensors each stage re-initialised), or None;
+        the runner writes the rows to ``results/<result file>_coverage.csv`` and the summary to the
+        manifest's ``coverage``
     """
 
     name: str
@@ -174,3 +178,9 @@ class Check:
     description: str = field(default="")
     cite: tuple[str, ...] = ()
     per_image: bool = True
+    coverage: Callable[[nn.Module, torch.Tensor, Any], tuple[pd.DataFrame, dict]] | None = None
+
+    @property
+    def coverage_file(self) -> str:
+        """Where the runner writes the coverage rows, beside the result file."""
+        return self.result_file.removesuffix(".csv") + "_coverage.csv"

@@ -18,12 +18,14 @@ import torch
 from scipy import special
 
 from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.coverage import paragraph as coverage_paragraph
+from audit.checks.coverage import record as coverage_record
 from audit.checks.randomization import ORDERS, STAGE_OPTIONS, stage_batches, stage_figure, stage_maps
 from audit.errors import ConfigError
 from audit.measures.similarity import degenerate
 from audit.sections import ReportContext, Section
 
-COLUMNS = ["method", "stage", "layer", "image", "entropy", "score"]
+COLUMNS = ["method", "stage", "layer", "image", "entropy", "score", "share"]
 
 
 def discrete_entropy(maps: torch.Tensor, n_bins: int = 100) -> np.ndarray:
@@ -64,7 +66,8 @@ def histograms(rows: np.ndarray, n_bins: int) -> np.ndarray:
 
 def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_bins: int = 100,
                    order: str = "bottom-up", bn: str = "reset", target: str = "true", init: str = "reset",
-                   reduction: dict | None = None, progress: bool = True, curve: bool = True) -> pd.DataFrame:
+                   reduction: dict | None = None, progress: bool = True, curve: bool = True,
+                   granularity: str = "auto") -> pd.DataFrame:
     """eMPRT: the relative rise in the maps' entropy as the model's layers are randomized.
 
     Parameters
@@ -74,7 +77,7 @@ def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n
     methods : names, "all" or a comma-separated string
     seed : seeds the re-initialisations
     n_bins : histogram bins of the entropy
-    order, bn, target, init : as :func:`~audit.checks.randomization.randomization_with_maps`
+    order, bn, target, init, granularity : as :func:`~audit.checks.randomization.randomization_with_maps`
         (bottom-up by default, as Hedstroem et al.)
     curve : explain every stage (the per-stage curve); False explains only the trained and the fully
         randomized model, which is all the score needs (Quantus's ``skip_layers``)
@@ -83,30 +86,31 @@ def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n
     -------
     DataFrame, one row per method x stage x image: method, stage (0 = trained), layer (re-initialised
     at that stage), image, entropy (of the map at that stage), score ((H_stage - H_0) / H_0; the eMPRT
-    score is the last stage's, every layer randomized).
+    score is the last stage's, every layer randomized), share (of the parameters re-initialised).
     """
     rows: list[dict] = []
     first: dict[str, np.ndarray] = {}
     n = len(x)
     for batch in stage_batches(stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
-                                          "efficient_mprt", every_stage=curve)):
+                                          "efficient_mprt", every_stage=curve, granularity=granularity)):
         measured = {}
-        for m in batch[0][2]:
-            v = torch.cat([maps[m] for _, _, maps in batch])  # the batch's stages measured at once
+        for m in batch[0].maps:
+            v = torch.cat([s.maps[m] for s in batch])  # the batch's stages measured at once
             h = np.where(degenerate(v), np.nan, discrete_entropy(v, n_bins))  # constant / non-finite: undefined
             h0 = np.tile(first.setdefault(m, h[:n]), len(batch))  # the trained model's, for each stage
             with np.errstate(invalid="ignore", divide="ignore"):
                 measured[m] = h, np.where(h0 > 0, (h - h0) / h0, np.nan)  # a constant trained map: undefined
-        for k, (stage, layer, _) in enumerate(batch):
-            rows += [{"method": m, "stage": stage, "layer": layer, "image": i, "entropy": float(h[k * n + i]),
-                      "score": float(score[k * n + i])} for m, (h, score) in measured.items() for i in range(n)]
+        for k, s in enumerate(batch):
+            rows += [{"method": m, "stage": s.stage, "layer": s.layer, "image": i, "entropy": float(h[k * n + i]),
+                      "score": float(score[k * n + i]), "share": s.share}
+                     for m, (h, score) in measured.items() for i in range(n)]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _run(model, x, y, method, config, progress) -> UnitResult:
     return UnitResult(efficient_mprt(model, x, y, [method], seed=config.seed, n_bins=config.emprt_bins,
                                      order=config.emprt_order, bn=config.bn, target=config.target, init=config.init,
-                                     progress=progress, curve=config.emprt_curve))
+                                     progress=progress, curve=config.emprt_curve, granularity=config.granularity))
 
 
 def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
@@ -116,11 +120,13 @@ def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
                             threshold=threshold, meaning="under it after the last stage a method fails")
                for m in table.model.unique()]
     return [Section("Efficient MPRT (eMPRT)", text="Relative rise of the maps' histogram entropy as layers are "
-                    "randomized; the score is the last stage's. Higher is better; the edge control scores 0.",
+                    "randomized; the score is the last stage's. Higher is better; the edge control scores 0. "
+                    + coverage_paragraph(context.run, "emprt_coverage.csv", list(table.model.unique())),
                     figures=figures)]
 
 
 CHECK = Check(
+    coverage=lambda model, x, config: coverage_record(model, x, config, config.emprt_order),
     name="emprt", cite=("hedstrom2024",), title="Efficient MPRT (eMPRT)", reference="Hedstroem et al. 2023, 2024",
     result_file="emprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=40,

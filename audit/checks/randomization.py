@@ -1,20 +1,22 @@
 """Model parameter randomization (Adebayo et al. 2018; Sixt et al. 2020; Hedstrom et al. 2023).
 
-Stage 0 is the trained model; each later stage re-initialises parameterised layers, taken in
-forward execution order from the traced graph: cumulatively from the logits down
-(``cascading``), one at a time (``independent``) or cumulatively from the input up
-(``bottom-up``). Each layer's own ``reset_parameters`` draws from a generator seeded by
-(seed, layer name), so stages are reproducible and independent of the global RNG. BatchNorm
-that follows a re-initialised layer is ``reset`` (gamma 1, beta 0, mean 0, var 1, as Sixt) or
-keeps its statistics (``keep-stats``, as Adebayo). All work happens on copies of the model, and
-each stage's forward pass is shared by all methods.
+Stage 0 is the trained model; each later stage re-initialises one part of the model: a layer or a
+block (:mod:`audit.checks.stages`; together the stages hold every parameter tensor), taken in
+forward order from the traced graph: cumulatively from the logits down (``cascading``), one at a
+time (``independent``) or cumulatively from the input up (``bottom-up``). Each part's draw comes from
+a generator seeded by (seed, part name) (:mod:`audit.checks.reinit`), so stages are reproducible and
+independent of the global RNG. BatchNorm is ``reset`` (gamma 1, beta 0, mean 0, var 1, as Sixt) or
+keeps its statistics and parameters (``keep-stats``, as Adebayo). All work happens on copies of the
+model, and each stage's forward pass is shared by all methods. Each stage's rows carry ``share``:
+the fraction of the model's parameters (elements) re-initialised in that stage's model.
 """
 from __future__ import annotations
 
 import copy
-import zlib
-from collections.abc import Callable
-from typing import Any
+import functools
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -30,7 +32,11 @@ from attributions.explainer import Explainer, attribute_many
 from attributions.graph import SIGNAL_KINDS, Graph, trace
 from audit import style
 from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.coverage import paragraph as coverage_paragraph
+from audit.checks.coverage import record as coverage_record
 from audit.checks.passes import model_errors, prepare
+from audit.checks.reinit import BN_POLICIES, INITS, reinitialise, reinitialise_part, reset_batchnorm
+from audit.checks.stages import GRANULARITIES, Stage, randomization_plan
 from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import AuditError
 from audit.inputs import check_inputs, check_option, resolve_methods
@@ -39,11 +45,12 @@ from audit.measures.statistics import summarize
 from audit.panels import family_panels, method_legend, threshold_line
 from audit.sections import Figure, ReportContext, Section
 
+__all__ = ["BN_POLICIES", "INITS", "ORDERS", "parameter_randomization", "randomization_stages", "reinitialise",
+           "reset_batchnorm", "stage_maps"]
+
 ORDERS = ("cascading", "independent", "bottom-up")
-BN_POLICIES = ("reset", "keep-stats")
-INITS = ("reset", "gaussian", "permute")
 TARGETS = ("true", "predicted")
-COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog"]
+COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog", "share"]
 COMPARE_BYTES = 1 << 23  # maps per batch of measures (their buffers are about ten times as large)
 
 
@@ -53,106 +60,50 @@ def parameterised_layers(graph: Graph) -> list[tuple[str, nn.Module, nn.Module |
     return graph.weighted_layers()
 
 
-def reinitialise(module: nn.Module, name: str, seed: int, init: str = "reset") -> None:
-    """Re-initialise a layer's parameters with a generator seeded by (seed, name); global RNG untouched.
-
-    ``reset``: the layer's own ``reset_parameters`` (PyTorch's default initialisation, as Quantus);
-    ``gaussian``: weights from a normal distribution truncated at 2 sigma, sigma the trained weights'
-    standard deviation, biases zero (after Adebayo et al. 2018, who drew from a truncated normal);
-    ``permute``: a random permutation of each trained tensor's entries, which keeps their distribution.
-    """
-    check_option("re-initialisation", init, INITS)
-    device = next(module.parameters(), torch.empty(0)).device
-    if device.type != "cpu":  # drawn by the CPU generator, so that a GPU run re-initialises to the same values
-        twin = copy.deepcopy(module).cpu()
-        reinitialise(twin, name, seed, init)
-        module.load_state_dict(twin.state_dict())
-        return
-    with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))  # the CPU generator alone
-        if init == "reset":
-            # nn.MultiheadAttention keeps its own as _reset_parameters
-            reset = getattr(module, "reset_parameters", None) or getattr(module, "_reset_parameters", None)
-            if not callable(reset):
-                raise AuditError(f"layer {name!r} ({type(module).__name__}) has no reset_parameters; use init "
-                                 "'gaussian' or 'permute'")
-            reset()
-            return
-        with torch.no_grad():
-            for pname, p in module.named_parameters(recurse=False):
-                if init == "permute":
-                    p.copy_(p.flatten()[torch.randperm(p.numel())].reshape(p.shape))
-                elif pname.endswith("bias"):
-                    p.zero_()
-                else:
-                    sigma = float(p.std()) if p.numel() > 1 else 1.0
-                    nn.init.trunc_normal_(p, 0.0, sigma, -2.0 * sigma, 2.0 * sigma)
-
-
-def reset_batchnorm(bn: nn.Module) -> None:
-    assert isinstance(bn, (nn.BatchNorm1d, nn.BatchNorm2d))  # the only BatchNorm kinds the graph accepts
-    with torch.no_grad():
-        if bn.weight is not None:
-            bn.weight.fill_(1.0)
-            bn.bias.zero_()
-        # a BatchNorm built with track_running_stats=False has no statistics to reset
-        if bn.running_mean is not None:
-            bn.running_mean.zero_()
-        if bn.running_var is not None:
-            bn.running_var.fill_(1.0)
-
-
 def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "reset", seed: int = 0,
-                         layers: list | None = None, init: str = "reset", start: nn.Module | None = None):
-    """Yield (stage, layer name, model copy) for stage 0 (the original) and each randomisation stage.
+                         plan: list[Stage] | None = None, init: str = "reset", start: nn.Module | None = None,
+                         records: dict[str, str] | None = None) -> Iterator[tuple[int, str, nn.Module]]:
+    """Yield (stage, stage name, model copy) for stage 0 (the original) and each randomisation stage.
 
-    ``layers``: the result of :func:`parameterised_layers` (of ``start`` when given, else of ``model``);
-    ``init``: the re-initialisation scheme (:func:`reinitialise`);
-    ``start``: an unmodified copy of ``model`` to randomize (made here when None).
+    ``plan``: the stages in forward order (:func:`audit.checks.stages.randomization_plan` of ``start``
+    when given, else of ``model``); ``init``: the re-initialisation scheme, ``bn`` the BatchNorm policy
+    (:mod:`audit.checks.reinit`); ``start``: an unmodified copy of ``model`` to randomize (made here
+    when None); ``records``: filled with {tensor name: how it was drawn} as the stages run.
     """
     check_option("re-initialisation", init, INITS)
     check_option("order", order, ORDERS)
     check_option("BatchNorm policy", bn, BN_POLICIES)
-    owner = start if start is not None else model  # the model whose modules ``layers`` holds
-    if layers is None:
-        raise AuditError("randomization_stages needs the model's layers: layers=parameterised_layers(trace(model, x))")
-    folded_names = {n: _module_name(owner, b) for n, _, b in layers if b is not None}
-    sequence = list(reversed(layers)) if order in ("cascading", "independent") else layers
+    if plan is None:
+        raise AuditError("randomization_stages needs the model's stages: "
+                         "plan=randomization_plan(model, trace(model, x))")
+    sequence = list(reversed(plan)) if order in ("cascading", "independent") else plan
     current = start if start is not None else copy.deepcopy(model)
     yield 0, "original", current
-    for stage, (name, _, _) in enumerate(sequence, start=1):
+    for stage, step in enumerate(sequence, start=1):
         target = copy.deepcopy(model) if order == "independent" else current
-        modules = dict(target.named_modules())
-        module = modules[name]
-        if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)):
-            if bn == "reset":
-                reset_batchnorm(module)
-        else:
-            reinitialise(module, name, seed, init)
-            if name in folded_names and bn == "reset":
-                reset_batchnorm(modules[folded_names[name]])
+        for part in step.parts:
+            drawn = reinitialise_part(target, part, seed, init, bn)
+            if records is not None:
+                records.update(drawn)
         current = target
-        yield stage, name, target
-
-
-def _module_name(model: nn.Module, module: nn.Module) -> str:
-    return next(n for n, m in model.named_modules() if m is module)
+        yield stage, step.name, target
 
 
 def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
                             target: str = "true", seed: int = 0, reduction: dict | None = None,
-                            progress: bool = True, init: str = "reset") -> pd.DataFrame:
+                            progress: bool = True, init: str = "reset", granularity: str = "auto") -> pd.DataFrame:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps.
 
     Parameters and returns as :func:`randomization_with_maps`, without the maps.
     """
-    return randomization_with_maps(model, x, y, methods, order, bn, target, seed, reduction, progress, 0, init)[0]
+    return randomization_with_maps(model, x, y, methods, order, bn, target, seed, reduction, progress, 0, init,
+                                   granularity)[0]
 
 
 def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
                             target: str = "true", seed: int = 0, reduction: dict | None = None,
-                            progress: bool = True, keep_maps: int = 0, init: str = "reset"
-                            ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+                            progress: bool = True, keep_maps: int = 0, init: str = "reset",
+                            granularity: str = "auto") -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps,
     and the raw heatmaps of the first ``keep_maps`` images at every stage.
 
@@ -167,12 +118,15 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     seed : seeds the re-initialisations
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
     keep_maps : how many images' raw heatmaps to keep at every stage
-    init : reset | gaussian | permute, the re-initialisation scheme (:func:`reinitialise`)
+    init : reset | gaussian | permute, the re-initialisation scheme (:mod:`audit.checks.reinit`)
+    granularity : layer | block | auto (block for a model with blocks), what one stage re-initialises
+        (:mod:`audit.checks.stages`)
 
     Returns
     -------
-    DataFrame, one row per method x stage x image: method, stage, layer (the layer re-initialised at
-    that stage; "original" for stage 0), image, ssim (flip-invariant), spearman, spearman_abs, hog;
+    DataFrame, one row per method x stage x image: method, stage, layer (the layer or block
+    re-initialised at that stage; "original" for stage 0), image, ssim (flip-invariant), spearman,
+    spearman_abs, hog, share (of the parameters re-initialised in that stage's model);
     and {method: (stages, keep_maps, H, W) array} (empty arrays when ``keep_maps`` is 0).
     """
     reference: dict[str, ReferenceMaps] = {}
@@ -180,17 +134,18 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     kept: dict[str, list[np.ndarray]] = {}
     n = len(x)
     for batch in stage_batches(stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
-                                          "parameter_randomization")):
-        stacked = {m: ComparableMaps(torch.cat([maps[m] for _, _, maps in batch])) for m in batch[0][2]}
+                                          "parameter_randomization", granularity=granularity)):
+        stacked = {m: ComparableMaps(torch.cat([s.maps[m] for s in batch])) for m in batch[0].maps}
         if not reference:  # stage 0 (the trained model's maps) leads the first batch: prepared with it
             reference = {m: ReferenceMaps(v, n=n) for m, v in stacked.items()}
         sims = {m: reference[m].compare(stacked[m]) for m in reference}
-        for k, (stage, layer, maps) in enumerate(batch):
+        for k, s in enumerate(batch):
             for m in reference:
                 if keep_maps:
-                    kept.setdefault(m, []).append(maps[m][:keep_maps].numpy())
-                rows += [{"method": m, "stage": stage, "layer": layer, "image": i,
-                          **{name: float(s[k * n + i]) for name, s in sims[m].items()}} for i in range(n)]
+                    kept.setdefault(m, []).append(s.maps[m][:keep_maps].numpy())
+                rows += [{"method": m, "stage": s.stage, "layer": s.layer, "image": i,
+                          **{name: float(v[k * n + i]) for name, v in sims[m].items()}, "share": s.share}
+                         for i in range(n)]
     df = pd.DataFrame(rows, columns=COLUMNS)
     shape = (0, 0) + tuple(x.shape[2:])
     return df, {m: np.stack(kept[m]) if m in kept else np.zeros(shape) for m in reference}
@@ -203,18 +158,34 @@ def _plain(explainers: dict[str, Explainer], x: torch.Tensor, t: torch.Tensor, e
     return {m: v[0] for m, v in attribute_many(explainers, x, [t], envs).items()}
 
 
+class StageMaps(NamedTuple):
+    """One stage's maps: ``stage`` (0 = trained), ``layer`` (the stage's name), ``maps`` {method:
+    (B, H, W) heatmaps} and ``share``, the fraction of the parameters re-initialised in its model."""
+
+    stage: int
+    layer: str
+    maps: dict[str, torch.Tensor]
+    share: float
+
+
+def kept_trained(plan: list[Stage], bn: str) -> list[str]:
+    """The parameter tensors the stages of ``plan`` leave trained under BatchNorm policy ``bn``."""
+    return [t for stage in plan for part in stage.parts if part.batchnorm and bn == "keep-stats" for t in part.tensors]
+
+
 def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
                target: str = "true", seed: int = 0, init: str = "reset", reduction: dict | None = None,
                progress: bool = True, name: str = "randomization", explain: Explain = _plain,
-               every_stage: bool = True):
-    """Yield (stage, layer, {method: (B, H, W) heatmaps}) for the trained model (stage 0, layer
-    "original") and each randomisation stage: the one loop every randomization-based check runs.
+               every_stage: bool = True, granularity: str = "auto") -> Iterator[StageMaps]:
+    """Yield a :class:`StageMaps` for the trained model (stage 0, layer "original") and each
+    randomisation stage: the one loop every randomization-based check runs.
 
     ``explain(explainers, x, t, envs) -> {method: (B, C, H, W) maps}`` computes a stage's maps
     (default: each method's attribution; sMPRT averages over noisy inputs). ``name`` names the
     calling check in errors and in the progress bar. ``every_stage=False`` yields only the trained
     model's maps and the last stage's (the intermediate stages are still applied, not explained).
     Each stage's forward pass is shared by the methods; the model is never modified (stages are copies).
+    A tensor no stage re-initialises (a BatchNorm's under ``bn="keep-stats"``) is named in a warning.
     """
     x, y = check_inputs(model, x, y)
     if y is None:
@@ -224,18 +195,30 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
     start = copy.deepcopy(model)
     with model_errors():
         graph = trace(start, x)  # cascading and bottom-up stages modify this one copy: traced once
-    layers = parameterised_layers(graph)
-    stages = randomization_stages(model, order, bn, seed, layers, init, start)  # lazily: stages share one copy
+    plan = randomization_plan(start, graph, granularity)
+    sizes = {n: p.numel() for n, p in start.named_parameters()}
+    total = sum(sizes.values()) or 1
+    kept = kept_trained(plan, bn)
+    if kept:
+        warnings.warn(f"{name}: bn='keep-stats' leaves {len(kept)} BatchNorm parameter tensors trained "
+                      f"({sum(sizes[t] for t in kept) / total:.1%} of the parameters), e.g. {', '.join(kept[:3])}; "
+                      "bn='reset' re-initialises them", stacklevel=2)
+    stages = randomization_stages(model, order, bn, seed, plan, init, start)  # lazily: stages share one copy
     trained = None  # the trained model's shared forward pass
     explainers: dict[str, Explainer] | None = None  # the last stage's: kept while the stages modify one model in place
-    changed: set[str] = set()  # the layers re-initialised so far
-    for stage, layer, stage_model in tqdm(stages, total=1 + len(layers), desc=f"{name} ({order})",
+    changed: set[str] = set()  # the parts re-initialised so far
+    drawn: set[str] = set()  # the tensors re-initialised so far
+    for stage, layer, stage_model in tqdm(stages, total=1 + len(plan), desc=f"{name} ({order})",
                                           disable=not progress, leave=False):
         if stage:
-            changed = {layer} if order == "independent" else changed | {layer}
-        if not every_stage and 0 < stage < len(layers):
+            step = plan[-stage] if order != "bottom-up" else plan[stage - 1]
+            fresh = set(step.tensors).difference(kept)
+            changed = step.paths if order == "independent" else changed | step.paths
+            drawn = fresh if order == "independent" else drawn | fresh
+        share = sum(sizes[t] for t in drawn) / total
+        if not every_stage and 0 < stage < len(plan):
             continue
-        # the nodes upstream of every re-initialised layer hold the trained model's values: taken, not recomputed
+        # the nodes upstream of every re-initialised part hold the trained model's values: taken, not recomputed
         reuse = (trained[0], unchanged_nodes(graph, changed)) if trained is not None else None
         # the random control draws afresh at every stage (seeded by the stage), a floor for the scores;
         # logits and labels checked on the trained model
@@ -247,18 +230,18 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
             limit = memory.budget()
             trained = envs if limit is None or 3 * memory.tensor_bytes(envs[0]) <= limit else None
         t = y if target == "true" else logits.argmax(1)
-        yield stage, layer, heatmaps(explain(explainers, x, t, envs), reduction)
+        yield StageMaps(stage, layer, heatmaps(explain(explainers, x, t, envs), reduction), share)
 
 
-def stage_batches(stages, limit: int = COMPARE_BYTES):
-    """The (stage, layer, {method: (B, H, W) maps}) of :func:`stage_maps` in lists of consecutive
+def stage_batches(stages: Iterator[StageMaps], limit: int = COMPARE_BYTES) -> Iterator[list[StageMaps]]:
+    """The :class:`StageMaps` of :func:`stage_maps` in lists of consecutive
     stages whose maps take about ``limit`` bytes (at least one stage each), so that a check measures
     several stages' maps in one batch: the measures' per-call costs are paid once per batch."""
     batch: list = []
     size = 0
     for item in stages:
         batch.append(item)
-        size += sum(v.numel() * v.element_size() for v in item[2].values())
+        size += sum(v.numel() * v.element_size() for v in item.maps.values())
         if size >= limit:
             yield batch
             batch, size = [], 0
@@ -415,6 +398,9 @@ STAGE_OPTIONS = (
     Option("init", "reset", "re-initialisation: reset (the layer's reset_parameters, as Quantus), gaussian "
            "(truncated normal with the trained weights' sigma, after Adebayo) or permute (the trained weights "
            "shuffled: same distribution)", choices=INITS),
+    Option("granularity", "auto", "what one randomization stage re-initialises: a block of the model's module tree "
+           "(block), one weighted layer (layer, the order of earlier versions) or block where the model has blocks "
+           "(auto)", choices=GRANULARITIES),
     Option("heatmap_scale", "map", "colour scale of the report's heatmap grids: each map its own (map, as Adebayo "
            "et al.'s figures) or one per method row (row)", choices=GRID_SCALES))
 
@@ -428,12 +414,14 @@ def _checks() -> list[Check]:
         def run(model, x, y, method, config, progress, order=order) -> UnitResult:
             df, maps = randomization_with_maps(model, x, y, [method], order=order, bn=config.bn, target=config.target,
                                                seed=config.seed, progress=progress, keep_maps=config.heatmap_examples,
-                                               init=config.init)
+                                               init=config.init, granularity=config.granularity)
             return UnitResult(df, maps[method] if config.heatmap_examples else None)
 
         def sections(table: pd.DataFrame, context: ReportContext, order=order) -> list[Section]:
             threshold = getattr(context.config, "randomization_pass", None) if order == "cascading" else None
             out = [Section(f"Parameter randomization ({order})",
+                           text=coverage_paragraph(context.run, f"randomization_{order.replace('-', '_')}_coverage.csv",
+                                                   list(table.model.unique())),
                            figures=[randomization_figure(table, m, order, threshold) for m in table.model.unique()])]
             grids = []
             for m in table.model.unique():
@@ -459,7 +447,9 @@ def _checks() -> list[Check]:
             options=options + ((Option("randomization_pass", 0.5, "median SSIM after randomizing every layer from "
                                        "which a method counts as weight-insensitive", valid=lambda v: 0 < v <= 1,
                                        rule="in (0, 1]"),) if cascading else ()),
-            description=f"layers re-initialised {order} in forward order; maps compared with the trained model's"))
+            description=f"layers or blocks re-initialised {order} in forward order; maps compared with the trained "
+                        "model's",
+            coverage=functools.partial(coverage_record, order=order)))
     return out
 
 

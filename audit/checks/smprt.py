@@ -18,13 +18,15 @@ import torch
 
 from attributions.explainer import Explainer, attribute_many
 from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.coverage import paragraph as coverage_paragraph
+from audit.checks.coverage import record as coverage_record
 from audit.checks.randomization import ORDERS, STAGE_OPTIONS, stage_figure, stage_maps
 from audit.errors import ConfigError
 from audit.inputs import check_inputs
 from audit.measures.similarity import correlation, screen, unit_ranks
 from audit.sections import ReportContext, Section
 
-COLUMNS = ["method", "stage", "layer", "image", "spearman"]
+COLUMNS = ["method", "stage", "layer", "image", "spearman", "share"]
 CHUNK = 256  # images per attribution call: noisy copies are explained in batches of this size
 
 
@@ -43,7 +45,7 @@ def noisy_copies(x: torch.Tensor, n_samples: int, noise: float, seed: int) -> to
 
 def smooth_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_samples: int = 50, noise: float = 0.1,
                 order: str = "bottom-up", bn: str = "reset", target: str = "true", init: str = "reset",
-                reduction: dict | None = None, progress: bool = True) -> pd.DataFrame:
+                reduction: dict | None = None, progress: bool = True, granularity: str = "auto") -> pd.DataFrame:
     """sMPRT: Spearman correlation of denoised maps' magnitudes before and after each randomization stage.
 
     Parameters
@@ -54,13 +56,14 @@ def smooth_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_sa
     seed : seeds the noise and the re-initialisations
     n_samples : noisy copies averaged per map (the last one noise-free); 1 is the plain MPRT
     noise : standard deviation of the noise, as a fraction of each image's value range
-    order, bn, target, init : as :func:`~audit.checks.randomization.randomization_with_maps`
+    order, bn, target, init, granularity : as :func:`~audit.checks.randomization.randomization_with_maps`
         (bottom-up by default, as Hedstroem et al.)
 
     Returns
     -------
     DataFrame, one row per method x stage x image: method, stage (0 = trained), layer, image,
-    spearman (of |denoised map| with the trained model's; 1 at stage 0).
+    spearman (of |denoised map| with the trained model's; 1 at stage 0), share (of the parameters
+    re-initialised in that stage's model).
     """
     x, y = check_inputs(model, x, y)
     copies = noisy_copies(x, n_samples, noise, seed)
@@ -78,22 +81,22 @@ def smooth_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_sa
 
     rows: list[dict] = []
     first: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the trained model's maps, ranked once
-    for stage, layer, maps in stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
-                                         "smooth_mprt", explain=denoised):
-        for m, v in maps.items():
+    for stage in stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
+                            "smooth_mprt", explain=denoised, granularity=granularity):
+        for m, v in stage.maps.items():
             bad, clean = screen(v.abs())
             ranked = unit_ranks(clean)
             bad_ref, ref_ranks = first.setdefault(m, (bad, ranked))
             rho = np.where(bad_ref | bad, np.nan, correlation(ref_ranks, ranked))
-            rows += [{"method": m, "stage": stage, "layer": layer, "image": i, "spearman": float(rho[i])}
-                     for i in range(len(rho))]
+            rows += [{"method": m, "stage": stage.stage, "layer": stage.layer, "image": i, "spearman": float(rho[i]),
+                      "share": stage.share} for i in range(len(rho))]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _run(model, x, y, method, config, progress) -> UnitResult:
     return UnitResult(smooth_mprt(model, x, y, [method], seed=config.seed, n_samples=config.smprt_samples,
                                   noise=config.smprt_noise, order=config.smprt_order, bn=config.bn, target=config.target,
-                                  init=config.init, progress=progress))
+                                  init=config.init, progress=progress, granularity=config.granularity))
 
 
 def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
@@ -104,7 +107,9 @@ def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
                             "at or above it after the last stage a method is weight-insensitive")
                for m in table.model.unique()]
     return [Section("Smooth MPRT (sMPRT)", text="Maps averaged over noisy inputs before comparison, so that noise "
-                    "alone does not lower the similarity. Lower after full randomization is better.", figures=figures)]
+                    "alone does not lower the similarity. Lower after full randomization is better. "
+                    + coverage_paragraph(context.run, "smprt_coverage.csv", list(table.model.unique())),
+                    figures=figures)]
 
 
 def _last_stage(df: pd.DataFrame) -> pd.DataFrame:
@@ -112,6 +117,7 @@ def _last_stage(df: pd.DataFrame) -> pd.DataFrame:
 
 
 CHECK = Check(
+    coverage=lambda model, x, config: coverage_record(model, x, config, config.smprt_order),
     name="smprt", cite=("hedstrom2024",), title="Smooth MPRT (sMPRT)", reference="Hedstroem et al. 2023", result_file="smprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=41,
     summary=lambda df: f"median Spearman at full randomization {_last_stage(df).spearman.median():.3f}",

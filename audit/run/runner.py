@@ -311,6 +311,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         for spec in config.models:  # units all resumed: the models were not needed until now
             if spec not in models:
                 models[spec] = resolve_model(spec, config.weights, config.num_classes).to(device)
+        coverage = _coverage(config, models, labels, x, out, log)
         # in the run's order, whichever process loaded which model first
         info = model_table({spec: models[spec] for spec in config.models}, labels, x, y)
         atomic_write_bytes(out / "results" / MODELS_FILE, _csv_bytes(info))
@@ -327,7 +328,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         sources = {spec: models[spec].metadata for spec in config.models
                    if "library" in (getattr(models[spec], "metadata", None) or {})}
         manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
-                    **({"model_sources": sources} if sources else {}),
+                    **({"model_sources": sources} if sources else {}), **({"coverage": coverage} if coverage else {}),
                     "images": images, "memory": memory_record, "precision": precision,
                     # float32 kernels block their sums by thread count: the last bits depend on it
                     "processes": shard.world, "threads_per_process": threads,
@@ -336,6 +337,28 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
         shard.barrier()
         return AuditResult(out, config, tables, json.loads(json.dumps(manifest)))
+
+
+def _coverage(config: AuditConfig, models: dict[str, nn.Module], labels: dict[str, str], x: torch.Tensor, out: Path,
+              log: Callable[[str], None]) -> dict[str, dict[str, dict]]:
+    """Write each check's coverage rows (what its stages re-initialised in every model) beside its
+    results; {test: {model label: summary}} for the manifest, with a line for every tensor left trained."""
+    record: dict[str, dict[str, dict]] = {}
+    for name in config.tests:
+        check = CHECKS[name]
+        if check.coverage is None:
+            continue
+        frames = []
+        for spec in config.models:
+            table, summary = check.coverage(models[spec], x, config)
+            frames.append(table.assign(model=labels[spec])[["model", *table.columns]])
+            record.setdefault(name, {})[labels[spec]] = summary
+            if summary["kept_trained"]:
+                log(f"{labels[spec]}/{name}: {len(summary['kept_trained'])} parameter tensors stay trained through "
+                    f"every stage ({1 - summary['share_reinitialised']:.1%} of the parameters), e.g. "
+                    f"{', '.join(summary['kept_trained'][:3])}")
+        atomic_write_bytes(out / "results" / check.coverage_file, _csv_bytes(pd.concat(frames, ignore_index=True)))
+    return record
 
 
 def half_precision_agreement(models: dict[str, nn.Module], labels: dict[str, str], methods: list[str], x: torch.Tensor,

@@ -9,7 +9,6 @@ from scipy import stats
 from attributions.graph import trace
 from audit import efficient_mprt, randomization_with_maps
 from audit.checks.emprt import discrete_entropy, histograms
-from audit.checks.randomization import parameterised_layers
 from audit.errors import ConfigError
 
 
@@ -41,9 +40,9 @@ def test_efficient_mprt_controls_order_and_determinism(trained):
     before = copy.deepcopy(model.state_dict())
     methods = ["gradient", "lrp-zplus", "edge", "random"]
     df = efficient_mprt(model, x, y, methods, seed=0, progress=False)
-    assert list(df.columns) == ["method", "stage", "layer", "image", "entropy", "score"]
+    assert list(df.columns) == ["method", "stage", "layer", "image", "entropy", "score", "share"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    layers = [n for n, _, _ in parameterised_layers(trace(model, x))]
+    layers = [n for n, _, _ in trace(model, x).weighted_layers()]
     assert df[df.method == "gradient"].drop_duplicates("stage").layer.tolist() == ["original"] + layers  # bottom-up
     assert (df[df.stage == 0].score == 0).all()
     assert (df[df.method == "edge"].score == 0).all()  # the model-independent map: exactly 0

@@ -14,7 +14,8 @@ from audit import (
     random_logit_test,
 )
 from audit.checks import randomization
-from audit.checks.randomization import parameterised_layers, randomization_stages, unchanged_nodes
+from audit.checks.randomization import randomization_stages, unchanged_nodes
+from audit.checks.stages import randomization_plan
 from audit.errors import AuditError, ConfigError
 from audit.models import build
 
@@ -24,9 +25,9 @@ def test_cascading_randomization(trained):
     before = copy.deepcopy(model.state_dict())
     torch.manual_seed(123)
     df = parameter_randomization(model, x, y, ["gradient", "edge", "lrp-zplus"], seed=0, progress=False)
-    assert list(df.columns) == ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog"]
+    assert list(df.columns) == ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog", "share"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    layers = [n for n, _, _ in parameterised_layers(trace(model, x))]
+    layers = [s.name for s in randomization_plan(model, trace(model, x))]
     assert layers == ["features.0", "features.3", "features.5", "features.8", "classifier.0", "classifier.2"]
     order = df[df.method == "gradient"].drop_duplicates("stage").layer.tolist()
     assert order == ["original"] + layers[::-1]
@@ -45,16 +46,16 @@ def test_independent_and_bottom_up_orders_and_batchnorm_policy():
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.5, 0.5)
-    layers = parameterised_layers(trace(model, torch.rand(2, 1, 28, 28)))
+    plan = randomization_plan(model, trace(model, torch.rand(2, 1, 28, 28)), "layer")
     stages = list((s, n, {k: v.clone() for k, v in m.state_dict().items()})
-                  for s, n, m in randomization_stages(model, "independent", "keep-stats", seed=1, layers=layers))
+                  for s, n, m in randomization_stages(model, "independent", "keep-stats", seed=1, plan=plan))
     original = stages[0][2]
     for _stage, name, state in stages[1:4]:
         changed = {k.rsplit(".", 1)[0] for k in state if not torch.equal(state[k], original[k])}
         assert changed == {name}, (name, changed)  # one layer at a time; BatchNorm statistics kept
-    bottom = [n for _, n, _ in randomization_stages(model, "bottom-up", seed=1, layers=layers)]
+    bottom = [n for _, n, _ in randomization_stages(model, "bottom-up", seed=1, plan=plan)]
     assert bottom[1] == "conv1" and bottom[-1] == "fc"
-    _, _, reset_model = next(s for s in randomization_stages(model, "cascading", "reset", seed=1, layers=layers)
+    _, _, reset_model = next(s for s in randomization_stages(model, "cascading", "reset", seed=1, plan=plan)
                              if s[1] == "layer3.2.conv2")
     bn = reset_model.layer3[2].bn2
     assert torch.equal(bn.running_mean, torch.zeros(64)) and torch.equal(bn.weight.data, torch.ones(64))

@@ -27,7 +27,7 @@ def test_registered_checks_in_order_with_their_declarations():
         "cascading": ("SSIM", "lower"), "emprt": ("eMPRT score (entropy ratio)", "higher"),
         "smprt": ("Spearman of magnitudes (sMPRT)", "lower"), "input-invariance": ("relative L2 change", "lower")}
     assert {"n_vectors", "csc_threshold", "random_logit_pass", "randomization_pass", "bn", "target", "init",
-            "heatmap_scale",
+            "heatmap_scale", "granularity",
             "emprt_order", "emprt_bins", "emprt_curve", "emprt_pass", "smprt_order", "smprt_samples", "smprt_noise", "smprt_pass",
             "shift", "invariance_reference", "invariance_tolerance"} == set(check_options())
     with pytest.raises(ConfigError, match="unknown test 'cascade'.*Did you mean 'cascading'"):

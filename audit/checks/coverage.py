@@ -75,7 +75,7 @@ def describe(table: pd.DataFrame, most: int = 12) -> str:
     constant = table[table.how.str.endswith(CONSTANT)]
     if len(constant):
         text += (f"; {len(constant)} tensors ({100 * constant.share.sum():.1f} %) are reset to a constant untrained "
-                 "default (normalisation weight 1 and bias 0), not drawn at random")
+                 "default (normalisation weights 1, biases 0), not drawn at random")
     kept = table[table.how == KEPT]
     if len(kept):
         text += f"; {len(kept)} BatchNorm tensors ({100 * kept.share.sum():.1f} %) stay trained (bn=keep-stats)"

@@ -143,7 +143,7 @@ def test_the_command_line_audits_a_library_model(tmp_path, library):
         save_file({k: v.contiguous() for k, v in state.items()}, str(weights))
         spec, extra = "timm:resnet18", ["--num-classes", "2", "--weights", str(weights)]
     out = tmp_path / "out"
-    code = main(["run", "--models", spec, *extra, "--methods", "gradient,lrp-epsilon", "--tests", "random-logit",
+    code = main(["run", "--models", spec, *extra, "--methods", "gradient,lrp-epsilon", "--tests", "random-logit,cascading",
                  "--data", "imagefolder", "--data-root", str(images), "--n-images", "4", "--out", str(out), "--quiet"])
     assert code == 0
     manifest = json.loads((out / "manifest.json").read_text())
@@ -151,3 +151,47 @@ def test_the_command_line_audits_a_library_model(tmp_path, library):
     assert source["library"] == {"hf": "transformers", "timm": "timm"}[library]
     assert source["weights"] == {str(weights): _sha(weights)}
     assert manifest["fingerprints"]["files"][str(weights)] == _sha(weights)
+    (coverage,) = manifest["coverage"]["cascading"].values()  # the stages randomize every tensor of the library model
+    assert coverage["granularity"] == "block" and coverage["share_reinitialised"] == pytest.approx(1.0)
+    assert coverage["kept_trained"] == []
+    # an untrained model's norms are at their default already: reset, they come out equal, and say so
+    assert coverage["unchanged"] and set(coverage["unchanged"]) <= set(coverage["constant_default"])
+
+
+def _perturbed(model: torch.nn.Module) -> torch.nn.Module:
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", ["timm:vit_tiny_patch16_224", "hf:vit", "torchvision:convnext_tiny"])
+def test_the_last_cascading_stage_re_initialises_every_tensor_of_a_library_model(tmp_path, name):
+    """Perturbed first, so that no reset to a library default can look unchanged; the class token, the
+    position embedding, layer scales and every LayerNorm included."""
+    from attributions.graph import trace
+    from audit.checks.coverage import coverage
+    from audit.checks.randomization import randomization_stages
+    from audit.checks.stages import randomization_plan
+
+    library, arch = name.split(":")
+    needs({"hf": "transformers"}.get(library, library))
+    torch.manual_seed(0)
+    if library == "hf":
+        model = _tiny_vit(tmp_path / "vit")
+    elif library == "timm":
+        import timm
+        model = timm.create_model(arch, num_classes=3, img_size=32)
+    else:
+        import torchvision
+        model = torchvision.models.convnext_tiny(num_classes=3)
+    model, x = _perturbed(model), torch.rand(1, 3, 32, 32)
+    trained = {n: p.detach().clone() for n, p in model.named_parameters()}
+    plan = randomization_plan(model, trace(model, x))
+    *_, (_, _, last) = randomization_stages(model, "cascading", "reset", 0, plan)
+    assert [n for n, p in last.named_parameters() if torch.equal(p, trained[n])] == []
+    table = coverage(model, x)
+    assert table.changed.all() and table.share.sum() == pytest.approx(1.0)
+    if library == "hf":  # tokens drawn by the library's own initialiser
+        assert table.set_index("tensor").how["vit.embeddings.cls_token"] == "ViTForImageClassification._init_weights"

@@ -9,11 +9,13 @@ sits above them and the report builder (``reports``).
 from audit.checks import (
                           CHECKS,
                           chain_convergence,
+                          coverage,
                           efficient_mprt,
                           get_check,
                           input_invariance,
                           parameter_randomization,
                           random_logit_test,
+                          randomization_plan,
                           randomization_with_maps,
                           smooth_mprt,
 )
@@ -25,7 +27,7 @@ from audit.run import AuditConfig, AuditResult, load_config, load_results, run_a
 
 __all__ = ["CHECKS", "AuditConfig", "AuditError", "AuditResult", "ConfigError", "DataError", "ModelError",
            "TrainConfig", "available_checkpoints", "balanced_sample", "bootstrap_ci", "build", "chain_convergence",
-           "efficient_mprt", "embedded_sample", "get_check", "heatmaps", "input_invariance", "load_checkpoint",
-           "load_config", "load_dataset", "load_results", "parameter_randomization", "random_logit_test",
-           "randomization_with_maps", "run_audit", "save_checkpoint", "smooth_mprt", "spearman", "ssim", "summarize",
-           "train"]
+           "coverage", "efficient_mprt", "embedded_sample", "get_check", "heatmaps", "input_invariance",
+           "load_checkpoint", "load_config", "load_dataset", "load_results", "parameter_randomization",
+           "random_logit_test", "randomization_plan", "randomization_with_maps", "run_audit", "save_checkpoint",
+           "smooth_mprt", "spearman", "ssim", "summarize", "train"]

@@ -9,7 +9,8 @@ from bort.optim import constrained_parameters
 
 
 def constraint_error(model: nn.Module, amplitude: float | None = None) -> pd.DataFrame:
-    """Per conv / linear layer: orthogonality and boundedness errors on the feasible side.
+    """Per conv / linear layer (and per query, key and value map of an attention projection):
+    orthogonality and boundedness errors on the feasible side.
 
     W is viewed as (out, n). The feasible side is the rows when out <= n (G = W W^T, out x out),
     else the columns (G = W^T W, n x n). With c the amplitude (default: tr(G) / dim, the c that
@@ -23,8 +24,12 @@ def constraint_error(model: nn.Module, amplitude: float | None = None) -> pd.Dat
     pandas.DataFrame with columns layer, out, n, side, c, orth_error, bound_error.
     """
     rows = []
-    for name, p in constrained_parameters(model):
-        w = p.detach().double().reshape(p.shape[0], -1)
+    maps = []
+    for weight in constrained_parameters(model):
+        w = weight.parameter.detach().double().reshape(weight.parameter.shape[0], -1)
+        layer = weight.name.removesuffix(".weight").removesuffix("_weight")  # in_proj_weight: the in_proj maps
+        maps += list(zip([f"{layer}.{q}" for q in "qkv"], w.chunk(3))) if weight.maps == 3 else [(layer, w)]
+    for name, w in maps:
         side = "rows" if w.shape[0] <= w.shape[1] else "columns"
         gram = w @ w.T if side == "rows" else w.T @ w
         dim = gram.shape[0]
@@ -33,6 +38,6 @@ def constraint_error(model: nn.Module, amplitude: float | None = None) -> pd.Dat
         orth = float((gram - c * eye).norm() / (c * dim ** 0.5))
         norms = gram.diagonal().clamp_min(0).sqrt()
         bound = float(((norms - c ** 0.5) / c ** 0.5).pow(2).mean().sqrt())
-        rows.append({"layer": name.removesuffix(".weight"), "out": w.shape[0], "n": w.shape[1], "side": side,
+        rows.append({"layer": name, "out": w.shape[0], "n": w.shape[1], "side": side,
                      "c": c, "orth_error": orth, "bound_error": bound})
     return pd.DataFrame(rows, columns=["layer", "out", "n", "side", "c", "orth_error", "bound_error"])

@@ -1,7 +1,9 @@
 """Bort optimizers (Zhang et al., ICLR 2023): SGD and AdamW with a bounded-orthogonality correction.
 
 Each constrained parameter (ndim >= 2) is viewed as W (out, n) and corrected by
-gamma * Delta(W) (see :mod:`bort.corrections`):
+gamma * Delta(W) (see :mod:`bort.corrections`); a packed projection (``nn.MultiheadAttention``'s
+``in_proj_weight``, the query, key and value maps stacked) as its ``maps`` linear maps, each
+corrected on its own (param group key ``maps``):
 
 * :class:`Bort` (SGD form): g <- grad + gamma Delta(W) + wd W; momentum; W <- W - lr g.
 * :class:`BortAdamW` (decoupled): W <- W (1 - lr wd); W <- W - lr gamma Delta(W); then Adam on grad.
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 from torch import nn
@@ -69,9 +71,12 @@ class _BortBase(torch.optim.Optimizer):
         """gamma * Delta(W) shaped like p, or None when p is not constrained."""
         if group["gamma"] == 0 or p.ndim < 2:
             return None
-        w = p.detach().reshape(p.shape[0], -1)
-        mode = feasible_mode(group["mode"], w.shape) if group["feasible_side"] else group["mode"]
-        return correction(w, mode, group["amplitude"]).reshape(p.shape).mul_(group["gamma"])
+        maps = group.get("maps", 1)
+        out = []
+        for w in p.detach().reshape(p.shape[0], -1).chunk(maps):  # a packed projection: one map at a time
+            mode = feasible_mode(group["mode"], w.shape) if group["feasible_side"] else group["mode"]
+            out.append(correction(w, mode, group["amplitude"]))
+        return torch.cat(out).reshape(p.shape).mul_(group["gamma"])
 
 
 class Bort(_BortBase):
@@ -149,22 +154,44 @@ class BortAdamW(_BortBase):
         p.addcdiv_(state["exp_avg"], denom, value=-step_size)
 
 
-def constrained_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    """The conv and linear weights of ``model``: the parameters Bort constrains."""
+class Constrained(NamedTuple):
+    """A weight Bort constrains: its ``name`` in the model, the ``parameter``, and how many linear maps
+    it stacks along its first axis (``maps``: 3 for a packed query / key / value projection)."""
+
+    name: str
+    parameter: nn.Parameter
+    maps: int = 1
+
+
+def constrained_parameters(model: nn.Module) -> list[Constrained]:
+    """The conv and linear weights of ``model`` and the attention projections of its
+    ``nn.MultiheadAttention`` modules (packed or separate): the parameters Bort constrains."""
     kinds = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
-    # torch types a conv / linear weight as a plain Tensor; it is registered as a Parameter
-    return [(f"{name}.weight" if name else "weight", cast(nn.Parameter, m.weight)) for name, m in model.named_modules()
-            if isinstance(m, kinds) and m.weight is not None]
+    out = []
+    for name, m in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if isinstance(m, kinds) and m.weight is not None:
+            # torch types a conv / linear weight as a plain Tensor; it is registered as a Parameter
+            out.append(Constrained(f"{prefix}weight", cast(nn.Parameter, m.weight)))
+        elif isinstance(m, nn.MultiheadAttention):
+            if m.in_proj_weight is not None:
+                out.append(Constrained(f"{prefix}in_proj_weight", m.in_proj_weight, 3))
+            out += [Constrained(f"{prefix}{k}", getattr(m, k)) for k in ("q_proj_weight", "k_proj_weight",
+                                                                         "v_proj_weight") if getattr(m, k) is not None]
+    return out
 
 
 def param_groups(model: nn.Module, gamma: float, weight_decay: float = 0.0) -> list[dict]:
-    """Two param groups: conv / linear weights with ``gamma``; everything else (biases, norms) gamma 0.
+    """Param groups: conv / linear weights and attention projections with ``gamma`` (packed projections
+    in a group of their own, ``maps`` 3); everything else (biases, norms, tokens) gamma 0.
 
-    Both groups get ``weight_decay``, so with gamma = 0 training equals the plain optimizer's.
+    Every group gets ``weight_decay``, so with gamma = 0 training equals the plain optimizer's.
     """
-    weights = {id(p) for _, p in constrained_parameters(model)}
-    constrained = [p for p in model.parameters() if id(p) in weights]
-    free = [p for p in model.parameters() if id(p) not in weights]
-    groups = [{"params": constrained, "gamma": gamma, "weight_decay": weight_decay},
-              {"params": free, "gamma": 0.0, "weight_decay": weight_decay}]
+    weights = {id(c.parameter): c.maps for c in constrained_parameters(model)}
+    groups = [{"params": [p for p in model.parameters() if weights.get(id(p)) == 1], "gamma": gamma,
+               "weight_decay": weight_decay},
+              {"params": [p for p in model.parameters() if weights.get(id(p), 1) > 1], "gamma": gamma,
+               "weight_decay": weight_decay, "maps": 3},
+              {"params": [p for p in model.parameters() if id(p) not in weights], "gamma": 0.0,
+               "weight_decay": weight_decay}]
     return [g for g in groups if g["params"]]

@@ -33,6 +33,20 @@ def _value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _coverage_sentence(covered: dict[str, dict]) -> str:
+    """What a randomization check's stages re-initialised, per model, from the manifest's coverage."""
+    parts = []
+    for model, c in covered.items():
+        extra = [f"{len(c['constant_default'])} of its {c['tensors']} tensors reset to a constant untrained default "
+                 "(normalisation weights 1, biases 0)"] if c["constant_default"] else []
+        if c["kept_trained"]:
+            extra.append(f"{len(c['kept_trained'])} BatchNorm tensors kept trained")
+        parts.append(f"{model}: {c['stages']} {c['granularity']} stages re-initialising "
+                     f"{100 * c['share_reinitialised']:.1f} % of the parameters" + (f" ({'; '.join(extra)})" if extra else ""))
+    return ("Every parameter tensor belongs to one stage (the re-initialised tensors and how each was drawn are in "
+            f"the run's coverage files): {'; '.join(parts)}.")
+
+
 def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
     """(heading, text) pairs: models, data, attribution methods, checks, statistics, software."""
     config = manifest["config"]
@@ -82,6 +96,9 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
         text = f"After {_cite(check.cite)}: {check.description}."
         if options:
             text += " Parameters: " + "; ".join(f"{o.name} = {_value(config[o.name])} ({o.help})" for o in options) + "."
+        covered = manifest.get("coverage", {}).get(name, {})
+        if covered:
+            text += " " + _coverage_sentence(covered)
         rule = check.verdict
         if rule is not None and getattr(rule, "threshold", None) in config:
             text += (f" A method fails ({rule.failure}) when its {rule.score_column.replace('_', ' ')} is "

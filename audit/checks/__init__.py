@@ -13,14 +13,16 @@ import pkgutil
 from attributions.errors import unknown_name
 from audit.checks.base import Check, MedianScore, Option, UnitResult, VerdictCell, VerdictRule
 from audit.checks.convergence import chain_convergence
+from audit.checks.coverage import coverage
 from audit.checks.emprt import efficient_mprt
 from audit.checks.input_invariance import input_invariance
 from audit.checks.random_logit import random_logit_test
 from audit.checks.randomization import parameter_randomization, randomization_with_maps
 from audit.checks.smprt import smooth_mprt
+from audit.checks.stages import randomization_plan
 from audit.errors import ConfigError
 
-_SUPPORT = {"base", "passes"}  # modules of this package that hold no check
+_SUPPORT = {"base", "passes", "stages", "reinit", "coverage"}  # modules of this package that hold no check
 
 
 def discover(package: str, path: list[str]) -> dict[str, Check]:
@@ -59,5 +61,5 @@ def check_options() -> dict[str, Option]:
 
 
 __all__ = ["CHECKS", "Check", "MedianScore", "Option", "UnitResult", "VerdictCell", "VerdictRule", "chain_convergence",
-           "check_options", "discover", "efficient_mprt", "get_check", "input_invariance", "parameter_randomization",
-           "random_logit_test", "randomization_with_maps", "smooth_mprt"]
+           "check_options", "coverage", "discover", "efficient_mprt", "get_check", "input_invariance",
+           "parameter_randomization", "random_logit_test", "randomization_plan", "randomization_with_maps", "smooth_mprt"]

@@ -54,12 +54,6 @@ COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_ab
 COMPARE_BYTES = 1 << 23  # maps per batch of measures (their buffers are about ten times as large)
 
 
-def parameterised_layers(graph: Graph) -> list[tuple[str, nn.Module, nn.Module | None]]:
-    """(name, module, folded BatchNorm or None) of each conv / dense / BatchNorm layer of a traced model,
-    in forward order (the modules whose weights the layers read)."""
-    return graph.weighted_layers()
-
-
 def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "reset", seed: int = 0,
                          plan: list[Stage] | None = None, init: str = "reset", start: nn.Module | None = None,
                          records: dict[str, str] | None = None) -> Iterator[tuple[int, str, nn.Module]]:
@@ -113,7 +107,7 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     x : (B, C, H, W) images; y : (B,) labels
     methods : names, "all" or a comma-separated string
     order : cascading | independent | bottom-up
-    bn : reset | keep-stats (BatchNorm after a re-initialised layer)
+    bn : reset | keep-stats (the BatchNorm of a re-initialised stage)
     target : true (the label, as Sixt) | predicted (each stage's own prediction, as Adebayo)
     seed : seeds the re-initialisations
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
@@ -391,7 +385,8 @@ def _percentile_scale(values: np.ndarray) -> float:
 
 
 STAGE_OPTIONS = (
-    Option("bn", "reset", "BatchNorm after a re-initialised layer: reset (Sixt) or keep-stats (Adebayo)",
+    Option("bn", "reset", "BatchNorm of a re-initialised stage: reset (Sixt) or keep-stats (its statistics and affine "
+           "parameters kept trained, Adebayo)",
            choices=BN_POLICIES),
     Option("target", "true", "explained class: the true label (Sixt) or each stage's prediction (Adebayo)",
            choices=TARGETS),

@@ -84,7 +84,9 @@ def draw(model: nn.Module, part: Part, init: str) -> dict[str, tuple[torch.Tenso
     """{tensor name: (its new value on the CPU, how it was drawn)} for ``part`` of ``model`` under
     ``init``, drawn from the current CPU generator; ``model`` is not changed."""
     holder = model.get_submodule(part.holder)
-    local = {t: t[len(part.holder) + 1:] if part.holder else t for t in part.tensors}
+    own = {id(p): n for n, p in holder.named_parameters(recurse=False)}
+    # the holder's own names (a tensor tied to another module's is named after that module in the model)
+    local = {t: own.get(id(model.get_parameter(t)), t) for t in part.tensors}
     trained = {t: model.get_parameter(t).detach().cpu() for t in part.tensors}
     if init != "reset":
         out = {}
@@ -93,7 +95,7 @@ def draw(model: nn.Module, part: Part, init: str) -> dict[str, tuple[torch.Tenso
             out[t] = (value, _scheme_draw(value, t, init))
         return out
     reset = _module_reset(holder)
-    owns_all = set(local.values()) == {n for n, _ in holder.named_parameters(recurse=False)}
+    owns_all = set(local.values()) == set(own.values())
     if reset is not None and owns_all:
         twin = copy.deepcopy(holder).cpu()
         with torch.no_grad():

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from audit.models import build
+from bort.corrections import correction
 from bort.errors import BortError
 from bort.metrics import constraint_error
 from bort.optim import Bort, BortAdamW, constrained_parameters, param_groups
@@ -85,7 +86,7 @@ def test_state_dict_round_trip(cls):
 def test_param_groups_leave_biases_and_batchnorm_unconstrained():
     model = build("vgg", batch_norm=True)
     groups = param_groups(model, gamma=0.1, weight_decay=0.0)
-    weights = {id(p) for _, p in constrained_parameters(model)}
+    weights = {id(c.parameter) for c in constrained_parameters(model)}
     assert {id(p) for p in groups[0]["params"]} == weights and groups[0]["gamma"] == 0.1
     assert groups[1]["gamma"] == 0.0 and len(groups[1]["params"]) == len(list(model.parameters())) - len(weights)
     before = copy.deepcopy(model.state_dict())
@@ -119,3 +120,25 @@ def test_bad_settings_are_clear_errors():
     with pytest.raises(BortError, match="momentum"):
         Bort(p, lr=0.1, momentum=1.5)
 
+
+
+def test_a_packed_attention_projection_is_constrained_as_three_linear_maps():
+    torch.manual_seed(0)
+    model = nn.MultiheadAttention(8, 2)
+    found = {c.name: c.maps for c in constrained_parameters(model)}
+    assert found == {"in_proj_weight": 3, "out_proj.weight": 1}
+    groups = param_groups(model, gamma=0.1)
+    assert [g.get("maps", 1) for g in groups] == [1, 3, 1] and groups[1]["params"] == [model.in_proj_weight]
+    w = model.in_proj_weight.detach().clone()
+    opt = Bort(groups, lr=0.5, gamma=0.1)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    # each of the query, key and value maps moved by its own correction, not by that of the stacked (24, 8) matrix
+    expected = torch.cat([m - 0.5 * 0.1 * correction(m, "l1-full-row") for m in w.chunk(3)])
+    torch.testing.assert_close(model.in_proj_weight.detach(), expected, rtol=0, atol=1e-7)
+    separate = nn.MultiheadAttention(8, 2, kdim=4, vdim=6)
+    assert {c.name: c.maps for c in constrained_parameters(separate)} == {
+        "q_proj_weight": 1, "k_proj_weight": 1, "v_proj_weight": 1, "out_proj.weight": 1}
+    layers = constraint_error(model).layer.tolist()
+    assert layers == ["in_proj.q", "in_proj.k", "in_proj.v", "out_proj"]

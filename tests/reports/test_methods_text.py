@@ -53,3 +53,17 @@ def test_the_arithmetic_and_the_image_blocks_are_stated():
     text = dict(methods_text.paragraphs(mixed, MODELS))["Software"]
     assert "mixed precision (bfloat16)" in text and "at least 0.981" in text
     assert "blocks of 4 images" in text
+
+
+def test_a_randomization_check_says_what_its_stages_re_initialised():
+    record = manifest()
+    record["coverage"] = {"cascading": {
+        "cnn-sgd": {"granularity": "layer", "stages": 6, "tensors": 12, "share_reinitialised": 1.0, "kept_trained": [],
+                    "constant_default": [], "unchanged": []},
+        "vit-sgd": {"granularity": "block", "stages": 9, "tensors": 46, "share_reinitialised": 0.994,
+                    "kept_trained": ["bn.weight"], "constant_default": ["norm.weight", "norm.bias"], "unchanged": []}}}
+    text = dict(methods_text.paragraphs(record, MODELS))["Parameter randomization (cascading)"]
+    assert "cnn-sgd: 6 layer stages re-initialising 100.0 % of the parameters;" in text
+    assert ("vit-sgd: 9 block stages re-initialising 99.4 % of the parameters (2 of its 46 tensors reset to a constant "
+            "untrained default (normalisation weights 1, biases 0); 1 BatchNorm tensors kept trained)") in text
+    assert "coverage" not in dict(methods_text.paragraphs(manifest(), MODELS))["Parameter randomization (cascading)"]

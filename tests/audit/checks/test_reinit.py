@@ -13,15 +13,12 @@ from audit.checks.stages import Part, randomization_plan
 from audit.errors import AuditError
 from audit.models import load_checkpoint
 from tests.engine_zoo import zoo_model
+from tests.model_libraries import perturb
 
 
 def _perturbed(model: nn.Module) -> nn.Module:
     # away from every library default, so that a reset to the default cannot look unchanged
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return model.eval()
+    return perturb(model, seed=5).eval()
 
 
 def _models():

@@ -158,14 +158,6 @@ def test_the_command_line_audits_a_library_model(tmp_path, library):
     assert coverage["unchanged"] and set(coverage["unchanged"]) <= set(coverage["constant_default"])
 
 
-def _perturbed(model: torch.nn.Module) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return model.eval()
-
-
 @pytest.mark.parametrize("name", ["timm:vit_tiny_patch16_224", "hf:vit", "torchvision:convnext_tiny"])
 def test_the_last_cascading_stage_re_initialises_every_tensor_of_a_library_model(tmp_path, name):
     """Perturbed first, so that no reset to a library default can look unchanged; the class token, the
@@ -174,6 +166,7 @@ def test_the_last_cascading_stage_re_initialises_every_tensor_of_a_library_model
     from audit.checks.coverage import coverage
     from audit.checks.randomization import randomization_stages
     from audit.checks.stages import randomization_plan
+    from tests.model_libraries import perturb
 
     library, arch = name.split(":")
     needs({"hf": "transformers"}.get(library, library))
@@ -186,7 +179,7 @@ def test_the_last_cascading_stage_re_initialises_every_tensor_of_a_library_model
     else:
         import torchvision
         model = torchvision.models.convnext_tiny(num_classes=3)
-    model, x = _perturbed(model), torch.rand(1, 3, 32, 32)
+    model, x = perturb(model, seed=2).eval(), torch.rand(1, 3, 32, 32)
     trained = {n: p.detach().clone() for n, p in model.named_parameters()}
     plan = randomization_plan(model, trace(model, x))
     *_, (_, _, last) = randomization_stages(model, "cascading", "reset", 0, plan)

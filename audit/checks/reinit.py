@@ -5,7 +5,8 @@ stage is reproducible, independent of the global RNG and the same on a GPU. Sche
 
 * ``reset``: the part's module's own ``reset_parameters`` / ``_reset_parameters`` (PyTorch's
   default initialisation, as Quantus); where the module has none, the library's initialiser
-  (a Hugging Face or timm model's ``_init_weights`` applied to the module); for a tensor neither
+  (the ``_init_weights`` of the nearest enclosing Hugging Face or timm model, applied to the
+  module); for a tensor neither
   draws (a class token, a position embedding, a layer scale), a normal distribution truncated at
   2 sigma, sigma the trained tensor's standard deviation (its root mean square where all its entries
   are equal), as libraries draw embeddings and tokens;
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -80,6 +81,19 @@ def _module_reset(module: nn.Module):
     return None
 
 
+def _library_init(model: nn.Module, holder: str) -> tuple[str, Callable[[nn.Module], None]] | None:
+    """The library's initialiser of the module at ``holder``: the ``_init_weights(module)`` of its
+    nearest ancestor that has one (a Hugging Face ``PreTrainedModel``, a timm model), with that
+    ancestor's class name; None for the model's own tensors or when no ancestor has one."""
+    names = holder.split(".") if holder else []
+    for k in range(len(names) - 1, -1, -1):
+        ancestor = model.get_submodule(".".join(names[:k]))
+        init = getattr(ancestor, "_init_weights", None)
+        if callable(init):
+            return type(ancestor).__name__, init
+    return None
+
+
 def draw(model: nn.Module, part: Part, init: str) -> dict[str, tuple[torch.Tensor, str]]:
     """{tensor name: (its new value on the CPU, how it was drawn)} for ``part`` of ``model`` under
     ``init``, drawn from the current CPU generator; ``model`` is not changed."""
@@ -103,15 +117,20 @@ def draw(model: nn.Module, part: Part, init: str) -> dict[str, tuple[torch.Tenso
         how = f"{type(holder).__name__}.{reset}"
         return {t: (twin.get_parameter(local[t]).detach(), how) for t in part.tensors}
     out = {}
-    library = getattr(model, "_init_weights", None)
-    if callable(library) and part.holder:  # applied module by module (Hugging Face, timm): not to the whole model
+    library = _library_init(model, part.holder)
+    if library is not None:
+        owner, initialise = library
         twin = copy.deepcopy(holder).cpu()
-        with torch.no_grad():
-            library(twin)
-        for t in part.tensors:
+        try:
+            with torch.no_grad():
+                initialise(twin)
+            drew = True
+        except TypeError:  # an initialiser that is not applied module by module: none to use here
+            drew = False
+        for t in part.tensors if drew else ():
             value = twin.get_parameter(local[t]).detach()
             if not torch.equal(value, trained[t]):  # the library's initialiser drew it
-                out[t] = (value, f"{type(model).__name__}._init_weights")
+                out[t] = (value, f"{owner}._init_weights")
     with torch.no_grad():
         for t in part.tensors:
             if t not in out:

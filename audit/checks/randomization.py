@@ -390,9 +390,10 @@ STAGE_OPTIONS = (
            choices=BN_POLICIES),
     Option("target", "true", "explained class: the true label (Sixt) or each stage's prediction (Adebayo)",
            choices=TARGETS),
-    Option("init", "reset", "re-initialisation: reset (the layer's reset_parameters, as Quantus), gaussian "
-           "(truncated normal with the trained weights' sigma, after Adebayo) or permute (the trained weights "
-           "shuffled: same distribution)", choices=INITS),
+    Option("init", "reset", "re-initialisation: reset (each module's reset_parameters, as Quantus, else the "
+           "library's _init_weights; tokens, embeddings and layer scales from a truncated normal with their trained "
+           "sigma), gaussian (that truncated normal for every tensor, biases zero, after Adebayo) or permute (every "
+           "trained tensor shuffled: same distribution)", choices=INITS),
     Option("granularity", "auto", "what one randomization stage re-initialises: a block of the model's module tree "
            "(block), one weighted layer (layer, the order of earlier versions) or block where the model has blocks "
            "(auto)", choices=GRANULARITIES),

@@ -83,12 +83,21 @@ def _has_sequence(module: nn.Module) -> bool:
     return any(_has_sequence(c) for c in module.children() if not _is_layer(c))
 
 
+def trunk(module: nn.Module) -> nn.Module | None:
+    """The one submodule of ``module`` that holds parameters and is not a layer, where there is only
+    one and ``module`` holds no tensors of its own (a wrapper, or a classifier around a backbone)."""
+    found = [c for c in module.children() if _holds(c) and not _is_layer(c)]
+    own = next(module.parameters(recurse=False), None) is not None
+    return found[0] if len(found) == 1 and not own else None
+
+
 def blocks(model: nn.Module) -> list[str]:
     """The module paths of ``model``'s blocks, in the module tree's order: the members of a
     sequence of modules (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) that are not layers
     and hold no deeper sequence, and the modules made of layers that a model or a block-free module
-    holds as named attributes (Inception's ``Mixed_5b``). A module with parameters of its own beside
-    its submodules is not a block outside a sequence: its own tensors stand alone (a ViT's class token)."""
+    holds as named attributes (Inception's ``Mixed_5b``). Outside a sequence, a module with parameters
+    of its own beside its submodules is not a block (its own tensors stand alone: a ViT's class
+    token), nor is the one non-layer module of its parent (a wrapped model's trunk: its members are)."""
     out: list[str] = []
 
     def visit(path: str, module: nn.Module) -> None:
@@ -100,8 +109,11 @@ def blocks(model: nn.Module) -> list[str]:
                 visit(where, child)
             elif isinstance(module, CONTAINERS):
                 out.append(where)
-            elif isinstance(child, CONTAINERS) or next(child.parameters(recurse=False), None) is not None:
-                visit(where, child)  # a sequence of layers, or a module with tensors of its own: not one block
+            elif isinstance(child, CONTAINERS) or next(child.parameters(recurse=False), None) is not None \
+                    or trunk(module) is child:
+                # a sequence of layers, a module with tensors of its own, or the one module beside a head
+                # (a wrapped model, a library's backbone): not one block
+                visit(where, child)
             else:
                 out.append(where)
 

@@ -87,3 +87,34 @@ def test_a_tensor_forward_never_reads_still_has_a_stage():
     found = parts(model, trace(model, torch.rand(2, 4)))
     assert [p.path for p in found] == ["used", "scale", "unused"]  # never read: last
     assert found[1].holder == "" and found[1].tensors == ("scale",)
+
+
+def test_a_wrapped_model_and_a_backbone_of_conv_layers_have_their_members_as_blocks():
+    class Wrapped(nn.Module):  # a wrapper holding the model (a Hugging Face model behind .logits, say)
+        def __init__(self, model: nn.Module):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(x)
+
+    resnet = load_checkpoint("resnet-sgd")
+    assert blocks(Wrapped(resnet)) == [f"model.{b}" for b in blocks(resnet)]
+
+    class ConvBN(nn.Module):
+        def __init__(self, c_in: int, c_out: int):
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out)
+
+    class Backbone(nn.Module):  # MobileNet V1 as Hugging Face writes it: a stem and a list of conv-norm layers
+        def __init__(self):
+            super().__init__()
+            self.stem = ConvBN(1, 4)
+            self.layer = nn.ModuleList([ConvBN(4, 4) for _ in range(3)])
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone, self.head = Backbone(), nn.Linear(4, 3)
+
+    assert blocks(Classifier()) == ["backbone.stem", "backbone.layer.0", "backbone.layer.1", "backbone.layer.2"]

@@ -55,14 +55,14 @@ COMPARE_BYTES = 1 << 23  # maps per batch of measures (their buffers are about t
 
 
 def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "reset", seed: int = 0,
-                         plan: list[Stage] | None = None, init: str = "reset", start: nn.Module | None = None,
-                         records: dict[str, str] | None = None) -> Iterator[tuple[int, str, nn.Module]]:
+                         plan: list[Stage] | None = None, init: str = "reset",
+                         start: nn.Module | None = None) -> Iterator[tuple[int, str, nn.Module]]:
     """Yield (stage, stage name, model copy) for stage 0 (the original) and each randomisation stage.
 
     ``plan``: the stages in forward order (:func:`audit.checks.stages.randomization_plan` of ``start``
     when given, else of ``model``); ``init``: the re-initialisation scheme, ``bn`` the BatchNorm policy
     (:mod:`audit.checks.reinit`); ``start``: an unmodified copy of ``model`` to randomize (made here
-    when None); ``records``: filled with {tensor name: how it was drawn} as the stages run.
+    when None).
     """
     check_option("re-initialisation", init, INITS)
     check_option("order", order, ORDERS)
@@ -76,9 +76,7 @@ def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "
     for stage, step in enumerate(sequence, start=1):
         target = copy.deepcopy(model) if order == "independent" else current
         for part in step.parts:
-            drawn = reinitialise_part(target, part, seed, init, bn)
-            if records is not None:
-                records.update(drawn)
+            reinitialise_part(target, part, seed, init, bn)
         current = target
         yield stage, step.name, target
 

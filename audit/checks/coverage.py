@@ -85,21 +85,11 @@ def describe(table: pd.DataFrame, most: int = 12) -> str:
     return text + "."
 
 
-def read(run: Path, file: str, model: str) -> pd.DataFrame | None:
-    """The coverage rows of ``model`` in the run folder ``run`` (None when the run wrote none)."""
+def paragraph(run: Path, file: str, models: list[str]) -> str:
+    """The report's paragraph on what the stages re-initialised, model by model, from the coverage
+    rows the run wrote to ``results/<file>`` ("" when it wrote none)."""
     path = run / "results" / file
     if not path.exists():
-        return None
+        return ""
     table = pd.read_csv(path)
-    part = table[table.model == model]
-    return part if len(part) else None
-
-
-def paragraph(run: Path, file: str, models: list[str]) -> str:
-    """The report's paragraph on what the stages re-initialised, model by model ("" when not recorded)."""
-    texts = []
-    for m in models:
-        table = read(run, file, m)
-        if table is not None:
-            texts.append(f"On {m}: {describe(table)}")
-    return " ".join(texts)
+    return " ".join(f"On {m}: {describe(table[table.model == m])}" for m in models if (table.model == m).any())

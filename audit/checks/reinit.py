@@ -73,7 +73,7 @@ def _scheme_draw(t: torch.Tensor, name: str, init: str) -> str:
     return _truncated_normal(t)
 
 
-def _module_reset(module: nn.Module):
+def _module_reset(module: nn.Module) -> str | None:
     # nn.MultiheadAttention keeps its own as _reset_parameters
     for name in ("reset_parameters", "_reset_parameters"):
         if callable(getattr(module, name, None)):

@@ -83,7 +83,7 @@ def _has_sequence(module: nn.Module) -> bool:
     return any(_has_sequence(c) for c in module.children() if not _is_layer(c))
 
 
-def trunk(module: nn.Module) -> nn.Module | None:
+def _trunk(module: nn.Module) -> nn.Module | None:
     """The one submodule of ``module`` that holds parameters and is not a layer, where there is only
     one and ``module`` holds no tensors of its own (a wrapper, or a classifier around a backbone)."""
     found = [c for c in module.children() if _holds(c) and not _is_layer(c)]
@@ -110,7 +110,7 @@ def blocks(model: nn.Module) -> list[str]:
             elif isinstance(module, CONTAINERS):
                 out.append(where)
             elif isinstance(child, CONTAINERS) or next(child.parameters(recurse=False), None) is not None \
-                    or trunk(module) is child:
+                    or _trunk(module) is child:
                 # a sequence of layers, a module with tensors of its own, or the one module beside a head
                 # (a wrapped model, a library's backbone): not one block
                 visit(where, child)

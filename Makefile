@@ -3,8 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# The model libraries the real-library tests build from (torchvision, timm, transformers), in a venv of their
-# own: torchvision does not import beside the CPU-only torch build of .venv (constraints-libraries.txt).
+# The model libraries the real-library tests build from (torchvision, timm, transformers), and pytorch-grad-cam
+# (a reference that needs torchvision), in a venv of their own: torchvision does not import beside the CPU-only
+# torch build of .venv (constraints-libraries.txt).
 LIBS     := .venv-libraries
 LIBSTAMP := $(LIBS)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
@@ -21,7 +22,7 @@ $(LIBSTAMP): pyproject.toml constraints-libraries.txt
 	$(PYTHON) -m venv $(LIBS)
 	$(LIBS)/bin/python -m pip install --upgrade pip setuptools wheel
 	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt torch torchvision
-	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt -e . timm transformers safetensors pytest
+	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt -e . timm transformers safetensors pytest grad-cam
 	touch $(LIBSTAMP)
 
 # Debian's full Fashion-MNIST, for the full-dataset tests and for training the shipped checkpoints.
@@ -58,7 +59,8 @@ test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
 	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
-	MODEL_LIBRARIES=required $(LIBS)/bin/python -m pytest -q tests/test_model_libraries.py tests/audit/models/test_libraries.py
+	MODEL_LIBRARIES=required $(LIBS)/bin/python -m pytest -q tests/test_model_libraries.py tests/audit/models/test_libraries.py \
+	  tests/attributions/test_cam.py
 
 bench: $(STAMP)
 	$(PY) -m pip install -c constraints.txt -e '.[bench]'

@@ -33,23 +33,27 @@ class Engine:
     """Computes maps for K target specifications: ``maps(ex, x, targets, envs) -> (K, B, ...)``.
 
     ``chain``: whether the maps come from the rule chain (then ``propagate`` can follow it).
-    ``needs_graph``: whether the engine runs the model (controls do not).
+    ``needs_graph``: whether the engine runs the model (controls do not). ``chunked``: whether the
+    explainer hands it images in chunks that fit the memory budget (engines that chunk on their own
+    terms, as captum's methods do with their internal batches, say no).
     """
 
     chain = False
     needs_graph = True
+    chunked = False
 
     def maps(self, ex: Explaining, x: torch.Tensor, targets: list, envs: Any = None, **kwargs) -> torch.Tensor:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in vars(self).items())})"
+        return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in vars(self).items() if not k.startswith('_'))})"
 
 
 class RuleChain(Engine):
     """The method's rule table, run by the explainer's reverse-mode interpreter."""
 
     chain = True
+    chunked = True
 
     def maps(self, ex, x, targets, envs=None, **kwargs):
         return ex.chain_maps(x, targets, envs)
@@ -76,19 +80,32 @@ class IntegratedGradientsEngine(Engine):
 
 
 class SmoothGradEngine(Engine):
-    """captum's NoiseTunnel (smoothgrad) around the plain gradient; ``noise`` is sigma as a fraction
-    of the input range."""
+    """captum's NoiseTunnel (smoothgrad) around a base method: the plain gradient (SmoothGrad,
+    Smilkov et al. 2017), or integrated gradients from the method's baseline with ``n_steps`` steps
+    (SmoothGrad over IG, as Adebayo et al. 2018 audit it). ``noise`` is sigma as a fraction of the
+    input range; every noisy copy is explained for the same target."""
 
-    def __init__(self, noise: float = 0.15, samples: int = 50):
-        self.noise, self.samples = noise, samples
+    BASES = ("gradient", "integrated-gradients")
+
+    def __init__(self, noise: float = 0.15, samples: int = 50, base: str = "gradient", n_steps: int = 50):
+        if base not in self.BASES:
+            raise ValueError(f"SmoothGrad's base must be one of {', '.join(self.BASES)}, got {base!r}")
+        self.noise, self.samples, self.base, self.n_steps = noise, samples, base, n_steps
 
     def maps(self, ex, x, targets, envs=None, **kwargs):
         logits = ex.forward(x).detach()
         sigma = self.noise * float(x.max() - x.min())
-        tunnel = NoiseTunnel(ex.sibling("gradient"))
-        # the noisy copies of the batch in chunks that fit the memory budget
-        per_sample = memory.fitting(self.samples, lambda: 2 * len(x) * ex.bytes_per_image(x))
+        if self.base == "gradient":
+            tunnel = NoiseTunnel(ex.sibling("gradient"))
+            steps, extra = 1, {}
+        else:
+            tunnel = NoiseTunnel(IntegratedGradients(ex.forward))
+            steps, extra = self.n_steps, {"n_steps": self.n_steps, "baselines": ex.baseline_like(x)}
+        # the noisy copies of the batch (and IG's steps of each) in chunks that fit the memory budget
+        per_sample = memory.fitting(self.samples, lambda: 2 * steps * len(x) * ex.bytes_per_image(x))
         batch = None if per_sample >= self.samples else per_sample
+        if steps > 1 and memory.budget() is not None:
+            extra["internal_batch_size"] = memory.fitting(steps * len(x), lambda: 2 * ex.bytes_per_image(x))
         return torch.stack([tunnel.attribute(x, nt_type="smoothgrad", nt_samples=self.samples, stdevs=sigma,
-                                             nt_samples_batch_size=batch, target=ex.targets(logits, t)).detach()
+                                             nt_samples_batch_size=batch, target=ex.targets(logits, t), **extra).detach()
                             for t in targets])

@@ -441,7 +441,7 @@ class Explainer(Attribution):
         over one forward pass; the method's engine decides for the others.
         """
         x = self._check_input(x) if envs is None else x  # else checked when its forward pass was made
-        n = self.images_per_pass(x, len(targets)) if self.method.chain and envs is None else len(x)
+        n = self.images_per_pass(x, len(targets)) if self.method.engine.chunked and envs is None else len(x)
         if n < len(x):  # under a memory budget: images in chunks, each with its own forward pass
             return memory.joined([self.maps_for_targets(x[i:j], [_rows(t, i, j, len(x)) for t in targets], **kwargs)
                                   for i, j in memory.spans(len(x), n)], 1)

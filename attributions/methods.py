@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from attributions import rules as R
+from attributions.cam import GradCam
 from attributions.controls import EdgeControl, NoiseControl
 from attributions.engines import CHAIN, Engine, IntegratedGradientsEngine, SmoothGradEngine
 from attributions.errors import AttributionError, unknown_name
@@ -95,8 +96,8 @@ def _deeplift_rules(linear: R.Rule, eps: float) -> dict:
 
 
 # The report's method groups, in drawing order: Sixt et al.'s z+ family collapses by construction.
-ZPLUS, CONTROLS = "LRP z+ family", "controls"
-FAMILIES = ("gradient-based", "DeepLIFT", ZPLUS, "other LRP", CONTROLS)
+ZPLUS, CAM, CONTROLS = "LRP z+ family", "class activation maps", "controls"
+FAMILIES = ("gradient-based", "DeepLIFT", ZPLUS, "other LRP", CAM, CONTROLS)
 
 SIXT = "Sixt, Granz, Landgraf 2020, When Explanations Lie (ICML)"
 BACH = "Bach et al. 2015, On Pixel-Wise Explanations by LRP (PLoS ONE)"
@@ -124,6 +125,12 @@ def _deconvnet():
     return Method("deconvnet", "ReLU applied to the backward signal, forward mask ignored",
                   "Zeiler & Fergus 2014", rules=_gradient_rules(R.ReLUGradient("deconv"), R.ActivationGradient("deconv")),
                   heatmap="max-abs", cite=("zeiler2014",))
+
+
+def _rectgrad(q: float = 98.0):
+    return Method("rectgrad", "RectGrad: at every ReLU the gradient passes only where activation x gradient exceeds "
+                  "its q-th percentile over the layer, per sample", "Kim et al. 2019",
+                  rules=_gradient_rules(R.RectGrad(q)), params={"q": q}, heatmap="max-abs", cite=("kim2019",))
 
 
 def _lrp(name, description, reference, dense, conv, first=None, output="logit", stabilizer=1e-6,
@@ -156,6 +163,13 @@ def _alpha_beta(alpha: float, beta: float):
                     f"LRP-alpha{alpha:g}beta{beta:g}: positive contributions x{alpha:g}, negative x{beta:g}",
                     BACH, rule, rule, stabilizer=stabilizer, family=ZPLUS if beta == 0 else "other LRP")
     return build
+
+
+def _cmp_alpha1beta0(epsilon: float = 0.1, stabilizer: float = 1e-6):
+    return _lrp("lrp-cmp-alpha1beta0", "LRP-CMP: epsilon on dense layers, alpha1beta0 (bias kept) on convolutions "
+                "(iNNvestigate's sequential preset A)", KOHLBRENNER, R.Epsilon(epsilon),
+                R.AlphaBeta(1.0, 0.0, bias=True, stabilizer=stabilizer), stabilizer=stabilizer, family=ZPLUS,
+                cite=("kohlbrenner2020", "alber2019"))
 
 
 def _lrp_gamma(gamma: float = 0.25, epsilon: float = 1e-6):
@@ -227,6 +241,31 @@ def _smoothgrad(noise: float = 0.15, samples: int = 50):
                   heatmap="max-abs", cite=("smilkov2017",))
 
 
+def _smoothgrad_ig(noise: float = 0.15, samples: int = 50, n_steps: int = 50,
+                   baseline: float | tuple[float, ...] = 0.0):
+    return Method("smoothgrad-ig", "integrated gradients averaged over Gaussian-noised inputs (captum NoiseTunnel "
+                  "over IntegratedGradients); noise is sigma as a fraction of the input range",
+                  "Smilkov et al. 2017; Adebayo et al. 2018", engine=SmoothGradEngine(noise, samples, "integrated-gradients",
+                                                                        n_steps),
+                  params={"noise": noise, "samples": samples, "n_steps": n_steps}, cite=("smilkov2017", "sundararajan2017"),
+                  baseline=_baseline(baseline))
+
+
+def _grad_cam(layer: str = "auto", relu: bool = True, upsample: str = "bilinear", normalise: str = "none"):
+    return Method("grad-cam", "Grad-CAM: a layer's activations weighted by their spatially averaged gradient, "
+                  "summed over channels, upsampled to the input (every channel carries the map)",
+                  "Selvaraju et al. 2017 (ICCV)", engine=GradCam(layer, relu, upsample, normalise),
+                  params={"layer": layer, "relu": relu, "upsample": upsample, "normalise": normalise},
+                  family=CAM, cite=("selvaraju2017",))
+
+
+def _guided_grad_cam(layer: str = "auto", upsample: str = "bilinear"):
+    return Method("guided-grad-cam", "Guided Grad-CAM: guided backprop times the upsampled ReLU'd Grad-CAM map",
+                  "Selvaraju et al. 2017 (ICCV)", engine=GradCam(layer, True, upsample, "none", guided=True),
+                  params={"layer": layer, "upsample": upsample}, heatmap="max-abs", family=CAM,
+                  cite=("selvaraju2017", "springenberg2015"))
+
+
 def _edge():
     return Method("edge", "control: Sobel gradient magnitude of the input, model-independent",
                   "Adebayo et al. 2018 (NeurIPS)", engine=EdgeControl(), heatmap="max-abs", family=CONTROLS,
@@ -244,8 +283,10 @@ BUILDERS: dict[str, Callable[..., Method]] = {
     "input-x-gradient": _input_x_gradient,
     "integrated-gradients": _integrated_gradients,
     "smoothgrad": _smoothgrad,
+    "smoothgrad-ig": _smoothgrad_ig,
     "guided-backprop": _guided_backprop,
     "deconvnet": _deconvnet,
+    "rectgrad": _rectgrad,
     "lrp-z": _lrp_z,
     "lrp-epsilon": _lrp_epsilon,
     "lrp-zplus": _zplus,
@@ -255,10 +296,13 @@ BUILDERS: dict[str, Callable[..., Method]] = {
     "lrp-gamma": _lrp_gamma,
     "lrp-epsilon-plus": _epsilon_plus,
     "lrp-epsilon-alpha2beta1": _epsilon_alpha2beta1,
+    "lrp-cmp-alpha1beta0": _cmp_alpha1beta0,
     "deep-taylor": _deep_taylor,
     "excitation-backprop": _excitation_backprop,
     "deeplift": _deeplift,
     "deeplift-ablation": _deeplift_ablation,
+    "grad-cam": _grad_cam,
+    "guided-grad-cam": _guided_grad_cam,
     "edge": _edge,
     "random": _random,
 }

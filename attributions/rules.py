@@ -332,6 +332,41 @@ class ReLUGradient(Rule):
         return [out.clamp_(min=0) if self.mode == "guided" else out]
 
 
+def percentile(t: torch.Tensor, q: float) -> torch.Tensor:
+    """The ``q``-th percentile (0-100, linear interpolation as numpy's default) of each row of (N, P) -> (N, 1).
+
+    Two order statistics by selection, not a sort and not ``torch.quantile``, which refuses rows of more
+    than 2^24 elements (a feature map of a few images)."""
+    position = q / 100 * (t.shape[1] - 1)
+    low, high = int(position), min(int(position) + 1, t.shape[1] - 1)
+    below = t.kthvalue(low + 1, dim=1, keepdim=True).values
+    if high == low or position == low:
+        return below
+    return below.lerp(t.kthvalue(high + 1, dim=1, keepdim=True).values, position - low)
+
+
+class RectGrad(Rule):
+    """RectGrad (Kim et al. 2019, "Why are saliency maps noisy?"): at a ReLU the signal passes only where
+    activation x signal exceeds its ``q``-th percentile over the layer's units, per sample and per signal:
+    s_in = 1[a * s > tau] s, a the ReLU's output, tau the percentile of a * s. The ReLU's own mask is part
+    of the rule: an inactive unit has a * s = 0, which passes only when tau < 0 (fewer than 100 - q percent
+    of the products positive), as the rule is written."""
+
+    kinds = ("relu", "leaky_relu")
+    reads = ("output",)
+
+    def __init__(self, q: float = 98.0):
+        if not 0 <= q <= 100:
+            raise AttributionError(f"RectGrad's percentile q must lie in [0, 100], got {q}")
+        self.q = q
+
+    def backward(self, ctx, signal):
+        importance = signal * ctx.output  # (K, B, ...)
+        flat = importance.reshape(signal.shape[0] * signal.shape[1], -1)
+        tau = percentile(flat, self.q).reshape(signal.shape[0], signal.shape[1], *[1] * (signal.ndim - 2))
+        return [torch.where(importance > tau, signal, 0.0)]
+
+
 class Rescale(Rule):
     """DeepLIFT's Rescale rule: the multiplier delta_y / delta_x.
 

@@ -84,6 +84,17 @@ REFERENCES: dict[str, Reference] = {
     "smilkov2017": _ref("misc", "Smilkov, Daniel; Thorat, Nikhil; Kim, Been; Vi{\\'e}gas, Fernanda; Wattenberg, "
                         "Martin", "{SmoothGrad}: Removing Noise by Adding Noise", 2017,
                         howpublished="arXiv:1706.03825"),
+    "kim2019": _ref("misc", "Kim, Beomsu; Seo, Junghoon; Jeon, Seunghyeon; Koo, Jamyoung; Choe, Jeesoo; Jeon, Taegyun",
+                    "Why are Saliency Maps Noisy? Cause of and Solution to Noisy Saliency Maps", 2019,
+                    howpublished="arXiv:1902.04893; IEEE/CVF ICCV Workshops 2019"),
+    "selvaraju2017": _ref("inproceedings", "Selvaraju, Ramprasaath R.; Cogswell, Michael; Das, Abhishek; Vedantam, "
+                          "Ramakrishna; Parikh, Devi; Batra, Dhruv", "{Grad-CAM}: Visual Explanations from Deep "
+                          "Networks via Gradient-Based Localization", 2017,
+                          booktitle="IEEE International Conference on Computer Vision (ICCV)", pages="618--626"),
+    "alber2019": _ref("article", "Alber, Maximilian; Lapuschkin, Sebastian; Seegerer, Philipp; H{\\\"a}gele, Miriam; "
+                      "Sch{\\\"u}tt, Kristof T.; Montavon, Gr{\\'e}goire; Samek, Wojciech; M{\\\"u}ller, Klaus-Robert; "
+                      "D{\\\"a}hne, Sven; Kindermans, Pieter-Jan", "{iNNvestigate} Neural Networks!", 2019,
+                      journal="Journal of Machine Learning Research", volume="20", number="93", pages="1--8"),
     "zhang2016": _ref("inproceedings", "Zhang, Jianming; Lin, Zhe; Brandt, Jonathan; Shen, Xiaohui; Sclaroff, Stan",
                       "Top-Down Neural Attention by Excitation Backprop", 2016,
                       booktitle="European Conference on Computer Vision (ECCV)",

@@ -394,7 +394,7 @@ TOLERANCE = 1e-8
 FLOAT32_TOLERANCE = 1e-5
 BATCH = 2
 # the costly methods' sample counts, cut for a check of finiteness and determinism
-CHEAP = {"integrated-gradients": {"n_steps": 4}, "smoothgrad": {"samples": 4}}
+CHEAP = {"integrated-gradients": {"n_steps": 4}, "smoothgrad": {"samples": 4}, "smoothgrad-ig": {"samples": 2, "n_steps": 3}}
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 

@@ -9,18 +9,21 @@ from attributions import Explainer, available_methods
 from attributions import rules as R
 from attributions.errors import AttributionError
 from attributions.graph import trace
+from attributions.methods import build_method
 from audit.models import build
 from tests.engine_models import FunctionalNet, ResidualNet
+from tests.model_libraries import CHEAP
 
 METHODS = list(available_methods())
-GRAPH_METHODS = [m for m in METHODS if m not in ("integrated-gradients", "smoothgrad", "edge", "random")]
+GRAPH_METHODS = [m for m in METHODS if build_method(m).chain]
 
 
 def test_available_methods_lists_every_method_with_a_reference():
-    expected = {"gradient", "input-x-gradient", "integrated-gradients", "smoothgrad", "guided-backprop", "deconvnet",
-                "lrp-z", "lrp-epsilon", "lrp-zplus", "lrp-alpha1beta0", "lrp-alpha2beta1", "lrp-alpha5beta4",
-                "lrp-gamma", "lrp-epsilon-plus", "lrp-epsilon-alpha2beta1", "deep-taylor", "excitation-backprop",
-                "deeplift", "deeplift-ablation", "edge", "random"}
+    expected = {"gradient", "input-x-gradient", "integrated-gradients", "smoothgrad", "smoothgrad-ig",
+                "guided-backprop", "deconvnet", "rectgrad", "lrp-z", "lrp-epsilon", "lrp-zplus", "lrp-alpha1beta0",
+                "lrp-alpha2beta1", "lrp-alpha5beta4", "lrp-gamma", "lrp-epsilon-plus", "lrp-epsilon-alpha2beta1",
+                "lrp-cmp-alpha1beta0", "deep-taylor", "excitation-backprop", "deeplift", "deeplift-ablation",
+                "grad-cam", "guided-grad-cam", "edge", "random"}
     methods = available_methods()
     assert set(methods) == expected
     assert all("[" in text and "]" in text for text in methods.values())
@@ -147,7 +150,7 @@ def test_the_users_model_is_never_changed():
     before = _snapshot(model)
     x = torch.rand(2, 1, 28, 28)
     for method in METHODS:
-        ex = Explainer(model, method, **({"samples": 2} if method == "smoothgrad" else {}))
+        ex = Explainer(model, method, **CHEAP.get(method, {}))
         ex.attribute(x, target=1)
         if ex.method.chain:
             ex.propagate(x, ex.layers[-1], torch.randn(2, 2, 10))

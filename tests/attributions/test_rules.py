@@ -63,6 +63,72 @@ def test_single_layer_flat_and_wsquare_and_zb():
     torch.testing.assert_close(zb, shares / 4.0 * 7)
 
 
+def _two_layer(w1: list[list[float]], w2: list[float]) -> nn.Module:
+    first, second = nn.Linear(len(w1[0]), len(w1), bias=False), nn.Linear(len(w2), 1, bias=False)
+    first.weight.data = torch.tensor(w1, dtype=torch.float64)
+    second.weight.data = torch.tensor([w2], dtype=torch.float64)
+    return nn.Sequential(first, nn.ReLU(), second).double()
+
+
+# x = (1, 2): pre-activations W1 x = (2, -1, 1, 3), activations a = (2, 0, 1, 3); the gradient arriving at the ReLU
+# is w2 = (1, 3, -1, 0.5), so a * s = (2, 0, -1, 1.5), sorted (-1, 0, 1.5, 2).
+W1 = [[2.0, 0.0], [1.0, -1.0], [-1.0, 1.0], [1.0, 1.0]]
+W2 = [1.0, 3.0, -1.0, 0.5]
+RECT_X = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("q,passed", [
+    # 98th percentile: position 0.98 * 3 = 2.94, 1.5 + 0.94 * (2 - 1.5) = 1.97: only unit 0 (2 > 1.97) passes
+    (98.0, [1.0, 0.0, 0.0, 0.0]),
+    # median: 0 + 0.5 * 1.5 = 0.75: units 0 and 3
+    (50.0, [1.0, 0.0, 0.0, 1.0]),
+    # the minimum, -1: every unit above it, the inactive unit 1 (a * s = 0 > -1) included, as the rule is written
+    (0.0, [1.0, 1.0, 0.0, 1.0]),
+])
+def test_rectgrad_on_a_two_layer_net_by_hand(q, passed):
+    model = _two_layer(W1, W2)
+    expected = (torch.tensor([W2], dtype=torch.float64) * torch.tensor([passed], dtype=torch.float64)) @ \
+        torch.tensor(W1, dtype=torch.float64)
+    torch.testing.assert_close(Explainer(model, "rectgrad", q=q).attribute(RECT_X, target=0), expected,
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_rectgrad_percentile_is_numpys_and_is_taken_per_sample_and_signal():
+    import numpy as np
+
+    t = torch.randn(6, 1001, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for q in (0.0, 37.5, 98.0, 100.0):
+        torch.testing.assert_close(R.percentile(t, q)[:, 0], torch.from_numpy(np.percentile(t.numpy(), q, axis=1)))
+    # two images whose products differ in scale: each keeps its own top 2 %, one image's larger values do not
+    # take the other's
+    model = nn.Sequential(nn.Linear(3, 50), nn.ReLU(), nn.Linear(50, 4)).double()
+    x = torch.rand(2, 3, dtype=torch.float64)
+    x[1] *= 100.0
+    both = Explainer(model, "rectgrad").maps_for_targets(x, [0, 1])
+    for k, t in enumerate((0, 1)):
+        for b in range(2):
+            alone = Explainer(model, "rectgrad").attribute(x[b:b + 1], target=t)
+            torch.testing.assert_close(both[k, b:b + 1], alone, rtol=1e-12, atol=1e-12)
+    with pytest.raises(AttributionError, match="percentile q must lie in"):
+        Explainer(model, "rectgrad", q=120.0)
+
+
+def test_cmp_composite_is_epsilon_on_dense_and_alpha1beta0_with_bias_on_convolutions():
+    model = _small_cnn()
+    graph = trace(model, torch.rand(2, 1, 8, 8, dtype=torch.float64))
+    ex = Explainer(model, "lrp-cmp-alpha1beta0", graph=graph)
+    convs = [n.name for n in graph.nodes if n.kind == "conv"]
+    dense = [n.name for n in graph.nodes if n.kind == "dense"]
+    assert convs and dense
+    for name in convs:
+        rule = ex.rule_for(name)
+        assert isinstance(rule, R.AlphaBeta) and (rule.alpha, rule.beta, rule.bias) == (1.0, 0.0, True)
+    assert all(isinstance(ex.rule_for(n), R.Epsilon) and ex.rule_for(n).epsilon == 0.1 for n in dense)
+    x = torch.rand(3, 1, 8, 8, dtype=torch.float64)
+    composed = Explainer(model, "lrp-epsilon", rules={"conv": "alpha1beta0", "dense": R.Epsilon(0.1)}).attribute(x, target=1)
+    torch.testing.assert_close(ex.attribute(x, target=1), composed, rtol=0, atol=0)
+
+
 def test_conv_zplus_by_hand():
     conv = nn.Conv2d(1, 1, (1, 2), bias=False).double()
     conv.weight.data = torch.tensor([[[[1.0, -2.0]]]], dtype=torch.float64)

@@ -9,8 +9,10 @@ from audit import input_invariance
 from audit.checks.input_invariance import shifted_model
 from audit.errors import AuditError
 
-INVARIANT = ["gradient", "guided-backprop", "deconvnet", "smoothgrad", "edge", "random"]
-NOT_INVARIANT = ["input-x-gradient", "lrp-epsilon", "lrp-zplus", "integrated-gradients", "deeplift"]
+INVARIANT = ["gradient", "guided-backprop", "deconvnet", "smoothgrad", "rectgrad", "grad-cam", "guided-grad-cam", "edge",
+             "random"]
+NOT_INVARIANT = ["input-x-gradient", "lrp-epsilon", "lrp-zplus", "lrp-cmp-alpha1beta0", "integrated-gradients",
+                 "deeplift"]
 
 
 def test_theory_on_a_padded_cnn(trained):

@@ -1,0 +1,194 @@
+"""Grad-CAM and Guided Grad-CAM: captum's LayerGradCam / GuidedGradCam and pytorch-grad-cam as references,
+the default layer on real model families, the conventions, and bad layers refused."""
+import os
+
+import pytest
+import torch
+from captum.attr import GuidedGradCam, LayerAttribution, LayerGradCam
+from torch import nn
+
+from attributions import Explainer
+from attributions.cam import feature_maps
+from attributions.errors import AttributionError
+from attributions.graph import trace
+from audit.models import build
+from tests.engine_models import ResidualNet, randomize_batchnorm, set_biases
+
+
+def _models() -> dict[str, tuple[nn.Module, torch.Tensor]]:
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    x28 = torch.rand(3, 1, 28, 28, generator=gen, dtype=torch.float64)
+    x8 = torch.rand(3, 1, 8, 8, generator=gen, dtype=torch.float64)
+    return {"cnn": (build("cnn").double().eval(), x28),
+            "resnet": (randomize_batchnorm(build("resnet"), gen).double().eval(), x28),
+            "residual": (set_biases(ResidualNet(), -0.3, 0.3).double().eval(), x8)}
+
+
+MODELS = _models()
+
+
+def _close(ours: torch.Tensor, ref: torch.Tensor, tolerance: float = 1e-6) -> None:
+    ref = ref.detach()
+    assert float(ref.abs().max()) > 0, "a zero reference map checks nothing"
+    assert float((ours - ref).abs().max()) <= tolerance * float(ref.abs().max())
+
+
+# (model, our layer as a module path, the module captum hooks)
+LAYERS = [("cnn", "features.7", lambda m: m.features[7]), ("resnet", "layer2", lambda m: m.layer2),
+          ("resnet", "layer3.2", lambda m: m.layer3[2]), ("residual", "r2", lambda m: m.r2),
+          ("residual", "c1", lambda m: m.c1)]
+
+
+@pytest.mark.parametrize("name,layer,module", LAYERS)
+@pytest.mark.parametrize("upsample", ["nearest", "bilinear"])
+@pytest.mark.parametrize("relu", [True, False])
+def test_grad_cam_matches_captum_layer_grad_cam(name, layer, module, upsample, relu):
+    model, x = MODELS[name]
+    target = torch.tensor([0, 2, 1])
+    ours = Explainer(model, "grad-cam", layer=layer, upsample=upsample, relu=relu).attribute(x, target=target)
+    cam = LayerGradCam(model, module(model)).attribute(x, target=target, relu_attributions=relu)
+    ref = LayerAttribution.interpolate(cam, tuple(x.shape[2:]), interpolate_mode=upsample)
+    assert ours.shape == x.shape
+    _close(ours, ref.expand_as(x))
+
+
+@pytest.mark.parametrize("name,layer,module", LAYERS[:3])
+def test_guided_grad_cam_matches_captum(name, layer, module):
+    model, x = MODELS[name]
+    ours = Explainer(model, "guided-grad-cam", layer=layer, upsample="nearest").attribute(x, target=1)
+    _close(ours, GuidedGradCam(model, module(model)).attribute(x, target=1))
+
+
+def test_default_layer_is_the_last_feature_map_before_global_pooling():
+    model, x = MODELS["resnet"]
+    ex = Explainer(model, "grad-cam")
+    ex.attribute(x, target=0)
+    assert ex.method.engine.layer_of(ex, x) == "layer3.2.relu2"  # then the global average pool
+    cnn, x28 = MODELS["cnn"]
+    ex = Explainer(cnn, "grad-cam")
+    ours = ex.attribute(x28, target=0)
+    layer = ex.method.engine.layer_of(ex, x28)
+    module = cnn.get_submodule(layer)  # the last pooling layer before the flatten: a 7 x 7 map
+    ref = LayerAttribution.interpolate(LayerGradCam(cnn, module).attribute(x28, target=0, relu_attributions=True),
+                                       (28, 28), interpolate_mode="bilinear")
+    _close(ours, ref.expand_as(x28))
+
+
+class _ChannelsLast(nn.Module):
+    """conv -> permute to channels-last -> LayerNorm and a linear layer over channels -> permute back -> add, then
+    an attention-like stretch of 4-D tensors (heads x tokens) that no feature map may be taken from."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.norm = nn.LayerNorm(4)
+        self.mix = nn.Linear(4, 4)
+        self.qk = nn.Linear(4, 8)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.conv(x)
+        block = self.mix(self.norm(h.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        h = h + block
+        tokens = h.flatten(2).transpose(1, 2)  # (B, T, C)
+        q = self.qk(tokens).reshape(x.shape[0], -1, 2, 4).permute(0, 2, 1, 3)  # (B, heads, T, d)
+        scores = (q @ q.transpose(-1, -2)) * 0.5
+        mixed = (scores.softmax(-1) @ q).mean(1)  # (B, T, d)
+        return self.head(mixed.mean(1))
+
+
+def test_feature_maps_follow_layouts_through_permutes_and_stop_at_tokens():
+    torch.manual_seed(0)
+    model = _ChannelsLast().double().eval()
+    x = torch.rand(2, 1, 6, 6, dtype=torch.float64)
+    graph = trace(model, x)
+    values = Explainer(model, "gradient", graph=graph).forward_pass(x, reference=False).values
+    maps = feature_maps(graph, values, x.ndim)
+    # the block's permute back to channels-first and its sum count; the channels-last stretch and attention do not
+    assert maps == ["conv", "permute#1", "add"], maps
+    ex = Explainer(model, "grad-cam", graph=graph)
+    assert ex.method.engine.layer_of(ex, x) == "add"
+
+
+def test_conventions_normalise_before_and_after_upsampling():
+    model, x = MODELS["resnet"]
+    raw = Explainer(model, "grad-cam", upsample="bilinear", layer="layer2").attribute(x, target=1)[:, :1]
+    after = Explainer(model, "grad-cam", upsample="bilinear", layer="layer2", normalise="after").attribute(x, target=1)
+    low = raw.amin((2, 3), keepdim=True)
+    _close(after[:, :1], (raw - low) / (raw.amax((2, 3), keepdim=True) - low))
+    before = Explainer(model, "grad-cam", upsample="nearest", layer="layer2", normalise="before").attribute(x, target=1)
+    # nearest upsampling only repeats values, so min-max before it equals min-max after it
+    near = Explainer(model, "grad-cam", upsample="nearest", layer="layer2", normalise="after").attribute(x, target=1)
+    _close(before, near)
+    assert float(before.amin()) == 0.0 and float(before.amax()) == 1.0
+
+
+def test_several_targets_and_memory_chunks_give_the_single_target_maps(monkeypatch):
+    from attributions import memory
+
+    model, x = MODELS["resnet"]
+    ex = Explainer(model, "grad-cam", layer="layer2")
+    both = ex.maps_for_targets(x, [0, torch.tensor([2, 1, 0])])
+    _close(both[0], ex.attribute(x, target=0))
+    _close(both[1], ex.attribute(x, target=torch.tensor([2, 1, 0])))
+    monkeypatch.setattr(memory, "fitting", lambda n, *args, **kwargs: 1)  # one image at a time
+    _close(Explainer(model, "grad-cam", layer="layer2").attribute(x, target=0), both[0])
+
+
+def test_bad_layers_and_conventions_are_refused_clearly():
+    model, x = MODELS["resnet"]
+    with pytest.raises(AttributionError, match="neither a node nor a module.*layer1"):
+        Explainer(model, "grad-cam", layer="layer9").attribute(x, target=0)
+    with pytest.raises(AttributionError, match="not a channels-first feature map.*layer3.2.relu2"):
+        Explainer(model, "grad-cam", layer="fc").attribute(x, target=0)
+    with pytest.raises(AttributionError, match="upsample must be one of nearest, bilinear"):
+        Explainer(model, "grad-cam", upsample="bicubic")
+    with pytest.raises(AttributionError, match="normalise"):
+        Explainer(model, "grad-cam", normalise="zscore")
+    flat = nn.Sequential(nn.Linear(4, 3)).double()
+    with pytest.raises(AttributionError, match="spatial axes"):
+        Explainer(flat, "grad-cam").attribute(torch.rand(2, 4, dtype=torch.float64), target=0)
+
+
+def test_the_model_is_left_untouched():
+    model, x = MODELS["resnet"]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    Explainer(model, "guided-grad-cam").attribute(x, target=0)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not any(m._forward_hooks or m._backward_hooks for m in model.modules())
+
+
+def _grad_cam_package():
+    try:
+        import pytorch_grad_cam
+    except ImportError as exc:
+        if os.environ.get("MODEL_LIBRARIES") == "required":
+            pytest.fail(f"pytorch-grad-cam is not installed ({exc}); make test installs it into .venv-libraries")
+        pytest.skip("pytorch-grad-cam is not installed here (make test runs this file in .venv-libraries)")
+    return pytorch_grad_cam
+
+
+@pytest.mark.parametrize("architecture", ["resnet18", "convnext_tiny"])
+def test_grad_cam_matches_pytorch_grad_cam_on_torchvision(architecture):
+    """pytorch-grad-cam (the ``grad-cam`` package): ReLU, min-max per map, then OpenCV's bilinear resize, and a
+    second min-max; ours with upsample=bilinear and normalise=before, min-maxed once more, on the same layer."""
+    package = _grad_cam_package()
+    import torchvision
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    from tests.model_libraries import perturb
+
+    torch.manual_seed(0)
+    model = perturb(getattr(torchvision.models, architecture)().eval(), 0)
+    module, layer = (model.layer4, "layer4") if architecture == "resnet18" else (model.features[7], "features.7")
+    x = torch.rand(2, 3, 96, 96, generator=torch.Generator().manual_seed(1))
+    targets = [3, 7]
+    with package.GradCAM(model=model, target_layers=[module]) as cam:
+        ref = torch.from_numpy(cam(input_tensor=x, targets=[ClassifierOutputTarget(t) for t in targets]))
+    ours = Explainer(model, "grad-cam", layer=layer, upsample="bilinear", normalise="before").attribute(
+        x, target=torch.tensor(targets))[:, 0]
+    low = ours.amin((1, 2), keepdim=True)
+    ours = (ours - low) / (ours.amax((1, 2), keepdim=True) - low)
+    assert ref.shape == ours.shape
+    assert float((ours - ref).abs().max()) < 1e-5

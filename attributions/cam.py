@@ -153,15 +153,23 @@ class GradCam(Engine):
         self._layers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # {graph: the node weighed}
 
     def layer_of(self, ex: Any, x: torch.Tensor) -> str:
-        """The node this engine weighs on the explainer's model for inputs like ``x`` (B, ...), found once
-        per traced graph (on one image)."""
+        """The node this engine weighs on the explainer's model for inputs like ``x`` (B, ...)."""
+        return self._locate(ex, x)[1]
+
+    def _locate(self, ex: Any, x: torch.Tensor) -> tuple[Any, str]:
+        """(the graph for inputs like ``x``, the node weighed in it), found once per traced graph, on one image."""
         graph = ex.graph if ex.graph is not None and ex.graph.accepts(x.shape) else None
         if graph is None or graph not in self._layers:
             gradient = ex.sibling("gradient")
             forward = gradient.forward_pass(x[:1], reference=False)
             graph = gradient.graph
             self._layers[graph] = cam_layer(graph, forward.values, self.layer, x.ndim)
-        return self._layers[graph]
+        return graph, self._layers[graph]
+
+    def conventions(self, ex: Any, x: torch.Tensor) -> dict:
+        graph, node = self._locate(ex, x)
+        return {"layer": node, "module": graph.by_name[node].path, "relu": self.relu or self.guided,
+                "upsample": self.upsample, "normalise": self.normalise}
 
     def maps(self, ex, x, targets, envs=None, **kwargs):
         layer = self.layer_of(ex, x)

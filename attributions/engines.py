@@ -45,6 +45,11 @@ class Engine:
     def maps(self, ex: Explaining, x: torch.Tensor, targets: list, envs: Any = None, **kwargs) -> torch.Tensor:
         raise NotImplementedError
 
+    def conventions(self, ex: Any, x: torch.Tensor) -> dict:
+        """The choices this engine makes on the explainer's model for inputs like ``x`` (B, ...) that its
+        parameters leave open (Grad-CAM's layer), for the run's manifest; {} for none."""
+        return {}
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in vars(self).items() if not k.startswith('_'))})"
 

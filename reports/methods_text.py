@@ -83,6 +83,10 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
         if method is None:
             continue
         params = ", ".join(f"{k} = {_value(v)}" for k, v in method.params.items())
+        chosen = manifest.get("conventions", {}).get(name, {})
+        if chosen:  # what the method chose on each model (Grad-CAM's layer)
+            params += ("; " if params else "") + "layer weighed: " + ", ".join(
+                f"{facts['layer']} on {model}" for model, facts in chosen.items())
         methods.append(f"{name} {_cite(method.cite)}" + (f" ({params})" if params else ""))
     families = style.by_family(config["methods"])
     out.append(("Attribution methods", f"{len(methods)} methods in {len(families)} families "

@@ -312,6 +312,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             if spec not in models:
                 models[spec] = resolve_model(spec, config.weights, config.num_classes).to(device)
         coverage = _coverage(config, models, labels, x, out, log)
+        conventions = _conventions(config, models, labels, x)
         # in the run's order, whichever process loaded which model first
         info = model_table({spec: models[spec] for spec in config.models}, labels, x, y)
         atomic_write_bytes(out / "results" / MODELS_FILE, _csv_bytes(info))
@@ -329,7 +330,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                    if "library" in (getattr(models[spec], "metadata", None) or {})}
         manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
                     **({"model_sources": sources} if sources else {}), **({"coverage": coverage} if coverage else {}),
-                    "images": images, "memory": memory_record, "precision": precision,
+                    **({"conventions": conventions} if conventions else {}), "images": images, "memory": memory_record, "precision": precision,
                     # float32 kernels block their sums by thread count: the last bits depend on it
                     "processes": shard.world, "threads_per_process": threads,
                     "versions": versions(), "timings_s": {**old, **timings},
@@ -358,6 +359,20 @@ def _coverage(config: AuditConfig, models: dict[str, nn.Module], labels: dict[st
                     f"every stage ({1 - summary['share_reinitialised']:.1%} of the parameters), e.g. "
                     f"{', '.join(summary['kept_trained'][:3])}")
         atomic_write_bytes(out / "results" / check.coverage_file, _csv_bytes(pd.concat(frames, ignore_index=True)))
+    return record
+
+
+def _conventions(config: AuditConfig, models: dict[str, nn.Module], labels: dict[str, str], x: torch.Tensor
+                 ) -> dict[str, dict[str, dict]]:
+    """{method: {model label: the choices the method made on that model}} for the methods whose conventions
+    depend on the model (Grad-CAM's layer), read on one image."""
+    record: dict[str, dict[str, dict]] = {}
+    for name in config.methods:
+        for spec in config.models:
+            ex = Explainer(models[spec], name)
+            facts = ex.method.engine.conventions(ex, x[:1])
+            if facts:
+                record.setdefault(name, {})[labels[spec]] = facts
     return record
 
 

@@ -240,6 +240,23 @@ def test_each_unit_line_says_how_much_is_left(tmp_path):
     assert "; 1 unit left, about " in lines[0] and lines[1].endswith("; 0 units left)")
 
 
+def test_the_layer_grad_cam_weighs_on_each_model_is_in_the_manifest_and_the_methods_text(tmp_path):
+    from reports import methods_text
+
+    config = load_config(models=["cnn-sgd", "resnet-sgd"], methods=["grad-cam", "guided-grad-cam", "gradient"],
+                         tests=["random-logit"], n_images=2)
+    result = run_audit(config, tmp_path / "r", progress=False, log=lambda s: None)
+    chosen = result.manifest["conventions"]
+    assert set(chosen) == {"grad-cam", "guided-grad-cam"}  # the gradient has nothing to choose
+    assert chosen["grad-cam"]["resnet-sgd"] == {"layer": "layer3.2.relu2", "module": "layer3.2.relu2", "relu": True,
+                                                "upsample": "bilinear", "normalise": "none"}
+    assert chosen["grad-cam"]["cnn-sgd"]["layer"] == "features.10"
+    text = dict(methods_text.paragraphs(result.manifest, result.tables["models"]))["Attribution methods"]
+    assert "layer weighed: features.10 on cnn-sgd, layer3.2.relu2 on resnet-sgd" in text
+    table = result.tables["random-logit"]
+    assert len(table) == 12 and table[table.method == "gradient"].ssim.notna().all()
+
+
 def test_an_imagenet_size_model_with_torchvision_keys_end_to_end(tmp_path, monkeypatch):
     """ResNet-50 at 224 x 224 built by the user's factory, weights from a state_dict file with
     torchvision's keys, ImageNet preprocessing of JPEG files: the run uses those weights (its logits are

@@ -330,7 +330,8 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                    if "library" in (getattr(models[spec], "metadata", None) or {})}
         manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
                     **({"model_sources": sources} if sources else {}), **({"coverage": coverage} if coverage else {}),
-                    **({"conventions": conventions} if conventions else {}), "images": images, "memory": memory_record, "precision": precision,
+                    **({"conventions": conventions} if conventions else {}),
+                    "images": images, "memory": memory_record, "precision": precision,
                     # float32 kernels block their sums by thread count: the last bits depend on it
                     "processes": shard.world, "threads_per_process": threads,
                     "versions": versions(), "timings_s": {**old, **timings},

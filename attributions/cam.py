@@ -23,110 +23,18 @@ channels, each multiplied by the ReLU'd map, as captum's ``GuidedGradCam``).
 """
 from __future__ import annotations
 
-import itertools
-import math
 import weakref
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from attributions.anatomy import cam_layer, on_grid, token_layout, token_node
 from attributions.engines import Engine
 from attributions.errors import AttributionError
 
 UPSAMPLING = ("nearest", "bilinear")
 NORMALISATIONS = ("none", "before", "after")
-
-
-# kinds whose output keeps the axes of their signal inputs (element-wise maps, normalisations, sums)
-_KEEPING = ("relu", "leaky_relu", "activation", "affine", "norm", "add", "product")
-
-
-def _permutation(node: Any, values: dict) -> tuple[int, ...] | None:
-    """The axes ``node`` (a move of one signal) permutes, found by running it on a probe of distinct
-    integers shaped like its input: p with output = input.permute(p), or None for any other move
-    (a reshape, a flatten, an index)."""
-    source, out = values[node.inputs[0]], values[node.name]
-    if not isinstance(out, torch.Tensor) or out.ndim != source.ndim or out.numel() != source.numel():
-        return None
-    probe = torch.arange(source.numel(), device=source.device).reshape(source.shape)
-    try:
-        moved = node.evaluate(values, {node.inputs[0]: probe})
-    except (RuntimeError, TypeError):
-        return None
-    for p in itertools.permutations(range(source.ndim)):
-        if probe.permute(p).shape == moved.shape and torch.equal(probe.permute(p), moved):
-            return p
-    return None
-
-
-def feature_maps(graph: Any, values: dict, ndim: int) -> list[str]:
-    """The nodes whose outputs are channels-first feature maps (B, C, *spatial) with more than one
-    position, in forward order; ``values`` a forward pass's {node: value}, ``ndim`` the input's axes.
-
-    Each node's layout (which of the input's axes each of its axes is) is followed from the input:
-    convolutions and pooling put out channels-first maps, element-wise ops, norms and sums keep their
-    inputs' common layout, a linear layer over the channel axis keeps it (a channels-last block), a
-    permute reorders it (found by running the node on a probe), and any other move (a reshape to
-    tokens, a flatten) ends it. So a channels-last stretch that returns to channels-first (ConvNeXt)
-    still counts, and the 4-D tensors inside attention (heads x tokens) never do."""
-    canonical = tuple(range(ndim))
-    layout: dict[str, tuple[int, ...]] = {graph.nodes[0].name: canonical}
-    for node in graph.nodes[1:]:
-        value = values.get(node.name)
-        if not isinstance(value, torch.Tensor) or value.ndim != ndim:
-            continue
-        inputs = [layout.get(i) for i in node.inputs if isinstance(values.get(i), torch.Tensor)
-                  and values[i].ndim == ndim]
-        same = inputs[0] if inputs and all(i is not None and i == inputs[0] for i in inputs) else None
-        found = None
-        if node.kind in ("conv", "maxpool", "avgpool"):
-            found = canonical
-        elif node.kind in _KEEPING or (node.kind == "mix" and node.params.get("elementwise")):
-            found = same
-        elif node.kind == "dense":
-            found = same if same is not None and same[-1] == 1 else None
-        elif node.kind == "move" and same is not None:
-            if node.params.get("identity") or node.params.get("cat"):
-                found = same
-            elif len(node.inputs) == 1:
-                p = _permutation(node, values)
-                found = tuple(same[a] for a in p) if p is not None else None
-        if found is not None:
-            layout[node.name] = found
-    return [n for n, v in layout.items() if v == canonical and n != graph.nodes[0].name
-            and math.prod(values[n].shape[2:]) > 1]
-
-
-def cam_layer(graph: Any, values: dict, layer: str | None, ndim: int) -> str:
-    """The node whose output Grad-CAM weighs: ``layer`` as a node name, else the last node of the module
-    path ``layer`` (its output), else (``auto`` or None) the last feature map (:func:`feature_maps`);
-    ``values`` is a forward pass's {node: value}, ``ndim`` the input's number of axes."""
-    if ndim < 3:
-        raise AttributionError(f"Grad-CAM needs inputs with spatial axes (B, C, H, ...), got {ndim}-D inputs")
-    maps = feature_maps(graph, values, ndim)
-    if layer in (None, "auto"):
-        if not maps:
-            raise AttributionError("Grad-CAM found no channels-first feature map (B, C, *spatial) with more than one "
-                                   "position in the model; pass layer= with a node or module name")
-        return maps[-1]
-    layers = graph.layers
-    if layer in graph.by_name and layer in layers:
-        chosen = layer
-    else:
-        inside = [n for n in layers if graph.by_name[n].path == layer or graph.by_name[n].path.startswith(layer + ".")]
-        if not inside:
-            paths = sorted({graph.by_name[n].path for n in layers if graph.by_name[n].path})
-            raise AttributionError(f"Grad-CAM layer {layer!r} is neither a node nor a module of the model; "
-                                   f"modules: {', '.join(paths[:40])}{' ...' if len(paths) > 40 else ''}")
-        chosen = inside[-1]
-    if chosen not in maps:
-        value = values.get(chosen)
-        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
-        raise AttributionError(f"Grad-CAM layer {layer!r} (node {chosen!r}, output shape {shape}) is not a "
-                               "channels-first feature map (B, C, *spatial) with more than one position; choose "
-                               f"one of the last feature maps: {', '.join(maps[-5:]) or 'none'}")
-    return chosen
 
 
 def _minmax(maps: torch.Tensor) -> torch.Tensor:
@@ -137,19 +45,48 @@ def _minmax(maps: torch.Tensor) -> torch.Tensor:
     return ((flat - low) / span).reshape(maps.shape)
 
 
+def target_gradients(ex: Any, x: torch.Tensor, targets: list, nodes: set[str]) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The ``gradient`` method's forward pass on ``x`` (B, ...) and the exact gradients of the K explained
+    outputs at ``nodes``: (the pass, {node: (K, B, *its shape)}), in one batched backward."""
+    gradient = ex.sibling("gradient")
+    forward = gradient.forward_pass(x, reference=False)
+    logits = forward.values[gradient.graph.output]
+    onehots = torch.stack([torch.zeros_like(logits).scatter_(1, ex.targets(logits, t)[:, None], 1.0)
+                           for t in targets])
+    with torch.no_grad():
+        grads = forward.signals(gradient.graph.output, onehots, keep=nodes)
+    return forward, {n: grads[n] for n in nodes}
+
+
+def upsampled(maps: torch.Tensor, x: torch.Tensor, upsample: str, normalise: str = "none") -> torch.Tensor:
+    """Maps (K, B, 1, *grid) at the input's resolution, (K, B, C, *spatial) with every channel the map;
+    ``normalise``: min-max per map before or after the interpolation, or none."""
+    k, b = maps.shape[:2]
+    flat = maps.reshape(k * b, 1, *maps.shape[3:])
+    if normalise == "before":
+        flat = _minmax(flat)
+    flat = F.interpolate(flat, size=x.shape[2:], mode=_mode(upsample, x.ndim - 2))
+    if normalise == "after":
+        flat = _minmax(flat)
+    return flat.reshape(k, b, 1, *x.shape[2:]).expand(k, b, *x.shape[1:])
+
+
 class GradCam(Engine):
-    """Grad-CAM maps (K, B, ...) for K targets; ``guided``: Guided Grad-CAM (guided backprop x the map).
-    See the module docstring for the conventions."""
+    """Grad-CAM maps (K, B, ...) for K targets; ``guided``: Guided Grad-CAM (guided backprop x the map);
+    ``tokens``: the layer holds tokens (B, T, D) of a vision transformer, laid out on the patch grid first
+    (:func:`attributions.anatomy.token_layout`; ``auto`` is then the last block's first norm, as
+    pytorch-grad-cam's ViT example). See the module docstring for the conventions."""
 
     chunked = True
 
     def __init__(self, layer: str = "auto", relu: bool = True, upsample: str = "bilinear",
-                 normalise: str = "none", guided: bool = False):
+                 normalise: str = "none", guided: bool = False, tokens: bool = False):
         if upsample not in UPSAMPLING:
             raise AttributionError(f"Grad-CAM upsample must be one of {', '.join(UPSAMPLING)}, got {upsample!r}")
         if normalise not in NORMALISATIONS:
             raise AttributionError(f"Grad-CAM normalise must be one of {', '.join(NORMALISATIONS)}, got {normalise!r}")
-        self.layer, self.relu, self.upsample, self.normalise, self.guided = layer, relu, upsample, normalise, guided
+        self.layer, self.relu, self.upsample, self.normalise = layer, relu, upsample, normalise
+        self.guided, self.tokens = guided, tokens
         self._layers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # {graph: the node weighed}
 
     def layer_of(self, ex: Any, x: torch.Tensor) -> str:
@@ -163,8 +100,16 @@ class GradCam(Engine):
             gradient = ex.sibling("gradient")
             forward = gradient.forward_pass(x[:1], reference=False)
             graph = gradient.graph
-            self._layers[graph] = cam_layer(graph, forward.values, self.layer, x.ndim)
+            find = token_node if self.tokens else cam_layer
+            self._layers[graph] = find(graph, forward.values, self.layer, x.ndim)
         return graph, self._layers[graph]
+
+    def fits(self, ex: Any, x: torch.Tensor) -> str | None:
+        try:
+            self._locate(ex, x)
+        except AttributionError as exc:
+            return str(exc)
+        return None
 
     def conventions(self, ex: Any, x: torch.Tensor) -> dict:
         graph, node = self._locate(ex, x)
@@ -173,32 +118,20 @@ class GradCam(Engine):
 
     def maps(self, ex, x, targets, envs=None, **kwargs):
         layer = self.layer_of(ex, x)
-        gradient = ex.sibling("gradient")
-        forward = gradient.forward_pass(x, reference=False)
-        graph = gradient.graph
-        logits = forward.values[graph.output]
-        onehots = torch.stack([torch.zeros_like(logits).scatter_(1, ex.targets(logits, t)[:, None], 1.0)
-                               for t in targets])
+        forward, grads = target_gradients(ex, x, targets, {layer})
+        grad, acts = grads[layer], forward.values[layer]
+        if self.tokens:
+            layout = token_layout(forward.explainer.graph, forward.values, acts.shape[1], x.ndim)
+            grad, acts = on_grid(grad, layout), on_grid(acts[None], layout)[0]
         with torch.no_grad():
-            grads = forward.signals(graph.output, onehots, keep={layer})[layer]  # (K, B, C, *spatial)
-            acts = forward.values[layer]
-            spatial = tuple(range(3, grads.ndim))
-            cam = (grads.mean(spatial, keepdim=True) * acts).sum(2, keepdim=True)  # (K, B, 1, *spatial)
+            spatial = tuple(range(3, grad.ndim))
+            cam = (grad.mean(spatial, keepdim=True) * acts).sum(2, keepdim=True)  # (K, B, 1, *spatial)
             if self.relu or self.guided:
                 cam = cam.clamp(min=0)
-            k, b = cam.shape[:2]
-            cam = cam.reshape(k * b, 1, *cam.shape[3:])
-            if self.normalise == "before":
-                cam = _minmax(cam)
-            cam = F.interpolate(cam, size=x.shape[2:], mode=_mode(self.upsample, x.ndim - 2))
-            if self.normalise == "after":
-                cam = _minmax(cam)
-            cam = cam.reshape(k, b, 1, *x.shape[2:])
+            cam = upsampled(cam, x, self.upsample, self.normalise)
         if self.guided:
-            return ex.sibling("guided-backprop").maps_for_targets(x, targets) * cam
-        return cam.expand(k, b, *x.shape[1:]).clone()
-
-
+            return ex.sibling("guided-backprop").maps_for_targets(x, targets) * cam[:, :, :1]
+        return cam.clone()
 def _mode(upsample: str, axes: int) -> str:
     """torch's name of the ``upsample`` interpolation over ``axes`` spatial axes (bilinear in 2-D)."""
     if upsample == "nearest":

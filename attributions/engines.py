@@ -45,6 +45,11 @@ class Engine:
     def maps(self, ex: Explaining, x: torch.Tensor, targets: list, envs: Any = None, **kwargs) -> torch.Tensor:
         raise NotImplementedError
 
+    def fits(self, ex: Any, x: torch.Tensor) -> str | None:
+        """Why the method cannot explain the explainer's model on inputs like ``x`` (B, ...) (a Grad-CAM
+        without a feature map, attention maps of a CNN), or None where it can."""
+        return None
+
     def conventions(self, ex: Any, x: torch.Tensor) -> dict:
         """The choices this engine makes on the explainer's model for inputs like ``x`` (B, ...) that its
         parameters leave open (Grad-CAM's layer), for the run's manifest; {} for none."""

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from attributions import rules as R
+from attributions.attention_maps import AttentionFlow, AttentionGradCam
 from attributions.cam import GradCam
 from attributions.controls import EdgeControl, NoiseControl
 from attributions.engines import CHAIN, Engine, IntegratedGradientsEngine, SmoothGradEngine
@@ -96,8 +97,8 @@ def _deeplift_rules(linear: R.Rule, eps: float) -> dict:
 
 
 # The report's method groups, in drawing order: Sixt et al.'s z+ family collapses by construction.
-ZPLUS, CAM, CONTROLS = "LRP z+ family", "class activation maps", "controls"
-FAMILIES = ("gradient-based", "DeepLIFT", ZPLUS, "other LRP", CAM, CONTROLS)
+ZPLUS, CAM, ATTENTION, CONTROLS = "LRP z+ family", "class activation maps", "attention", "controls"
+FAMILIES = ("gradient-based", "DeepLIFT", ZPLUS, "other LRP", CAM, ATTENTION, CONTROLS)
 
 SIXT = "Sixt, Granz, Landgraf 2020, When Explanations Lie (ICML)"
 BACH = "Bach et al. 2015, On Pixel-Wise Explanations by LRP (PLoS ONE)"
@@ -266,6 +267,36 @@ def _guided_grad_cam(layer: str = "auto", upsample: str = "bilinear"):
                   cite=("selvaraju2017", "springenberg2015"))
 
 
+def _vit_grad_cam(layer: str = "auto", relu: bool = True, upsample: str = "bilinear", normalise: str = "none"):
+    return Method("vit-grad-cam", "Grad-CAM on a vision transformer's token activations (by default the last block's "
+                  "first norm, as pytorch-grad-cam), laid out on the patch grid", "Selvaraju et al. 2017; Gildenblat 2021",
+                  engine=GradCam(layer, relu, upsample, normalise, tokens=True),
+                  params={"layer": layer, "relu": relu, "upsample": upsample, "normalise": normalise}, family=CAM,
+                  cite=("selvaraju2017", "gildenblat2021"))
+
+
+def _attention_rollout(head_fusion: str = "mean", discard_ratio: float = 0.0, upsample: str = "bilinear"):
+    return Method("attention-rollout", "attention rollout: heads fused, (A + I) row-normalised, multiplied through "
+                  "the blocks; the class token's row (class-agnostic)", "Abnar & Zuidema 2020 (ACL)",
+                  engine=AttentionFlow("attention", "rollout", head_fusion, discard_ratio, upsample),
+                  params={"head_fusion": head_fusion, "discard_ratio": discard_ratio, "upsample": upsample},
+                  family=ATTENTION, cite=("abnar2020",))
+
+
+def _generic_attention(upsample: str = "bilinear"):
+    return Method("generic-attention", "generic attention explainability: R <- R + mean_h[(grad A * A)+] R from R = I, "
+                  "the class token's row", "Chefer, Gur & Wolf 2021 (ICCV)",
+                  engine=AttentionFlow("gradient", "generic", "mean", 0.0, upsample), params={"upsample": upsample},
+                  family=ATTENTION, cite=("chefer2021generic",))
+
+
+def _attention_grad_cam(upsample: str = "bilinear"):
+    return Method("attention-grad-cam", "Grad-CAM on the last block's attention: the class token's attention per head "
+                  "weighted by its mean gradient (Chefer et al.'s baseline)", "Chefer, Gur & Wolf 2021 (CVPR)",
+                  engine=AttentionGradCam(upsample), params={"upsample": upsample}, family=ATTENTION,
+                  cite=("chefer2021", "selvaraju2017"))
+
+
 def _edge():
     return Method("edge", "control: Sobel gradient magnitude of the input, model-independent",
                   "Adebayo et al. 2018 (NeurIPS)", engine=EdgeControl(), heatmap="max-abs", family=CONTROLS,
@@ -303,6 +334,10 @@ BUILDERS: dict[str, Callable[..., Method]] = {
     "deeplift-ablation": _deeplift_ablation,
     "grad-cam": _grad_cam,
     "guided-grad-cam": _guided_grad_cam,
+    "vit-grad-cam": _vit_grad_cam,
+    "attention-rollout": _attention_rollout,
+    "generic-attention": _generic_attention,
+    "attention-grad-cam": _attention_grad_cam,
     "edge": _edge,
     "random": _random,
 }

@@ -21,9 +21,10 @@ ONE_COLUMN = 3.3  # inches: the text width of one column of a two-column paper
 TWO_COLUMN = 6.9  # inches: the full text width of a two-column paper
 PNG_DPI = 200
 
-# Okabe & Ito 2008: blue, reddish purple, vermillion, bluish green, orange; grey for the controls.
+# Okabe & Ito 2008: blue, reddish purple, vermillion, bluish green, orange, sky blue; grey for the controls.
 FAMILY_HUES = {"gradient-based": "#0072B2", "DeepLIFT": "#CC79A7", "LRP z+ family": "#D55E00",
-               "other LRP": "#009E73", "class activation maps": "#E69F00", "controls": "#6E6E6E"}
+               "other LRP": "#009E73", "class activation maps": "#E69F00", "attention": "#56B4E9",
+               "controls": "#6E6E6E"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 LINESTYLES: tuple[Any, ...] = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (5, 3, 1, 3)),
                                (0, (8, 2)), (0, (2, 1, 2, 4)))

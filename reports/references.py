@@ -95,6 +95,18 @@ REFERENCES: dict[str, Reference] = {
                       "Sch{\\\"u}tt, Kristof T.; Montavon, Gr{\\'e}goire; Samek, Wojciech; M{\\\"u}ller, Klaus-Robert; "
                       "D{\\\"a}hne, Sven; Kindermans, Pieter-Jan", "{iNNvestigate} Neural Networks!", 2019,
                       journal="Journal of Machine Learning Research", volume="20", number="93", pages="1--8"),
+    "gildenblat2021": _ref("misc", "Gildenblat, Jacob; others", "{PyTorch} Library for {CAM} Methods", 2021,
+                           howpublished="GitHub repository jacobgil/pytorch-grad-cam; PyPI package grad-cam"),
+    "abnar2020": _ref("inproceedings", "Abnar, Samira; Zuidema, Willem", "Quantifying Attention Flow in Transformers",
+                      2020, booktitle="Proceedings of the 58th Annual Meeting of the Association for Computational "
+                      "Linguistics (ACL)", pages="4190--4197"),
+    "chefer2021": _ref("inproceedings", "Chefer, Hila; Gur, Shir; Wolf, Lior", "Transformer Interpretability Beyond "
+                       "Attention Visualization", 2021, booktitle="IEEE/CVF Conference on Computer Vision and Pattern "
+                       "Recognition (CVPR)", pages="782--791"),
+    "chefer2021generic": _ref("inproceedings", "Chefer, Hila; Gur, Shir; Wolf, Lior", "Generic Attention-model "
+                              "Explainability for Interpreting Bi-Modal and Encoder-Decoder Transformers", 2021,
+                              booktitle="IEEE/CVF International Conference on Computer Vision (ICCV)",
+                              pages="397--406"),
     "zhang2016": _ref("inproceedings", "Zhang, Jianming; Lin, Zhe; Brandt, Jonathan; Shen, Xiaohui; Sclaroff, Stan",
                       "Top-Down Neural Attention by Excitation Backprop", 2016,
                       booktitle="European Conference on Computer Vision (ECCV)",

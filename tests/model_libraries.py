@@ -395,6 +395,8 @@ FLOAT32_TOLERANCE = 1e-5
 BATCH = 2
 # the costly methods' sample counts, cut for a check of finiteness and determinism
 CHEAP = {"integrated-gradients": {"n_steps": 4}, "smoothgrad": {"samples": 4}, "smoothgrad-ig": {"samples": 2, "n_steps": 3}}
+# the maps read from attention layers: checked on every model that has them (they do not apply to the others)
+ON_ATTENTION = ("vit-grad-cam", "attention-rollout", "generic-attention", "attention-grad-cam")
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
@@ -445,8 +447,9 @@ def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ())
     (a) ``gradient`` against the plain autograd input gradient (relative max error), for the predicted class;
     (b) ``deeplift`` completeness: each map's sum against f(x)[t] - f(0)[t], relative to |f(x)[t]|;
     both to :data:`TOLERANCE`, or :data:`FLOAT32_TOLERANCE` where the model casts its values to float32;
-    (c) ``lrp-epsilon`` and every method in ``methods`` finite, and the same bit for bit when called again
-        (``failing``: the methods that were not);
+    (c) ``lrp-epsilon``, every method in ``methods`` that fits the model (``unfit``: those that do not, e.g. an
+        attention map on a CNN) and on a model with attention the :data:`ON_ATTENTION` maps finite, and the
+        same bit for bit when called again (``failing``: the methods that were not);
     (d) the model's state_dict, training flags and hooks unchanged, and no hook called (an observing hook
         is put on every module for the duration).
 
@@ -484,10 +487,15 @@ def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ())
         row["stage"] = "deeplift"
         sums = Explainer(model, "deeplift", graph=graph).attribute(x, target=target).detach().reshape(BATCH, -1).sum(1)
         row["deeplift_err"] = float(((sums - (fx - f0)).abs() / fx.abs().clamp_min(torch.finfo(fx.dtype).tiny)).max())
-        failing = []
-        for method in ("lrp-epsilon", *[m for m in methods if m != "lrp-epsilon"]):
+        failing, unfit = [], []
+        # the rotation's methods, and on a model with attention over its patches every attention map
+        for method in dict.fromkeys(("lrp-epsilon", *methods, *ON_ATTENTION)):
             row["stage"] = method
             params = CHEAP.get(method, {})
+            probe = Explainer(model, method, graph=graph, **params)
+            if probe.method.engine.fits(probe, x) is not None:  # a method that does not apply to this model
+                unfit += [method] if method not in ON_ATTENTION else []
+                continue
             maps = []
             for _ in range(2):  # same seed, same numbers: a fresh explainer each time (noise draws afresh per call)
                 torch.manual_seed(seed)
@@ -496,6 +504,7 @@ def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ())
             if not (torch.isfinite(first).all() and torch.equal(first, again)):
                 failing.append(method)
         row["failing"] = " ".join(failing)
+        row["unfit"] = " ".join(unfit)
         row["hook_calls"] = len(calls)
         row["unchanged"] = snapshot(model) == before
     finally:

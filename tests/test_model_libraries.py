@@ -21,7 +21,7 @@ import sys
 import pytest
 
 from attributions.methods import BUILDERS
-from tests.model_libraries import LIBRARIES, check_all, enumerate_models, within
+from tests.model_libraries import LIBRARIES, ON_ATTENTION, check_all, enumerate_models, within
 
 REQUIRED = os.environ.get("MODEL_LIBRARIES") == "required"
 # (library, model): words the capture-time refusal must contain. Each is an op or a construct the engine
@@ -31,8 +31,9 @@ REFUSED: dict[tuple[str, str], str] = {
 }
 PARALLEL = 2  # the children at once: the machines the suite runs on have 2 cores
 LIMIT = 240.0  # seconds per model, far above the slowest (about 30 s on one core)
-# methods checked on every model besides gradient, deeplift and lrp-epsilon; the others one model each in turn
-ROTATION = tuple(m for m in BUILDERS if m not in ("gradient", "deeplift", "lrp-epsilon"))
+# methods checked on every model besides gradient, deeplift and lrp-epsilon (and the attention maps, on every
+# model with attention); the others one model each in turn
+ROTATION = tuple(m for m in BUILDERS if m not in ("gradient", "deeplift", "lrp-epsilon", *ON_ATTENTION))
 
 
 def _reporter(capsys, total: int):

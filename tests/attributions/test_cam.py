@@ -8,9 +8,7 @@ from captum.attr import GuidedGradCam, LayerAttribution, LayerGradCam
 from torch import nn
 
 from attributions import Explainer
-from attributions.cam import feature_maps
 from attributions.errors import AttributionError
-from attributions.graph import trace
 from audit.models import build
 from tests.engine_models import ResidualNet, randomize_batchnorm, set_biases
 
@@ -73,42 +71,6 @@ def test_default_layer_is_the_last_feature_map_before_global_pooling():
     ref = LayerAttribution.interpolate(LayerGradCam(cnn, module).attribute(x28, target=0, relu_attributions=True),
                                        (28, 28), interpolate_mode="bilinear")
     _close(ours, ref.expand_as(x28))
-
-
-class _ChannelsLast(nn.Module):
-    """conv -> permute to channels-last -> LayerNorm and a linear layer over channels -> permute back -> add, then
-    an attention-like stretch of 4-D tensors (heads x tokens) that no feature map may be taken from."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(1, 4, 3, padding=1)
-        self.norm = nn.LayerNorm(4)
-        self.mix = nn.Linear(4, 4)
-        self.qk = nn.Linear(4, 8)
-        self.head = nn.Linear(4, 3)
-
-    def forward(self, x):
-        h = self.conv(x)
-        block = self.mix(self.norm(h.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
-        h = h + block
-        tokens = h.flatten(2).transpose(1, 2)  # (B, T, C)
-        q = self.qk(tokens).reshape(x.shape[0], -1, 2, 4).permute(0, 2, 1, 3)  # (B, heads, T, d)
-        scores = (q @ q.transpose(-1, -2)) * 0.5
-        mixed = (scores.softmax(-1) @ q).mean(1)  # (B, T, d)
-        return self.head(mixed.mean(1))
-
-
-def test_feature_maps_follow_layouts_through_permutes_and_stop_at_tokens():
-    torch.manual_seed(0)
-    model = _ChannelsLast().double().eval()
-    x = torch.rand(2, 1, 6, 6, dtype=torch.float64)
-    graph = trace(model, x)
-    values = Explainer(model, "gradient", graph=graph).forward_pass(x, reference=False).values
-    maps = feature_maps(graph, values, x.ndim)
-    # the block's permute back to channels-first and its sum count; the channels-last stretch and attention do not
-    assert maps == ["conv", "permute#1", "add"], maps
-    ex = Explainer(model, "grad-cam", graph=graph)
-    assert ex.method.engine.layer_of(ex, x) == "add"
 
 
 def test_conventions_normalise_before_and_after_upsampling():
@@ -191,4 +153,30 @@ def test_grad_cam_matches_pytorch_grad_cam_on_torchvision(architecture):
     low = ours.amin((1, 2), keepdim=True)
     ours = (ours - low) / (ours.amax((1, 2), keepdim=True) - low)
     assert ref.shape == ours.shape
+    assert float((ours - ref).abs().max()) < 1e-5
+
+
+def test_vit_grad_cam_matches_pytorch_grad_cam_on_a_timm_vit():
+    """pytorch-grad-cam's ViT recipe: the last block's norm1 tokens, class token dropped, reshaped to the patch
+    grid; ours finds that layer and that grid by itself."""
+    package = _grad_cam_package()
+    import timm
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    from tests.model_libraries import perturb
+
+    model = perturb(timm.create_model("vit_tiny_patch16_224", img_size=64, num_classes=10).eval(), 0)
+
+    def reshape(tokens):
+        return tokens[:, 1:, :].reshape(tokens.shape[0], 4, 4, tokens.shape[2]).permute(0, 3, 1, 2)
+
+    x = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    targets = [3, 7]
+    with package.GradCAM(model=model, target_layers=[model.blocks[-1].norm1], reshape_transform=reshape) as cam:
+        ref = torch.from_numpy(cam(input_tensor=x, targets=[ClassifierOutputTarget(t) for t in targets]))
+    ex = Explainer(model, "vit-grad-cam", normalise="before")
+    ours = ex.attribute(x, target=torch.tensor(targets))[:, 0]
+    assert ex.method.engine.conventions(ex, x)["module"] == "blocks.11.norm1"
+    low = ours.amin((1, 2), keepdim=True)
+    ours = (ours - low) / (ours.amax((1, 2), keepdim=True) - low)
     assert float((ours - ref).abs().max()) < 1e-5

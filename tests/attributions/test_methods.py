@@ -162,10 +162,14 @@ def test_zoo_lrp_conserves_on_bias_free_variants(zoo):
 
 
 def test_zoo_every_method_is_finite_and_deterministic(zoo):
-    _, model, x = zoo
+    name, model, x = zoo
     for method in available_methods():
         params = CHEAP.get(method, {})
-        first = Explainer(model, method, **params).attribute(x, target=1)
+        probe = Explainer(model, method, **params)
+        if probe.method.engine.fits(probe, x) is not None:  # attention maps of a CNN; every method fits a ViT
+            assert not name.startswith("vit"), (name, method, probe.method.engine.fits(probe, x))
+            continue
+        first = probe.attribute(x, target=1)
         again = Explainer(model, method, **params).attribute(x, target=1)
         assert first.shape == x.shape and bool(torch.isfinite(first).all()), method
         if method not in ("smoothgrad", "smoothgrad-ig"):  # captum's noise tunnel draws from the global generator

@@ -1,0 +1,152 @@
+"""Maps read from a vision transformer's attention weights A_l (B, heads, T, T), one per block.
+
+* Attention rollout (Abnar & Zuidema 2020): heads fused (mean by default, or max / min), optionally
+  the lowest ``discard_ratio`` of each fused matrix set to 0 (sparing the class token's own entry, as
+  the widely used vit-explain code does), then A~ = (A + I) row-normalised, multiplied through the
+  blocks: J = A~_L ... A~_1. The explained class plays no part.
+* Generic attention explainability (Chefer, Gur, Wolf, ICCV 2021): from R = I, for every block in
+  forward order R <- R + mean_h[(dy_t/dA * A)+] R, the gradient the engine's exact one.
+* Attention Grad-CAM (Chefer et al.'s baseline, CVPR 2021): the last block's attention of the class
+  token to the patches per head, weighted by that row's mean gradient, averaged over heads, ReLU'd.
+
+The map is the class token's row (the mean over rows for a model without one) at the patch tokens,
+laid out on the patch grid and upsampled to the input (:mod:`attributions.anatomy`). Every channel
+carries the map. Rollout multiplies non-negative row-stochastic matrices: Sixt et al.'s argument
+predicts that such a product converges to rank 1, whatever the weights.
+"""
+from __future__ import annotations
+
+import torch
+
+from attributions.anatomy import TokenLayout, attention_nodes, token_layout
+from attributions.cam import UPSAMPLING, target_gradients, upsampled
+from attributions.engines import Engine
+from attributions.errors import AttributionError
+
+FUSIONS = ("mean", "max", "min")
+WEIGHTINGS = ("attention", "gradient")  # what each block contributes: its weights, or gradient x weights
+
+
+def _fuse(a: torch.Tensor, fusion: str) -> torch.Tensor:
+    """Heads fused: (..., heads, T, T) -> (..., T, T)."""
+    if fusion == "mean":
+        return a.mean(-3)
+    return a.amax(-3) if fusion == "max" else a.amin(-3)
+
+
+def _discard(a: torch.Tensor, ratio: float) -> torch.Tensor:
+    """The lowest ``ratio`` of each (T, T) matrix of (N, T, T) set to 0, entry (0, 0) kept."""
+    n, t = a.shape[0], a.shape[-1]
+    drop = int(t * t * ratio)
+    if drop == 0:
+        return a
+    flat = a.reshape(n, t * t).clone()
+    lowest = flat.topk(drop, dim=1, largest=False).indices
+    keep = flat[:, :1].clone()
+    flat.scatter_(1, lowest, 0.0)
+    flat[:, :1] = keep
+    return flat.reshape(a.shape)
+
+
+def _row(joint: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """The class token's row at the patch tokens (the mean row without a class token): (..., T, T) -> (..., 1, *grid)."""
+    row = joint[..., 0, :] if layout.prefix else joint.mean(-2)
+    return row[..., layout.prefix:].reshape(*row.shape[:-1], 1, *layout.grid)
+
+
+def _attention(ex, x: torch.Tensor) -> tuple[list[str], dict, TokenLayout]:
+    """The attention nodes of the explainer's model and a plain forward pass's values on ``x``."""
+    gradient = ex.sibling("gradient")
+    values = gradient.forward_pass(x, reference=False).values
+    return _located(gradient.graph, values, x)
+
+
+def _located(graph, values: dict, x: torch.Tensor) -> tuple[list[str], dict, TokenLayout]:
+    nodes = attention_nodes(graph, values)
+    if not nodes:
+        raise AttributionError("the model has no attention layer (softmax weights of shape (B, heads, T, T) that "
+                               "weigh values); attention maps need a transformer")
+    sizes = {values[n].shape[-1] for n in nodes}
+    if len(sizes) > 1:
+        raise AttributionError(f"the attention layers attend over different numbers of tokens ({sorted(sizes)}): "
+                               "a multi-scale or multi-branch transformer has no single token map to roll out")
+    return nodes, values, token_layout(graph, values, sizes.pop(), x.ndim)
+
+
+class _OnAttention(Engine):
+    """An engine that reads the attention layers: it fits the models that have them over the patch grid."""
+
+    chunked = True
+
+    def fits(self, ex, x):
+        try:
+            _attention(ex, x[:1])
+        except AttributionError as exc:
+            return str(exc)
+        return None
+
+
+class AttentionFlow(_OnAttention):
+    """Attention rollout (``weighting="attention"``, ``accumulate="rollout"``) and generic attention
+    explainability (``"gradient"``, ``"generic"``) over every attention layer; see the module docstring."""
+
+    def __init__(self, weighting: str = "attention", accumulate: str = "rollout", fusion: str = "mean",
+                 discard_ratio: float = 0.0, upsample: str = "bilinear"):
+        if weighting not in WEIGHTINGS:
+            raise AttributionError(f"attention weighting must be one of {', '.join(WEIGHTINGS)}, got {weighting!r}")
+        if accumulate not in ("rollout", "generic"):
+            raise AttributionError(f"accumulate must be rollout or generic, got {accumulate!r}")
+        if fusion not in FUSIONS:
+            raise AttributionError(f"head fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
+        if not 0 <= discard_ratio < 1:
+            raise AttributionError(f"discard_ratio must lie in [0, 1), got {discard_ratio}")
+        if upsample not in UPSAMPLING:
+            raise AttributionError(f"upsample must be one of {', '.join(UPSAMPLING)}, got {upsample!r}")
+        self.weighting, self.accumulate, self.fusion = weighting, accumulate, fusion
+        self.discard_ratio, self.upsample = discard_ratio, upsample
+
+    def maps(self, ex, x, targets, envs=None, **kwargs):
+        k = len(targets)
+        if self.weighting == "attention":  # the same for every target
+            nodes, values, layout = _attention(ex, x)
+            blocks = [_fuse(values[n], self.fusion)[None].expand(k, -1, -1, -1) for n in nodes]
+        else:
+            gradient = ex.sibling("gradient")
+            probe = gradient.forward_pass(x[:1], reference=False)
+            nodes, _, _ = _located(gradient.graph, probe.values, x[:1])
+            forward, grads = target_gradients(ex, x, targets, set(nodes))
+            nodes, values, layout = _located(gradient.graph, forward.values, x)
+            blocks = [_fuse((grads[n] * values[n]).clamp(min=0), self.fusion) for n in nodes]
+        with torch.no_grad():
+            t = blocks[0].shape[-1]
+            eye = torch.eye(t, dtype=blocks[0].dtype, device=blocks[0].device)
+            joint = eye.expand_as(blocks[0]).clone()
+            for block in blocks:
+                if self.accumulate == "rollout":
+                    fused = _discard(block.reshape(-1, t, t), self.discard_ratio).reshape(block.shape) + eye
+                    joint = (fused / fused.sum(-1, keepdim=True)) @ joint
+                else:
+                    joint = joint + block @ joint
+            return upsampled(_row(joint, layout), x, self.upsample).clone()
+
+
+class AttentionGradCam(_OnAttention):
+    """Chefer et al.'s attention Grad-CAM: the last attention layer's class-token row per head, weighted by
+    the row's mean gradient, averaged over heads and ReLU'd (K, B, ...); see the module docstring."""
+
+    def __init__(self, upsample: str = "bilinear"):
+        if upsample not in UPSAMPLING:
+            raise AttributionError(f"upsample must be one of {', '.join(UPSAMPLING)}, got {upsample!r}")
+        self.upsample = upsample
+
+    def maps(self, ex, x, targets, envs=None, **kwargs):
+        gradient = ex.sibling("gradient")
+        probe = gradient.forward_pass(x[:1], reference=False)
+        last = _located(gradient.graph, probe.values, x[:1])[0][-1]
+        forward, grads = target_gradients(ex, x, targets, {last})
+        _, values, layout = _located(gradient.graph, forward.values, x)
+        with torch.no_grad():
+            a, g = _row(values[last][None], layout), _row(grads[last], layout)  # (K, B, heads, 1, *grid)
+            weights = g.mean(tuple(range(4, g.ndim)), keepdim=True)
+            cam = (a * weights).mean(2).clamp(min=0)  # (K, B, 1, *grid)
+            return upsampled(cam, x, self.upsample).clone()

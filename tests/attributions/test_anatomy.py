@@ -1,0 +1,61 @@
+"""Where things are in a traced model: feature maps followed through layouts, attention weights, tokens."""
+import pytest
+import torch
+from torch import nn
+
+from attributions import Explainer
+from attributions.anatomy import attention_nodes, feature_maps, token_layout
+from attributions.errors import AttributionError
+from attributions.graph import trace
+from tests.attributions.test_attention_maps import TinyViT
+
+
+class _ChannelsLast(nn.Module):
+    """conv -> permute to channels-last -> LayerNorm and a linear layer over channels -> permute back -> add, then
+    an attention-like stretch of 4-D tensors (heads x tokens) that no feature map may be taken from."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.norm = nn.LayerNorm(4)
+        self.mix = nn.Linear(4, 4)
+        self.qk = nn.Linear(4, 8)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.conv(x)
+        block = self.mix(self.norm(h.permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        h = h + block
+        tokens = h.flatten(2).transpose(1, 2)  # (B, T, C)
+        q = self.qk(tokens).reshape(x.shape[0], -1, 2, 4).permute(0, 2, 1, 3)  # (B, heads, T, d)
+        scores = (q @ q.transpose(-1, -2)) * 0.5
+        mixed = (scores.softmax(-1) @ q).mean(1)  # (B, T, d)
+        return self.head(mixed.mean(1))
+
+
+def test_feature_maps_follow_layouts_through_permutes_and_stop_at_tokens():
+    torch.manual_seed(0)
+    model = _ChannelsLast().double().eval()
+    x = torch.rand(2, 1, 6, 6, dtype=torch.float64)
+    graph = trace(model, x)
+    values = Explainer(model, "gradient", graph=graph).forward_pass(x, reference=False).values
+    maps = feature_maps(graph, values, x.ndim)
+    # the block's permute back to channels-first and its sum count; the channels-last stretch and attention do not
+    assert maps == ["conv", "permute#1", "add"], maps
+    ex = Explainer(model, "grad-cam", graph=graph)
+    assert ex.method.engine.layer_of(ex, x) == "add"
+
+
+def test_attention_nodes_and_the_token_layout_of_a_vit():
+    torch.manual_seed(0)
+    model = TinyViT(depth=2).double().eval()
+    x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
+    graph = trace(model, x)
+    values = Explainer(model, "gradient", graph=graph).forward_pass(x, reference=False).values
+    nodes = attention_nodes(graph, values)
+    assert [graph.by_name[n].path for n in nodes] == ["blocks.0.softmax", "blocks.1.softmax"]
+    layout = token_layout(graph, values, 17, x.ndim)
+    assert (layout.prefix, layout.grid) == (1, (4, 4))
+    with pytest.raises(AttributionError, match="do not match the patch grid"):
+        token_layout(graph, values, 10, x.ndim)  # fewer tokens than patches: windows, not the grid
+    assert feature_maps(graph, values, x.ndim) == ["patch"]  # the tokens end the feature maps

@@ -14,6 +14,7 @@ from torch import nn
 
 from attributions import Explainer, available_methods
 from attributions.errors import AttributionError
+from attributions.graph import trace
 from attributions.rules import WinnerTakeAll
 from audit.models import build
 from tests.engine_models import (
@@ -163,14 +164,15 @@ def test_zoo_lrp_conserves_on_bias_free_variants(zoo):
 
 def test_zoo_every_method_is_finite_and_deterministic(zoo):
     name, model, x = zoo
+    graph = trace(model, x)  # captured once: every explainer below shares it
     for method in available_methods():
         params = CHEAP.get(method, {})
-        probe = Explainer(model, method, **params)
+        probe = Explainer(model, method, graph=graph, **params)
         if probe.method.engine.fits(probe, x) is not None:  # attention maps of a CNN; every method fits a ViT
             assert not name.startswith("vit"), (name, method, probe.method.engine.fits(probe, x))
             continue
         first = probe.attribute(x, target=1)
-        again = Explainer(model, method, **params).attribute(x, target=1)
+        again = Explainer(model, method, graph=graph, **params).attribute(x, target=1)
         assert first.shape == x.shape and bool(torch.isfinite(first).all()), method
         if method not in ("smoothgrad", "smoothgrad-ig"):  # captum's noise tunnel draws from the global generator
             assert torch.equal(first, again), method

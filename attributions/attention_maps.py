@@ -90,6 +90,8 @@ class AttentionFlow(_OnAttention):
     """Attention rollout (``weighting="attention"``, ``accumulate="rollout"``) and generic attention
     explainability (``"gradient"``, ``"generic"``) over every attention layer; see the module docstring."""
 
+    product = True
+
     def __init__(self, weighting: str = "attention", accumulate: str = "rollout", fusion: str = "mean",
                  discard_ratio: float = 0.0, upsample: str = "bilinear"):
         if weighting not in WEIGHTINGS:
@@ -105,7 +107,11 @@ class AttentionFlow(_OnAttention):
         self.weighting, self.accumulate, self.fusion = weighting, accumulate, fusion
         self.discard_ratio, self.upsample = discard_ratio, upsample
 
-    def maps(self, ex, x, targets, envs=None, **kwargs):
+    def operators(self, ex, x: torch.Tensor, targets: list) -> tuple[list[str], list[torch.Tensor], TokenLayout]:
+        """(the attention nodes in forward order, each block's operator (K, B, T, T), the token layout): the map
+        is the class token's row of their product, the last block's on the left. Rollout's operator is the
+        fused, discarded, (A + I) row-normalised matrix; generic attention's I + mean_h[(grad A * A)+]. Both
+        are non-negative, so a backward pass through them is a product of non-negative matrices."""
         k = len(targets)
         if self.weighting == "attention":  # the same for every target
             nodes, values, layout = _attention(ex, x)
@@ -120,13 +126,20 @@ class AttentionFlow(_OnAttention):
         with torch.no_grad():
             t = blocks[0].shape[-1]
             eye = torch.eye(t, dtype=blocks[0].dtype, device=blocks[0].device)
-            joint = eye.expand_as(blocks[0]).clone()
+            if self.accumulate == "generic":
+                return nodes, [eye + block for block in blocks], layout
+            out = []
             for block in blocks:
-                if self.accumulate == "rollout":
-                    fused = _discard(block.reshape(-1, t, t), self.discard_ratio).reshape(block.shape) + eye
-                    joint = (fused / fused.sum(-1, keepdim=True)) @ joint
-                else:
-                    joint = joint + block @ joint
+                fused = _discard(block.reshape(-1, t, t), self.discard_ratio).reshape(block.shape) + eye
+                out.append(fused / fused.sum(-1, keepdim=True))
+            return nodes, out, layout
+
+    def maps(self, ex, x, targets, envs=None, **kwargs):
+        _, operators, layout = self.operators(ex, x, targets)
+        with torch.no_grad():
+            joint = operators[0]
+            for operator in operators[1:]:
+                joint = operator @ joint
             return upsampled(_row(joint, layout), x, self.upsample).clone()
 
 

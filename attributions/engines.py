@@ -33,7 +33,9 @@ class Engine:
     """Computes maps for K target specifications: ``maps(ex, x, targets, envs) -> (K, B, ...)``.
 
     ``chain``: whether the maps come from the rule chain (then ``propagate`` can follow it).
-    ``needs_graph``: whether the engine runs the model (controls do not). ``chunked``: whether the
+    ``needs_graph``: whether the engine runs the model (controls do not). ``product``: whether the maps
+    are a row of a product of non-negative per-block operators, which ``operators`` returns (attention
+    rollout; CSC follows that product). ``chunked``: whether the
     explainer hands it images in chunks that fit the memory budget (engines that chunk on their own
     terms, as captum's methods do with their internal batches, say no).
     """
@@ -41,9 +43,15 @@ class Engine:
     chain = False
     needs_graph = True
     chunked = False
+    product = False  # whether the maps are a row of a product of per-block operators (``operators``)
 
     def maps(self, ex: Explaining, x: torch.Tensor, targets: list, envs: Any = None, **kwargs) -> torch.Tensor:
         raise NotImplementedError
+
+    def operators(self, ex: Any, x: torch.Tensor, targets: list) -> tuple[list[str], list[torch.Tensor], Any]:
+        """For a ``product`` engine: (the nodes of the blocks, each block's operator (K, B, T, T), the token
+        layout), the maps being a row of the operators' product."""
+        raise NotImplementedError(f"{type(self).__name__} is not a product of per-block operators")
 
     def fits(self, ex: Any, x: torch.Tensor) -> str | None:
         """Why the method cannot explain the explainer's model on inputs like ``x`` (B, ...) (a Grad-CAM

@@ -87,6 +87,9 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
         if chosen:  # what the method chose on each model (Grad-CAM's layer)
             params += ("; " if params else "") + "layer weighed: " + ", ".join(
                 f"{facts['layer']} on {model}" for model, facts in chosen.items())
+        unfit = manifest.get("not_applicable", {}).get(name, {})
+        if unfit:
+            params += ("; " if params else "") + "not applicable to " + ", ".join(unfit)
         methods.append(f"{name} {_cite(method.cite)}" + (f" ({params})" if params else ""))
     families = style.by_family(config["methods"])
     out.append(("Attribution methods", f"{len(methods)} methods in {len(families)} families "

@@ -221,10 +221,18 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
         raise AuditError(f"n_vectors must be at least 2 (pairs are compared), got {n_vectors}")
     with model_errors():
         graph = trace(model, x)
-    explainers = {m: Explainer(model, m, graph=graph) for m in names}
-    explainers = {m: e for m, e in explainers.items() if e.method.chain}
+    every = {m: Explainer(model, m, graph=graph) for m in names}
+    explainers = {m: e for m, e in every.items() if e.method.chain}
+    # maps that are a product of per-block operators (attention rollout): their chain is that product
+    products = {m: e for m, e in every.items() if e.method.engine.product and e.method.engine.fits(e, x) is None}
+    if not explainers and not products:
+        raise AuditError(f"none of {names} is a backward chain; CSC applies to the graph methods and to attention "
+                         "rollout and its kin")
+    k_total = max(n_vectors, spectrum_vectors)
+    rows = [row for m, e in products.items()
+            for row in _product_rows(m, e, graph, x, y, n_vectors, k_total, seed, threshold)]
     if not explainers:
-        raise AuditError(f"none of {names} is a backward chain; CSC applies to the graph methods")
+        return pd.DataFrame(rows, columns=COLUMNS)
     any_ex = next(iter(explainers.values()))
     layers = any_ex.layers
     targets = [inject_at] if isinstance(inject_at, str) else (inject_at or default_injection_layers(any_ex))
@@ -233,7 +241,6 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
             raise unknown_name("layer", _split_token(t)[0], layers, AuditError)
     depth = {name: i for i, name in enumerate(["input"] + layers)}
     kinds = {n.name: n.kind for n in graph.nodes}
-    k_total = max(n_vectors, spectrum_vectors)
     # the vectors of every image at once (their draw does not depend on how the images are chunked)
     shapes: dict[str, torch.Size] = {}
     with model_errors():
@@ -285,7 +292,6 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
                 entry[3].append(rank)
             del taps
         del env, ref, envs
-    rows = []
     for (method, target, layer), (channels, cos_parts, ratios, ranks) in pooled.items():
         cos = np.concatenate(cos_parts)
         ratio, rank = np.concatenate(ratios), np.concatenate(ranks)
@@ -300,6 +306,32 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
                      "effective_rank": float(np.median(rank)) if len(rank) else np.nan,
                      "collapsed": bool(q[2] >= threshold)})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _product_rows(method: str, ex: Explainer, graph: Graph, x: torch.Tensor, y, n_vectors: int, k_total: int,
+                  seed: int, threshold: float) -> list[dict]:
+    """CSC of a map that is the class token's row of a product of per-block operators M_L ... M_1 (K = 1
+    target: ``y``, else the prediction): K Gaussian row vectors over the tokens replace that row and are
+    multiplied down, r <- r M_l, recorded after each block at its attention node (depth = the node's)."""
+    nodes, operators, _ = ex.method.engine.operators(ex, x, [y])
+    depth = {name: i for i, name in enumerate(["input"] + graph.layers)}
+    tokens = operators[0].shape[-1]
+    gen = torch.Generator().manual_seed(_vector_seed(seed, f"{method}:tokens"))
+    r = torch.randn(k_total, len(x), tokens, generator=gen, dtype=torch.float64).to(operators[0])
+    rows = []
+    for node, operator in zip(reversed(nodes), reversed(operators)):
+        r = (r[:, :, None, :] @ operator).squeeze(2)  # (K, B, T)
+        cos = pairwise_abs_cos(r, n_vectors)
+        ratio, rank = image_spectra(r)
+        q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
+        rows.append({"method": method, "inject_at": graph.output, "is_logits": True, "layer": node, "depth": depth[node],
+                     "kind": graph.by_name[node].kind, "channels": tokens, "median": q[2], "p10": q[0], "p25": q[1],
+                     "p75": q[3], "p90": q[4], "mean": float(cos.mean()) if cos.size else np.nan,
+                     "baseline": random_cosine_median(tokens),
+                     "sigma2_over_sigma1": float(np.median(ratio)) if len(ratio) else np.nan,
+                     "effective_rank": float(np.median(rank)) if len(rank) else np.nan,
+                     "collapsed": bool(q[2] >= threshold)})
+    return rows
 
 
 @dataclass(frozen=True)
@@ -384,7 +416,7 @@ def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
 CHECK = Check(
     name="csc", cite=("sixt2020",), title="Cosine-similarity convergence", reference="Sixt et al. 2020, section 3.1",
     result_file="csc.csv", columns=COLUMNS, run=_run, summary=_summary, sections=_sections, verdict=Collapse(),
-    applies=lambda method: build_method(method).chain, order=10, per_image=False,
+    applies=lambda method: build_method(method).chain or build_method(method).engine.product, order=10, per_image=False,
     description="K Gaussian vectors injected at the logits and deeper layers; median |cos| of the backward "
                 "signals per layer against the exact random baseline",
     options=(Option("n_vectors", 5, "K, the Gaussian vectors compared pairwise", valid=lambda v: v >= 2,

@@ -83,6 +83,9 @@ def _run_unit(check: Check, model: nn.Module, x, y, method: str, config: AuditCo
               key: str) -> UnitResult:
     if not check.applies(method):
         return UnitResult(pd.DataFrame(columns=list(check.columns)))
+    probe = Explainer(model, method)
+    if probe.method.engine.fits(probe, x[:1]) is not None:  # an attention map of a CNN: the manifest says why
+        return UnitResult(pd.DataFrame(columns=list(check.columns)))
     try:
         return check.run(model, x, y, method, config, progress)
     except AttributionError as exc:  # the engine refused this model or these inputs: the audit's error, in context
@@ -312,7 +315,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             if spec not in models:
                 models[spec] = resolve_model(spec, config.weights, config.num_classes).to(device)
         coverage = _coverage(config, models, labels, x, out, log)
-        conventions = _conventions(config, models, labels, x)
+        conventions, unfit = _conventions(config, models, labels, x, log)
         # in the run's order, whichever process loaded which model first
         info = model_table({spec: models[spec] for spec in config.models}, labels, x, y)
         atomic_write_bytes(out / "results" / MODELS_FILE, _csv_bytes(info))
@@ -331,6 +334,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
                     **({"model_sources": sources} if sources else {}), **({"coverage": coverage} if coverage else {}),
                     **({"conventions": conventions} if conventions else {}),
+                    **({"not_applicable": unfit} if unfit else {}),
                     "images": images, "memory": memory_record, "precision": precision,
                     # float32 kernels block their sums by thread count: the last bits depend on it
                     "processes": shard.world, "threads_per_process": threads,
@@ -363,18 +367,25 @@ def _coverage(config: AuditConfig, models: dict[str, nn.Module], labels: dict[st
     return record
 
 
-def _conventions(config: AuditConfig, models: dict[str, nn.Module], labels: dict[str, str], x: torch.Tensor
-                 ) -> dict[str, dict[str, dict]]:
-    """{method: {model label: the choices the method made on that model}} for the methods whose conventions
-    depend on the model (Grad-CAM's layer), read on one image."""
-    record: dict[str, dict[str, dict]] = {}
+def _conventions(config: AuditConfig, models: dict[str, nn.Module], labels: dict[str, str], x: torch.Tensor,
+                 log: Callable[[str], None]) -> tuple[dict[str, dict[str, dict]], dict[str, dict[str, str]]]:
+    """({method: {model label: the choices the method made on that model}} for the methods whose conventions
+    depend on the model (Grad-CAM's layer), {method: {model label: why it does not apply}} for the methods
+    that do not fit a model (an attention map of a CNN: their units are empty)), read on one image."""
+    chosen: dict[str, dict[str, dict]] = {}
+    unfit: dict[str, dict[str, str]] = {}
     for name in config.methods:
         for spec in config.models:
             ex = Explainer(models[spec], name)
+            reason = ex.method.engine.fits(ex, x[:1])
+            if reason is not None:
+                unfit.setdefault(name, {})[labels[spec]] = reason
+                log(f"{labels[spec]}/{name}: not applicable ({reason}); its units are empty")
+                continue
             facts = ex.method.engine.conventions(ex, x[:1])
             if facts:
-                record.setdefault(name, {})[labels[spec]] = facts
-    return record
+                chosen.setdefault(name, {})[labels[spec]] = facts
+    return chosen, unfit
 
 
 def half_precision_agreement(models: dict[str, nn.Module], labels: dict[str, str], methods: list[str], x: torch.Tensor,

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from attributions import Explainer
 from attributions.graph import trace
 from audit import (
     chain_convergence,
@@ -115,3 +116,27 @@ def test_csc_on_transformers_compares_token_vectors_and_injects_at_the_class_tok
     # the class-token injection reaches 8-vectors: the baseline is in dimension min(8, 8)
     assert np.allclose(df[df.inject_at == "add#2[0]"].query("channels == 8").baseline, random_cosine_median(8))
     assert df.loc[df.is_logits & (df.method == "lrp-zplus") & (df.layer == "attn.mha.attention.scores"), "median"].isna().all()
+
+
+def test_attention_rollout_is_a_product_of_stochastic_matrices_and_collapses():
+    """Sixt et al.'s argument applied to rollout: each block's operator is non-negative and row-stochastic, so the
+    product of eight of them maps every vector to one direction (|cos| -> 1, sigma2 / sigma1 -> 0), whatever the
+    weights; generic attention's operators I + mean_h[(grad A * A)+] stay near the identity and do not."""
+    from tests.attributions.test_attention_maps import TinyViT
+
+    torch.manual_seed(0)
+    model = TinyViT(depth=8).double().eval()
+    x = torch.rand(4, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    df = chain_convergence(model, x, None, ["attention-rollout", "generic-attention"], progress=False)
+    rollout = df[df.method == "attention-rollout"].sort_values("depth", ascending=False)
+    assert list(rollout.layer) == [f"blocks.{i}.softmax" for i in range(7, -1, -1)] and rollout.is_logits.all()
+    assert rollout["median"].is_monotonic_increasing and rollout["median"].iloc[-1] > 0.99
+    assert rollout.sigma2_over_sigma1.iloc[-1] < 0.02 and rollout.collapsed.iloc[-1]
+    generic = df[df.method == "generic-attention"]
+    assert (generic["median"] < 2 * generic.baseline).all() and not generic.collapsed.any()
+    # the operators the chain multiplies: non-negative and row-stochastic, one per block
+    ex = Explainer(model, "attention-rollout")
+    nodes, operators, _ = ex.method.engine.operators(ex, x, [None])
+    assert len(nodes) == 8
+    for op in operators:
+        assert bool((op >= 0).all()) and torch.allclose(op.sum(-1), torch.ones_like(op[..., 0]))

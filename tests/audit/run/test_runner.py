@@ -243,8 +243,9 @@ def test_each_unit_line_says_how_much_is_left(tmp_path):
 def test_the_layer_grad_cam_weighs_on_each_model_is_in_the_manifest_and_the_methods_text(tmp_path):
     from reports import methods_text
 
-    config = load_config(models=["cnn-sgd", "resnet-sgd"], methods=["grad-cam", "guided-grad-cam", "gradient"],
-                         tests=["random-logit"], n_images=2)
+    config = load_config(models=["cnn-sgd", "resnet-sgd"], methods=["grad-cam", "guided-grad-cam", "gradient",
+                                                                    "attention-rollout"],
+                         tests=["random-logit", "csc"], n_images=2)
     result = run_audit(config, tmp_path / "r", progress=False, log=lambda s: None)
     chosen = result.manifest["conventions"]
     assert set(chosen) == {"grad-cam", "guided-grad-cam"}  # the gradient has nothing to choose
@@ -255,6 +256,11 @@ def test_the_layer_grad_cam_weighs_on_each_model_is_in_the_manifest_and_the_meth
     assert "layer weighed: features.10 on cnn-sgd, layer3.2.relu2 on resnet-sgd" in text
     table = result.tables["random-logit"]
     assert len(table) == 12 and table[table.method == "gradient"].ssim.notna().all()
+    # attention rollout fits neither CNN: its units are empty and the manifest and the methods text say why
+    assert set(result.manifest["not_applicable"]["attention-rollout"]) == {"cnn-sgd", "resnet-sgd"}
+    assert "no attention layer" in result.manifest["not_applicable"]["attention-rollout"]["cnn-sgd"]
+    assert "attention-rollout" not in set(table.method) and "attention-rollout" not in set(result.tables["csc"].method)
+    assert "not applicable to cnn-sgd, resnet-sgd" in text
 
 
 def test_an_imagenet_size_model_with_torchvision_keys_end_to_end(tmp_path, monkeypatch):

@@ -6,6 +6,9 @@
   blocks: J = A~_L ... A~_1. The explained class plays no part.
 * Generic attention explainability (Chefer, Gur, Wolf, ICCV 2021): from R = I, for every block in
   forward order R <- R + mean_h[(dy_t/dA * A)+] R, the gradient the engine's exact one.
+* Transformer attribution (Chefer, Gur, Wolf, CVPR 2021): the same accumulation, C <- C + mean_h[(dy_t/dA
+  * R_A)+] C, with R_A the relevance that Chefer et al.'s LRP (the ``chefer-lrp`` method) brings to the
+  weights.
 * Attention Grad-CAM (Chefer et al.'s baseline, CVPR 2021): the last block's attention of the class
   token to the patches per head, weighted by that row's mean gradient, averaged over heads, ReLU'd.
 
@@ -19,12 +22,14 @@ from __future__ import annotations
 import torch
 
 from attributions.anatomy import TokenLayout, attention_nodes, token_layout
-from attributions.cam import UPSAMPLING, target_gradients, upsampled
+from attributions.cam import UPSAMPLING, target_signals, upsampled
 from attributions.engines import Engine
 from attributions.errors import AttributionError
 
 FUSIONS = ("mean", "max", "min")
-WEIGHTINGS = ("attention", "gradient")  # what each block contributes: its weights, or gradient x weights
+RELEVANCE_METHOD = "chefer-lrp"  # whose relevance at the attention weights Chefer et al.'s attribution weighs
+# what each block contributes: its weights, gradient x weights, or gradient x the weights' LRP relevance
+WEIGHTINGS = ("attention", "gradient", "relevance")
 
 
 def _fuse(a: torch.Tensor, fusion: str) -> torch.Tensor:
@@ -110,8 +115,9 @@ class AttentionFlow(_OnAttention):
     def operators(self, ex, x: torch.Tensor, targets: list) -> tuple[list[str], list[torch.Tensor], TokenLayout]:
         """(the attention nodes in forward order, each block's operator (K, B, T, T), the token layout): the map
         is the class token's row of their product, the last block's on the left. Rollout's operator is the
-        fused, discarded, (A + I) row-normalised matrix; generic attention's I + mean_h[(grad A * A)+]. Both
-        are non-negative, so a backward pass through them is a product of non-negative matrices."""
+        fused, discarded, (A + I) row-normalised matrix; generic attention's I + mean_h[(grad A * A)+], Chefer
+        et al.'s transformer attribution's I + mean_h[(grad A * R_A)+] with R_A the LRP relevance at the
+        weights. All are non-negative, so a backward pass through them is a product of non-negative matrices."""
         k = len(targets)
         if self.weighting == "attention":  # the same for every target
             nodes, values, layout = _attention(ex, x)
@@ -120,8 +126,10 @@ class AttentionFlow(_OnAttention):
             gradient = ex.sibling("gradient")
             probe = gradient.forward_pass(x[:1], reference=False)
             nodes, _, _ = _located(gradient.graph, probe.values, x[:1])
-            forward, grads = target_gradients(ex, x, targets, set(nodes))
+            forward, grads = target_signals(ex, x, targets, set(nodes))
             nodes, values, layout = _located(gradient.graph, forward.values, x)
+            if self.weighting == "relevance":  # the LRP relevance that reaches each block's weights
+                values = target_signals(ex, x, targets, set(nodes), RELEVANCE_METHOD)[1]
             blocks = [_fuse((grads[n] * values[n]).clamp(min=0), self.fusion) for n in nodes]
         with torch.no_grad():
             t = blocks[0].shape[-1]
@@ -156,7 +164,7 @@ class AttentionGradCam(_OnAttention):
         gradient = ex.sibling("gradient")
         probe = gradient.forward_pass(x[:1], reference=False)
         last = _located(gradient.graph, probe.values, x[:1])[0][-1]
-        forward, grads = target_gradients(ex, x, targets, {last})
+        forward, grads = target_signals(ex, x, targets, {last})
         _, values, layout = _located(gradient.graph, forward.values, x)
         with torch.no_grad():
             a, g = _row(values[last][None], layout), _row(grads[last], layout)  # (K, B, heads, 1, *grid)

@@ -45,17 +45,21 @@ def _minmax(maps: torch.Tensor) -> torch.Tensor:
     return ((flat - low) / span).reshape(maps.shape)
 
 
-def target_gradients(ex: Any, x: torch.Tensor, targets: list, nodes: set[str]) -> tuple[Any, dict[str, torch.Tensor]]:
-    """The ``gradient`` method's forward pass on ``x`` (B, ...) and the exact gradients of the K explained
-    outputs at ``nodes``: (the pass, {node: (K, B, *its shape)}), in one batched backward."""
-    gradient = ex.sibling("gradient")
-    forward = gradient.forward_pass(x, reference=False)
-    logits = forward.values[gradient.graph.output]
+def target_signals(ex: Any, x: torch.Tensor, targets: list, nodes: set[str], method: str = "gradient"
+                   ) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The forward pass of ``method`` (a chain method, on the explainer's model) on ``x`` (B, ...) and its
+    backward signals at ``nodes`` for the K explained outputs, started as that method starts its maps
+    (one-hot, or one-hot times the logit): (the pass, {node: (K, B, *its shape)}), in one batched backward.
+    For ``gradient`` these are the exact gradients."""
+    chain = ex.sibling(method)
+    forward = chain.forward_pass(x, reference=False)
+    logits = forward.values[chain.graph.output]
     onehots = torch.stack([torch.zeros_like(logits).scatter_(1, ex.targets(logits, t)[:, None], 1.0)
                            for t in targets])
     with torch.no_grad():
-        grads = forward.signals(gradient.graph.output, onehots, keep=nodes)
-    return forward, {n: grads[n] for n in nodes}
+        start = onehots * logits if chain.method.output == "logit" else onehots
+        signals = forward.signals(chain.graph.output, start, keep=nodes)
+    return forward, {n: signals[n] for n in nodes}
 
 
 def upsampled(maps: torch.Tensor, x: torch.Tensor, upsample: str, normalise: str = "none") -> torch.Tensor:
@@ -118,7 +122,7 @@ class GradCam(Engine):
 
     def maps(self, ex, x, targets, envs=None, **kwargs):
         layer = self.layer_of(ex, x)
-        forward, grads = target_gradients(ex, x, targets, {layer})
+        forward, grads = target_signals(ex, x, targets, {layer})
         grad, acts = grads[layer], forward.values[layer]
         if self.tokens:
             layout = token_layout(forward.explainer.graph, forward.values, acts.shape[1], x.ndim)

@@ -173,6 +173,19 @@ def _cmp_alpha1beta0(epsilon: float = 0.1, stabilizer: float = 1e-6):
                 cite=("kohlbrenner2020", "alber2019"))
 
 
+def _chefer_lrp(stabilizer: float = 1e-9):
+    zplus = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
+    rules = {"dense": zplus, "conv": zplus, "first": R.ZB(None, None, stabilizer), "affine": R.Epsilon(stabilizer),
+             "avgpool": R.Epsilon(stabilizer), "relu": R.Pass(), "leaky_relu": R.Pass(), "maxpool": R.WinnerTakeAll(),
+             "add": R.NormalisedSplit(stabilizer),
+             **_traced(R.LinearZ(stabilizer), R.Pass(), R.GateProduct(stabilizer, gates=False), R.Pass(), R.Pass())}
+    return Method("chefer-lrp", "Chefer et al.'s LRP for transformers: alpha1beta0 (no bias) on linear layers, zB with "
+                  "each image's bounds on the first, identity through norms, activations and softmax, halves through "
+                  "both attention products, normalised residual splits; from a one-hot relevance",
+                  "Chefer, Gur & Wolf 2021 (CVPR)", signal="relevance", rules=rules, family=ZPLUS,
+                  cite=("chefer2021", "montavon2017"))
+
+
 def _lrp_gamma(gamma: float = 0.25, epsilon: float = 1e-6):
     rule = R.Gamma(gamma, epsilon)
     return _lrp("lrp-gamma", "LRP-gamma: positive weights favoured by gamma", MONTAVON, rule, rule,
@@ -290,6 +303,13 @@ def _generic_attention(upsample: str = "bilinear"):
                   family=ATTENTION, cite=("chefer2021generic",))
 
 
+def _transformer_attribution(upsample: str = "bilinear"):
+    return Method("transformer-attribution", "Chefer et al.'s transformer attribution: C <- (I + mean_h[(grad A * R_A)+]) C "
+                  "from C = I, R_A the chefer-lrp relevance at each block's attention weights; the class token's row",
+                  "Chefer, Gur & Wolf 2021 (CVPR)", engine=AttentionFlow("relevance", "generic", "mean", 0.0, upsample),
+                  params={"upsample": upsample}, family=ATTENTION, cite=("chefer2021",))
+
+
 def _attention_grad_cam(upsample: str = "bilinear"):
     return Method("attention-grad-cam", "Grad-CAM on the last block's attention: the class token's attention per head "
                   "weighted by its mean gradient (Chefer et al.'s baseline)", "Chefer, Gur & Wolf 2021 (CVPR)",
@@ -328,6 +348,7 @@ BUILDERS: dict[str, Callable[..., Method]] = {
     "lrp-epsilon-plus": _epsilon_plus,
     "lrp-epsilon-alpha2beta1": _epsilon_alpha2beta1,
     "lrp-cmp-alpha1beta0": _cmp_alpha1beta0,
+    "chefer-lrp": _chefer_lrp,
     "deep-taylor": _deep_taylor,
     "excitation-backprop": _excitation_backprop,
     "deeplift": _deeplift,
@@ -337,6 +358,7 @@ BUILDERS: dict[str, Callable[..., Method]] = {
     "vit-grad-cam": _vit_grad_cam,
     "attention-rollout": _attention_rollout,
     "generic-attention": _generic_attention,
+    "transformer-attribution": _transformer_attribution,
     "attention-grad-cam": _attention_grad_cam,
     "edge": _edge,
     "random": _random,

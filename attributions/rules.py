@@ -258,24 +258,34 @@ class Flat(_InputFree):
 
 class ZB(Rule):
     """Deep Taylor zB for inputs bounded in [low, high]:
-    z = W x - W+ low - W- high, R_in = x W^T s - low W+^T s - high W-^T s, s = R / stab(z)."""
+    z = W x - W+ low - W- high, R_in = x W^T s - low W+^T s - high W-^T s, s = R / stab(z).
+    ``low`` / ``high`` None: each image's own minimum / maximum (Chefer et al.'s code for RGB inputs)."""
 
     kinds = WEIGHTED_KINDS
     reads = ("inputs",)
 
-    def __init__(self, low: float = 0.0, high: float = 1.0, stabilizer: float = 1e-6):
+    def __init__(self, low: float | None = 0.0, high: float | None = 1.0, stabilizer: float = 1e-6):
         self.low, self.high, self.stabilizer = low, high, stabilizer
+
+    @staticmethod
+    def _bound(x: torch.Tensor, value: float | None, largest: bool) -> torch.Tensor:
+        """The bound as a tensor broadcasting against x (B, ...): the value, or each image's extreme."""
+        if value is not None:
+            return torch.tensor(value, dtype=x.dtype, device=x.device)
+        flat = x.reshape(len(x), -1)
+        return (flat.amax(1) if largest else flat.amin(1)).reshape(-1, *[1] * (x.ndim - 1))
 
     def backward(self, ctx, signal):
         op, x = ctx.op, ctx.x
         w, _ = op.weights()
         wp, wn = op.signed()
-        low, high = torch.full_like(x, self.low), torch.full_like(x, self.high)
+        lo, hi = self._bound(x, self.low, False), self._bound(x, self.high, True)
+        low, high = lo.expand_as(x).contiguous(), hi.expand_as(x).contiguous()
         z = op.forward(x, w) - op.forward(low, wp) - op.forward(high, wn)
         s = signal / stabilize(z, self.stabilizer)
         buffer, sp, sn = op.halves(s)
-        torch.mul(s, self.low, out=sp)
-        torch.mul(s, self.high, out=sn)
+        torch.mul(s, lo if lo.ndim == 0 else lo.reshape(1, -1, *[1] * (s.ndim - 2)), out=sp)
+        torch.mul(s, hi if hi.ndim == 0 else hi.reshape(1, -1, *[1] * (s.ndim - 2)), out=sn)
         return [x * op.transpose(s, w, x.shape) - op.transpose_stacked(buffer, x.shape)]
 
 
@@ -303,9 +313,9 @@ class DeepLiftAblation(Rule):
 
 class Pass(Rule):
     """Identity: relevance passes an activation unchanged (LRP, Deep Taylor; for every element-wise
-    activation, as zennit and LXT do)."""
+    activation, as zennit and LXT do); also through a norm or a softmax, as Chefer et al. 2021 propagate."""
 
-    kinds = ACTIVATION_KINDS
+    kinds = ACTIVATION_KINDS + ("norm", "softmax")
     reads = ()
 
     def backward(self, ctx, signal):
@@ -455,6 +465,31 @@ class ProportionalSplit(Rule):
     def backward(self, ctx, signal):
         s = ratio(signal, ctx.output, self.epsilon)
         return [s * x for x in ctx.inputs]
+
+
+class NormalisedSplit(Rule):
+    """A residual add a + b as Chefer et al. 2021 split it: the z rule's shares R_a = a R / z, R_b = b R / z,
+    each rescaled so that per sample the branches keep the relevance total R in proportion |sum R_a| :
+    |sum R_b| (conservative whatever the signs: R_a sums to |sum R_a| / (|sum R_a| + |sum R_b|) sum R)."""
+
+    kinds = ("add",)
+
+    def __init__(self, epsilon: float = 1e-9):
+        self.epsilon = epsilon
+
+    def backward(self, ctx, signal):
+        s = ratio(signal, ctx.output, self.epsilon)
+        parts = [s * x for x in ctx.inputs]
+        axes = tuple(range(2, signal.ndim))
+        total = signal.sum(axes, keepdim=True)
+        sums = [p.sum(axes, keepdim=True) for p in parts]
+        weight = sum(t.abs() for t in sums)
+        return [p * _safe(q.abs() * total, weight * q) for p, q in zip(parts, sums)]
+
+
+def _safe(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a / b, 0 where b = 0 (Chefer et al.'s safe_divide)."""
+    return torch.where(b == 0, torch.zeros_like(a), a / torch.where(b == 0, torch.ones_like(b), b))
 
 
 class Copy(Rule):
@@ -611,16 +646,18 @@ class GateProduct(Rule):
     """LRP through the product of two signals, "gate as constant" (Ali et al. 2022; Achtibat et al. 2024):
     an operand computed by a gating function (sigmoid, hardsigmoid, softmax: SE gates, GLU, attention
     weights) is held constant and the relevance goes to the other operand by the z rule; when neither
-    or both are gates, each operand gets half (AttnLRP's uniform rule for bilinear products)."""
+    or both are gates, each operand gets half (AttnLRP's uniform rule for bilinear products).
+    ``gates=False``: every product splits in halves, attention weights included (Chefer et al. 2021,
+    whose attention relevance is what reaches the weights)."""
 
     kinds = ("product",)
 
-    def __init__(self, epsilon: float = 1e-6):
-        self.epsilon = epsilon
+    def __init__(self, epsilon: float = 1e-6, gates: bool = True):
+        self.epsilon, self.gates = epsilon, gates
 
     def backward(self, ctx, signal):
         a, b = _operand_values(ctx)
-        gates = ctx.node.params.get("gates", [False, False])
+        gates = ctx.node.params.get("gates", [False, False]) if self.gates else [False, False]
         s = signal / stabilize(ctx.output, self.epsilon)
         pair = _product_of(ctx)
         ra = a * ctx.vjp(s, [a], lambda t: pair(t, b))[0]

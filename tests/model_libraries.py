@@ -396,7 +396,7 @@ BATCH = 2
 # the costly methods' sample counts, cut for a check of finiteness and determinism
 CHEAP = {"integrated-gradients": {"n_steps": 4}, "smoothgrad": {"samples": 4}, "smoothgrad-ig": {"samples": 2, "n_steps": 3}}
 # the maps read from attention layers: checked on every model that has them (they do not apply to the others)
-ON_ATTENTION = ("vit-grad-cam", "attention-rollout", "generic-attention", "attention-grad-cam")
+ON_ATTENTION = ("vit-grad-cam", "attention-rollout", "generic-attention", "transformer-attribution", "attention-grad-cam")
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 

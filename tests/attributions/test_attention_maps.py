@@ -141,6 +141,25 @@ def test_attention_grad_cam_is_chefers_baseline_written_out():
     torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-12)
 
 
+def test_transformer_attribution_is_chefers_rollout_of_gradient_times_relevance():
+    """Chefer et al. 2021 (CVPR): C <- (I + mean_h[(grad A * R_A)+]) C from C = I; the gradients from hooks, the
+    relevance R_A at each block's weights from the chefer-lrp chain."""
+    model = _model()
+    weights, grads = _attention(model, X, TARGET)
+    lrp = Explainer(model, "chefer-lrp")
+    forward = lrp.forward_pass(X, reference=False)
+    nodes = [n for n in lrp.layers if lrp.graph.by_name[n].kind == "softmax"]
+    onehot = torch.zeros(1, 3, 5, dtype=torch.float64).scatter_(2, TARGET[None, :, None], 1.0)
+    relevance = forward.signals(lrp.graph.output, onehot, keep=set(nodes))
+    c = torch.eye(17, dtype=torch.float64).expand(3, 17, 17)
+    for node, g in zip(nodes, grads):
+        c = torch.bmm(torch.eye(17, dtype=torch.float64) + (g * relevance[node][0]).clamp(min=0).mean(1), c)
+    expected = _upsample(c[:, 0, 1:])
+    ours = Explainer(model, "transformer-attribution").attribute(X, target=TARGET)
+    assert float((expected - expected.amin()).abs().max()) > 0
+    torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-12)
+
+
 def test_without_a_class_token_the_mean_row_is_read():
     model = _model(class_token=False)
     weights, _ = _attention(model, X)

@@ -129,6 +129,46 @@ def test_cmp_composite_is_epsilon_on_dense_and_alpha1beta0_with_bias_on_convolut
     torch.testing.assert_close(ex.attribute(x, target=1), composed, rtol=0, atol=0)
 
 
+def test_zb_with_each_images_own_bounds_and_the_normalised_residual_split_by_hand():
+    from attributions.graph import trace
+    from attributions.layers import DenseOp
+    from attributions.rules import Context
+
+    node = next(n for n in trace(nn.Sequential(LAYER), X).nodes if n.kind == "dense")
+    ctx = Context(node, [X], LAYER(X).detach(), DenseOp(node))
+    signal = torch.tensor([[[7.0]]], dtype=torch.float64)
+    with torch.no_grad():  # X = (1, 2, -1): its own bounds are [-1, 2], as the fixed bounds of the zB case above
+        torch.testing.assert_close(R.ZB(None, None, 0.0).backward(ctx, signal)[0],
+                                   R.ZB(-1.0, 2.0, 0.0).backward(ctx, signal)[0], rtol=0, atol=0)
+    # a = (1, 2), b = (3, -1), z = (4, 1), R = (2, 5): z-rule shares (0.5, 10) and (1.5, -5), sums 10.5 and -3.5;
+    # rescaled to 10.5 / 14 and 3.5 / 14 of the total 7: (0.25, 5) and (-0.75, 2.5)
+    a, b = torch.tensor([[1.0, 2.0]], dtype=torch.float64), torch.tensor([[3.0, -1.0]], dtype=torch.float64)
+    add = Context(None, [a, b], a + b)
+    ra, rb = R.NormalisedSplit(0.0).backward(add, torch.tensor([[[2.0, 5.0]]], dtype=torch.float64))
+    torch.testing.assert_close(ra, torch.tensor([[[0.25, 5.0]]], dtype=torch.float64))
+    torch.testing.assert_close(rb, torch.tensor([[[-0.75, 2.5]]], dtype=torch.float64))
+
+
+def test_chefer_lrp_conserves_the_one_hot_relevance_on_a_transformer():
+    """Every rule of the set conserves (zB, identity through norms, GELU and softmax, halves through the bilinear
+    attention products, the normalised residual split; z+ wherever an output has a positive contribution): on a
+    ViT without class token and with a zero position embedding nothing absorbs relevance, so each map sums to
+    the one-hot's 1 but for what z+ drops at the few query / key units whose inputs all contribute negatively
+    (LayerNorm outputs have both signs): under 2 % here (1.1-1.3 %)."""
+    from tests.attributions.test_attention_maps import TinyViT
+
+    torch.manual_seed(0)
+    model = TinyViT(depth=2, class_token=False).double().eval()
+    with torch.no_grad():
+        model.pos.zero_()
+    x = torch.rand(3, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) + 0.1
+    maps = Explainer(model, "chefer-lrp").attribute(x, target=torch.tensor([0, 3, 1]))
+    total = maps.sum((1, 2, 3))
+    assert bool(((total > 0.98) & (total <= 1 + 1e-9)).all()), total
+    kept = Explainer(model, "lrp-zplus", rules={"product": R.GateProduct(gates=True)}).attribute(x, target=0)
+    assert not torch.allclose(kept, maps[:1])  # attention held constant, the other convention, differs
+
+
 def test_conv_zplus_by_hand():
     conv = nn.Conv2d(1, 1, (1, 2), bias=False).double()
     conv.weight.data = torch.tensor([[[[1.0, -2.0]]]], dtype=torch.float64)

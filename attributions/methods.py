@@ -78,11 +78,14 @@ def _gradient_rules(relu: R.Rule, activation: R.Rule | None = None) -> dict:
             **_traced(exact, activation or exact, exact, exact, R.SoftmaxGradient())}
 
 
-def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabilizer: float = 1e-6) -> dict:
+def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabilizer: float = 1e-6,
+               gates: bool = True) -> dict:
+    """``gates``: products hold a gate (attention weights, SE gates) constant (CP-LRP), else every product
+    splits in halves and relevance reaches the attention weights and their softmax rule (AttnLRP)."""
     rules = {"dense": dense, "conv": conv, "affine": R.Epsilon(stabilizer), "avgpool": R.Epsilon(stabilizer),
              "relu": R.Pass(), "leaky_relu": R.Pass(), "maxpool": R.WinnerTakeAll(),
              "add": R.ProportionalSplit(stabilizer),
-             **_traced(R.LinearZ(stabilizer), R.Pass(), R.GateProduct(stabilizer), R.NormLRP(stabilizer),
+             **_traced(R.LinearZ(stabilizer), R.Pass(), R.GateProduct(stabilizer, gates), R.NormLRP(stabilizer),
                        R.SoftmaxLRP())}
     if first is not None:
         rules["first"] = first
@@ -135,9 +138,9 @@ def _rectgrad(q: float = 98.0):
 
 
 def _lrp(name, description, reference, dense, conv, first=None, output="logit", stabilizer=1e-6,
-         family="other LRP", cite=("bach2015",)):
+         family="other LRP", cite=("bach2015",), gates=True):
     return Method(name, description, reference, signal="relevance", output=output,
-                  rules=_lrp_rules(dense, conv, first, stabilizer), completeness="output" if output == "logit" else None,
+                  rules=_lrp_rules(dense, conv, first, stabilizer, gates), completeness="output" if output == "logit" else None,
                   family=family, cite=cite)
 
 
@@ -149,6 +152,18 @@ def _lrp_z(stabilizer: float = 1e-9):
 def _lrp_epsilon(epsilon: float = 1e-6):
     return _lrp("lrp-epsilon", "LRP-epsilon: the z rule with a stabiliser epsilon", BACH,
                 R.Epsilon(epsilon), R.Epsilon(epsilon), stabilizer=epsilon)
+
+
+def _cp_lrp(epsilon: float = 1e-6):
+    return _lrp("cp-lrp", "CP-LRP for transformers: epsilon on linear layers, attention weights (and every gate) held "
+                "constant, the LN rule through norms", "Ali et al. 2022 (ICML)", R.Epsilon(epsilon), R.Epsilon(epsilon),
+                stabilizer=epsilon, cite=("ali2022",))
+
+
+def _attnlrp(epsilon: float = 1e-6):
+    return _lrp("attnlrp", "AttnLRP: epsilon on linear layers, both products of attention split in halves, AttnLRP's "
+                "softmax rule, the LN rule through norms", "Achtibat et al. 2024 (ICML)", R.Epsilon(epsilon),
+                R.Epsilon(epsilon), stabilizer=epsilon, cite=("achtibat2024",), gates=False)
 
 
 def _zplus(stabilizer: float = 1e-6):
@@ -340,6 +355,8 @@ BUILDERS: dict[str, Callable[..., Method]] = {
     "rectgrad": _rectgrad,
     "lrp-z": _lrp_z,
     "lrp-epsilon": _lrp_epsilon,
+    "cp-lrp": _cp_lrp,
+    "attnlrp": _attnlrp,
     "lrp-zplus": _zplus,
     "lrp-alpha1beta0": _alpha_beta(1.0, 0.0),
     "lrp-alpha2beta1": _alpha_beta(2.0, 1.0),

@@ -160,6 +160,25 @@ def test_transformer_attribution_is_chefers_rollout_of_gradient_times_relevance(
     torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-12)
 
 
+def test_cp_lrp_holds_attention_constant_and_attnlrp_sends_relevance_through_it():
+    model = _model()
+    relevance = {}
+    for method in ("cp-lrp", "attnlrp"):
+        ex = Explainer(model, method)
+        forward = ex.forward_pass(X, reference=False)
+        nodes = [n for n in ex.layers if ex.graph.by_name[n].kind == "softmax"]
+        start = forward.values[ex.graph.output].gather(1, TARGET[:, None])
+        onehot = torch.zeros(1, 3, 5, dtype=torch.float64).scatter_(2, TARGET[None, :, None], start[None])
+        taps = forward.signals(ex.graph.output, onehot, keep=set(nodes) | {"input"})
+        relevance[method] = [float(taps[n].abs().sum()) if n in taps else 0.0 for n in nodes]
+        torch.testing.assert_close(taps["input"][0], ex.attribute(X, target=TARGET))
+    assert relevance["cp-lrp"] == [0.0, 0.0, 0.0]  # the weights are constants: nothing reaches them
+    assert all(r > 0 for r in relevance["attnlrp"])
+    cp = Explainer(model, "cp-lrp").attribute(X, target=TARGET)
+    assert torch.equal(cp, Explainer(model, "lrp-epsilon").attribute(X, target=TARGET))  # the same rules, named
+    assert not torch.allclose(cp, Explainer(model, "attnlrp").attribute(X, target=TARGET))
+
+
 def test_without_a_class_token_the_mean_row_is_read():
     model = _model(class_token=False)
     weights, _ = _attention(model, X)

@@ -10,7 +10,7 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.i
 
 def test_the_notebooks_exist():
     assert {p.name for p in NOTEBOOKS} == {"quickstart.ipynb", "rank_one_collapse.ipynb", "bort_vs_sgd.ipynb",
-                                          "transformers.ipynb"}
+                                          "transformers.ipynb", "seed_methods.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -10,7 +10,7 @@ LIBS     := .venv-libraries
 LIBSTAMP := $(LIBS)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: demo test bench checkpoints data syslibs reportdeps clean
+.PHONY: demo test bench atlas checkpoints data syslibs reportdeps clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,8 @@ $(LIBSTAMP): pyproject.toml constraints-libraries.txt
 	$(PYTHON) -m venv $(LIBS)
 	$(LIBS)/bin/python -m pip install --upgrade pip setuptools wheel
 	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt torch torchvision
-	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt -e . timm transformers safetensors pytest grad-cam
+	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt -e . timm transformers safetensors pytest grad-cam \
+	  nbclient nbformat ipykernel
 	touch $(LIBSTAMP)
 
 # Debian's full Fashion-MNIST, for the full-dataset tests and for training the shipped checkpoints.
@@ -60,11 +61,16 @@ test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 	MODEL_LIBRARIES=required $(LIBS)/bin/python -m pytest -q tests/test_model_libraries.py tests/audit/models/test_libraries.py \
-	  tests/attributions/test_cam.py
+	  tests/attributions/test_cam.py "tests/test_notebooks.py::test_notebook_executes[collapse_atlas]"
 
 bench: $(STAMP)
 	$(PY) -m pip install -c constraints.txt -e '.[bench]'
 	$(PY) -m benchmarks
+
+# The collapse atlas in full: every timm architecture module's smallest model and every chain method (hours on
+# 2 cores); writes atlas/atlas.csv and atlas/atlas.png.
+atlas: $(LIBSTAMP)
+	PYTHONPATH=. $(LIBS)/bin/python -m benchmarks.atlas --out atlas
 
 checkpoints: $(STAMP) data
 	$(PY) -m audit retrain-shipped

@@ -243,6 +243,16 @@ def _add_timm(listing: Listing, module: str, name: str) -> None:
                                  note=f"module {module}"))
 
 
+def timm_entries(names: list[str]) -> list[Entry]:
+    """Entries of the timm models ``names``, built as the enumeration builds each module's smallest."""
+    import timm
+
+    listing = Listing("timm")
+    for name in names:
+        _add_timm(listing, timm.models.model_entrypoint(name).__module__.rsplit(".", 1)[-1], name)
+    return listing.entries
+
+
 # --- Hugging Face transformers -------------------------------------------------------------------
 
 
@@ -524,14 +534,19 @@ def verdict(row: dict) -> tuple[str, str]:
     return ("inexact", "; ".join(failed)) if failed else ("exact", "")
 
 
-def _child(entry: Entry, seed: int, methods: tuple[str, ...], pipe) -> None:
+# what a child does with its entry: fill a row (``check`` by default), then judge it (class, reason)
+Work = Callable[[Entry, dict, int, tuple], None]
+
+
+def _child(entry: Entry, seed: int, methods: tuple[str, ...], pipe, work: Work | None = None,
+           judge: Callable[[dict], tuple[str, str]] | None = None) -> None:
     from attributions.errors import AttributionError
 
     torch.set_num_threads(1)
     row: dict = {}
     try:
-        check(entry, row, seed, methods)
-        row["class"], row["reason"] = verdict(row)
+        (work or check)(entry, row, seed, methods)
+        row["class"], row["reason"] = (judge or verdict)(row)
     except AttributionError as exc:
         row.update({"class": "refused", "reason": first_line(exc, typed=False)})
     except Exception as exc:  # any other failure is the engine's (or the library's) crash: keep its type
@@ -539,12 +554,14 @@ def _child(entry: Entry, seed: int, methods: tuple[str, ...], pipe) -> None:
     pipe.send(row)
 
 
-def start_one(entry: Entry, seed: int = 0, methods: tuple[str, ...] = ()) -> tuple:
+def start_one(entry: Entry, seed: int = 0, methods: tuple[str, ...] = (), work: Work | None = None,
+              judge: Callable[[dict], tuple[str, str]] | None = None) -> tuple:
     """Start checking ``entry`` in a forked child (a hang, a crash of the interpreter or its memory ends
-    with it); :func:`finish_one` collects its row."""
+    with it); :func:`finish_one` collects its row. ``work`` / ``judge``: another job than :func:`check`
+    and :func:`verdict` (the collapse atlas's)."""
     context = multiprocessing.get_context("fork")  # the child inherits the entry's builder closure
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(entry, seed, methods, send), daemon=True)
+    child = context.Process(target=_child, args=(entry, seed, methods, send, work, judge), daemon=True)
     child.start()
     send.close()
     return entry, child, receive, time.perf_counter()
@@ -578,10 +595,11 @@ def within(entries: list[Entry], limit: int = MAX_TIMM_PARAMS) -> list[Entry]:
 
 
 def check_all(entries: list[Entry], seed: int = 0, methods: tuple[str, ...] | list[tuple[str, ...]] = (),
-              limit: float = 120.0, parallel: int = 1, report: Callable[[int, dict], None] | None = None) -> list[dict]:
+              limit: float = 120.0, parallel: int = 1, report: Callable[[int, dict], None] | None = None,
+              work: Work | None = None, judge: Callable[[dict], tuple[str, str]] | None = None) -> list[dict]:
     """Every entry's row (in the entries' order), ``parallel`` children at a time, each on one thread;
     ``methods``: the methods checked on every entry, or a list of them per entry; ``report(i, row)`` is
-    called as each finishes."""
+    called as each finishes; ``work`` / ``judge``: as :func:`start_one`."""
     from multiprocessing.connection import wait
 
     rows: dict[int, dict] = {}
@@ -590,7 +608,7 @@ def check_all(entries: list[Entry], seed: int = 0, methods: tuple[str, ...] | li
     while pending or running:
         while pending and len(running) < parallel:
             i, entry = pending.pop(0)
-            running[i] = start_one(entry, seed, methods[i] if isinstance(methods, list) else methods)
+            running[i] = start_one(entry, seed, methods[i] if isinstance(methods, list) else methods, work, judge)
         deadline = min(started[3] for started in running.values()) + limit
         ready = wait([started[2] for started in running.values()], max(0.0, deadline - time.perf_counter()))
         done = [i for i, started in running.items() if started[2] in ready or time.perf_counter() - started[3] >= limit]

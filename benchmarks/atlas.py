@@ -1,0 +1,177 @@
+"""The collapse atlas: where each chain method's backward signal reaches the input, how close to rank 1 it
+is, across every architecture family the engine captures.
+
+For each model (one small timm model per architecture module, random initialisation with perturbed
+parameters, float64, two seeded inputs; and the shipped trained checkpoints on the embedded sample) and
+each chain method (a rule chain, or a product of per-block operators such as attention rollout), CSC
+injects K Gaussian vectors at the logits (for a product chain: over the class token's row) and reports
+the median |cos| where the chain arrives at the input, the largest median on the way down and
+sigma2 / sigma1 of the K signals there. Sixt et al.'s theorem says which chains must collapse whatever
+the weights (non-negative chains: the z+ family, DeepLIFT-Ablation, rollout); the atlas measures which
+architectures (LayerNorm, attention, gating) break or keep it.
+
+    python -m benchmarks.atlas [--fast] [--out DIR] [--parallel N] [--limit SECONDS]
+
+writes DIR/atlas.csv (one row per model x method) and DIR/atlas.png; ``make atlas`` runs it in full.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from attributions.errors import AttributionError
+from attributions.methods import BUILDERS, build_method
+
+COLUMNS = ["source", "model", "family", "method", "method_family", "csc_at_input", "csc_max", "baseline",
+           "sigma2_over_sigma1", "collapsed", "status", "reason"]
+FAST_MODELS = ["test_resnet", "test_vit"]
+FAST_METHODS = ["gradient", "lrp-zplus", "deeplift", "attention-rollout"]
+
+
+def chain_methods() -> list[str]:
+    """Every registered method with a backward chain CSC can follow, in registry order."""
+    return [m for m in BUILDERS if build_method(m).chain or build_method(m).engine.product]
+
+
+def collapse(model: torch.nn.Module, x: torch.Tensor, methods: list[str], threshold: float = 0.99) -> list[dict]:
+    """One row per method that fits ``model``: CSC from the logits at the input end (see the module docstring)."""
+    from attributions import Explainer
+    from attributions.graph import trace
+    from audit.checks.convergence import chain_convergence
+
+    graph = trace(model, x)
+    fitting = []
+    for m in methods:
+        ex = Explainer(model, m, graph=graph)
+        if ex.method.engine.fits(ex, x) is None:
+            fitting.append(m)
+    df = chain_convergence(model, x, None, fitting, inject_at=[graph.output], threshold=threshold, progress=False)
+    rows = []
+    for method, part in df[df.is_logits.astype(bool)].groupby("method", sort=False):
+        part = part.dropna(subset=["median"]).sort_values("depth")
+        if part.empty:
+            continue
+        first = part.iloc[0]
+        rows.append({"method": method, "method_family": build_method(method).family,
+                     "csc_at_input": float(first["median"]), "csc_max": float(part["median"].max()),
+                     "baseline": float(first["baseline"]), "sigma2_over_sigma1": float(first["sigma2_over_sigma1"]),
+                     "collapsed": bool(part["median"].max() >= threshold)})
+    return rows
+
+
+def _work(entry, row: dict, seed: int, methods: tuple) -> None:
+    """The atlas's job in a forked child (``tests.model_libraries.check_all``): build, perturb, measure."""
+    model = entry.perturb(entry.build(), seed)
+    x = torch.randn(2, *entry.input_shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    row["csc"] = collapse(model, x, list(methods))
+
+
+def _judge(row: dict) -> tuple[str, str]:
+    return "measured", ""
+
+
+def library_rows(entries: list, methods: list[str], seed: int = 0, parallel: int = 2, limit: float = 600.0,
+                 report=None) -> list[dict]:
+    """The atlas rows of library ``entries`` (``tests.model_libraries.Entry``), each model in its own child."""
+    from tests.model_libraries import check_all
+
+    out = []
+    for r in check_all(entries, seed, tuple(methods), limit, parallel, report, work=_work, judge=_judge):
+        base = {"source": r["library"], "model": r["name"], "family": r.get("note", "").removeprefix("module ")}
+        if r["class"] != "measured":
+            out.append(base | {"status": r["class"], "reason": r.get("reason", "")})
+            continue
+        out += [base | c | {"status": "measured", "reason": ""} for c in r["csc"]]
+    return out
+
+
+def shipped_rows(methods: list[str], names: list[str] | None = None, n: int = 8) -> list[dict]:
+    """The atlas rows of the shipped trained checkpoints, on ``n`` images of the embedded sample."""
+    from audit import available_checkpoints, embedded_sample, load_checkpoint
+
+    x, _ = embedded_sample()
+    x = torch.from_numpy(x[:: max(1, len(x) // n)][:n])
+    out = []
+    for name in names or [k for k in available_checkpoints() if k.endswith("-sgd")]:
+        model = load_checkpoint(name)
+        base = {"source": "shipped", "model": name, "family": name.split("-")[0]}
+        try:
+            rows = collapse(model, x.to(next(model.parameters())), methods)
+            out += [base | c | {"status": "measured", "reason": ""} for c in rows]
+        except AttributionError as exc:
+            out.append(base | {"status": "refused", "reason": str(exc).splitlines()[0]})
+    return out
+
+
+def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=None) -> pd.DataFrame:
+    """The atlas table: every timm architecture module's smallest model (``fast``: two) and the shipped
+    checkpoints, every chain method (``fast``: four)."""
+    from tests.model_libraries import enumerate_models, timm_entries, within
+
+    methods = FAST_METHODS if fast else chain_methods()
+    entries = timm_entries(FAST_MODELS) if fast else within(enumerate_models("timm").entries)
+    if not fast:  # one model per architecture module: the smallest
+        seen: set[str] = set()
+        entries = [e for e in sorted(entries, key=lambda e: e.params) if not (e.note in seen or seen.add(e.note))]
+    rows = library_rows(entries, methods, parallel=parallel, limit=limit, report=report)
+    rows += shipped_rows(methods, ["cnn-sgd", "vit-sgd"] if fast else None, n=2 if fast else 8)
+    return pd.DataFrame(rows).reindex(columns=COLUMNS)
+
+
+def figure(table: pd.DataFrame):
+    """Models (rows) x methods (columns), coloured by 1 - median |cos| at the input end on a log scale:
+    dark = collapsed to rank 1; grey = the method does not fit the model."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    from audit import style
+
+    measured = table[table.status == "measured"]
+    grid = measured.pivot_table(index="model", columns="method", values="csc_at_input", aggfunc="first")
+    methods = [m for m in BUILDERS if m in grid.columns]
+    grid = grid[methods]
+    with style.styled():
+        fig, ax = plt.subplots(figsize=(style.TWO_COLUMN, max(2.0, 0.14 * len(grid) + 1.2)))
+        values = np.clip(1 - grid.to_numpy(dtype=float), 1e-6, 1)
+        image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", cmap="viridis", norm=LogNorm(1e-4, 1))
+        image.cmap.set_bad("0.85")
+        ax.set_xticks(range(len(methods)), methods, rotation=90)
+        ax.set_yticks(range(len(grid)), grid.index)
+        fig.colorbar(image, ax=ax, label="1 - median |cos| at the input (log)")
+        ax.set_title("Collapse atlas: chain methods x architectures")
+        fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fast", action="store_true", help="two timm models, four methods")
+    parser.add_argument("--out", default="atlas", help="folder for atlas.csv and atlas.png")
+    parser.add_argument("--parallel", type=int, default=2, help="models measured at once")
+    parser.add_argument("--limit", type=float, default=600.0, help="seconds per model")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def report(i: int, row: dict) -> None:
+        print(f"[{i + 1}] {row['name']}: {row['class']} ({row.get('run_s')} s) {row.get('reason', '')[:120]}",
+              file=sys.stderr, flush=True)
+
+    table = atlas(args.fast, args.parallel, args.limit, report)
+    tmp = out / "atlas.csv.partial"
+    table.to_csv(tmp, index=False)
+    os.replace(tmp, out / "atlas.csv")
+    figure(table).savefig(out / "atlas.png", dpi=150)
+    measured = table[table.status == "measured"]
+    print(measured.pivot_table(index="method", values="collapsed", aggfunc="mean").round(2).to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -48,6 +48,10 @@ class Engine:
     def maps(self, ex: Explaining, x: torch.Tensor, targets: list, envs: Any = None, **kwargs) -> torch.Tensor:
         raise NotImplementedError
 
+    def prepare(self, ex: Any, x: torch.Tensor) -> None:
+        """Make what the maps of the whole batch ``x`` (B, ...) depend on besides the weights, before any chunk
+        of it is explained (PatternNet's patterns); nothing for most engines."""
+
     def operators(self, ex: Any, x: torch.Tensor, targets: list) -> tuple[list[str], list[torch.Tensor], Any]:
         """For a ``product`` engine: (the nodes of the blocks, each block's operator (K, B, T, T), the token
         layout), the maps being a row of the operators' product."""

@@ -58,6 +58,7 @@ class ForwardPass:
         """The method's backward of K signals ``vectors`` (K, B, *shape of ``start``'s output) injected at
         node ``start``: {node: (K, B, *its shape)} for ``start`` and every node below it (or those in ``keep``); for
         DeepLIFT the multipliers times each node's difference from the reference."""
+        self.explainer.method.engine.prepare(self.explainer, self.x)
         return self.explainer._signals(self.x, start, lambda env: vectors, envs=(self.values, self.reference),
                                        keep=keep)
 
@@ -345,7 +346,7 @@ class Explainer(Attribution):
                 ctx = Context(node, [value(i) if "inputs" in reads else env[i] for i in node.inputs],
                               value(node.name) if "output" in reads else env[node.name], self._ops.get(node.name),
                               [ref[i] for i in node.inputs] if ref else None, ref[node.name] if ref else None,
-                              env.get(key), ref.get(key) if ref else None, env, ref)
+                              env.get(key), ref.get(key) if ref else None, env, ref, self._g)
                 outs = rule.backward(ctx, s)
                 for name, o in zip(node.inputs, outs):
                     pending[name] = o if name not in pending else pending[name] + o
@@ -441,9 +442,12 @@ class Explainer(Attribution):
         over one forward pass; the method's engine decides for the others.
         """
         x = self._check_input(x) if envs is None else x  # else checked when its forward pass was made
+        if not kwargs.pop("_prepared", False):  # a chunk's call: prepared for the whole batch
+            self.method.engine.prepare(self, x)
         n = self.images_per_pass(x, len(targets)) if self.method.engine.chunked and envs is None else len(x)
         if n < len(x):  # under a memory budget: images in chunks, each with its own forward pass
-            return memory.joined([self.maps_for_targets(x[i:j], [_rows(t, i, j, len(x)) for t in targets], **kwargs)
+            return memory.joined([self.maps_for_targets(x[i:j], [_rows(t, i, j, len(x)) for t in targets],
+                                                        _prepared=True, **kwargs)
                                   for i, j in memory.spans(len(x), n)], 1)
         # under autocast (mixed precision) the passes run at half width; maps keep the inputs' dtype
         return self.method.engine.maps(self, x, targets, envs, **kwargs).to(x.dtype)
@@ -481,7 +485,8 @@ class Explainer(Attribution):
         maps = self.maps_for_targets(inputs[0] if as_tuple else inputs, [target], envs, **kwargs)[0]
         return (maps,) if as_tuple else maps
 
-    def propagate(self, x: torch.Tensor, inject_at: str, vectors: torch.Tensor) -> dict[str, torch.Tensor]:
+    def propagate(self, x: torch.Tensor, inject_at: str, vectors: torch.Tensor, _prepared: bool = False
+                  ) -> dict[str, torch.Tensor]:
         """Inject K vectors as the backward signal at ``inject_at`` and record the signal below.
 
         Parameters
@@ -499,11 +504,13 @@ class Explainer(Attribution):
             raise AttributionError(f"{self.method.name!r} is not a backward chain of rules; propagate supports "
                                    f"the graph methods only")
         x = self._check_input(x)
+        if not _prepared:  # a chunk's call: prepared for the whole batch
+            self.method.engine.prepare(self, x)
         if inject_at not in self._g.layers:
             raise unknown_name("layer", inject_at, self._g.layers, AttributionError)
         n = self.images_per_pass(x, len(vectors)) if vectors.ndim >= 2 and vectors.shape[1] == len(x) else len(x)
         if n < len(x):  # under a memory budget: images in chunks, each with its own forward pass
-            return memory.joined([self.propagate(x[i:j], inject_at, vectors[:, i:j])
+            return memory.joined([self.propagate(x[i:j], inject_at, vectors[:, i:j], _prepared=True)
                                   for i, j in memory.spans(len(x), n)], 1)
 
         def start(env):

@@ -20,6 +20,7 @@ from attributions.cam import GradCam
 from attributions.controls import EdgeControl, NoiseControl
 from attributions.engines import CHAIN, Engine, IntegratedGradientsEngine, SmoothGradEngine
 from attributions.errors import AttributionError, unknown_name
+from attributions.patterns import PatternChain, PatternRule, PatternSource
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,17 @@ def _rectgrad(q: float = 98.0):
     return Method("rectgrad", "RectGrad: at every ReLU the gradient passes only where activation x gradient exceeds "
                   "its q-th percentile over the layer, per sample", "Kim et al. 2019",
                   rules=_gradient_rules(R.RectGrad(q)), params={"q": q}, heatmap="max-abs", cite=("kim2019",))
+
+
+def _pattern_method(name: str, mode: str, description: str, family: str):
+    def build(estimator: str = "relu", patterns=None, data=None):
+        source = PatternSource(estimator, patterns, data)
+        rule = PatternRule(source, mode)
+        return Method(name, description, "Kindermans et al. 2018 (ICLR)",
+                      rules=_gradient_rules(R.ReLUGradient("gradient")) | {"dense": rule, "conv": rule},
+                      engine=PatternChain(source), params={"estimator": estimator}, family=family,
+                      cite=("kindermans2018",))
+    return build
 
 
 def _lrp(name, description, reference, dense, conv, first=None, output="logit", stabilizer=1e-6,
@@ -256,6 +268,16 @@ def _deeplift_ablation(eps: float = 1e-10, baseline: float | tuple[float, ...] =
                   cite=("shrikumar2017", "sixt2020"), baseline=_baseline(baseline))
 
 
+def _deeplift_revealcancel(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0):
+    reveal = R.RevealCancelLinear()
+    return Method("deeplift-revealcancel", "DeepLIFT RevealCancel: at each ReLU after a dense or conv layer the "
+                  "positive and negative parts of the difference get their own multipliers (Rescale elsewhere)",
+                  "Shrikumar et al. 2017 (ICML)", signal="multiplier",
+                  rules=_deeplift_rules(R.Gradient(), eps) | {"dense": reveal, "conv": reveal,
+                                                              "relu": R.RevealCancelReLU()},
+                  completeness="difference", family="DeepLIFT", cite=("shrikumar2017",), baseline=_baseline(baseline))
+
+
 def _integrated_gradients(n_steps: int = 50, baseline: float | tuple[float, ...] = 0.0):
     return Method("integrated-gradients", "integrated gradients from a baseline input (zero by default; captum)",
                   "Sundararajan et al. 2017 (ICML)", engine=IntegratedGradientsEngine(n_steps),
@@ -353,6 +375,12 @@ BUILDERS: dict[str, Callable[..., Method]] = {
     "guided-backprop": _guided_backprop,
     "deconvnet": _deconvnet,
     "rectgrad": _rectgrad,
+    "patternnet": _pattern_method("patternnet", "net", "PatternNet: the signal estimate, patterns A in place of the "
+                                  "weights through every linear layer (fitted on the explained images, refitted when "
+                                  "the weights change)", "gradient-based"),
+    "patternattribution": _pattern_method("patternattribution", "attribution", "PatternAttribution: W * A through "
+                                          "every linear layer, A the layer's signal pattern (fitted as PatternNet's)",
+                                          "other LRP"),
     "lrp-z": _lrp_z,
     "lrp-epsilon": _lrp_epsilon,
     "cp-lrp": _cp_lrp,
@@ -370,6 +398,7 @@ BUILDERS: dict[str, Callable[..., Method]] = {
     "excitation-backprop": _excitation_backprop,
     "deeplift": _deeplift,
     "deeplift-ablation": _deeplift_ablation,
+    "deeplift-revealcancel": _deeplift_revealcancel,
     "grad-cam": _grad_cam,
     "guided-grad-cam": _guided_grad_cam,
     "vit-grad-cam": _vit_grad_cam,

@@ -41,6 +41,7 @@ class Context:
     ref_indices: torch.Tensor | None = None
     env: dict | None = None  # every node's value: the generic rules re-run the node's operation on it
     ref_env: dict | None = None
+    graph: Any = None  # the traced graph, for rules that look at a node's neighbours (RevealCancel)
 
     @property
     def x(self) -> torch.Tensor:
@@ -393,6 +394,60 @@ class Rescale(Rule):
     def backward(self, ctx, signal):
         multiplier = (ctx.output - ctx.ref_output).div_(ctx.x - ctx.ref_inputs[0]).nan_to_num_(nan=0.0)
         return [signal * multiplier]
+
+
+def _feeds_relu(ctx: Context, linear: str) -> str | None:
+    """The ReLU that is the only reader of the dense / conv node ``linear``, if there is one."""
+    if ctx.graph is None or ctx.graph.by_name[linear].kind not in ("dense", "conv"):
+        return None
+    readers = ctx.graph.consumers[linear]
+    return readers[0] if len(readers) == 1 and ctx.graph.by_name[readers[0]].kind == "relu" else None
+
+
+class RevealCancelReLU(Rescale):
+    """DeepLIFT RevealCancel at a ReLU (Shrikumar et al. 2017, section 3.5.3): where the ReLU's only input is
+    a dense or conv layer read by nothing else, the multiplier passes unchanged and that layer's rule
+    (:class:`RevealCancelLinear`) splits it into its positive and negative parts; elsewhere Rescale."""
+
+    def backward(self, ctx, signal):
+        if _feeds_relu(ctx, ctx.node.inputs[0]) == ctx.node.name:
+            return [signal]
+        return super().backward(ctx, signal)
+
+
+class RevealCancelLinear(Rule):
+    """DeepLIFT RevealCancel through a dense / conv layer z = W x + b that feeds a ReLU f, from the reference:
+    dz+ = W+ dx+ + W- dx-, dz- = W+ dx- + W- dx+ (the positive and negative terms w_i dx_i), then
+
+        dy+ = (f(z0 + dz+) - f(z0)) / 2 + (f(z0 + dz- + dz+) - f(z0 + dz-)) / 2, dy- alike with + and - swapped,
+
+    m+ = dy+ / dz+, m- = dy- / dz- (0 where the part is 0), and to each input the multipliers of the terms it
+    makes: W+^T (m+ s) + W-^T (m- s) where dx > 0, W+^T (m- s) + W-^T (m+ s) where dx < 0, W^T ((m+ + m-) s) / 2
+    where dx = 0. Complete: m+ dz+ + m- dz- = dy+ + dy- = f(z) - f(z0). Elsewhere the plain W^T s."""
+
+    kinds = ("dense", "conv")
+
+    def backward(self, ctx, signal):
+        op, x = ctx.op, ctx.x
+        w, _ = op.weights()
+        relu = _feeds_relu(ctx, ctx.node.name)
+        if relu is None:
+            return [op.transpose(signal, w, x.shape)]
+        wp, wn = op.signed()
+        dx = x - ctx.ref_inputs[0]
+        up, down = dx.clamp(min=0), dx.clamp(max=0)
+        dz_pos, dz_neg = op.forward(up, wp) + op.forward(down, wn), op.forward(down, wp) + op.forward(up, wn)
+        z0 = ctx.ref_output.expand_as(dz_pos)
+        f = torch.relu
+        dy_pos = (f(z0 + dz_pos) - f(z0) + f(z0 + dz_neg + dz_pos) - f(z0 + dz_neg)) / 2
+        dy_neg = (f(z0 + dz_neg) - f(z0) + f(z0 + dz_pos + dz_neg) - f(z0 + dz_pos)) / 2
+        m_pos = torch.where(dz_pos == 0, 0.0, dy_pos / torch.where(dz_pos == 0, 1.0, dz_pos))
+        m_neg = torch.where(dz_neg == 0, 0.0, dy_neg / torch.where(dz_neg == 0, 1.0, dz_neg))
+        sp, sn = signal * m_pos, signal * m_neg
+        through_pos = op.transpose(sp, wp, x.shape) + op.transpose(sn, wn, x.shape)  # inputs with dx > 0
+        through_neg = op.transpose(sn, wp, x.shape) + op.transpose(sp, wn, x.shape)  # inputs with dx < 0
+        still = op.transpose((sp + sn) / 2, w, x.shape)  # inputs with dx = 0: they contribute nothing
+        return [torch.where(dx > 0, through_pos, torch.where(dx < 0, through_neg, still))]
 
 
 def _unpool(signal: torch.Tensor, indices: torch.Tensor, in_shape: torch.Size) -> torch.Tensor:

@@ -96,7 +96,11 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
                 f"({'; '.join(f'{f}: {len(ms)}' for f, ms in families.items())}): {_join(methods)}. "
                 "Maps are computed by the toolkit's rule engine; the gradient, input-times-gradient, integrated "
                 "gradients, SmoothGrad, guided backpropagation and DeepLIFT maps match Captum "
-                f"{_cite(['kokhlikyan2020'])} to numerical precision in the toolkit's tests."))
+                f"{_cite(['kokhlikyan2020'])} to numerical precision in the toolkit's tests."
+                + (" PatternNet and PatternAttribution fit their signal patterns on the images each check explains "
+                   "and fit them again for the model of every randomization stage (Sixt et al.'s code kept the "
+                   f"trained patterns in the randomized models' backward pass) {_cite(['kindermans2018', 'sixt2020'])}."
+                   if {"patternnet", "patternattribution"} & set(config["methods"]) else "")))
     for name in config["tests"]:
         check = CHECKS[name]
         options = [o for o in check.options if o.name in config]

@@ -107,6 +107,10 @@ REFERENCES: dict[str, Reference] = {
                               "Explainability for Interpreting Bi-Modal and Encoder-Decoder Transformers", 2021,
                               booktitle="IEEE/CVF International Conference on Computer Vision (ICCV)",
                               pages="397--406"),
+    "kindermans2018": _ref("inproceedings", "Kindermans, Pieter-Jan; Sch{\\\"u}tt, Kristof T.; Alber, Maximilian; "
+                           "M{\\\"u}ller, Klaus-Robert; Erhan, Dumitru; Kim, Been; D{\\\"a}hne, Sven",
+                           "Learning How to Explain Neural Networks: {PatternNet} and {PatternAttribution}", 2018,
+                           booktitle="International Conference on Learning Representations (ICLR)"),
     "zhang2016": _ref("inproceedings", "Zhang, Jianming; Lin, Zhe; Brandt, Jonathan; Shen, Xiaohui; Sclaroff, Stan",
                       "Top-Down Neural Attention by Excitation Backprop", 2016,
                       booktitle="European Conference on Computer Vision (ECCV)",

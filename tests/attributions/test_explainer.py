@@ -20,11 +20,12 @@ GRAPH_METHODS = [m for m in METHODS if build_method(m).chain]
 
 def test_available_methods_lists_every_method_with_a_reference():
     expected = {"gradient", "input-x-gradient", "integrated-gradients", "smoothgrad", "smoothgrad-ig",
-                "guided-backprop", "deconvnet", "rectgrad", "lrp-z", "lrp-epsilon", "cp-lrp", "attnlrp", "lrp-zplus",
-                "lrp-alpha1beta0", "lrp-alpha2beta1", "lrp-alpha5beta4", "lrp-gamma", "lrp-epsilon-plus",
-                "lrp-epsilon-alpha2beta1", "lrp-cmp-alpha1beta0", "chefer-lrp", "deep-taylor", "excitation-backprop",
-                "deeplift", "deeplift-ablation", "grad-cam", "guided-grad-cam", "vit-grad-cam", "attention-rollout",
-                "generic-attention", "transformer-attribution", "attention-grad-cam", "edge", "random"}
+                "guided-backprop", "deconvnet", "rectgrad", "patternnet", "patternattribution", "lrp-z", "lrp-epsilon",
+                "cp-lrp", "attnlrp", "lrp-zplus", "lrp-alpha1beta0", "lrp-alpha2beta1", "lrp-alpha5beta4", "lrp-gamma",
+                "lrp-epsilon-plus", "lrp-epsilon-alpha2beta1", "lrp-cmp-alpha1beta0", "chefer-lrp", "deep-taylor",
+                "excitation-backprop", "deeplift", "deeplift-ablation", "deeplift-revealcancel", "grad-cam",
+                "guided-grad-cam", "vit-grad-cam", "attention-rollout", "generic-attention", "transformer-attribution",
+                "attention-grad-cam", "edge", "random"}
     methods = available_methods()
     assert set(methods) == expected
     assert all("[" in text and "]" in text for text in methods.values())

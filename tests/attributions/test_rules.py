@@ -169,6 +169,36 @@ def test_chefer_lrp_conserves_the_one_hot_relevance_on_a_transformer():
     assert not torch.allclose(kept, maps[:1])  # attention held constant, the other convention, differs
 
 
+def test_revealcancel_on_one_neuron_by_hand():
+    """y = ReLU(x1 - x2) at x = (2, 1) from 0: dz+ = 2, dz- = -1; dy+ = (ReLU(2) - 0) / 2 + (ReLU(1) - ReLU(-1)) / 2
+    = 1.5, dy- = (ReLU(-1) - 0) / 2 + (ReLU(1) - ReLU(2)) / 2 = -0.5; contributions 1.5 and -0.5 (Rescale:
+    multiplier 1, contributions 2 and -1), both summing to y = 1."""
+    first = nn.Linear(2, 1, bias=False).double()
+    first.weight.data = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    model = nn.Sequential(first, nn.ReLU(), nn.Linear(1, 1, bias=False).double())
+    model[2].weight.data = torch.tensor([[1.0]], dtype=torch.float64)
+    x = torch.tensor([[2.0, 1.0]], dtype=torch.float64)
+    torch.testing.assert_close(Explainer(model, "deeplift-revealcancel").attribute(x, target=0),
+                               torch.tensor([[1.5, -0.5]], dtype=torch.float64))
+    torch.testing.assert_close(Explainer(model, "deeplift").attribute(x, target=0),
+                               torch.tensor([[2.0, -1.0]], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", ["vgg", "resnet"])
+def test_revealcancel_is_complete_on_deep_nets(name):
+    from audit.models import build
+
+    torch.manual_seed(0)
+    model = build(name).double().eval()
+    x = torch.rand(3, 1, 28, 28, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    ex = Explainer(model, "deeplift-revealcancel")
+    maps = ex.attribute(x, target=torch.tensor([1, 4, 7]))
+    delta = ex.compute_convergence_delta(maps, x, target=torch.tensor([1, 4, 7]))
+    scale = model(x).abs().max()
+    assert float(delta.abs().max() / scale) < 1e-8
+    assert not torch.allclose(maps, Explainer(model, "deeplift").attribute(x, target=torch.tensor([1, 4, 7])))
+
+
 def test_conv_zplus_by_hand():
     conv = nn.Conv2d(1, 1, (1, 2), bias=False).double()
     conv.weight.data = torch.tensor([[[[1.0, -2.0]]]], dtype=torch.float64)

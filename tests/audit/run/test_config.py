@@ -1,6 +1,7 @@
 """The audit configuration: flat keys from the registry, type checks, the manifest round trip."""
 import pytest
 
+from attributions.methods import BUILDERS
 from audit.errors import ConfigError
 from audit.run.config import AuditConfig, load_config
 
@@ -8,7 +9,7 @@ from audit.run.config import AuditConfig, load_config
 def test_defaults_and_check_options_read_as_attributes():
     config = load_config()
     assert config.tests == ["csc", "random-logit", "cascading"] and config.csc_threshold == 0.99
-    assert config.bn == "reset" and config.n_vectors == 5 and len(config.methods) == 21
+    assert config.bn == "reset" and config.n_vectors == 5 and config.methods == list(BUILDERS)
 
 
 def test_toml_file_then_overrides(tmp_path):

@@ -1,0 +1,202 @@
+"""PatternNet and PatternAttribution (Kindermans et al., ICLR 2018): signal patterns learned from data.
+
+For a linear layer y = W x (its bias left out) and each output unit j, the signal estimator S(x) = a_j y_j
+takes the pattern
+
+    a_j = cov[x, y_j] / (w_j^T cov[x, y_j])
+
+over all samples (the linear estimator S_a), or over the samples where y_j > 0 only (``relu``: the
+two-component estimator's positive regime S_a+-, the part a following ReLU passes; innvestigate's
+``relu`` patterns). For a convolution x is each output position's input patch, and the statistics pool
+positions and images; for a linear layer on tokens, tokens and images. The sums are the weight
+gradients of the layer for the output signals y and 1 (one vector-Jacobian product each), so any conv
+or dense layer the engine captures is fitted the same way, BatchNorm folded in.
+
+PatternNet's backward replaces W^T by A^T through every linear layer (it reconstructs the signal);
+PatternAttribution's by (W * A)^T (it attributes). ReLUs pass the gradient's mask, max pooling its
+winner, every other op its exact adjoint; maps start from one-hot.
+
+Patterns depend on the weights: a method fits them on its ``data`` (default: the images it explains,
+all of them together) and fits them again whenever a tensor of the model changes, so each stage of a
+parameter randomization is explained with patterns of its own model. (Sixt et al.'s code kept the
+trained patterns in the randomized models' backward pass.) :func:`attributions.fitting.fit_patterns` fits once for reuse,
+:class:`Patterns` saves them with the fingerprint of the weights they belong to.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attributions.derived import Derived
+from attributions.engines import RuleChain
+from attributions.errors import AttributionError
+from attributions.layers import OPS
+from attributions.rules import Rule
+
+ESTIMATORS = ("relu", "linear")
+FITTED_KINDS = ("dense", "conv")
+
+
+def fingerprint(model: nn.Module) -> str:
+    """sha256 of the model's parameters and buffers (names, shapes, values)."""
+    digest = hashlib.sha256()
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        digest.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+        digest.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class Patterns:
+    """Fitted patterns: {node name: A, shaped like the node's (folded) weight}, the ``estimator``, the number
+    of images ``n`` they were fitted on, what those images were (``source``) and the ``fingerprint`` of the
+    weights they belong to."""
+
+    patterns: dict[str, torch.Tensor]
+    estimator: str
+    n: int
+    source: str
+    fingerprint: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write to ``path`` atomically (a partial file never stands in for a finished one)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".partial")
+        torch.save({"patterns": self.patterns, "estimator": self.estimator, "n": self.n, "source": self.source,
+                    "fingerprint": self.fingerprint}, tmp)
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Patterns:
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            return cls(saved["patterns"], saved["estimator"], int(saved["n"]), saved["source"], saved["fingerprint"])
+        except (OSError, RuntimeError, KeyError, TypeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+            raise AttributionError(f"{path} is not a patterns file written by Patterns.save: {exc}") from None
+
+    def check(self, model: nn.Module) -> None:
+        """An error unless these patterns were fitted on ``model``'s current weights."""
+        if self.fingerprint and self.fingerprint != fingerprint(model):
+            raise AttributionError("these patterns were fitted on other weights than the model's (fingerprint "
+                                   f"{self.fingerprint[:12]}...); fit them again with fit_patterns(model, data), or pass "
+                                   "data= to the method so that it fits its own")
+
+
+def _statistics(op: Any, x: torch.Tensor, estimator: str, channel_axis: int) -> list[torch.Tensor]:
+    """[count (out,), sum of y (out,), sum of x (like W), sum of x y (like W)] over the samples where the
+    estimator looks (y > 0 for ``relu``), for inputs x of one linear node."""
+    w, _ = op.weights()
+    with torch.enable_grad():
+        y, pullback = torch.func.vjp(lambda weight: op.forward(x, weight), w)[:2]
+    mask = (y > 0).to(y.dtype) if estimator == "relu" else torch.ones_like(y)
+    axes = tuple(a for a in range(y.ndim) if a != channel_axis % y.ndim)
+    return [mask.sum(axes), (y * mask).sum(axes), pullback(mask)[0].detach(), pullback(y * mask)[0].detach()]
+
+
+def _pattern(stats: list[torch.Tensor], w: torch.Tensor) -> torch.Tensor:
+    """A = cov[x, y] / (w^T cov[x, y]) per output unit from the sums (0 where undefined)."""
+    n, sy, sx, sxy = stats
+    shape = (-1,) + (1,) * (w.ndim - 1)
+    count = n.clamp(min=1).reshape(shape)
+    cov = sxy / count - (sx / count) * (sy.reshape(shape) / count)
+    scale = (w * cov).sum(tuple(range(1, w.ndim)), keepdim=True)
+    ok = (scale != 0) & (n.reshape(shape) > 0)
+    return torch.where(ok, cov / torch.where(ok, scale, torch.ones_like(scale)), torch.zeros_like(cov))
+
+
+def fit_nodes(ex: Any, data: torch.Tensor, estimator: str, batch: int) -> dict[str, torch.Tensor]:
+    """{node: pattern} for every conv and dense node of the explainer's graph, from ``data`` in chunks."""
+    gradient = ex.sibling("gradient") if ex.method.name != "gradient" else ex
+    sums: dict[str, list[torch.Tensor]] = {}
+    ops: dict[str, Any] = {}
+    for start in range(0, len(data), batch):
+        chunk = data[start:start + batch]
+        values = gradient.forward_pass(chunk, reference=False).values
+        for node in gradient.graph.nodes:
+            if node.kind not in FITTED_KINDS:
+                continue
+            op = ops.setdefault(node.name, OPS[node.kind](node))
+            stats = _statistics(op, values[node.inputs[0]], estimator, 1 if node.kind == "conv" else -1)
+            sums[node.name] = stats if node.name not in sums else [a + b for a, b in zip(sums[node.name], stats)]
+    return {name: _pattern(stats, ops[name].weights()[0]) for name, stats in sums.items()}
+
+
+class PatternSource:
+    """The patterns a pattern method's rules read: given (checked against the model's weights), or fitted on
+    ``data`` or on the explained images, and fitted again when a model tensor (or those images) changes."""
+
+    def __init__(self, estimator: str = "relu", patterns: Patterns | None = None, data: torch.Tensor | None = None,
+                 batch: int = 64):
+        if estimator not in ESTIMATORS:
+            raise AttributionError(f"pattern estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
+        if patterns is not None and not isinstance(patterns, Patterns):
+            raise AttributionError(f"patterns must be a Patterns object (fit_patterns), got {type(patterns).__name__}")
+        self.estimator, self.given, self.data, self.batch = estimator, patterns, data, batch
+        self._fitted: Derived[dict[str, torch.Tensor]] = Derived()
+        self.current: dict[str, torch.Tensor] | None = None
+        self.fitted_on = "the explained images"
+
+    def prepare(self, ex: Any, x: torch.Tensor) -> None:
+        """Make the patterns for the explainer's model as it is now, fitted on ``data`` or on ``x`` (B, ...)."""
+        if self.given is not None:
+            self.given.check(ex.model)
+            self.current, self.fitted_on = self.given.patterns, self.given.source
+            return
+        data = self.data if self.data is not None else x
+        if self.data is not None:
+            self.fitted_on = f"{len(self.data)} given images"
+        model = ex.model
+        with torch.no_grad():
+            self.current = self._fitted.get([*model.parameters(), *model.buffers(), data],
+                                            lambda: fit_nodes(ex, data, self.estimator, self.batch),
+                                            key=(id(ex.graph), tuple(data.shape)))
+
+    def pattern(self, node: str) -> torch.Tensor:
+        if self.current is None or node not in self.current:
+            raise AttributionError(f"no pattern for node {node!r}: the method's patterns were not fitted for this "
+                                   "model (they are fitted when maps are computed)")
+        return self.current[node]
+
+
+class PatternRule(Rule):
+    """A linear layer's backward through its pattern: ``net``: s_in = A^T s (PatternNet), ``attribution``:
+    s_in = (W * A)^T s (PatternAttribution)."""
+
+    kinds = FITTED_KINDS
+    reads = ()
+
+    def __init__(self, source: PatternSource, mode: str = "attribution"):
+        if mode not in ("net", "attribution"):
+            raise AttributionError(f"pattern rule mode must be net or attribution, got {mode!r}")
+        self.source, self.mode = source, mode
+
+    def backward(self, ctx, signal):
+        a = self.source.pattern(ctx.node.name).to(signal.dtype)
+        w, _ = ctx.op.weights()
+        return [ctx.op.transpose(signal, a if self.mode == "net" else w * a, ctx.x.shape)]
+
+    def __repr__(self) -> str:
+        return f"PatternRule(mode={self.mode}, estimator={self.source.estimator})"
+
+
+class PatternChain(RuleChain):
+    """The rule chain of a pattern method: its patterns are made for the model as it is, on the whole batch,
+    before any chunk of it is explained."""
+
+    def __init__(self, source: PatternSource):
+        self.source = source
+
+    def prepare(self, ex, x):
+        self.source.prepare(ex, x)
+
+    def __repr__(self) -> str:
+        return f"PatternChain(estimator={self.source.estimator})"

@@ -1,0 +1,94 @@
+"""PatternNet / PatternAttribution: Kindermans et al.'s signal-and-distractor example, the conv statistics
+against explicit patches, refitting when the weights change, saved patterns bound to their weights."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attributions import Explainer
+from attributions.errors import AttributionError
+from attributions.fitting import fit_patterns
+from attributions.patterns import Patterns
+
+
+def _signal_and_distractor(n: int = 20000):
+    """x = a_s s + a_d d (Kindermans et al. 2018, section 2): a_s = (1, 0), a_d = (1, 1); the model that
+    recovers the signal, y = w^T x = s, needs w orthogonal to a_d: w = (1, -1)."""
+    gen = torch.Generator().manual_seed(0)
+    s, d = torch.randn(n, 1, generator=gen, dtype=torch.float64), torch.randn(n, 1, generator=gen, dtype=torch.float64)
+    x = s * torch.tensor([[1.0, 0.0]], dtype=torch.float64) + d * torch.tensor([[1.0, 1.0]], dtype=torch.float64)
+    model = nn.Linear(2, 1, bias=False).double()
+    model.weight.data = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    return model, x, s
+
+
+def test_the_linear_pattern_recovers_the_signal_direction_and_the_gradient_does_not():
+    model, x, s = _signal_and_distractor()
+    torch.testing.assert_close(model(x), s)  # the model extracts the signal exactly
+    patterns = fit_patterns(model, x, estimator="linear", source="synthetic")
+    (a,) = patterns.patterns.values()
+    torch.testing.assert_close(a, torch.tensor([[1.0, 0.0]], dtype=torch.float64), atol=0.03, rtol=0)  # a_s
+    probe = x[:3]
+    gradient = Explainer(model, "gradient").attribute(probe, target=0)
+    torch.testing.assert_close(gradient, torch.tensor([[1.0, -1.0]] * 3, dtype=torch.float64))  # the filter, not a_s
+    net = Explainer(model, "patternnet", estimator="linear", data=x).attribute(probe, target=0)
+    torch.testing.assert_close(net, a.expand(3, 2))
+    attribution = Explainer(model, "patternattribution", estimator="linear", patterns=patterns).attribute(probe, target=0)
+    torch.testing.assert_close(attribution, (model.weight * a).expand(3, 2))  # w * a = (1, 0): the signal's input
+
+
+def test_conv_statistics_pool_patches_as_the_formula_over_unfolded_inputs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 36, 4)).double().eval()
+    x = torch.randn(5, 2, 6, 6, dtype=torch.float64)
+    fitted = fit_patterns(model, x, estimator="relu", batch=2).patterns  # statistics summed over chunks
+    conv = model[0]
+    patches = F.unfold(x, 3, padding=1).transpose(1, 2).reshape(-1, 18)  # (images x positions, inputs)
+    w = conv.weight.reshape(3, -1)
+    y = patches @ w.T  # the linear part, bias left out
+    expected = []
+    for j in range(3):
+        keep = y[:, j] > 0
+        xs, ys = patches[keep], y[keep, j]
+        cov = (xs * ys[:, None]).mean(0) - xs.mean(0) * ys.mean()
+        expected.append(cov / (w[j] @ cov))
+    torch.testing.assert_close(fitted["0"], torch.stack(expected).reshape(conv.weight.shape))
+    assert set(fitted) == {"0", "3"}  # every conv and dense layer
+
+
+def test_patterns_are_refitted_when_the_weights_change_and_saved_ones_are_bound_to_theirs(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                          nn.Linear(4 * 16, 3)).double().eval()
+    x = torch.rand(6, 1, 8, 8, dtype=torch.float64)
+    ex = Explainer(model, "patternattribution")
+    before = ex.attribute(x, target=1)
+    saved = fit_patterns(model, x).save(tmp_path / "p.pt")
+    with torch.no_grad():  # a randomization stage, in place
+        model[4].weight.normal_()
+    after = ex.attribute(x, target=1)
+    torch.testing.assert_close(after, Explainer(model, "patternattribution").attribute(x, target=1), rtol=0, atol=0)
+    assert not torch.allclose(before, after)
+    with pytest.raises(AttributionError, match="fitted on other weights"):
+        Explainer(model, "patternattribution", patterns=Patterns.load(saved)).attribute(x, target=1)
+    refit = fit_patterns(model, x, source="the six probe images")
+    loaded = Patterns.load(refit.save(tmp_path / "q.pt"))
+    assert loaded.source == "the six probe images" and loaded.n == 6 and loaded.estimator == "relu"
+    torch.testing.assert_close(Explainer(model, "patternattribution", patterns=loaded).attribute(x, target=1), after,
+                               rtol=0, atol=0)
+    (tmp_path / "broken.pt").write_bytes(b"not a tensor file")
+    with pytest.raises(AttributionError, match="not a patterns file"):
+        Patterns.load(tmp_path / "broken.pt")
+    with pytest.raises(AttributionError, match="estimator"):
+        Explainer(model, "patternnet", estimator="quadratic")
+
+
+def test_chunked_maps_use_the_patterns_of_the_whole_batch(monkeypatch):
+    from attributions import memory
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 64, 3)).double().eval()
+    x = torch.rand(6, 1, 8, 8, dtype=torch.float64)
+    whole = Explainer(model, "patternnet").attribute(x, target=0)
+    monkeypatch.setattr(memory, "fitting", lambda n, *args, **kwargs: 2)  # two images per pass
+    torch.testing.assert_close(Explainer(model, "patternnet").attribute(x, target=0), whole)

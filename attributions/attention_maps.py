@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from attributions.anatomy import TokenLayout, attention_nodes, token_layout
-from attributions.cam import UPSAMPLING, target_signals, upsampled
+from attributions.cam import UPSAMPLING, PerGraph, target_signals, upsampled
 from attributions.engines import Engine
 from attributions.errors import AttributionError
 
@@ -59,14 +59,8 @@ def _row(joint: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     return row[..., layout.prefix:].reshape(*row.shape[:-1], 1, *layout.grid)
 
 
-def _attention(ex, x: torch.Tensor) -> tuple[list[str], dict, TokenLayout]:
-    """The attention nodes of the explainer's model and a plain forward pass's values on ``x``."""
-    gradient = ex.sibling("gradient")
-    values = gradient.forward_pass(x, reference=False).values
-    return _located(gradient.graph, values, x)
-
-
-def _located(graph, values: dict, x: torch.Tensor) -> tuple[list[str], dict, TokenLayout]:
+def _located(graph, values: dict, ndim: int) -> tuple[list[str], TokenLayout]:
+    """(the attention nodes in forward order, the token layout) of a graph, from one forward pass's values."""
     nodes = attention_nodes(graph, values)
     if not nodes:
         raise AttributionError("the model has no attention layer (softmax weights of shape (B, heads, T, T) that "
@@ -75,17 +69,21 @@ def _located(graph, values: dict, x: torch.Tensor) -> tuple[list[str], dict, Tok
     if len(sizes) > 1:
         raise AttributionError(f"the attention layers attend over different numbers of tokens ({sorted(sizes)}): "
                                "a multi-scale or multi-branch transformer has no single token map to roll out")
-    return nodes, values, token_layout(graph, values, sizes.pop(), x.ndim)
+    return nodes, token_layout(graph, values, sizes.pop(), ndim)
 
 
 class _OnAttention(Engine):
-    """An engine that reads the attention layers: it fits the models that have them over the patch grid."""
+    """An engine that reads the attention layers: it fits the models that have them over the patch grid,
+    which it finds once per traced graph."""
 
     chunked = True
 
+    def __init__(self) -> None:
+        self._attention = PerGraph(_located)
+
     def fits(self, ex, x):
         try:
-            _attention(ex, x[:1])
+            self._attention.get(ex, x)
         except AttributionError as exc:
             return str(exc)
         return None
@@ -109,6 +107,7 @@ class AttentionFlow(_OnAttention):
             raise AttributionError(f"discard_ratio must lie in [0, 1), got {discard_ratio}")
         if upsample not in UPSAMPLING:
             raise AttributionError(f"upsample must be one of {', '.join(UPSAMPLING)}, got {upsample!r}")
+        super().__init__()
         self.weighting, self.accumulate, self.fusion = weighting, accumulate, fusion
         self.discard_ratio, self.upsample = discard_ratio, upsample
 
@@ -119,15 +118,13 @@ class AttentionFlow(_OnAttention):
         et al.'s transformer attribution's I + mean_h[(grad A * R_A)+] with R_A the LRP relevance at the
         weights. All are non-negative, so a backward pass through them is a product of non-negative matrices."""
         k = len(targets)
+        _, (nodes, layout) = self._attention.get(ex, x)
         if self.weighting == "attention":  # the same for every target
-            nodes, values, layout = _attention(ex, x)
+            values = ex.sibling("gradient").forward_pass(x, reference=False).values
             blocks = [_fuse(values[n], self.fusion)[None].expand(k, -1, -1, -1) for n in nodes]
         else:
-            gradient = ex.sibling("gradient")
-            probe = gradient.forward_pass(x[:1], reference=False)
-            nodes, _, _ = _located(gradient.graph, probe.values, x[:1])
             forward, grads = target_signals(ex, x, targets, set(nodes))
-            nodes, values, layout = _located(gradient.graph, forward.values, x)
+            values = forward.values
             if self.weighting == "relevance":  # the LRP relevance that reaches each block's weights
                 values = target_signals(ex, x, targets, set(nodes), RELEVANCE_METHOD)[1]
             blocks = [_fuse((grads[n] * values[n]).clamp(min=0), self.fusion) for n in nodes]
@@ -158,16 +155,15 @@ class AttentionGradCam(_OnAttention):
     def __init__(self, upsample: str = "bilinear"):
         if upsample not in UPSAMPLING:
             raise AttributionError(f"upsample must be one of {', '.join(UPSAMPLING)}, got {upsample!r}")
+        super().__init__()
         self.upsample = upsample
 
     def maps(self, ex, x, targets, envs=None, **kwargs):
-        gradient = ex.sibling("gradient")
-        probe = gradient.forward_pass(x[:1], reference=False)
-        last = _located(gradient.graph, probe.values, x[:1])[0][-1]
+        _, (nodes, layout) = self._attention.get(ex, x)
+        last = nodes[-1]
         forward, grads = target_signals(ex, x, targets, {last})
-        _, values, layout = _located(gradient.graph, forward.values, x)
         with torch.no_grad():
-            a, g = _row(values[last][None], layout), _row(grads[last], layout)  # (K, B, heads, 1, *grid)
+            a, g = _row(forward.values[last][None], layout), _row(grads[last], layout)  # (K, B, heads, 1, *grid)
             weights = g.mean(tuple(range(4, g.ndim)), keepdim=True)
             cam = (a * weights).mean(2).clamp(min=0)  # (K, B, 1, *grid)
             return upsampled(cam, x, self.upsample).clone()

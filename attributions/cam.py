@@ -75,6 +75,25 @@ def upsampled(maps: torch.Tensor, x: torch.Tensor, upsample: str, normalise: str
     return flat.reshape(k, b, 1, *x.shape[2:]).expand(k, b, *x.shape[1:])
 
 
+class PerGraph:
+    """What an engine finds in a model once per traced graph, from one image's forward pass:
+    ``find(graph, values, ndim)``, its answer kept with the graph (shapes, not values, decide it)."""
+
+    def __init__(self, find: Any):
+        self.find = find
+        self._found: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get(self, ex: Any, x: torch.Tensor) -> tuple[Any, Any]:
+        """(the explainer's graph for inputs like ``x`` (B, ...), what ``find`` found in it)."""
+        graph = ex.graph if ex.graph is not None and ex.graph.accepts(x.shape) else None
+        if graph is None or graph not in self._found:
+            gradient = ex.sibling("gradient")
+            values = gradient.forward_pass(x[:1], reference=False).values
+            graph = gradient.graph
+            self._found[graph] = self.find(graph, values, x.ndim)
+        return graph, self._found[graph]
+
+
 class GradCam(Engine):
     """Grad-CAM maps (K, B, ...) for K targets; ``guided``: Guided Grad-CAM (guided backprop x the map);
     ``tokens``: the layer holds tokens (B, T, D) of a vision transformer, laid out on the patch grid first
@@ -91,22 +110,16 @@ class GradCam(Engine):
             raise AttributionError(f"Grad-CAM normalise must be one of {', '.join(NORMALISATIONS)}, got {normalise!r}")
         self.layer, self.relu, self.upsample, self.normalise = layer, relu, upsample, normalise
         self.guided, self.tokens = guided, tokens
-        self._layers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # {graph: the node weighed}
+        find = token_node if tokens else cam_layer
+        self._layers = PerGraph(lambda graph, values, ndim: find(graph, values, layer, ndim))  # the node weighed
 
     def layer_of(self, ex: Any, x: torch.Tensor) -> str:
         """The node this engine weighs on the explainer's model for inputs like ``x`` (B, ...)."""
         return self._locate(ex, x)[1]
 
     def _locate(self, ex: Any, x: torch.Tensor) -> tuple[Any, str]:
-        """(the graph for inputs like ``x``, the node weighed in it), found once per traced graph, on one image."""
-        graph = ex.graph if ex.graph is not None and ex.graph.accepts(x.shape) else None
-        if graph is None or graph not in self._layers:
-            gradient = ex.sibling("gradient")
-            forward = gradient.forward_pass(x[:1], reference=False)
-            graph = gradient.graph
-            find = token_node if self.tokens else cam_layer
-            self._layers[graph] = find(graph, forward.values, self.layer, x.ndim)
-        return graph, self._layers[graph]
+        """(the graph for inputs like ``x``, the node weighed in it)."""
+        return self._layers.get(ex, x)
 
     def fits(self, ex: Any, x: torch.Tensor) -> str | None:
         try:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from attributions.errors import AttributionError
+from attributions.records import Move
 
 # kinds whose output keeps the axes of their signal inputs (element-wise maps, normalisations, sums)
 _KEEPING = ("relu", "leaky_relu", "activation", "affine", "norm", "add", "product")
@@ -57,12 +58,12 @@ def feature_maps(graph: Any, values: dict, ndim: int, positions: int = 2) -> lis
         found = None
         if node.kind in ("conv", "maxpool", "avgpool"):
             found = canonical
-        elif node.kind in _KEEPING or (node.kind == "mix" and node.params.get("elementwise")):
+        elif node.kind in _KEEPING or node.is_elementwise_mix:
             found = same
         elif node.kind == "dense":
             found = same if same is not None and same[-1] == 1 else None
         elif node.kind == "move" and same is not None:
-            if node.params.get("identity") or node.params.get("cat"):
+            if node.is_identity or (isinstance(node.record, Move) and node.record.cat):
                 found = same
             elif len(node.inputs) == 1:
                 p = _permutation(node, values)

@@ -15,24 +15,29 @@ from typing import Any
 import torch
 
 from attributions.errors import AttributionError
+from attributions.records import Mix, Move, Product, Record, Softmax
 
 SDPA_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
-# A node description for the graph builder: (suffix, kind, inputs, run, params). Every node marks its
+# A node description for the graph builder: (suffix, kind, inputs, run, record). Every node marks its
 # value's last axis as the channel axis (``tokens``): per head and token, a vector of the head's width.
-Spec = tuple[str, str, tuple[str, ...], Callable[[dict, dict], Any], dict]
+Spec = tuple[str, str, tuple[str, ...], Callable[[dict, dict], Any], Record]
 
 
 def _value(env: dict, replace: dict, name: str) -> Any:
     return replace[name] if name in replace else env[name]
 
 
-def _product(a: str, b: str, function: Callable[[Any, Any], Any]) -> tuple[Callable[[dict, dict], Any], dict]:
-    """The run function and parameters of a product node computing ``function(a, b)``."""
+def _product(a: str, b: str, function: Callable[[Any, Any], Any], signal: set[str]) -> tuple[
+        str, Callable[[dict, dict], Any], Record]:
+    """The kind, run function and record of a node computing ``function(a, b)``: a product of two signals,
+    or a linear mix when one of them is constant."""
     def run(env, replace):
         return function(_value(env, replace, a), _value(env, replace, b))
 
-    return run, {"pair": lambda env, x, y: function(x, y), "operands": [a, b], "quotient": False}
+    if a in signal and b in signal:
+        return "product", run, Product((a, b), lambda env, x, y: function(x, y))
+    return "mix", run, Mix()
 
 
 def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, signal: set[str],
@@ -40,23 +45,18 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
     """softmax(q k^T * scale + mask) v over the last two dims, as primitive nodes (the last one is the
     output); ``mask`` names a constant: added when floating, else where False the score is -inf."""
     specs: list[Spec] = []
-
-    def mul_kind(a: str, b: str) -> str:
-        return "product" if a in signal and b in signal else "mix"
-
     kt = f"{prefix}.key_t"
-    specs.append(("key_t", "move", (k,), lambda env, r: _value(env, r, k).transpose(-2, -1), {}))
+    specs.append(("key_t", "move", (k,), lambda env, r: _value(env, r, k).transpose(-2, -1), Move()))
     signal = signal | {kt}
-    run, params = _product(q, kt, torch.matmul)
-    specs.append(("scores", mul_kind(q, kt), tuple(n for n in (q, kt) if n in signal), run,
-                  params if mul_kind(q, kt) == "product" else {}))
+    kind, run, record = _product(q, kt, torch.matmul, signal)
+    specs.append(("scores", kind, tuple(n for n in (q, kt) if n in signal), run, record))
     scores, scaled, weights = f"{prefix}.scores", f"{prefix}.scaled", f"{prefix}.weights"
 
     def scale_scores(env, r):
         s = _value(env, r, scores)
         return s * (scale if scale is not None else _value(env, r, q).shape[-1] ** -0.5)
 
-    specs.append(("scaled", "mix", (scores,), scale_scores, {"elementwise": True}))
+    specs.append(("scaled", "mix", (scores,), scale_scores, Mix(elementwise=True)))
     if mask is not None:
         masked = f"{prefix}.masked"
 
@@ -64,15 +64,14 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
             s, m = _value(env, r, source), env[mask]
             return s + m if m.is_floating_point() else s.masked_fill(~m, float("-inf"))
 
-        specs.append(("masked", "mix", (scaled,), apply_mask, {"elementwise": True}))
+        specs.append(("masked", "mix", (scaled,), apply_mask, Mix(elementwise=True)))
         signal = signal | {scaled}
         scaled = masked
     specs.append(("weights", "softmax", (scaled,), lambda env, r: torch.softmax(_value(env, r, scaled), dim=-1),
-                  {"dim": -1}))
+                  Softmax(-1)))
     signal = signal | {scores, scaled, weights}
-    run, params = _product(weights, v, torch.matmul)
-    specs.append(("context", mul_kind(weights, v), tuple(n for n in (weights, v) if n in signal), run,
-                  params if mul_kind(weights, v) == "product" else {}))
+    kind, run, record = _product(weights, v, torch.matmul, signal)
+    specs.append(("context", kind, tuple(n for n in (weights, v) if n in signal), run, record))
     return specs
 
 

@@ -22,6 +22,7 @@ from attributions.graph import LINEAR_KINDS, SIGNAL_KINDS, Graph, trace
 from attributions.layers import OPS, pool
 from attributions.liveness import Lean
 from attributions.methods import Method, build_method
+from attributions.records import Const
 from attributions.rules import Context, Rule, resolve
 
 # (an earlier forward pass's values, the names of the nodes whose values may be taken from it)
@@ -31,7 +32,7 @@ Reuse = tuple[dict, frozenset[str]]
 def _entries(node) -> tuple:
     """The keys under which a forward pass holds a node's values: its output, max pooling's winners,
     its recorded autograd graph, and the names of the folded BatchNorm calls that read its output."""
-    return (node.name, (node.name, "indices"), (node.name, "graph"), *node.params.get("folded", ()))
+    return (node.name, (node.name, "indices"), (node.name, "graph"), *node.folded)
 
 
 class Releasable(tuple):
@@ -124,7 +125,7 @@ class Explainer(Attribution):
         self._rules = self._rule_table(self._overrides) if self.method.chain else {}
         # nodes whose rule reads the node's own gradient: the forward pass records their autograd graph
         self.recorded = frozenset(n.name for n in graph.nodes if n.name in self._rules and self._rules[n.name].records
-                                  and not (n.params.get("identity") or n.params.get("reshape")))
+                                  and not (n.is_identity or n.is_reshape))
         self._plans = {}
 
     def _graph_for(self, x: torch.Tensor) -> None:
@@ -278,13 +279,13 @@ class Explainer(Attribution):
                 env[node.name] = out
             else:
                 env[node.name] = self._eval(node, env)
-            for alias in node.params.get("folded", ()):  # calls traced to read a folded BatchNorm's output
+            for alias in node.folded:  # calls traced to read a folded BatchNorm's output
                 env[alias] = env[node.name]
             for name in lean.free.get(position, ()) if lean is not None else ():
                 value = env[name]
                 if isinstance(value, torch.Tensor) and not memory.is_small(value):
                     stand_in = memory.stand_in(value)
-                    for key in (name, *self._g.by_name[name].params.get("folded", ())):
+                    for key in (name, *self._g.by_name[name].folded):
                         env[key] = stand_in
         return env
 
@@ -297,7 +298,7 @@ class Explainer(Attribution):
         if kind == "relu":
             return F.relu(env[node.inputs[0]])
         if kind == "leaky_relu":
-            return F.leaky_relu(env[node.inputs[0]], node.params["negative_slope"])
+            return F.leaky_relu(env[node.inputs[0]], node.record.negative_slope)
         if kind == "maxpool":  # the winners are kept for the backward pass
             out, env[(node.name, "indices")] = pool(node, env[node.inputs[0]], return_indices=True)
             return out
@@ -393,7 +394,8 @@ class Explainer(Attribution):
         """The forward pass of the reference input (1, ...): it depends on the model's tensors only, so it
         is kept until one of them changes (:mod:`attributions.derived`)."""
         graph = self._g
-        consts = [v for n in graph.nodes if "attribute" in n.params for v in [n.evaluate({})]
+        consts = [v for n in graph.nodes if isinstance(n.record, Const) and n.record.attribute is not None
+                  for v in [n.evaluate({})]
                   if isinstance(v, torch.Tensor)]
         sources = [*self.model.parameters(), *self.model.buffers(), *consts]
         return self._reference.get(sources, lambda: self._run(self.baseline_like(x)),

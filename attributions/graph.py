@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import torch
@@ -32,6 +32,7 @@ from torch import nn
 from attributions import attention
 from attributions.capture import Capture, capture, is_view
 from attributions.errors import AttributionError
+from attributions.records import Activation, Const, LeakyReLU, Mix, Move, Norm, Product, Record, Reduce, Softmax, check, default
 
 # Kinds whose output is linear in the input (plus a bias), with weights: the layers LRP rules act on.
 LINEAR_KINDS = ("dense", "conv", "affine", "avgpool")
@@ -47,7 +48,11 @@ class Node:
 
     ``inputs`` names the signal-carrying nodes it reads (in argument order, each once); ``run(env,
     replace)`` computes its value from the values of all nodes it reads, with ``replace`` overriding
-    some of them (the backward passes of the generic rules differentiate through it).
+    some of them (the backward passes of the generic rules differentiate through it). ``record`` is
+    what its kind records about the op (:mod:`attributions.records`: a softmax's axis, a product's
+    operands); ``reads`` the constant nodes it reads (parameters, masks); ``folded`` the BatchNorm
+    nodes folded into it, whose value it now computes; ``tokens``: its value's last axis is the
+    channel axis (attention's nodes: per head and token, a vector of the head's width).
     """
 
     name: str
@@ -56,10 +61,31 @@ class Node:
     module: Any = None  # a Layer (conv, dense, affine) or a pooling module (maxpool, avgpool)
     bn: Any = None  # the Layer of an eval-mode BatchNorm folded after this conv / linear
     run: Callable[..., Any] | None = None
-    params: dict = field(default_factory=dict)
+    record: Record | None = None  # None: the kind's default record
+    reads: tuple[str, ...] = ()
+    folded: tuple[str, ...] = ()
+    tokens: bool = False
     # inputs renamed by BatchNorm folding: {name the traced call reads: node that now computes it}
     aliases: dict[str, str] = field(default_factory=dict)
     path: str = ""  # the module the op ran in ("" for the model's own forward), as named in the model
+
+    def __post_init__(self) -> None:
+        if self.record is None:
+            self.record = default(self.kind)
+        check(self.name, self.kind, self.record)
+
+    @property
+    def is_identity(self) -> bool:
+        """Whether the node passes its value on unchanged (dropout in eval, an alias)."""
+        return isinstance(self.record, Move) and self.record.identity
+
+    @property
+    def is_reshape(self) -> bool:
+        return isinstance(self.record, Move) and self.record.reshape
+
+    @property
+    def is_elementwise_mix(self) -> bool:
+        return isinstance(self.record, Mix) and self.record.elementwise
 
     def evaluate(self, env: dict, replace: dict | None = None) -> Any:
         """The node's value from ``env`` (and ``replace``, which wins over it)."""
@@ -137,8 +163,9 @@ class Graph:
         sources: dict[str, frozenset[str]] = {}  # a constant node: the model tensors it is computed from
         first: dict[str, int] = {}
         for k, node in enumerate(self.nodes):
-            names = {node.params["attribute"]} if "attribute" in node.params else set()
-            for r in node.params.get("reads", ()):
+            attribute = node.record.attribute if isinstance(node.record, Const) else None
+            names = {attribute} if attribute is not None else set()
+            for r in node.reads:
                 names |= sources.get(r, frozenset())
             if node.kind not in SIGNAL_KINDS:
                 sources[node.name] = frozenset(names)
@@ -223,7 +250,7 @@ _ELEMENTWISE = {"add", "sub", "rsub", "neg", "mul", "div", "masked_fill", "where
 # ops that make a tensor from a signal's shape, dtype or device only: constants of the backward pass
 _SHAPE_ONLY = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "zeros_like", "ones_like", "full_like",
                "empty_like", "rand_like", "randn_like", "scalar_tensor"}
-# nonlinear reductions of one signal over some of its axes (``params["dims"]``, None for all)
+# nonlinear reductions of one signal over some of its axes (a Reduce record's dims, None for all)
 _REDUCTIONS = {"linalg_vector_norm": 2, "norm": 2, "amax": 1, "amin": 1, "max": 1, "min": 1, "logsumexp": 1}
 # higher-order ops whose subgraph is built inline: where its submodule sits among the arguments
 _REGIONS = {"wrap_with_autocast": 4, "wrap_with_set_grad_enabled": 1}
@@ -334,9 +361,9 @@ class _Builder:
         self.names: dict[torch.fx.Node, str] = {}
         self.signal: set[str] = set()
         self.taken: dict[str, int] = {}
-        # split-like ops and max / min along an axis, fused into their getitems: (run, signals, params of
+        # split-like ops and max / min along an axis, fused into their getitems: (run, signals, record of
         # the floating piece: None for a move, a reduction's otherwise)
-        self.tuples: dict[torch.fx.Node, tuple[Callable, tuple[str, ...], dict | None]] = {}
+        self.tuples: dict[torch.fx.Node, tuple[Callable, tuple[str, ...], Reduce | None]] = {}
         self.by_name: dict[str, Node] = {}
         self.order: dict[torch.fx.Node, float] = {n: i for i, n in enumerate(captured.graph.nodes)}
         self.regions: dict[torch.fx.Node, list] = {}  # an inlined region's outputs, read by its getitems
@@ -373,7 +400,7 @@ class _Builder:
             n = stack.pop()
             if n not in need:
                 need.add(n)
-                stack += [*self.by_name[n].params.get("reads", ()), *self.writers.get(n, ())]
+                stack += [*self.by_name[n].reads, *self.writers.get(n, ())]
         env: dict = {}
         for node in self.nodes:
             if node.name in need:
@@ -433,7 +460,7 @@ class _Builder:
         get = self.c.value
         owner = source.target.rsplit(".", 1)[0] if source.kind != "constant" and "." in source.target else ""
         self.add(Node(name, "const", (), run=lambda env, replace, p=fx_node.name: get(p),
-                      params={"attribute": source.target}, path=owner), fx_node)
+                      record=Const(source.target), path=owner), fx_node)
 
     def call(self, fx_node: torch.fx.Node) -> None:
         target = fx_node.target
@@ -460,7 +487,7 @@ class _Builder:
             # constants are recomputed in order at every pass, so their in-place ops run as written: a mask
             # filled slice by slice (Swin's) is read through the tensor it was written into
             node = Node(name, kind, (), run=_runner(cast(Any, target), self.ref(fx_node.args), self.ref(fx_node.kwargs)),
-                        params={"reads": tuple(reads)})
+                        reads=tuple(reads))
             self.add(node, fx_node)
             if _in_place(target):  # a write (zero_, fill_...) into the tensor under the views it is made through
                 written = _under_views(fx_node.args[0])[1]
@@ -481,17 +508,19 @@ class _Builder:
                 self.write_through(fx_node, op, chain)
                 return
             self.check_out_of_place(fx_node)
-        kind, params, module = self.describe(fx_node, op, signals)
-        signals = params.pop("only", signals)
+        kind, record, module = self.describe(fx_node, op, signals)
+        first = fx_node.args[0] if fx_node.args else None
+        if op in _LIKE and isinstance(first, torch.fx.Node) and self.names.get(first) in self.signal:
+            signals = (self.names[first],)  # the other tensor gives only a shape or dtype
         name = self.unique(self.path_name(fx_node, op, kind))
         run = _runner(_functional(target), self.ref(fx_node.args), self.ref(fx_node.kwargs))
-        params["reads"] = tuple(r for r in reads if r not in self.signal)  # the constants it reads (parameters)
-        if params.get("identity"):
+        if isinstance(record, Move) and record.identity:
             source = signals[0]
 
             def run(env: dict, replace: dict) -> Any:
                 return replace.get(source, env[source])
-        self.add(Node(name, kind, signals, module=module, run=run, params=params), fx_node)
+        constants = tuple(r for r in reads if r not in self.signal)  # the constants it reads (parameters)
+        self.add(Node(name, kind, signals, module=module, run=run, record=record, reads=constants), fx_node)
 
     def check_out_of_place(self, fx_node: torch.fx.Node) -> None:
         """An in-place op on a signal is computed out of place: refused when a later op reads the
@@ -573,13 +602,13 @@ class _Builder:
         name = self.unique(self.path_name(fx_node, op, None))
         reads = [self.names[a] for a in fx_node.all_input_nodes if a in self.names and self.names[a] not in self.signal]
         inputs = tuple(dict.fromkeys([self.names[base], *others]))
-        params: dict[str, Any] = {"reads": tuple(reads)} | ({"function": op} if kind == "activation" else {})
-        self.add(Node(name, kind, inputs, run=run, params=params, path=self.c.module_path(fx_node)))
+        record = Activation(op) if kind == "activation" else default(kind)
+        self.add(Node(name, kind, inputs, run=run, record=record, reads=tuple(reads), path=self.c.module_path(fx_node)))
         self.names[base] = name  # later readers of the tensor see it written
 
         def view(env: dict, replace: dict) -> Any:  # the op's own result: the view, as written
             return _through(_resolve(_Ref(name), env, replace), steps, env, replace)
-        self.add(Node(self.unique(f"{name}.view"), "move", (name,), run=view, params={"reads": tuple(reads)}), fx_node)
+        self.add(Node(self.unique(f"{name}.view"), "move", (name,), run=view, reads=tuple(reads)), fx_node)
 
     def path_name(self, fx_node: torch.fx.Node, op: str, kind: str | None) -> str:
         path = self.c.module_path(fx_node)
@@ -593,14 +622,15 @@ class _Builder:
         run, signals, reduction = self.tuples[parent]
         index: Any = fx_node.args[1]
         val = fx_node.meta.get("val")
+        record: Record
         if not (isinstance(val, torch.Tensor) and val.is_floating_point()):  # max's indices: held constant
-            kind, params = "const", {"reads": signals}
+            kind, record = "const", Const()
         else:
-            kind, params = ("move", {}) if reduction is None else ("reduce", dict(reduction))
+            kind, record = ("move", Move()) if reduction is None else ("reduce", reduction)
         op = "getitem" if reduction is None else _op_name(parent.target)
         name = self.unique(self.path_name(fx_node, op, None))
         self.add(Node(name, kind, signals if kind != "const" else (), run=lambda env, replace: run(env, replace)[index],
-                      params=params), fx_node)
+                      record=record, reads=signals if kind == "const" else ()), fx_node)
 
     def attention(self, fx_node: torch.fx.Node) -> None:
         name = self.unique(self.path_name(fx_node, "attention", None))
@@ -614,16 +644,16 @@ class _Builder:
         bound = {k: (v if not isinstance(v, torch.fx.Node) else _Ref(self.names[v])) for k, v in bound.items()}
         specs = attention.sdpa_specs(name, bound, operands, self.signal)
         order = _layout(fx_node.meta.get("val"))
-        for i, (suffix, kind, inputs, run, params) in enumerate(specs):
+        for i, (suffix, kind, inputs, run, record) in enumerate(specs):
             own = name if i == len(specs) - 1 else f"{name}.{suffix}"
             if own == name and order is not None:  # a view the model takes later may rely on the layout
                 run = (lambda run: lambda env, replace: _laid_out(run(env, replace), order))(run)
             self.taken[own] = self.taken.get(own, 0) + 1
-            self.add(Node(own, kind, inputs, run=run, params={**params, "tokens": True}, path=self.c.module_path(fx_node)))
+            self.add(Node(own, kind, inputs, run=run, record=record, tokens=True, path=self.c.module_path(fx_node)))
         self.names[fx_node] = name
 
-    def describe(self, fx_node: torch.fx.Node, op: str, signals: tuple[str, ...]) -> tuple[str, dict, Any]:
-        """(kind, params, module) of an op on signals; a clear error for an op without a rule."""
+    def describe(self, fx_node: torch.fx.Node, op: str, signals: tuple[str, ...]) -> tuple[str, Record, Any]:
+        """(kind, record, module) of an op on signals; a clear error for an op without a rule."""
         args: Any = fx_node.args
         kwargs: Any = fx_node.kwargs
         slots = self.slots(args)
@@ -633,31 +663,32 @@ class _Builder:
                                                                                        kwargs.get("transposed")))
         if transposed and on_signal[0] and not any(on_signal[1:]):
             # linear in the signal: exact adjoints, and LRP's z rule (its weights are not split by sign)
-            return "mix", {}, None
+            return "mix", Mix(), None
         if op in ("conv2d", "conv1d", "convolution", "linear") and on_signal[0] and not any(on_signal[1:]):
-            return ("dense" if op == "linear" else "conv"), {}, self.layer(fx_node, op)
+            kind = "dense" if op == "linear" else "conv"
+            return kind, default(kind), self.layer(fx_node, op)
         if op == "batch_norm" and on_signal[0] and not any(on_signal[1:]):
             training = args[5] if len(args) > 5 else kwargs.get("training", False)
             if not training and args[3] is not None and args[4] is not None:
-                return "affine", {}, self.layer(fx_node, op)
-            return "norm", {"norm": self.norm_spec(fx_node, "batch")}, None
+                return "affine", default("affine"), self.layer(fx_node, op)
+            return "norm", self.norm_spec(fx_node, "batch"), None
         if op in ("layer_norm", "group_norm") and on_signal[0] and not any(on_signal[1:]):
-            return "norm", {"norm": self.norm_spec(fx_node, op.split("_")[0])}, None
+            return "norm", self.norm_spec(fx_node, op.split("_")[0]), None
         if op == "relu" and len(signals) == 1:
-            return "relu", {}, None
+            return "relu", default("relu"), None
         if op == "leaky_relu" and len(signals) == 1:
-            return "leaky_relu", {"negative_slope": float(args[1] if len(args) > 1 else kwargs.get("negative_slope", 0.01))}, None
+            return "leaky_relu", LeakyReLU(float(args[1] if len(args) > 1 else kwargs.get("negative_slope", 0.01))), None
         if op in _POOLS and len(signals) == 1:
-            return _POOLS[op], {}, _pool_module(fx_node, op, where)
+            return _POOLS[op], default(_POOLS[op]), _pool_module(fx_node, op, where)
         if op in ("softmax", "_softmax") and len(signals) == 1:
-            return "softmax", {"dim": int(args[1])}, None
+            return "softmax", Softmax(int(args[1])), None
         if op == "add" and len(signals) == 2 and sum(on_signal) == 2 and args[0] is not args[1] \
                 and kwargs.get("alpha", 1) == 1 and _same_shape(args[0], args[1], fx_node):
-            return "add", {}, None  # a residual sum (a broadcasting one is a linear mix)
+            return "add", default("add"), None  # a residual sum (a broadcasting one is a linear mix)
         if op in _PRODUCTS and len(slots) >= 2:
             if len(slots) != 2:
                 raise AttributionError(f"{where}: a product of {len(slots)} signal operands is not supported")
-            operands = [self.names[_at(args, slot)] for slot in slots]
+            operands = cast(tuple[str, str], tuple(self.names[_at(args, slot)] for slot in slots))
             function = _functional(fx_node.target)
             ref_args = self.ref(args)
             ref_kwargs = self.ref(kwargs)
@@ -667,31 +698,26 @@ class _Builder:
                 for slot, operand in zip(slots, (a, b)):
                     values = _put(values, slot, operand)
                 return function(*values, **_resolve(ref_kwargs, env, {}))
-            return "product", {"quotient": op == "div", "pair": pair, "operands": operands}, None
+            return "product", Product(operands, pair, quotient=op == "div"), None
         if op == "div" and on_signal == [False, True]:
-            return "activation", {"function": "div"}, None  # c / x: element-wise nonlinear
+            return "activation", Activation("div"), None  # c / x: element-wise nonlinear
         if op == "pow" and len(signals) == 1:
-            return "activation", {"function": "pow"}, None
+            return "activation", Activation("pow"), None
         if op in _ACTIVATIONS and len(signals) == 1:
-            return "activation", {"function": op}, None
-        if op in _LIKE and on_signal[0]:  # the other tensor gives only a shape or dtype
-            return "move", {"reshape": op in ("reshape_as", "view_as"), "only": (self.names[args[0]],)}, None
+            return "activation", Activation(op), None
+        if op in _LIKE and on_signal[0]:  # the other tensor gives only a shape or dtype (the caller drops it)
+            return "move", Move(reshape=op in ("reshape_as", "view_as")), None
         if op in _MOVES and (len(signals) == 1 or op in ("cat", "concat", "stack")):
-            params: dict[str, Any] = {}
-            if op in _RESHAPES:
-                params["reshape"] = True
-            if op in _IDENTITIES:
-                params["identity"] = True
-            if op in ("cat", "concat", "stack"):
-                params["cat"] = True  # recorded by CSC, as a layer joining branches
-            return "move", params, None
+            # a concatenation is recorded by CSC, as a layer joining branches
+            return "move", Move(reshape=op in _RESHAPES, identity=op in _IDENTITIES,
+                                cat=op in ("cat", "concat", "stack")), None
         if op in _MIXES:
-            return "mix", {"elementwise": op in _ELEMENTWISE}, None
+            return "mix", Mix(elementwise=op in _ELEMENTWISE), None
         if op in ("addcmul", "addcdiv") and sum(on_signal[1:3]) <= 1 and not (op == "addcdiv" and on_signal[2]):
-            return "mix", {}, None  # self + value * t1 * t2 (or / t2) with one signal factor: linear
+            return "mix", Mix(), None  # self + value * t1 * t2 (or / t2) with one signal factor: linear
         elementwise = op in ("maximum", "minimum") or getattr(fx_node.target, "_overloadname", "") == "other"
         if elementwise and len(signals) == 1:
-            return "activation", {"function": op}, None  # against a constant
+            return "activation", Activation(op), None  # against a constant
         if op in _REDUCTIONS and not elementwise and len(signals) == 1 and on_signal[0]:
             return "reduce", _reduction(fx_node, op), None
         raise AttributionError(f"unsupported operation: {fx_node.target} on {len(signals)} signal(s) at node "
@@ -748,15 +774,14 @@ class _Builder:
             static = {"eps": float(bound.get("eps", 1e-5))}
         return Layer(getters, lambda: [live(p) for p in tensors], module, owner, **static)
 
-    def norm_spec(self, fx_node: torch.fx.Node, kind: str) -> dict:
+    def norm_spec(self, fx_node: torch.fx.Node, kind: str) -> Norm:
         names = {"layer": ("input", "normalized_shape", "weight", "bias", "eps"),
                  "group": ("input", "num_groups", "weight", "bias", "eps"),
                  "batch": ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")}
         bound: dict[str, Any] = dict(zip(names[kind], self.ref(fx_node.args))) | dict(self.ref(fx_node.kwargs))
         bound.pop("input", None)
-        bound["type"] = kind
         bound.setdefault("eps", 1e-5)
-        return bound
+        return Norm(kind, bound)
 
 
 def _layout(val: Any) -> tuple[int, ...] | None:
@@ -778,14 +803,14 @@ def _laid_out(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
     return t.permute(order).contiguous().permute(inverse)
 
 
-def _reduction(fx_node: torch.fx.Node, op: str) -> dict:
-    """A reduction's axes: ``{"dims": tuple, or None for all}``."""
+def _reduction(fx_node: torch.fx.Node, op: str) -> Reduce:
+    """A reduction's record: its axes, or None for all."""
     args: Any = fx_node.args
     position = _REDUCTIONS[op]  # where the axes sit among the arguments
     dims: Any = args[position] if len(args) > position else fx_node.kwargs.get("dim")
     if isinstance(dims, int):
         dims = (dims,)
-    return {"dims": tuple(int(d) for d in dims) if dims else None}
+    return Reduce(tuple(int(d) for d in dims) if dims else None)
 
 
 def _same_shape(*nodes: torch.fx.Node) -> bool:
@@ -839,13 +864,14 @@ def _pool_module(fx_node: torch.fx.Node, op: str, where: str) -> nn.Module:
 # --- graph passes: Graph nodes -> nodes, each with its own test -----------------------------------
 
 def mark_gates(nodes: list[Node]) -> list[Node]:
-    """For each product, which operands a gating function computed (``params["gates"]``)."""
+    """For each product, which operands a gating function computed (its record's ``gates``)."""
     by_name = {n.name: n for n in nodes}
     for node in nodes:
-        if node.kind == "product":
-            producers = [by_name[name] for name in node.params["operands"]]
-            node.params["gates"] = [p.kind == "softmax" or (p.kind == "activation" and p.params.get("function") in GATES)
-                                    for p in producers]
+        if isinstance(node.record, Product):
+            producers = [by_name[name] for name in node.record.operands]
+            gates = tuple(p.kind == "softmax" or (isinstance(p.record, Activation) and p.record.function in GATES)
+                          for p in producers)
+            node.record = replace(node.record, gates=cast(tuple[bool, bool], gates))
     return nodes
 
 
@@ -870,11 +896,12 @@ def _fold_batchnorm(graph: Graph) -> Graph:
             continue
         node.aliases.update({i: drop[i] for i in node.inputs if i in drop})
         node.inputs = tuple(drop.get(i, i) for i in node.inputs)
-        if "operands" in node.params:  # a product's operand names name its inputs too
-            node.params["operands"] = [drop.get(o, o) for o in node.params["operands"]]
+        if isinstance(node.record, Product):  # a product's operand names name its inputs too
+            operands = cast(tuple[str, str], tuple(drop.get(o, o) for o in node.record.operands))
+            node.record = replace(node.record, operands=operands)
         nodes.append(node)
     for bn_name, src_name in drop.items():  # the forward pass also stores the value under the BatchNorm's name
-        graph.by_name[src_name].params.setdefault("folded", []).append(bn_name)
+        graph.by_name[src_name].folded += (bn_name,)
     return Graph(nodes, drop.get(graph.output, graph.output), graph.shape, graph.dynamic_batch, graph.batch_sized)
 
 

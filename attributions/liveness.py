@@ -43,7 +43,7 @@ class Lean:
 
 
 def _cheap(node: Any) -> bool:
-    return node.kind in REMAT_KINDS or (node.kind == "mix" and bool(node.params.get("elementwise")))
+    return node.kind in REMAT_KINDS or node.is_elementwise_mix
 
 
 def plan(graph: Graph, rules: dict, keep: frozenset[str]) -> Lean:

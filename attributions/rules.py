@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
@@ -20,6 +20,9 @@ from torch.utils._pytree import tree_leaves, tree_map
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import LINEAR_KINDS
 from attributions.layers import LinearOp, per_dimension
+from attributions.records import LeakyReLU, Norm, Product, Record, Reduce, Softmax
+
+R = TypeVar("R", bound=Record)
 
 WEIGHTED_KINDS = ("dense", "conv", "affine")  # linear kinds with a weight tensor
 ACTIVATION_KINDS = ("relu", "leaky_relu", "activation")
@@ -336,7 +339,7 @@ class ReLUGradient(Rule):
     def backward(self, ctx, signal):
         if self.mode == "deconv":
             return [signal.clamp(min=0)]
-        slope = ctx.node.params.get("negative_slope", 0.0)
+        slope = ctx.node.record.negative_slope if isinstance(ctx.node.record, LeakyReLU) else 0.0
         # autograd's own ReLU kernel (one pass, broadcast over K) where the slope is 0
         out = (torch.ops.aten.threshold_backward(signal, ctx.x, 0) if slope == 0
                else torch.where(ctx.x > 0, signal, slope * signal))
@@ -569,13 +572,13 @@ class VJP(Rule):
     reads = ("inputs",)
 
     def reads_for(self, node):
-        linear = node.kind in LINEAR_TRACED or node.params.get("identity") or node.params.get("reshape")
+        linear = node.kind in LINEAR_TRACED or node.is_identity or node.is_reshape
         return () if linear else self.reads
 
     def backward(self, ctx, signal):
-        if ctx.node.params.get("identity"):
+        if ctx.node.is_identity:
             return [signal]
-        if ctx.node.params.get("reshape"):  # a plain reshape: its adjoint is the inverse reshape
+        if ctx.node.is_reshape:  # a plain reshape: its adjoint is the inverse reshape
             return [signal.reshape(signal.shape[0], *ctx.x.shape)]
         if ctx.node.kind in LINEAR_TRACED and not ctx.recorded:  # its inputs may have been freed
             return ctx.linear_vjp(signal)
@@ -668,11 +671,18 @@ class SecantReduce(Rule):
     kinds = ("reduce",)
 
     def backward(self, ctx, signal):
-        return [_secant(ctx, signal, ctx.node.params["dims"])]
+        return [_secant(ctx, signal, _record(ctx, Reduce).dims)]
+
+
+def _record(ctx: Context, expected: type[R]) -> R:
+    """The node's record, which its kind fixes (a rule's ``kinds`` say which)."""
+    record = ctx.node.record
+    assert isinstance(record, expected), f"node {ctx.node.name!r}: {type(record).__name__}, not {expected.__name__}"
+    return record
 
 
 def _operands(ctx: Context) -> list[str]:
-    return ctx.node.params["operands"]
+    return list(_record(ctx, Product).operands)
 
 
 def _operand_values(ctx: Context, reference: bool = False) -> list[torch.Tensor]:
@@ -684,8 +694,8 @@ def _operand_values(ctx: Context, reference: bool = False) -> list[torch.Tensor]
 
 
 def _product_of(ctx: Context) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    env = ctx.env
-    pair = ctx.node.params["pair"]
+    env = ctx.env or {}
+    pair = _record(ctx, Product).pair
     return lambda a, b: pair(env, a, b)
 
 
@@ -712,12 +722,12 @@ class GateProduct(Rule):
 
     def backward(self, ctx, signal):
         a, b = _operand_values(ctx)
-        gates = ctx.node.params.get("gates", [False, False]) if self.gates else [False, False]
+        gates = _record(ctx, Product).gates if self.gates else (False, False)
         s = signal / stabilize(ctx.output, self.epsilon)
         pair = _product_of(ctx)
         ra = a * ctx.vjp(s, [a], lambda t: pair(t, b))[0]
         rb = b * ctx.vjp(s, [b], lambda t: pair(a, t))[0]
-        if ctx.node.params.get("quotient"):  # a / b: b is never a signal operand of the z rule
+        if _record(ctx, Product).quotient:  # a / b: b is never a signal operand of the z rule
             return _gather(ctx, [ra, torch.zeros_like(rb)])
         if gates[0] != gates[1]:
             return _gather(ctx, [torch.zeros_like(ra), rb] if gates[0] else [ra, torch.zeros_like(rb)])
@@ -739,7 +749,7 @@ class DeepLiftProduct(Rule):
         a, b = _operand_values(ctx)
         a0, b0 = _operand_values(ctx, reference=True)
         pair = _product_of(ctx)
-        if not ctx.node.params.get("quotient"):
+        if not _record(ctx, Product).quotient:
             ma = ctx.vjp(signal, [a], lambda t: pair(t, (b + b0) / 2))[0]
             mb = ctx.vjp(signal, [b], lambda t: pair((a + a0) / 2, t))[0]
             return _gather(ctx, [ma, mb])
@@ -757,19 +767,20 @@ def _norm_axes(ctx: Context) -> tuple[Callable[[torch.Tensor], torch.Tensor], tu
     """How a normalisation node groups its input: (view into groups, the reduced dims, weight, bias, eps,
     view back). LayerNorm reduces the trailing normalised dims, GroupNorm each group of channels and
     positions, BatchNorm without running statistics each channel over the batch and positions."""
-    x, spec, env = ctx.x, ctx.node.params["norm"], ctx.env or {}
+    x, norm, env = ctx.x, _record(ctx, Norm), ctx.env or {}
+    spec = norm.arguments
 
     def value(v):
         return env[v.name] if hasattr(v, "name") and not isinstance(v, str) else v
 
     weight, bias, eps = value(spec.get("weight")), value(spec.get("bias")), float(spec["eps"])
-    if spec["type"] == "layer":
+    if norm.type == "layer":
         dims = tuple(range(x.ndim - len(value(spec["normalized_shape"])), x.ndim))
         return (lambda t: t), dims, weight, bias, eps, (lambda t: t)
     channel_shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
     weight = None if weight is None else weight.reshape(channel_shape)
     bias = None if bias is None else bias.reshape(channel_shape)
-    if spec["type"] == "group":
+    if norm.type == "group":
         groups = int(value(spec["num_groups"]))
         nd, rest = x.ndim, tuple(x.shape[1:])
 
@@ -858,7 +869,7 @@ class NormDeepLift(Rule):
         # r's multipliers grow by r0 / r and cancel, and chained over layers lose completeness to rounding;
         # there, for LayerNorm, the secant rule, whose gradient is the midpoint's
         ill = torch.maximum(r, r0) > self.conditioning * torch.minimum(r, r0)
-        secant = ctx.node.params["norm"]["type"] == "layer" and bool(ill.any())
+        secant = _record(ctx, Norm).type == "layer" and bool(ill.any())
         if secant and bool(ill.all()):
             return [_norm_secant(ctx, signal)]
         dv = v - v0
@@ -884,7 +895,7 @@ class SoftmaxGradient(Rule):
     reads = ("output",)
 
     def backward(self, ctx, signal):
-        dim = ctx.node.params["dim"] % ctx.output.ndim + 1
+        dim = _record(ctx, Softmax).dim % ctx.output.ndim + 1
         out = ctx.output.expand_as(signal)
         return [torch.ops.aten._softmax_backward_data(signal, out, dim, out.dtype)]
 
@@ -896,7 +907,7 @@ class SoftmaxLRP(Rule):
     kinds = ("softmax",)
 
     def backward(self, ctx, signal):
-        dim = ctx.node.params["dim"] % ctx.output.ndim + 1
+        dim = _record(ctx, Softmax).dim % ctx.output.ndim + 1
         return [ctx.x * (signal - ctx.output * signal.sum(dim=dim, keepdim=True))]
 
 
@@ -910,7 +921,7 @@ class SoftmaxDeepLift(Rule):
         self.tolerance, self.underflow = tolerance, underflow
 
     def backward(self, ctx, signal):
-        d = ctx.node.params["dim"] % ctx.output.ndim
+        d = _record(ctx, Softmax).dim % ctx.output.ndim
         x, x0 = ctx.x, ctx.ref_inputs[0].expand_as(ctx.x)
         c = torch.maximum(x.amax(dim=d, keepdim=True), x0.amax(dim=d, keepdim=True))
         e, e0 = torch.exp(x - c), torch.exp(x0 - c)

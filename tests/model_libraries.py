@@ -113,16 +113,36 @@ def on_meta() -> Iterator[None]:
         nn.Module.register_parameter, nn.Module.register_buffer = register_parameter, register_buffer  # type: ignore
 
 
+# in-place ops that change a tensor's shape or identity: these must run even on the meta device
+_RESHAPING = {"resize_", "resize_as_", "squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_", "swapaxes_",
+              "as_strided_", "set_", "requires_grad_", "share_memory_"}
+
+
+class _NoMetaWrites(torch.overrides.TorchFunctionMode):
+    """In-place writes into meta tensors return at once: a weight initialiser (``trunc_normal_``, ``uniform_``)
+    on the meta device otherwise runs its reference kernels in Python, most of the enumeration's time."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name.endswith("_") and not name.endswith("__") and name not in _RESHAPING:
+            written = args[0] if args else next(iter(kwargs.values()), None)  # nn.init's take tensor= by name
+            if isinstance(written, torch.Tensor) and written.is_meta:
+                return written
+        return func(*args, **kwargs)
+
+
 def meta_build(make: Callable[[], nn.Module]) -> nn.Module:
     """``make()`` with its weights on the meta device: under :func:`on_meta`, or, for the constructors that run
-    a trial forward pass (timm's hybrid ViTs measure their backbone), with every new tensor there."""
+    a trial forward pass (timm's hybrid ViTs measure their backbone), with every new tensor there. Values
+    written into meta tensors are not computed (:class:`_NoMetaWrites`): only shapes count here."""
     try:
-        with on_meta():
+        with on_meta(), _NoMetaWrites():
             return make()
     except RuntimeError as exc:
         if "meta" not in str(exc):
             raise
-    with torch.device("meta"):
+    with torch.device("meta"), _NoMetaWrites():
         return make()
 
 
@@ -206,13 +226,11 @@ def _timm() -> Listing:
     import timm
 
     listing = Listing("timm")
-    for module in timm.list_modules():
-        counts, why = {}, "holds no model"
-        for name in timm.list_models(module=module):
-            try:
-                counts[name] = count(meta_build(lambda: timm.create_model(name, pretrained=False, num_classes=CLASSES)))
-            except Exception as exc:  # a model that cannot be built with a fresh head
-                why = f"no model builds with {CLASSES} classes ({name}: {first_line(exc)})"
+    modules = timm.list_modules()
+    # every model is built once on meta to count its parameters: the enumeration's cost, shared by two workers
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        counted = pool.map(_timm_counts, modules, chunksize=1)
+    for module, (counts, why) in zip(modules, counted):
         small = {n: c for n, c in counts.items() if c <= MAX_TIMM_PARAMS}
         if not small:
             listing.skipped[module] = why if not counts else \
@@ -222,6 +240,19 @@ def _timm() -> Listing:
         name = min(small, key=lambda n: (small[n], n))
         _add_timm(listing, module, name)
     return listing
+
+
+def _timm_counts(module: str) -> tuple[dict[str, int], str]:
+    """({model: parameters} of the models of one timm architecture module that build, why none does)."""
+    import timm
+
+    counts, why = {}, "holds no model"
+    for name in timm.list_models(module=module):
+        try:
+            counts[name] = count(meta_build(lambda: timm.create_model(name, pretrained=False, num_classes=CLASSES)))
+        except Exception as exc:  # a model that cannot be built with a fresh head
+            why = f"no model builds with {CLASSES} classes ({name}: {first_line(exc)})"
+    return counts, why
 
 
 def _add_timm(listing: Listing, module: str, name: str) -> None:

@@ -30,6 +30,7 @@ from attributions.errors import unknown_name
 from attributions.explainer import Explainer, ForwardPass, shared_forward
 from attributions.graph import LINEAR_KINDS, Graph, trace
 from attributions.methods import build_method
+from attributions.records import Move, Norm
 from audit import style
 from audit.checks.base import Check, Option, UnitResult, VerdictCell, VerdictRule
 from audit.checks.passes import model_errors
@@ -44,6 +45,11 @@ RECORDED_KINDS = LINEAR_KINDS + ("relu", "leaky_relu", "maxpool", "add", "input"
 _ELEMENTWISE = ("relu", "leaky_relu", "activation", "add", "mix", "product", "softmax")
 COLUMNS = ["method", "inject_at", "is_logits", "layer", "depth", "kind", "channels", "median", "p10", "p25", "p75",
            "p90", "mean", "baseline", "sigma2_over_sigma1", "effective_rank", "collapsed"]
+
+
+def _joins(node) -> bool:
+    """Whether a data-movement node joins branches (a concatenation): CSC records it as a layer."""
+    return isinstance(node.record, Move) and node.record.cat
 
 
 def random_cosine_median(d: int) -> float:
@@ -120,9 +126,9 @@ def channel_axes(graph: Graph, env: dict) -> dict[str, int]:
     def own(node) -> int | None:
         if node.kind in ("conv", "avgpool", "maxpool", "affine") or (
                 node.kind == "norm" and not isinstance(node.module, nn.LayerNorm)
-                and (node.params.get("norm") or {}).get("type") != "layer"):
+                and not (isinstance(node.record, Norm) and node.record.type == "layer")):
             return 1
-        if node.kind == "dense" or node.kind == "norm" or node.params.get("tokens"):
+        if node.kind == "dense" or node.kind == "norm" or node.tokens:
             return -1
         return None
 
@@ -279,7 +285,7 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
             taps.pop(node, None)
             for layer, signal in taps.items():
                 kind = kinds.get(layer, "input")
-                if kind not in RECORDED_KINDS and not graph.by_name[layer].params.get("cat"):
+                if kind not in RECORDED_KINDS and not _joins(graph.by_name[layer]):
                     continue
                 axis = axes.get(layer, 1)
                 channels = signal.shape[2] if signal.ndim == 3 else signal.shape[axis % (signal.ndim - 1) + 1]

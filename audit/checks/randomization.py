@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from attributions import memory
 from attributions.explainer import Explainer, attribute_many
 from attributions.graph import SIGNAL_KINDS, Graph, trace
+from attributions.records import Const
 from audit import style
 from audit.checks.base import Check, MedianScore, Option, UnitResult
 from audit.checks.coverage import paragraph as coverage_paragraph
@@ -246,9 +247,10 @@ def unchanged_nodes(graph: Graph, changed: set[str]) -> frozenset[str]:
     on their parameters, which the graph reads as const nodes named by them): upstream of all of them."""
     dirty: set[str] = set()
     for node in graph.nodes[1:]:
-        owners = {node.path, node.params.get("attribute") or node.path}  # the module it ran in; a parameter's name
+        attribute = node.record.attribute if isinstance(node.record, Const) else None
+        owners = {node.path, attribute or node.path}  # the module it ran in; a parameter's name
         if any(o == c or o.startswith(c + ".") for o in owners for c in changed) or \
-                any(i in dirty for i in (*node.inputs, *node.params.get("reads", ()))):
+                any(i in dirty for i in (*node.inputs, *node.reads)):
             dirty.add(node.name)
     return frozenset(n.name for n in graph.nodes[1:] if n.name not in dirty and n.kind in SIGNAL_KINDS)
 

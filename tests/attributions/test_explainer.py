@@ -10,6 +10,7 @@ from attributions import rules as R
 from attributions.errors import AttributionError
 from attributions.graph import trace
 from attributions.methods import build_method
+from attributions.records import Const
 from audit.models import build
 from tests.engine_models import FunctionalNet, ResidualNet
 from tests.model_libraries import CHEAP
@@ -106,8 +107,8 @@ def test_nodes_name_the_module_they_ran_in():
     for node in graph.nodes[1:]:
         if node.kind in ("conv", "dense"):
             assert node.path == node.module.path and model.get_submodule(node.path) is node.module.module
-        elif "attribute" in node.params and "." in node.params["attribute"]:
-            assert node.path == node.params["attribute"].rsplit(".", 1)[0]  # a parameter: the module holding it
+        elif isinstance(node.record, Const) and "." in (node.record.attribute or ""):
+            assert node.path == node.record.attribute.rsplit(".", 1)[0]  # a parameter: the module holding it
     assert any(n.kind == "add" and n.path == "" for n in graph.nodes)  # the residual sum: the model's own forward
 
 

@@ -239,7 +239,7 @@ def test_attention_weights_gate_the_values_in_lrp():
     model = _MHA().double().eval()
     ex = Explainer(model, "lrp-epsilon", graph=trace(model, torch.randn(3, 5, 4, dtype=torch.float64)))
     product = [n for n in ex.graph.nodes if n.kind == "product"]
-    assert [n.params["gates"] for n in product] == [[False, False], [True, False]]
+    assert [n.record.gates for n in product] == [(False, False), (True, False)]
 
 
 class _LayerNorm2d(nn.LayerNorm):

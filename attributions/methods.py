@@ -139,12 +139,12 @@ def _rectgrad(q: float = 98.0):
 
 
 def _pattern_method(name: str, mode: str, description: str, family: str):
-    def build(estimator: str = "relu", patterns=None, data=None):
-        source = PatternSource(estimator, patterns, data)
-        rule = PatternRule(source, mode)
+    def build(estimator: str = "relu", patterns=None, data=None, cache=None, cache_for: str = "", source: str = ""):
+        fitted = PatternSource(estimator, patterns, data, cache=cache, cache_for=cache_for, source=source)
+        rule = PatternRule(fitted, mode)
         return Method(name, description, "Kindermans et al. 2018 (ICLR)",
                       rules=_gradient_rules(R.ReLUGradient("gradient")) | {"dense": rule, "conv": rule},
-                      engine=PatternChain(source), params={"estimator": estimator}, family=family,
+                      engine=PatternChain(fitted), params={"estimator": estimator}, family=family,
                       cite=("kindermans2018",))
     return build
 

@@ -69,7 +69,7 @@ class Patterns:
     def save(self, path: str | os.PathLike) -> Path:
         """Write to ``path`` atomically (a partial file never stands in for a finished one)."""
         path = Path(path)
-        tmp = path.with_name(path.name + ".partial")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")  # ranks of one run may write the same file
         torch.save({"patterns": self.patterns, "estimator": self.estimator, "n": self.n, "source": self.source,
                     "fingerprint": self.fingerprint}, tmp)
         os.replace(tmp, path)
@@ -131,34 +131,61 @@ def fit_nodes(ex: Any, data: torch.Tensor, estimator: str, batch: int) -> dict[s
 
 
 class PatternSource:
-    """The patterns a pattern method's rules read: given (checked against the model's weights), or fitted on
-    ``data`` or on the explained images, and fitted again when a model tensor (or those images) changes."""
+    """The patterns a pattern method's rules read, for the model as it is now.
+
+    ``patterns``: given, used while the model's weights are those they were fitted on; ``cache``: a file of
+    patterns (:meth:`Patterns.save`) for the weights of fingerprint ``cache_for``, read when the model has
+    those weights, else fitted on ``data`` and written there; ``data`` (N, ...): the images they are fitted
+    on, by default the explained images. Patterns are fitted again whenever a model tensor (or those
+    images) changes: a randomized model gets patterns of its own, on the same images.
+    """
 
     def __init__(self, estimator: str = "relu", patterns: Patterns | None = None, data: torch.Tensor | None = None,
-                 batch: int = 64):
+                 batch: int = 64, cache: str | os.PathLike | None = None, cache_for: str = "", source: str = ""):
         if estimator not in ESTIMATORS:
             raise AttributionError(f"pattern estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
         if patterns is not None and not isinstance(patterns, Patterns):
             raise AttributionError(f"patterns must be a Patterns object (fit_patterns), got {type(patterns).__name__}")
+        if cache is not None and (data is None or not cache_for):
+            raise AttributionError("a patterns cache needs data= (the images the cached patterns are fitted on) and "
+                                   "cache_for= (the fingerprint of the weights it holds patterns for)")
         self.estimator, self.given, self.data, self.batch = estimator, patterns, data, batch
-        self._fitted: Derived[dict[str, torch.Tensor]] = Derived()
+        self.cache, self.cache_for = (Path(cache) if cache is not None else None), cache_for
+        self.source = source or (f"{len(data)} given images" if data is not None else "the explained images")
+        self._fitted: Derived[tuple[dict[str, torch.Tensor], str]] = Derived()
         self.current: dict[str, torch.Tensor] | None = None
-        self.fitted_on = "the explained images"
+        self.fitted_on = self.source
 
     def prepare(self, ex: Any, x: torch.Tensor) -> None:
         """Make the patterns for the explainer's model as it is now, fitted on ``data`` or on ``x`` (B, ...)."""
-        if self.given is not None:
+        if self.given is not None and self.data is None:  # nothing to refit on: the given ones or an error
             self.given.check(ex.model)
             self.current, self.fitted_on = self.given.patterns, self.given.source
             return
         data = self.data if self.data is not None else x
-        if self.data is not None:
-            self.fitted_on = f"{len(self.data)} given images"
         model = ex.model
         with torch.no_grad():
-            self.current = self._fitted.get([*model.parameters(), *model.buffers(), data],
-                                            lambda: fit_nodes(ex, data, self.estimator, self.batch),
-                                            key=(id(ex.graph), tuple(data.shape)))
+            self.current, self.fitted_on = self._fitted.get(
+                [*model.parameters(), *model.buffers(), data], lambda: self._make(ex, data),
+                key=(id(ex.graph), tuple(data.shape)))
+
+    def _make(self, ex: Any, data: torch.Tensor) -> tuple[dict[str, torch.Tensor], str]:
+        """(patterns, what they were fitted on) for the model's current weights: given or cached ones when they
+        belong to these weights, else fitted on ``data`` (and cached, when the cache file is still missing)."""
+        if self.given is None and self.cache is None:
+            return fit_nodes(ex, data, self.estimator, self.batch), self.source
+        current = fingerprint(ex.model)
+        if self.given is not None and self.given.fingerprint == current:
+            return self.given.patterns, self.given.source
+        cache = self.cache if current == self.cache_for else None  # a randomized model's are never cached
+        if cache is not None and cache.exists():
+            kept = Patterns.load(cache)
+            if kept.fingerprint == current and kept.estimator == self.estimator and kept.n == len(data):
+                return kept.patterns, self.source
+        fitted = fit_nodes(ex, data, self.estimator, self.batch)
+        if cache is not None:
+            Patterns(fitted, self.estimator, len(data), self.source, current).save(cache)
+        return fitted, self.source
 
     def pattern(self, node: str) -> torch.Tensor:
         if self.current is None or node not in self.current:

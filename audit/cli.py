@@ -119,7 +119,8 @@ def _run(args: argparse.Namespace) -> int:
                          data_root=args.data_root, preprocess=args.preprocess, weights=args.weights,
                          num_classes=args.num_classes,
                          max_memory=args.max_memory, mixed_precision=args.mixed_precision,
-                         image_block=args.image_block, **options)
+                         image_block=args.image_block, pattern_data=args.pattern_data,
+                         pattern_images=args.pattern_images, **options)
     with sharded(config.device) as shard:
         result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet, shard=shard)
     if shard.lead:
@@ -232,6 +233,10 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--mixed-precision", default=None, action=argparse.BooleanOptionalAction,
                    help="compute the maps under autocast (bfloat16 on CPU, float16 on GPU; default off); the "
                    "manifest records each method's agreement with float32")
+    a.add_argument("--pattern-data", default=None, help="what PatternNet / PatternAttribution fit their patterns on: "
+                   "explained (default: the images each check explains), train (the data set's training split) or "
+                   "DATASET:SPLIT; the trained model's patterns are kept beside its checkpoint")
+    a.add_argument("--pattern-images", type=int, default=None, help="images the patterns are fitted on (default 256)")
     a.add_argument("--out", required=True, help="the run folder (results, manifest, report)")
     a.add_argument("--workers", type=int, default=1, help="processes to shard the units over (torch.distributed, "
                    "gloo on CPU, nccl on GPU); several nodes: torchrun --nnodes ... -m audit run ...")

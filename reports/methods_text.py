@@ -47,6 +47,13 @@ def _coverage_sentence(covered: dict[str, dict]) -> str:
             f"the run's coverage files): {'; '.join(parts)}.")
 
 
+def _pattern_data(manifest: dict) -> str:
+    """What the pattern methods' patterns were fitted on, as the manifest records it."""
+    record = manifest.get("patterns")
+    return "the images each check explains" if not record else \
+        f"{record['data']}, the trained models' patterns fitted once and reused"
+
+
 def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
     """(heading, text) pairs: models, data, attribution methods, checks, statistics, software."""
     config = manifest["config"]
@@ -97,9 +104,10 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
                 "Maps are computed by the toolkit's rule engine; the gradient, input-times-gradient, integrated "
                 "gradients, SmoothGrad, guided backpropagation and DeepLIFT maps match Captum "
                 f"{_cite(['kokhlikyan2020'])} to numerical precision in the toolkit's tests."
-                + (" PatternNet and PatternAttribution fit their signal patterns on the images each check explains "
-                   "and fit them again for the model of every randomization stage (Sixt et al.'s code kept the "
-                   f"trained patterns in the randomized models' backward pass) {_cite(['kindermans2018', 'sixt2020'])}."
+                + (f" PatternNet and PatternAttribution fit their signal patterns on {_pattern_data(manifest)} "
+                   "and fit them again, on the same images, for the model of every randomization stage (Sixt et "
+                   "al.'s code kept the trained patterns in the randomized models' backward pass) "
+                   f"{_cite(['kindermans2018', 'sixt2020'])}."
                    if {"patternnet", "patternattribution"} & set(config["methods"]) else "")))
     for name in config["tests"]:
         check = CHECKS[name]

@@ -33,7 +33,7 @@ from attributions.methods import build_method
 from attributions.records import Move, Norm
 from audit import style
 from audit.checks.base import Check, Option, UnitResult, VerdictCell, VerdictRule
-from audit.checks.passes import model_errors
+from audit.checks.passes import explainer, model_errors
 from audit.errors import AuditError
 from audit.inputs import check_inputs, resolve_methods
 from audit.panels import family_panels, method_legend
@@ -227,7 +227,7 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
         raise AuditError(f"n_vectors must be at least 2 (pairs are compared), got {n_vectors}")
     with model_errors():
         graph = trace(model, x)
-    every = {m: Explainer(model, m, graph=graph) for m in names}
+    every = {m: explainer(model, m, graph) for m in names}
     explainers = {m: e for m, e in every.items() if e.method.chain}
     # maps that are a product of per-block operators (attention rollout): their chain is that product
     products = {m: e for m, e in every.items() if e.method.engine.product and e.method.engine.fits(e, x) is None}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import nn
@@ -25,6 +26,25 @@ def model_errors() -> Iterator[None]:
         raise ModelError(str(exc)) from exc
 
 
+# methods' parameters that the run gives every explainer of a unit (the pattern methods' data and cache)
+_GIVEN: ContextVar[dict[str, dict] | None] = ContextVar("method_params", default=None)
+
+
+@contextmanager
+def given_params(params: dict[str, dict]) -> Iterator[None]:
+    """Within the block, every explainer the checks build for a method takes ``params[method]``."""
+    token = _GIVEN.set(params)
+    try:
+        yield
+    finally:
+        _GIVEN.reset(token)
+
+
+def explainer(model: nn.Module, method: str, graph: Graph | None = None, **params) -> Explainer:
+    """``Explainer(model, method, graph=graph)`` with the parameters the run gives ``method``, then ``params``."""
+    return Explainer(model, method, graph=graph, **((_GIVEN.get() or {}).get(method, {}) | params))
+
+
 def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tensor | None = None,
             graph: Graph | None = None, seed: int = 0, params: dict[str, dict] | None = None,
             reuse: Reuse | None = None, previous: dict[str, Explainer] | None = None
@@ -41,9 +61,9 @@ def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tens
     """
     with model_errors():
         graph = graph if graph is not None else trace(model, x)
-        given = {"random": {"seed": seed}} | (params or {})
+        given = {"random": {"seed": seed}} | (_GIVEN.get() or {}) | (params or {})
         kept = {m: e for m, e in (previous or {}).items() if e.model is model and e.graph is graph and m not in given}
-        explainers = {m: kept[m] if m in kept else Explainer(model, m, graph=graph, **given.get(m, {})) for m in methods}
+        explainers = {m: kept[m] if m in kept else explainer(model, m, graph, **given.get(m, {})) for m in methods}
         envs = shared_forward(explainers, x, reuse)
         logits = envs[0][graph.output] if envs else Explainer(model, "gradient", graph=graph).forward(x).detach()
     if y is not None:

@@ -16,6 +16,7 @@ from audit.checks import check_options, get_check
 from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError
 from audit.inputs import resolve_methods
+from audit.run.patterns import pattern_source
 from audit.run.resources import parse_size
 
 DEVICES = ("cpu", "cuda")
@@ -44,6 +45,9 @@ class AuditConfig:
         value but not on how many processes share the work (:mod:`audit.run.distributed`)
     mixed_precision : compute the maps under autocast (bfloat16 on the CPU, float16 on the GPU);
         the manifest records how far each method's maps move from float32
+    pattern_data : what PatternNet and PatternAttribution fit their patterns on: "explained" (the images
+        each check explains), "train" (the audited data set's training split) or "<data set>:<split>";
+        ``pattern_images`` of them, a seeded draw (:mod:`audit.run.patterns`)
     options : the checks' own keys (defaults from the registry), also readable as attributes
     """
 
@@ -62,6 +66,8 @@ class AuditConfig:
     max_memory: str | None = None
     image_block: int = 0
     mixed_precision: bool = False
+    pattern_data: str = "explained"
+    pattern_images: int = 256
     options: dict = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
@@ -78,11 +84,12 @@ class AuditConfig:
         """A copy with list fields normalised and option defaults filled in, after checking every value."""
         out = AuditConfig(**{**asdict(self), "options": dict(self.options)})
         for name, kind in (("n_images", int), ("seed", int), ("heatmap_examples", int), ("device", str),
-                           ("data", str), ("image_block", int)):
+                           ("data", str), ("image_block", int), ("pattern_data", str), ("pattern_images", int)):
             value = getattr(out, name)
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
         preprocess_from(out.preprocess)  # a clear error for an unknown preset or a bad table
+        pattern_source(out.pattern_data, out.data)
         if not isinstance(out.mixed_precision, bool):
             raise ConfigError(f"mixed_precision must be true or false, got {out.mixed_precision!r}")
         if out.max_memory is not None:
@@ -112,6 +119,7 @@ class AuditConfig:
                                             or out.num_classes < 1):
             raise ConfigError(f"num_classes must be a positive integer, got {out.num_classes!r}")
         checks = [("n_images", out.n_images >= 2), ("device", out.device in DEVICES), ("image_block", out.image_block >= 0),
+                  ("pattern_images", out.pattern_images >= 1),
                   ("heatmap_examples", 0 <= out.heatmap_examples <= out.n_images)]
         for name, ok in checks:
             if not ok:

@@ -36,6 +36,7 @@ from attributions.explainer import Explainer
 from attributions.graph import trace
 from audit.atomic import atomic_write_bytes, is_partial, remove_partials
 from audit.checks import CHECKS, Check, UnitResult
+from audit.checks.passes import given_params
 from audit.data import balanced_sample
 from audit.data.datasets import array_sha256, file_sha256, sample_image_folder
 from audit.data.preprocess import preprocess_from
@@ -44,6 +45,7 @@ from audit.models.checkpoint import model_files, resolve_model
 from audit.run.config import AuditConfig
 from audit.run.distributed import SINGLE, Shard
 from audit.run.faults import kill_point
+from audit.run.patterns import PATTERN_METHODS, pattern_images, pattern_params
 from audit.run.resources import Peak, budget_bytes
 from audit.run.results import MODELS_FILE, AuditResult, load_results, read_manifest, read_table, unit_path
 from bort import constraint_error
@@ -211,6 +213,8 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                           f"{', '.join(spec for spec, lab in labels.items() if lab == clashes[0])}); "
                           "rename one of the files")
     x, y, images = audit_images(config)
+    patterns = pattern_images(config.pattern_data, config.data, config.pattern_images, config.seed, config.data_root) \
+        if set(PATTERN_METHODS) & set(config.methods) else None
     prints = fingerprints(config, x, y)
     if previous is not None:
         if _without_budget(previous["config"]) != _without_budget(json.loads(json.dumps(config.to_dict()))):
@@ -254,6 +258,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         items = work_items(units, len(x), config.image_block)
         timings = {}
         models: dict[str, nn.Module] = {}
+        given: dict[str, dict[str, dict]] = {}  # per model, the parameters the run gives its methods
         bar = tqdm(items, desc="audit" if shard.world == 1 else f"audit (rank {shard.rank} of {shard.world})",
                    disable=not progress, position=shard.rank)
         # this process's work still to do, looked up once (a resumed run skips the rest)
@@ -268,12 +273,14 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             key = item.key(labels)
             if spec not in models:
                 models[spec] = resolve_model(spec, config.weights, config.num_classes).to(device)
+                given[spec] = pattern_params(list(config.methods), spec, models[spec], labels[spec], patterns,
+                                            config.pattern_data, config.weights, out)
             torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
             xs, ys = x[item.start:item.stop], y[item.start:item.stop]
             shown = max(0, min(config.heatmap_examples - item.start, len(xs)))  # example heatmaps among these images
             part = dataclasses.replace(config, heatmap_examples=shown) if item.blocked else config
             start = time.perf_counter()
-            with memory.limit(budget), peak.track(), \
+            with memory.limit(budget), peak.track(), given_params(given[spec]), \
                     torch.autocast(device.type, dtype=half, enabled=config.mixed_precision):
                 result = _run_unit(check, models[spec], xs, ys, method, part, progress, key)
             timings[key] = round(time.perf_counter() - start, 3)
@@ -314,6 +321,9 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         for spec in config.models:  # units all resumed: the models were not needed until now
             if spec not in models:
                 models[spec] = resolve_model(spec, config.weights, config.num_classes).to(device)
+            if spec not in given:  # another rank's model, or a resumed one: where its patterns are kept
+                given[spec] = pattern_params(list(config.methods), spec, models[spec], labels[spec], patterns,
+                                            config.pattern_data, config.weights, out)
         coverage = _coverage(config, models, labels, x, out, log)
         conventions, unfit = _conventions(config, models, labels, x, log)
         # in the run's order, whichever process loaded which model first
@@ -335,6 +345,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                     **({"model_sources": sources} if sources else {}), **({"coverage": coverage} if coverage else {}),
                     **({"conventions": conventions} if conventions else {}),
                     **({"not_applicable": unfit} if unfit else {}),
+                    **({"patterns": _patterns_record(patterns, given, labels)} if patterns is not None else {}),
                     "images": images, "memory": memory_record, "precision": precision,
                     # float32 kernels block their sums by thread count: the last bits depend on it
                     "processes": shard.world, "threads_per_process": threads,
@@ -408,6 +419,13 @@ def half_precision_agreement(models: dict[str, nn.Module], labels: dict[str, str
                 log(f"mixed precision: {labels[spec]}/{method} maps move from float32 (cosine "
                     f"{out[f'{labels[spec]}/{method}']:.3f}); audit this method in float32")
     return out
+
+
+def _patterns_record(patterns: tuple[torch.Tensor, str], given: dict[str, dict[str, dict]],
+                     labels: dict[str, str]) -> dict:
+    """What the manifest says of the pattern methods' patterns: the images, and per model the file kept."""
+    files = {labels[spec]: str(next(iter(params.values()))["cache"]) for spec, params in given.items() if params}
+    return {"data": patterns[1], "n": len(patterns[0]), "files": files}
 
 
 def _without_budget(config: dict) -> dict:

@@ -92,3 +92,32 @@ def test_chunked_maps_use_the_patterns_of_the_whole_batch(monkeypatch):
     whole = Explainer(model, "patternnet").attribute(x, target=0)
     monkeypatch.setattr(memory, "fitting", lambda n, *args, **kwargs: 2)  # two images per pass
     torch.testing.assert_close(Explainer(model, "patternnet").attribute(x, target=0), whole)
+
+
+def test_a_cache_holds_the_trained_models_patterns_and_a_randomized_model_is_refitted(tmp_path, monkeypatch):
+    from attributions import patterns as P
+
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 64, 3)).double().eval()
+    data, x = torch.rand(10, 1, 8, 8, dtype=torch.float64), torch.rand(3, 1, 8, 8, dtype=torch.float64)
+    cache, trained = tmp_path / "cnn.patterns.pt", P.fingerprint(model)
+    params = {"data": data, "cache": cache, "cache_for": trained, "source": "10 training images"}
+    fits = []
+    real = P.fit_nodes
+    monkeypatch.setattr(P, "fit_nodes", lambda *a, **k: fits.append(1) or real(*a, **k))
+    first = Explainer(model, "patternattribution", **params).attribute(x, target=1)
+    assert len(fits) == 1 and Patterns.load(cache).fingerprint == trained and Patterns.load(cache).n == 10
+    # fitted on data, not on the explained images
+    torch.testing.assert_close(first, Explainer(model, "patternattribution", data=data).attribute(x, target=1),
+                               rtol=0, atol=0)
+    fits.clear()
+    again = Explainer(model, "patternattribution", **params).attribute(x, target=1)  # a new run: read, not refitted
+    assert fits == [] and torch.equal(again, first)
+    with torch.no_grad():
+        model[3].weight.normal_()  # a randomized stage: its own patterns, on the same images; the cache stays
+    stage = Explainer(model, "patternattribution", **params).attribute(x, target=1)
+    assert len(fits) == 1 and Patterns.load(cache).fingerprint == trained
+    torch.testing.assert_close(stage, Explainer(model, "patternattribution", data=data).attribute(x, target=1),
+                               rtol=0, atol=0)
+    with pytest.raises(AttributionError, match="cache_for"):
+        Explainer(model, "patternnet", data=data, cache=cache)

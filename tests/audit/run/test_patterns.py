@@ -1,0 +1,68 @@
+"""The pattern methods in an audit: patterns fitted on a named split, kept beside the checkpoint with the
+weights' fingerprint, read again by the next run, refitted for every randomized model, recorded."""
+import shutil
+
+import pytest
+import torch
+
+from attributions import patterns as P
+from audit.errors import ConfigError
+from audit.models.checkpoint import SHIPPED, resolve_model
+from audit.run.config import load_config
+from audit.run.patterns import pattern_images, pattern_source
+from audit.run.runner import run_audit
+from reports.methods_text import paragraphs
+
+
+def test_what_pattern_data_names():
+    assert pattern_source("explained", "embedded") is None
+    assert pattern_source("train", "embedded") == ("fashion-mnist-sample", "train")
+    assert pattern_source("train", "cifar10") == ("cifar10", "train")
+    assert pattern_source("mnist:test", "embedded") == ("mnist", "test")
+    for bad, data in [("training", "embedded"), ("imagefolder:train", "embedded"), ("mnist:val", "embedded"),
+                      ("train", "imagefolder")]:
+        with pytest.raises(ConfigError, match="pattern_data"):
+            pattern_source(bad, data)
+    with pytest.raises(ConfigError, match="pattern_data"):
+        load_config(methods=["patternnet"], pattern_data="trian").validated()
+    with pytest.raises(ConfigError, match="pattern_images"):
+        load_config(methods=["patternnet"], pattern_images=0).validated()
+    images, what = pattern_images("train", "embedded", 12, seed=3)
+    again, _ = pattern_images("train", "embedded", 12, seed=3)
+    assert images.shape == (12, 1, 28, 28) and torch.equal(images, again) and "train split of fashion-mnist-sample" in what
+    assert not torch.equal(images, pattern_images("train", "embedded", 12, seed=4)[0])
+    with pytest.raises(ConfigError, match="holds 800 images"):
+        pattern_images("train", "embedded", 801, seed=0)
+
+
+def test_an_audit_fits_the_trained_patterns_once_beside_the_checkpoint_and_refits_each_stage(tmp_path, monkeypatch):
+    for suffix in (".pt", ".json"):
+        shutil.copy(SHIPPED / f"cnn-sgd{suffix}", tmp_path / f"cnn{suffix}")
+    fits = []
+    real = P.fit_nodes
+    monkeypatch.setattr(P, "fit_nodes", lambda ex, data, *a, **k: fits.append(len(data)) or real(ex, data, *a, **k))
+    quiet = {"progress": False, "log": lambda s: None}
+    config = load_config(models=[str(tmp_path / "cnn.pt")], methods=["patternattribution"],
+                         tests=["random-logit", "cascading"], n_images=3, pattern_data="train", pattern_images=40)
+    first = run_audit(config, tmp_path / "run", **quiet)
+    trained = P.fingerprint(resolve_model(str(tmp_path / "cnn.pt")))
+    record = first.manifest["patterns"]
+    assert record["n"] == 40 and "40 images of the train split of fashion-mnist-sample" in record["data"]
+    kept = tmp_path / record["files"]["cnn"]
+    assert kept.parent == tmp_path and trained[:16] in kept.name  # beside the checkpoint, named by its weights
+    saved = P.Patterns.load(kept)
+    assert saved.fingerprint == trained and saved.n == 40
+    # the trained model fitted once (then read from the file), each randomized stage on its own, all on the 40
+    stages = int(first.tables["cascading"].stage.max())
+    assert fits == [40] * (1 + stages) and stages >= 1
+    fits.clear()
+    second = run_audit(config, tmp_path / "again", **quiet)
+    assert fits == [40] * stages  # the trained model's patterns read from the file
+    for test in ("random-logit", "cascading"):
+        assert first.tables[test].drop(columns="seconds", errors="ignore").equals(
+            second.tables[test].drop(columns="seconds", errors="ignore"))
+    text = " ".join(t for _, t in paragraphs(second.manifest, second.tables["models"]))
+    assert "40 images of the train split of fashion-mnist-sample" in text and "fit them again, on the same images" in text
+    explained = run_audit(load_config(**{**config.to_dict(), "pattern_data": "explained"}), tmp_path / "own", **quiet)
+    assert "patterns" not in explained.manifest
+    assert not explained.tables["random-logit"].ssim.equals(first.tables["random-logit"].ssim)

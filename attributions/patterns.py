@@ -5,12 +5,14 @@ takes the pattern
 
     a_j = cov[x, y_j] / (w_j^T cov[x, y_j])
 
-over all samples (the linear estimator S_a), or over the samples where y_j > 0 only (``relu``: the
-two-component estimator's positive regime S_a+-, the part a following ReLU passes; innvestigate's
-``relu`` patterns). For a convolution x is each output position's input patch, and the statistics pool
-positions and images; for a linear layer on tokens, tokens and images. The sums are the weight
-gradients of the layer for the output signals y and 1 (one vector-Jacobian product each), so any conv
-or dense layer the engine captures is fitted the same way, BatchNorm folded in.
+over all samples (the linear estimator S_a), over the samples where y_j > 0 only (``relu``: the
+two-component estimator's positive regime, the part a following ReLU passes; innvestigate's ``relu``
+patterns), or both regimes apart (``two-component``: S_a+- takes a+_j where y_j > 0 and a-_j, fitted
+over y_j <= 0, elsewhere; behind a ReLU of a bias-free layer it equals ``relu``). For a convolution
+x is each output position's input patch, and the statistics pool positions and images; for a linear
+layer on tokens, tokens and images. The sums are the weight gradients of the layer for the output
+signals y and 1 (one vector-Jacobian product each), so any conv or dense layer the engine captures is
+fitted the same way, BatchNorm folded in.
 
 PatternNet's backward replaces W^T by A^T through every linear layer (it reconstructs the signal);
 PatternAttribution's by (W * A)^T (it attributes). ReLUs pass the gradient's mask, max pooling its
@@ -40,7 +42,7 @@ from attributions.errors import AttributionError
 from attributions.layers import OPS
 from attributions.rules import Rule
 
-ESTIMATORS = ("relu", "linear")
+ESTIMATORS = ("relu", "linear", "two-component")
 FITTED_KINDS = ("dense", "conv")
 
 
@@ -93,13 +95,24 @@ class Patterns:
 
 def _statistics(op: Any, x: torch.Tensor, estimator: str, channel_axis: int) -> list[torch.Tensor]:
     """[count (out,), sum of y (out,), sum of x (like W), sum of x y (like W)] over the samples where the
-    estimator looks (y > 0 for ``relu``), for inputs x of one linear node."""
+    estimator looks (y > 0 for ``relu``), for inputs x of one linear node; for ``two-component`` those of
+    y > 0, then those of y <= 0."""
     w, _ = op.weights()
     with torch.enable_grad():
         y, pullback = torch.func.vjp(lambda weight: op.forward(x, weight), w)[:2]
-    mask = (y > 0).to(y.dtype) if estimator == "relu" else torch.ones_like(y)
+    positive = (y > 0).to(y.dtype)
+    masks = {"relu": [positive], "linear": [torch.ones_like(y)], "two-component": [positive, 1 - positive]}[estimator]
     axes = tuple(a for a in range(y.ndim) if a != channel_axis % y.ndim)
-    return [mask.sum(axes), (y * mask).sum(axes), pullback(mask)[0].detach(), pullback(y * mask)[0].detach()]
+    return [t for mask in masks for t in (mask.sum(axes), (y * mask).sum(axes), pullback(mask)[0].detach(),
+                                          pullback(y * mask)[0].detach())]
+
+
+def _patterns_of(stats: list[torch.Tensor], w: torch.Tensor) -> torch.Tensor:
+    """The pattern from the sums: A (like W), or for the two-component estimator's two regimes (a+, a-)
+    stacked (2, *W.shape)."""
+    if len(stats) == 4:
+        return _pattern(stats, w)
+    return torch.stack([_pattern(stats[:4], w), _pattern(stats[4:], w)])
 
 
 def _pattern(stats: list[torch.Tensor], w: torch.Tensor) -> torch.Tensor:
@@ -127,7 +140,7 @@ def fit_nodes(ex: Any, data: torch.Tensor, estimator: str, batch: int) -> dict[s
             op = ops.setdefault(node.name, OPS[node.kind](node))
             stats = _statistics(op, values[node.inputs[0]], estimator, 1 if node.kind == "conv" else -1)
             sums[node.name] = stats if node.name not in sums else [a + b for a, b in zip(sums[node.name], stats)]
-    return {name: _pattern(stats, ops[name].weights()[0]) for name, stats in sums.items()}
+    return {name: _patterns_of(stats, ops[name].weights()[0]) for name, stats in sums.items()}
 
 
 class PatternSource:
@@ -196,10 +209,14 @@ class PatternSource:
 
 class PatternRule(Rule):
     """A linear layer's backward through its pattern: ``net``: s_in = A^T s (PatternNet), ``attribution``:
-    s_in = (W * A)^T s (PatternAttribution)."""
+    s_in = (W * A)^T s (PatternAttribution). With the two-component estimator each output unit's signal
+    goes through a+ where the unit's y = w^T x is positive at the explained input, else through a-."""
 
     kinds = FITTED_KINDS
     reads = ()
+
+    def reads_for(self, node):
+        return ("inputs",) if self.source.estimator == "two-component" else ()
 
     def __init__(self, source: PatternSource, mode: str = "attribution"):
         if mode not in ("net", "attribution"):
@@ -209,7 +226,11 @@ class PatternRule(Rule):
     def backward(self, ctx, signal):
         a = self.source.pattern(ctx.node.name).to(signal.dtype)
         w, _ = ctx.op.weights()
-        return [ctx.op.transpose(signal, a if self.mode == "net" else w * a, ctx.x.shape)]
+        if a.ndim == w.ndim:
+            return [ctx.op.transpose(signal, a if self.mode == "net" else w * a, ctx.x.shape)]
+        positive = (ctx.op.forward(ctx.x, w) > 0).to(signal.dtype)  # each unit's regime, per image
+        parts = [(signal * positive, a[0]), (signal * (1 - positive), a[1])]
+        return [sum(ctx.op.transpose(s, p if self.mode == "net" else w * p, ctx.x.shape) for s, p in parts)]
 
     def __repr__(self) -> str:
         return f"PatternRule(mode={self.mode}, estimator={self.source.estimator})"

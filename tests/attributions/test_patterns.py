@@ -121,3 +121,37 @@ def test_a_cache_holds_the_trained_models_patterns_and_a_randomized_model_is_ref
                                rtol=0, atol=0)
     with pytest.raises(AttributionError, match="cache_for"):
         Explainer(model, "patternnet", data=data, cache=cache)
+
+
+def test_the_two_component_estimator_recovers_each_regimes_signal_direction():
+    """x = s a(s) + d a_d with a+ = (1, 0) for s > 0 and a- = (0, -1) for s < 0, a_d = (1, 1), w = (1, -1):
+    y = s in both regimes, and the two-component patterns are a+ and a- (the linear one mixes them)."""
+    gen = torch.Generator().manual_seed(1)
+    n = 40000
+    s, d = torch.randn(n, 1, generator=gen, dtype=torch.float64), torch.randn(n, 1, generator=gen, dtype=torch.float64)
+    plus, minus = torch.tensor([[1.0, 0.0]], dtype=torch.float64), torch.tensor([[0.0, -1.0]], dtype=torch.float64)
+    x = torch.where(s > 0, s * plus, s * minus) + d * torch.tensor([[1.0, 1.0]], dtype=torch.float64)
+    model = nn.Linear(2, 1, bias=False).double()
+    model.weight.data = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    torch.testing.assert_close(model(x), s)
+    (a,) = fit_patterns(model, x, estimator="two-component").patterns.values()
+    assert a.shape == (2, 1, 2)
+    torch.testing.assert_close(a[0], plus, atol=0.03, rtol=0)
+    torch.testing.assert_close(a[1], minus, atol=0.03, rtol=0)
+    (linear,) = fit_patterns(model, x, estimator="linear").patterns.values()
+    assert (linear - plus).abs().max() > 0.2 and (linear - minus).abs().max() > 0.2
+    probes = torch.tensor([[2.0, 0.5], [0.5, 2.0]], dtype=torch.float64)  # y = 1.5 and y = -1.5
+    net = Explainer(model, "patternnet", estimator="two-component", data=x).attribute(probes, target=0)
+    torch.testing.assert_close(net, torch.cat([a[0], a[1]]), rtol=0, atol=0)
+
+
+def test_behind_the_relus_of_bias_free_layers_two_component_equals_relu():
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 64, 16, bias=False), nn.ReLU(), nn.Linear(16, 3)).double().eval()
+    data, x = torch.randn(12, 1, 8, 8, dtype=torch.float64), torch.randn(3, 1, 8, 8, dtype=torch.float64)
+    for method in ("patternnet", "patternattribution"):
+        relu = Explainer(model, method, estimator="relu", data=data).attribute(x, target=2)
+        both = Explainer(model, method, estimator="two-component", data=data).attribute(x, target=2)
+        assert relu.abs().max() > 0
+        torch.testing.assert_close(both, relu, rtol=1e-12, atol=1e-14)

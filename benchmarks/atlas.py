@@ -12,7 +12,9 @@ architectures (LayerNorm, attention, gating) break or keep it.
 
     python -m benchmarks.atlas [--fast] [--out DIR] [--parallel N] [--limit SECONDS]
 
-writes DIR/atlas.csv (one row per model x method) and DIR/atlas.png; ``make atlas`` runs it in full.
+writes DIR/atlas.csv (one row per model x method) and DIR/atlas.png; ``make atlas`` runs it in full. Each
+model's rows are kept in DIR/atlas.rows.csv as it finishes, and a rerun on DIR measures only the models
+not in it (``--fresh`` starts over): the full atlas takes hours on 2 cores.
 """
 from __future__ import annotations
 
@@ -76,29 +78,38 @@ def _judge(row: dict) -> tuple[str, str]:
     return "measured", ""
 
 
+def _rows_of(r: dict) -> list[dict]:
+    """The atlas rows of one model's result from ``check_all``."""
+    base = {"source": r["library"], "model": r["name"], "family": r.get("note", "").removeprefix("module ")}
+    if r["class"] != "measured":
+        return [base | {"status": r["class"], "reason": r.get("reason", "")}]
+    return [base | c | {"status": "measured", "reason": ""} for c in r["csc"]]
+
+
 def library_rows(entries: list, methods: list[str], seed: int = 0, parallel: int = 2, limit: float = 600.0,
-                 report=None) -> list[dict]:
-    """The atlas rows of library ``entries`` (``tests.model_libraries.Entry``), each model in its own child."""
+                 report=None, finished=None) -> list[dict]:
+    """The atlas rows of library ``entries`` (``tests.model_libraries.Entry``), each model in its own child;
+    ``finished(rows)`` is called with each model's rows as it finishes."""
     from tests.model_libraries import check_all
 
-    out = []
-    for r in check_all(entries, seed, tuple(methods), limit, parallel, report, work=_work, judge=_judge):
-        base = {"source": r["library"], "model": r["name"], "family": r.get("note", "").removeprefix("module ")}
-        if r["class"] != "measured":
-            out.append(base | {"status": r["class"], "reason": r.get("reason", "")})
-            continue
-        out += [base | c | {"status": "measured", "reason": ""} for c in r["csc"]]
-    return out
+    def each(i: int, r: dict) -> None:
+        if finished is not None:
+            finished(_rows_of(r))
+        if report is not None:
+            report(i, r)
+
+    return [row for r in check_all(entries, seed, tuple(methods), limit, parallel, each, work=_work, judge=_judge)
+            for row in _rows_of(r)]
 
 
 def shipped_rows(methods: list[str], names: list[str] | None = None, n: int = 8) -> list[dict]:
     """The atlas rows of the shipped trained checkpoints, on ``n`` images of the embedded sample."""
-    from audit import available_checkpoints, embedded_sample, load_checkpoint
+    from audit import embedded_sample, load_checkpoint
 
     x, _ = embedded_sample()
     x = torch.from_numpy(x[:: max(1, len(x) // n)][:n])
     out = []
-    for name in names or [k for k in available_checkpoints() if k.endswith("-sgd")]:
+    for name in names if names is not None else _shipped_sgd():
         model = load_checkpoint(name)
         base = {"source": "shipped", "model": name, "family": name.split("-")[0]}
         try:
@@ -109,19 +120,41 @@ def shipped_rows(methods: list[str], names: list[str] | None = None, n: int = 8)
     return out
 
 
-def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=None) -> pd.DataFrame:
+def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=None, keep: Path | None = None
+          ) -> pd.DataFrame:
     """The atlas table: every timm architecture module's smallest model (``fast``: two) and the shipped
-    checkpoints, every chain method (``fast``: four)."""
+    checkpoints, every chain method (``fast``: four). ``keep``: a CSV of the rows measured so far, extended
+    as each model finishes; the models already in it are not measured again."""
     from tests.model_libraries import enumerate_models, timm_entries, within
+
+    kept = pd.read_csv(keep) if keep is not None and keep.exists() else pd.DataFrame(columns=COLUMNS)
+    rows: list[dict] = kept.to_dict("records")
+
+    def finished(new: list[dict]) -> None:
+        rows.extend(new)
+        if keep is not None:
+            tmp = keep.with_name(keep.name + ".partial")
+            pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(tmp, index=False)
+            os.replace(tmp, keep)
 
     methods = FAST_METHODS if fast else chain_methods()
     entries = timm_entries(FAST_MODELS) if fast else within(enumerate_models("timm").entries)
     if not fast:  # one model per architecture module: the smallest
         seen: set[str] = set()
         entries = [e for e in sorted(entries, key=lambda e: e.params) if not (e.note in seen or seen.add(e.note))]
-    rows = library_rows(entries, methods, parallel=parallel, limit=limit, report=report)
-    rows += shipped_rows(methods, ["cnn-sgd", "vit-sgd"] if fast else None, n=2 if fast else 8)
+    done = set(kept.model)
+    library_rows([e for e in entries if e.name not in done], methods, parallel=parallel, limit=limit, report=report,
+                 finished=finished)
+    shipped = [n for n in (["cnn-sgd", "vit-sgd"] if fast else _shipped_sgd()) if n not in done]
+    if shipped:
+        finished(shipped_rows(methods, shipped, n=2 if fast else 8))
     return pd.DataFrame(rows).reindex(columns=COLUMNS)
+
+
+def _shipped_sgd() -> list[str]:
+    from audit import available_checkpoints
+
+    return [k for k in available_checkpoints() if k.endswith("-sgd")]
 
 
 def figure(table: pd.DataFrame):
@@ -155,15 +188,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="atlas", help="folder for atlas.csv and atlas.png")
     parser.add_argument("--parallel", type=int, default=2, help="models measured at once")
     parser.add_argument("--limit", type=float, default=600.0, help="seconds per model")
+    parser.add_argument("--fresh", action="store_true", help="measure every model again (default: keep the rows "
+                        "of the models DIR/atlas.rows.csv holds)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    keep = out / ("atlas-fast.rows.csv" if args.fast else "atlas.rows.csv")
+    if args.fresh:
+        keep.unlink(missing_ok=True)
 
     def report(i: int, row: dict) -> None:
         print(f"[{i + 1}] {row['name']}: {row['class']} ({row.get('run_s')} s) {row.get('reason', '')[:120]}",
               file=sys.stderr, flush=True)
 
-    table = atlas(args.fast, args.parallel, args.limit, report)
+    table = atlas(args.fast, args.parallel, args.limit, report, keep)
     tmp = out / "atlas.csv.partial"
     table.to_csv(tmp, index=False)
     os.replace(tmp, out / "atlas.csv")

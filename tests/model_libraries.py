@@ -228,7 +228,8 @@ def _timm() -> Listing:
     listing = Listing("timm")
     modules = timm.list_modules()
     # every model is built once on meta to count its parameters: the enumeration's cost, shared by two workers
-    with multiprocessing.get_context("fork").Pool(2) as pool:
+    # one thread each: a forked child that enters the parent's OpenMP pool waits on it for ever
+    with multiprocessing.get_context("fork").Pool(2, initializer=torch.set_num_threads, initargs=(1,)) as pool:
         counted = pool.map(_timm_counts, modules, chunksize=1)
     for module, (counts, why) in zip(modules, counted):
         small = {n: c for n, c in counts.items() if c <= MAX_TIMM_PARAMS}

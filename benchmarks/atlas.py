@@ -14,7 +14,7 @@ architectures (LayerNorm, attention, gating) break or keep it.
 
 writes DIR/atlas.csv (one row per model x method) and DIR/atlas.png; ``make atlas`` runs it in full. Each
 model's rows are kept in DIR/atlas.rows.csv as it finishes, and a rerun on DIR measures only the models
-not in it (``--fresh`` starts over): the full atlas takes hours on 2 cores.
+not measured or refused in it (``--fresh`` starts over): the full atlas takes hours on 2 cores.
 """
 from __future__ import annotations
 
@@ -128,7 +128,9 @@ def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=No
     from tests.model_libraries import enumerate_models, timm_entries, within
 
     kept = pd.read_csv(keep) if keep is not None and keep.exists() else pd.DataFrame(columns=COLUMNS)
-    rows: list[dict] = kept.to_dict("records")
+    # measured or refused models are done; one over the time limit, or whose child crashed, is tried again
+    done = set(kept.model[kept.status.isin(["measured", "refused"])])
+    rows: list[dict] = kept[kept.model.isin(done)].to_dict("records")
 
     def finished(new: list[dict]) -> None:
         rows.extend(new)
@@ -142,7 +144,6 @@ def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=No
     if not fast:  # one model per architecture module: the smallest
         seen: set[str] = set()
         entries = [e for e in sorted(entries, key=lambda e: e.params) if not (e.note in seen or seen.add(e.note))]
-    done = set(kept.model)
     library_rows([e for e in entries if e.name not in done], methods, parallel=parallel, limit=limit, report=report,
                  finished=finished)
     shipped = [n for n in (["cnn-sgd", "vit-sgd"] if fast else _shipped_sgd()) if n not in done]

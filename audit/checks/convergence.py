@@ -98,13 +98,18 @@ def spectrum(signal: torch.Tensor) -> tuple[float, float]:
 
 
 def image_spectra(signal: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """sigma2 / sigma1 and the effective rank of each image's K x D signal matrix (images with a zero
-    signal left out): two arrays of at most B values.
+    """sigma2 / sigma1 and the effective rank of each image's K x D signal matrix (images with a zero or
+    non-finite signal left out): two arrays of at most B values.
 
     The singular values are the square roots of the eigenvalues of the K x K Gram matrix (D is up to
-    millions, K about 8): exact in float64 for ratios above about 1e-7."""
+    millions, K about 8): exact in float64 for ratios above about 1e-7. Each image's matrix is divided by
+    its largest |value| first (both measures are scale-free), so that a signal of 1e200 does not overflow
+    the Gram matrix."""
     k, b = signal.shape[:2]
     mats = signal.double().reshape(k, b, -1).transpose(0, 1)  # (B, K, D)
+    scale = mats.abs().amax(dim=(1, 2))
+    keep = torch.isfinite(mats).all(dim=2).all(dim=1) & (scale > 0)
+    mats = mats[keep] / scale[keep, None, None]
     sv = torch.linalg.eigvalsh(mats @ mats.transpose(1, 2)).flip(-1).clamp_min(0).sqrt()
     sv = sv[sv[:, 0] > 0]
     ratio = sv[:, 1] / sv[:, 0]

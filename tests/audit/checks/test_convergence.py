@@ -140,3 +140,20 @@ def test_attention_rollout_is_a_product_of_stochastic_matrices_and_collapses():
     assert len(nodes) == 8
     for op in operators:
         assert bool((op >= 0).all()) and torch.allclose(op.sum(-1), torch.ones_like(op[..., 0]))
+
+
+def test_spectra_are_scale_free_and_leave_out_non_finite_signals():
+    from audit.checks.convergence import image_spectra
+
+    gen = torch.Generator().manual_seed(0)
+    signal = torch.randn(6, 3, 5, 7, generator=gen, dtype=torch.float64)  # K, B, ...
+    ratio, rank = image_spectra(signal)
+    big = signal * torch.tensor([1e200, 1.0, 1e-200], dtype=torch.float64)[None, :, None, None]
+    big_ratio, big_rank = image_spectra(big)  # the plain Gram matrix of the first image overflows
+    np.testing.assert_allclose(big_ratio, ratio, rtol=1e-12)
+    np.testing.assert_allclose(big_rank, rank, rtol=1e-12)
+    signal[2, 1, 0, 0] = float("inf")
+    signal[:, 2] = 0.0
+    kept_ratio, _ = image_spectra(signal)
+    np.testing.assert_allclose(kept_ratio, ratio[:1], rtol=1e-12)  # image 1 non-finite, image 2 zero
+    assert 0 < ratio.min() and ratio.max() < 1

@@ -51,7 +51,7 @@ def _pattern_data(manifest: dict) -> str:
     """What the pattern methods' patterns were fitted on, as the manifest records it."""
     record = manifest.get("patterns")
     return "the images each check explains" if not record else \
-        f"{record['data']}, the trained models' patterns fitted once and reused"
+        f"{record['data']} (each trained model's patterns fitted once, kept beside its checkpoint and reused)"
 
 
 def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:

@@ -438,16 +438,22 @@ class _Builder:
         return _fold_batchnorm(Graph(nodes, name, self.c.shape, self.c.dynamic_batch, self.batch_sized()))
 
     def batch_sized(self) -> bool:
-        """Whether a size the graph computes depends on the batch size (a symbolic batch)."""
+        """Whether a size the graph computes depends on the batch size (a symbolic batch), or a value merges
+        the batch with another axis (LeViT's and Swin's (B * n, ...) views): one image of a reference
+        cannot be broadcast against such a value."""
         val = next(n for n in self.c.graph.nodes if n.name == self.c.input).meta.get("val")
         batch = val.shape[0] if isinstance(val, torch.Tensor) else None
         if not isinstance(batch, torch.SymInt):
             return False
-        symbol = batch.node.expr.free_symbols
+        expr = batch.node.expr
+        symbol = expr.free_symbols
         for fx_node in self.c.graph.nodes:
             v = fx_node.meta.get("val")
             if fx_node.op == "call_function" and isinstance(v, torch.SymInt) and fx_node.target is not \
                     torch.ops.aten.sym_size.int and symbol & v.node.expr.free_symbols:
+                return True
+            if isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) and d.node.expr != expr
+                                                   and symbol & d.node.expr.free_symbols for d in v.shape):
                 return True
         return False
 

@@ -19,6 +19,7 @@ not measured or refused in it (``--fresh`` starts over): the full atlas takes ho
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -67,11 +68,15 @@ def collapse(model: torch.nn.Module, x: torch.Tensor, methods: list[str], thresh
     return rows
 
 
-def _work(entry, row: dict, seed: int, methods: tuple) -> None:
-    """The atlas's job in a forked child (``tests.model_libraries.check_all``): build, perturb, measure."""
+def _work(entry, row: dict, seed: int, methods: tuple, budget: int | None = None) -> None:
+    """The atlas's job in a forked child (``tests.model_libraries.check_all``): build, perturb, measure, the
+    passes held to ``budget`` bytes (CSC over every chain method of HaloNet took 23 GB without one)."""
+    from attributions import memory
+
     model = entry.perturb(entry.build(), seed)
     x = torch.randn(2, *entry.input_shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    row["csc"] = collapse(model, x, list(methods))
+    with memory.limit(budget):
+        row["csc"] = collapse(model, x, list(methods))
 
 
 def _judge(row: dict) -> tuple[str, str]:
@@ -98,7 +103,11 @@ def library_rows(entries: list, methods: list[str], seed: int = 0, parallel: int
         if report is not None:
             report(i, r)
 
-    return [row for r in check_all(entries, seed, tuple(methods), limit, parallel, each, work=_work, judge=_judge)
+    from audit.run.resources import available_bytes
+
+    # the children at once share half of the memory free now
+    work = functools.partial(_work, budget=max(1, available_bytes(torch.device("cpu")) // (2 * parallel)))
+    return [row for r in check_all(entries, seed, tuple(methods), limit, parallel, each, work=work, judge=_judge)
             for row in _rows_of(r)]
 
 

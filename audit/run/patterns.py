@@ -4,9 +4,10 @@ Kindermans et al. fit the signal patterns on the training data. ``pattern_data``
 images each check explains, the methods' own default), "train" (the training split of the audited data
 set; for the embedded sample, the embedded sample's own training part) or "<data set>:<split>" (a named
 sample, e.g. "fashion-mnist:train"); ``pattern_images`` of them, a seeded draw. The trained model's
-patterns are fitted once and kept beside its checkpoint (in the run folder's ``patterns/`` when there is no
-writable checkpoint folder), named by the weights' fingerprint, and read again by later units and runs;
-every randomized model is refitted on the same images (:class:`attributions.patterns.PatternSource`).
+patterns are fitted once and kept beside its checkpoint (in the run folder's ``patterns/`` for the shipped
+checkpoints and when there is no writable checkpoint folder), named by the weights' fingerprint, and read
+again by later units and runs; every randomized model is refitted on the same images
+(:class:`attributions.patterns.PatternSource`).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from torch import nn
 from attributions.patterns import fingerprint
 from audit.data.datasets import DATASETS, SPLITS, load_dataset
 from audit.errors import ConfigError
-from audit.models.checkpoint import model_files
+from audit.models.checkpoint import SHIPPED, model_files
 
 PATTERN_METHODS = ("patternnet", "patternattribution")
 EXPLAINED = "explained"
@@ -65,7 +66,9 @@ def cache_file(spec: str, weights: str | None, label: str, value: str, n: int, t
     writable, else in ``out``/patterns; named by the model, the data, the number of images and the weights'
     fingerprint, so that other weights or data never read them."""
     files = [f for f in model_files(spec, weights) if f.suffix in (".pt", ".pth", ".safetensors", ".bin")]
-    folder = files[0].parent if files and os.access(files[0].parent, os.W_OK) else out / "patterns"
+    # the package's own checkpoint folder stays as shipped: the run folder keeps their patterns
+    beside = files and files[0].parent.resolve() != Path(str(SHIPPED)).resolve() and os.access(files[0].parent, os.W_OK)
+    folder = files[0].parent if beside else out / "patterns"
     folder.mkdir(parents=True, exist_ok=True)
     tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", value)
     return folder / f"{label}.patterns-{tag}-{n}-{trained[:16]}.pt"

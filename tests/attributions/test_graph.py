@@ -484,3 +484,27 @@ def test_the_shipped_vit_keeps_its_symbolic_batch():
     model = load_checkpoint("vit-sgd")
     graph = trace(model, torch.rand(4, 1, 28, 28))
     assert graph.dynamic_batch and graph.batch_sized
+
+
+def test_a_view_merging_the_batch_with_another_axis_takes_a_batch_sized_reference():
+    class Merge(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.head = nn.Linear(4, 4), nn.Linear(4, 3)
+
+        def forward(self, x):
+            h = torch.relu(self.fc(x).reshape(-1, 2) + 0.1)  # (2 B, 2): the batch merged with an axis
+            return self.head(h.reshape(-1, 4))
+
+    torch.manual_seed(0)
+    model = Merge().double().eval()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    graph = trace(model, x)
+    assert graph.batch_sized and graph.dynamic_batch
+    ex = Explainer(model, "deeplift", graph=graph)
+    target = torch.tensor([0, 2, 1])
+    onehot = F.one_hot(target, 3).to(x.dtype)[None]  # (K = 1, B, classes)
+    taps = ex.forward_pass(x).signals(graph.output, onehot)  # every node's signal, the merged ones included
+    assert all(torch.isfinite(t).all() for t in taps.values())
+    torch.testing.assert_close(taps["input"][0], ex.attribute(x, target=target), rtol=1e-12, atol=1e-14)
+    _exact(model, x)

@@ -66,3 +66,11 @@ def test_an_audit_fits_the_trained_patterns_once_beside_the_checkpoint_and_refit
     explained = run_audit(load_config(**{**config.to_dict(), "pattern_data": "explained"}), tmp_path / "own", **quiet)
     assert "patterns" not in explained.manifest
     assert not explained.tables["random-logit"].ssim.equals(first.tables["random-logit"].ssim)
+
+
+def test_the_shipped_checkpoints_folder_stays_as_shipped(tmp_path):
+    from audit.run.patterns import cache_file
+
+    before = sorted(p.name for p in SHIPPED.iterdir())
+    path = cache_file("cnn-sgd", None, "cnn-sgd", "train", 8, "f" * 64, tmp_path)
+    assert path.parent == tmp_path / "patterns" and sorted(p.name for p in SHIPPED.iterdir()) == before

@@ -63,7 +63,7 @@ def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tens
         graph = graph if graph is not None else trace(model, x)
         given = {"random": {"seed": seed}} | (_GIVEN.get() or {}) | (params or {})
         kept = {m: e for m, e in (previous or {}).items() if e.model is model and e.graph is graph and m not in given}
-        explainers = {m: kept[m] if m in kept else explainer(model, m, graph, **given.get(m, {})) for m in methods}
+        explainers = {m: kept[m] if m in kept else Explainer(model, m, graph=graph, **given.get(m, {})) for m in methods}
         envs = shared_forward(explainers, x, reuse)
         logits = envs[0][graph.output] if envs else Explainer(model, "gradient", graph=graph).forward(x).detach()
     if y is not None:

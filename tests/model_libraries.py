@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import inspect
 import multiprocessing
+import signal
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -613,11 +614,20 @@ def finish_one(started: tuple, limit: float = 120.0) -> dict:
         row |= receive.recv() if receive.poll(left) else {"class": "skipped", "reason": f"over the {limit:.0f} s limit"}
     except EOFError:  # the child died without a word: killed for memory, or a crash in native code
         child.join()
-        row |= {"class": "crash", "reason": f"the child process died (exit code {child.exitcode})"}
+        row |= {"class": "crash", "reason": _death(child.exitcode)}
     if child.is_alive():
         child.kill()
     child.join()
     return row | {"run_s": round(time.perf_counter() - start, 1)}
+
+
+def _death(code: int | None) -> str:
+    """Why a child that sent no row ended, from its exit code (negative: the signal that killed it)."""
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        why = " (on Linux most likely the out-of-memory killer)" if -code == signal.SIGKILL else ""
+        return f"the child process was killed by {name}{why}"
+    return f"the child process died (exit code {code})"
 
 
 def within(entries: list[Entry], limit: int = MAX_TIMM_PARAMS) -> list[Entry]:

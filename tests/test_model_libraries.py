@@ -16,6 +16,7 @@ skips. ``python -m benchmarks.model_libraries`` runs the same checks over every 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import pytest
@@ -70,3 +71,17 @@ def test_every_classifier_is_exact_or_refused_at_capture(library, capsys):
     exact = sum(r["class"] == "exact" for r in rows)
     assert not problems, f"{library}: {exact} of {len(rows)} exact; " + "\n".join(problems)
     assert {r["name"] for r in rows} == {e.name for e in entries}
+
+
+def _killed(entry, row, seed, methods):
+    os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer does
+
+
+def test_a_child_killed_by_a_signal_is_a_crash_that_names_it():
+    import torch
+
+    from tests.model_libraries import Entry
+
+    entry = Entry("test", "killed", lambda: torch.nn.Identity(), (1, 2, 2), 0)
+    [row] = check_all([entry], work=_killed, limit=60.0)
+    assert row["class"] == "crash" and "killed by SIGKILL" in row["reason"] and "out-of-memory" in row["reason"]

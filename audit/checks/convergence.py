@@ -267,10 +267,11 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
             v = v * keep[..., None]
         vectors[target] = v
         shapes[node] = probe[node].shape
+    # only the recorded layers' signals are kept (data movement, often the largest values, is passed on)
+    recorded = {n.name: _bytes(probe.get(n.name)) for n in graph.nodes if n.kind in RECORDED_KINDS or _joins(n)}
     del probe
-    # under a memory budget the images go in chunks: every node's signal is kept for each of the K vectors,
-    # and the analysis's float64 copies and the rules' buffers add 1.5 times that (peak measured on VGG-16)
-    chunk = min(e.images_per_pass(x, 5 * k_total // 2 + 1) for e in explainers.values())
+    forward = max(e.bytes_per_image(x) for e in explainers.values()) if memory.budget() is not None else 0
+    chunk, groups = signal_plan(len(x), forward, recorded, k_total)
     pooled: dict[tuple[str, str, str], list] = {}
     jobs = [(m, t) for m in explainers for t in targets]
     for start, stop in tqdm(memory.spans(len(x), chunk), desc="CSC", disable=not progress or chunk == len(x),
@@ -286,22 +287,11 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
             node = _split_token(target)[0]
             own_ref = ref if ex.method.signal == "multiplier" else None
             part = vectors[target][:, start:stop]
-            taps = ForwardPass(ex, xs, env, own_ref).signals(node, part)
-            taps.pop(node, None)
-            for layer, signal in taps.items():
-                kind = kinds.get(layer, "input")
-                if kind not in RECORDED_KINDS and not _joins(graph.by_name[layer]):
-                    continue
-                axis = axes.get(layer, 1)
-                channels = signal.shape[2] if signal.ndim == 3 else signal.shape[axis % (signal.ndim - 1) + 1]
-                if channels == 1 and signal.ndim > 3:
-                    continue  # one channel: |cos| is trivially 1
-                entry = pooled.setdefault((method, target, layer), [channels, [], [], []])
-                entry[1].append(pairwise_abs_cos(signal, n_vectors, axis))
-                ratio, rank = image_spectra(signal)
-                entry[2].append(ratio)
-                entry[3].append(rank)
-            del taps
+            for group in groups:  # several backward passes when one image's recorded signals exceed the budget
+                taps = ForwardPass(ex, xs, env, own_ref).signals(node, part, keep=group)
+                taps.pop(node, None)
+                _pool(pooled, method, target, taps, axes, n_vectors)
+                del taps
         del env, ref, envs
     for (method, target, layer), (channels, cos_parts, ratios, ranks) in pooled.items():
         cos = np.concatenate(cos_parts)
@@ -317,6 +307,61 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_a
                      "effective_rank": float(np.median(rank)) if len(rank) else np.nan,
                      "collapsed": bool(q[2] >= threshold)})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _bytes(value) -> int:
+    return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
+
+
+def signal_plan(images: int, forward: int, recorded: dict[str, int], vectors: int) -> tuple[int, list[set[str]]]:
+    """How CSC fits the memory budget (:mod:`attributions.memory`): (images per pass, groups of layers,
+    one backward pass each).
+
+    Parameters
+    ----------
+    images : B, the images to analyse
+    forward : bytes of one image's forward pass
+    recorded : {layer: bytes of its signal for one image and one vector}, in graph order
+    vectors : K, the signals propagated at once
+
+    Every recorded layer's signal is kept for each of the K vectors until the pass ends, and the analysis's
+    float64 copies and the rules' buffers add 1.5 times that (peak measured on VGG-16), so an image costs
+    its forward pass plus 2.5 K times its recorded signals. Without a budget: every image and every layer
+    at once. When one image does not fit, the layers are split into groups that do, consecutive from the
+    output down (a layer too large alone goes alone): the same signals, one more backward pass per group.
+    """
+    every = set(recorded)
+    nbytes = memory.budget()
+    if nbytes is None:
+        return images, [every]
+    per_vector = 5 * vectors // 2
+    per_image = forward + per_vector * sum(recorded.values())
+    if per_image <= nbytes:
+        return memory.fitting(images, per_image), [every]
+    groups: list[set[str]] = [set()]
+    held = 0
+    for layer, size in reversed(recorded.items()):  # the order the backward pass reaches them
+        if groups[-1] and forward + held + per_vector * size > nbytes:
+            groups.append(set())
+            held = 0
+        groups[-1].add(layer)
+        held += per_vector * size
+    return 1, groups
+
+
+def _pool(pooled: dict, method: str, target: str, taps: dict[str, torch.Tensor], axes: dict[str, int],
+          n_vectors: int) -> None:
+    """Add each layer's |cos| and spectra of one pass's signals ``taps`` {layer: (K, B, ...)} to ``pooled``."""
+    for layer, signal in taps.items():
+        axis = axes.get(layer, 1)
+        channels = signal.shape[2] if signal.ndim == 3 else signal.shape[axis % (signal.ndim - 1) + 1]
+        if channels == 1 and signal.ndim > 3:
+            continue  # one channel: |cos| is trivially 1
+        entry = pooled.setdefault((method, target, layer), [channels, [], [], []])
+        entry[1].append(pairwise_abs_cos(signal, n_vectors, axis))
+        ratio, rank = image_spectra(signal)
+        entry[2].append(ratio)
+        entry[3].append(rank)
 
 
 def _product_rows(method: str, ex: Explainer, graph: Graph, x: torch.Tensor, y, n_vectors: int, k_total: int,

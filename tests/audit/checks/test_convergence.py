@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from attributions import Explainer
+from attributions import Explainer, memory
 from attributions.graph import trace
 from audit import (
     chain_convergence,
@@ -13,6 +13,7 @@ from audit.checks.convergence import (
     layer_inputs,
     pairwise_abs_cos,
     random_cosine_median,
+    signal_plan,
 )
 from audit.errors import AuditError, ConfigError
 from audit.models import build
@@ -157,3 +158,17 @@ def test_spectra_are_scale_free_and_leave_out_non_finite_signals():
     kept_ratio, _ = image_spectra(signal)
     np.testing.assert_allclose(kept_ratio, ratio[:1], rtol=1e-12)  # image 1 non-finite, image 2 zero
     assert 0 < ratio.min() and ratio.max() < 1
+
+
+def test_the_signal_plan_chunks_images_then_splits_layers_under_a_budget():
+    # an image costs its forward pass (100 bytes) plus 2.5 K = 20 times its recorded signals (60 bytes)
+    recorded = {"a": 10, "b": 20, "c": 30}
+    assert signal_plan(4, 100, recorded, 8) == (4, [{"a", "b", "c"}])  # no budget
+    with memory.limit(3000):
+        assert signal_plan(4, 100, recorded, 8) == (2, [{"a", "b", "c"}])
+    with memory.limit(1300):
+        assert signal_plan(4, 100, recorded, 8) == (1, [{"a", "b", "c"}])
+    with memory.limit(1000):  # one image does not fit: from the output down, c (600), then b and a (400 + 200)
+        assert signal_plan(4, 100, recorded, 8) == (1, [{"c"}, {"a", "b"}])
+    with memory.limit(1):  # each layer alone
+        assert signal_plan(4, 100, recorded, 8) == (1, [{"c"}, {"b"}, {"a"}])

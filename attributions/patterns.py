@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,8 @@ def _pattern(stats: list[torch.Tensor], w: torch.Tensor) -> torch.Tensor:
 def fit_nodes(ex: Any, data: torch.Tensor, estimator: str, batch: int) -> dict[str, torch.Tensor]:
     """{node: pattern} for every conv and dense node of the explainer's graph, from ``data`` in chunks."""
     gradient = ex.sibling("gradient") if ex.method.name != "gradient" else ex
+    # under a memory budget the chunks are those whose forward pass and two pullbacks fit
+    batch = min(batch, gradient.images_per_pass(data, 2))
     sums: dict[str, list[torch.Tensor]] = {}
     ops: dict[str, Any] = {}
     for start in range(0, len(data), batch):
@@ -140,6 +143,15 @@ def fit_nodes(ex: Any, data: torch.Tensor, estimator: str, batch: int) -> dict[s
             op = ops.setdefault(node.name, OPS[node.kind](node))
             stats = _statistics(op, values[node.inputs[0]], estimator, 1 if node.kind == "conv" else -1)
             sums[node.name] = stats if node.name not in sums else [a + b for a, b in zip(sums[node.name], stats)]
+    # a covariance needs two samples: a layer none of whose units has them passes no signal (an SE block's
+    # reduction over a few pooled images, say); a warning, as its branch may not be the only path
+    void = [name for name, stats in sums.items() if not (stats[0] >= 2).any()]
+    if void:
+        where = "" if estimator == "linear" else " with y > 0"
+        more = f" (and {len(void) - 1} more layer(s))" if len(void) > 1 else ""
+        warnings.warn(f"the patterns of {void[0]}{more} cannot be estimated from {len(data)} image(s): none of "
+                      f"their output units has two samples{where}, so they pass no signal; fit the patterns on "
+                      "more images (data=, or the audit's pattern_data train)", stacklevel=3)
     return {name: _patterns_of(stats, ops[name].weights()[0]) for name, stats in sums.items()}
 
 

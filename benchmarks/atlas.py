@@ -6,15 +6,18 @@ parameters, float64, two seeded inputs; and the shipped trained checkpoints on t
 each chain method (a rule chain, or a product of per-block operators such as attention rollout), CSC
 injects K Gaussian vectors at the logits (for a product chain: over the class token's row) and reports
 the median |cos| where the chain arrives at the input, the largest median on the way down and
-sigma2 / sigma1 of the K signals there. Sixt et al.'s theorem says which chains must collapse whatever
+sigma2 / sigma1 of the K signals there. PatternNet and PatternAttribution are fitted on 16 more Gaussian
+images drawn as the inputs (two would leave a dense layer's covariances degenerate), on the shipped
+checkpoints on 256 images of the sample's training part. Sixt et al.'s theorem says which chains must collapse whatever
 the weights (non-negative chains: the z+ family, DeepLIFT-Ablation, rollout); the atlas measures which
 architectures (LayerNorm, attention, gating) break or keep it.
 
-    python -m benchmarks.atlas [--fast] [--out DIR] [--parallel N] [--limit SECONDS]
+    python -m benchmarks.atlas [--fast] [--out DIR] [--parallel N] [--limit SECONDS] [--redo METHODS] [--fresh]
 
 writes DIR/atlas.csv (one row per model x method) and DIR/atlas.png; ``make atlas`` runs it in full. Each
 model's rows are kept in DIR/atlas.rows.csv as it finishes, and a rerun on DIR measures only the models
-not measured or refused in it (``--fresh`` starts over): the full atlas takes hours on 2 cores.
+not measured or refused in it (``--fresh`` starts over; ``--redo a,b`` measures methods a and b again on
+the models measured): the full atlas takes hours on 2 cores.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ COLUMNS = ["source", "model", "family", "method", "method_family", "csc_at_input
            "sigma2_over_sigma1", "collapsed", "status", "reason"]
 FAST_MODELS = ["test_resnet", "test_vit"]
 FAST_METHODS = ["gradient", "lrp-zplus", "deeplift", "attention-rollout"]
+PATTERN_IMAGES = 16  # the pattern methods' fit on a library model; the shipped ones use their training images
+SHIPPED_PATTERN_IMAGES = 256
 
 
 def chain_methods() -> list[str]:
@@ -42,11 +47,15 @@ def chain_methods() -> list[str]:
     return [m for m in BUILDERS if build_method(m).chain or build_method(m).engine.product]
 
 
-def collapse(model: torch.nn.Module, x: torch.Tensor, methods: list[str], threshold: float = 0.99) -> list[dict]:
-    """One row per method that fits ``model``: CSC from the logits at the input end (see the module docstring)."""
+def collapse(model: torch.nn.Module, x: torch.Tensor, methods: list[str], threshold: float = 0.99,
+             patterns: tuple[torch.Tensor, str] | None = None) -> list[dict]:
+    """One row per method that fits ``model``: CSC from the logits at the input end (see the module docstring).
+    ``patterns``: (images, what they are) the pattern methods are fitted on (default: ``x``)."""
     from attributions import Explainer
     from attributions.graph import trace
     from audit.checks.convergence import chain_convergence
+    from audit.checks.passes import given_params
+    from audit.run.patterns import PATTERN_METHODS
 
     graph = trace(model, x)
     fitting = []
@@ -54,7 +63,9 @@ def collapse(model: torch.nn.Module, x: torch.Tensor, methods: list[str], thresh
         ex = Explainer(model, m, graph=graph)
         if ex.method.engine.fits(ex, x) is None:
             fitting.append(m)
-    df = chain_convergence(model, x, None, fitting, inject_at=[graph.output], threshold=threshold, progress=False)
+    given = {m: {"data": patterns[0].to(x), "source": patterns[1]} for m in PATTERN_METHODS} if patterns else {}
+    with given_params(given):
+        df = chain_convergence(model, x, None, fitting, inject_at=[graph.output], threshold=threshold, progress=False)
     rows = []
     for method, part in df[df.is_logits.astype(bool)].groupby("method", sort=False):
         part = part.dropna(subset=["median"]).sort_values("depth")
@@ -75,8 +86,11 @@ def _work(entry, row: dict, seed: int, methods: tuple, budget: int | None = None
 
     model = entry.perturb(entry.build(), seed)
     x = torch.randn(2, *entry.input_shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    # the patterns' own images, drawn as x is: two images leave a dense layer's covariances degenerate
+    fit = torch.randn(PATTERN_IMAGES, *entry.input_shape, generator=torch.Generator().manual_seed(seed + 1),
+                      dtype=torch.float64)
     with memory.limit(budget):
-        row["csc"] = collapse(model, x, list(methods))
+        row["csc"] = collapse(model, x, list(methods), patterns=(fit, f"{PATTERN_IMAGES} Gaussian images"))
 
 
 def _judge(row: dict) -> tuple[str, str]:
@@ -91,10 +105,11 @@ def _rows_of(r: dict) -> list[dict]:
     return [base | c | {"status": "measured", "reason": ""} for c in r["csc"]]
 
 
-def library_rows(entries: list, methods: list[str], seed: int = 0, parallel: int = 2, limit: float = 600.0,
-                 report=None, finished=None) -> list[dict]:
+def library_rows(entries: list, methods: list[str] | list[list[str]], seed: int = 0, parallel: int = 2,
+                 limit: float = 600.0, report=None, finished=None) -> list[dict]:
     """The atlas rows of library ``entries`` (``tests.model_libraries.Entry``), each model in its own child;
-    ``finished(rows)`` is called with each model's rows as it finishes."""
+    ``methods``: for every entry, or a list per entry; ``finished(rows)`` is called with each model's rows as
+    it finishes."""
     from tests.model_libraries import check_all
 
     def each(i: int, r: dict) -> None:
@@ -107,39 +122,47 @@ def library_rows(entries: list, methods: list[str], seed: int = 0, parallel: int
 
     # the children at once share half of the memory free now
     work = functools.partial(_work, budget=max(1, available_bytes(torch.device("cpu")) // (2 * parallel)))
-    return [row for r in check_all(entries, seed, tuple(methods), limit, parallel, each, work=work, judge=_judge)
+    per_entry = [tuple(m) for m in methods] if methods and isinstance(methods[0], list) else tuple(methods)
+    return [row for r in check_all(entries, seed, per_entry, limit, parallel, each, work=work, judge=_judge)
             for row in _rows_of(r)]
 
 
 def shipped_rows(methods: list[str], names: list[str] | None = None, n: int = 8) -> list[dict]:
     """The atlas rows of the shipped trained checkpoints, on ``n`` images of the embedded sample."""
     from audit import embedded_sample, load_checkpoint
+    from audit.run.patterns import pattern_images
 
     x, _ = embedded_sample()
     x = torch.from_numpy(x[:: max(1, len(x) // n)][:n])
+    # as an audit with pattern_data train: a seeded draw of the sample's own training part
+    fit = pattern_images("train", "embedded", SHIPPED_PATTERN_IMAGES, seed=0)
     out = []
     for name in names if names is not None else _shipped_sgd():
         model = load_checkpoint(name)
         base = {"source": "shipped", "model": name, "family": name.split("-")[0]}
         try:
-            rows = collapse(model, x.to(next(model.parameters())), methods)
+            rows = collapse(model, x.to(next(model.parameters())), methods, patterns=fit)
             out += [base | c | {"status": "measured", "reason": ""} for c in rows]
         except AttributionError as exc:
             out.append(base | {"status": "refused", "reason": str(exc).splitlines()[0]})
     return out
 
 
-def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=None, keep: Path | None = None
-          ) -> pd.DataFrame:
+def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=None, keep: Path | None = None,
+          redo: list[str] | None = None) -> pd.DataFrame:
     """The atlas table: every timm architecture module's smallest model (``fast``: two) and the shipped
     checkpoints, every chain method (``fast``: four). ``keep``: a CSV of the rows measured so far, extended
-    as each model finishes; the models already in it are not measured again."""
+    as each model finishes; the models already in it are not measured again, except for the methods in
+    ``redo``, whose rows are measured again on every model measured."""
     from tests.model_libraries import enumerate_models, timm_entries, within
 
     kept = pd.read_csv(keep) if keep is not None and keep.exists() else pd.DataFrame(columns=COLUMNS)
     # measured or refused models are done; one over the time limit, or whose child crashed, is tried again
     done = set(kept.model[kept.status.isin(["measured", "refused"])])
-    rows: list[dict] = kept[kept.model.isin(done)].to_dict("records")
+    redo = [m for m in redo or [] if m in (FAST_METHODS if fast else chain_methods())]
+    again = set(kept.model[kept.status == "measured"]) if redo else set()
+    rows: list[dict] = kept[kept.model.isin(done) & ~(kept.model.isin(again) & kept.method.isin(redo))
+                            ].to_dict("records")
 
     def finished(new: list[dict]) -> None:
         rows.extend(new)
@@ -153,11 +176,13 @@ def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=No
     if not fast:  # one model per architecture module: the smallest
         seen: set[str] = set()
         entries = [e for e in sorted(entries, key=lambda e: e.params) if not (e.note in seen or seen.add(e.note))]
-    library_rows([e for e in entries if e.name not in done], methods, parallel=parallel, limit=limit, report=report,
+    todo = [(e, methods) for e in entries if e.name not in done] + [(e, redo) for e in entries if e.name in again]
+    library_rows([e for e, _ in todo], [list(m) for _, m in todo], parallel=parallel, limit=limit, report=report,
                  finished=finished)
-    shipped = [n for n in (["cnn-sgd", "vit-sgd"] if fast else _shipped_sgd()) if n not in done]
-    if shipped:
-        finished(shipped_rows(methods, shipped, n=2 if fast else 8))
+    shipped = ["cnn-sgd", "vit-sgd"] if fast else _shipped_sgd()
+    for names, wanted in (([n for n in shipped if n not in done], methods), ([n for n in shipped if n in again], redo)):
+        if names:
+            finished(shipped_rows(wanted, names, n=2 if fast else 8))
     return pd.DataFrame(rows).reindex(columns=COLUMNS)
 
 
@@ -198,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="atlas", help="folder for atlas.csv and atlas.png")
     parser.add_argument("--parallel", type=int, default=2, help="models measured at once")
     parser.add_argument("--limit", type=float, default=600.0, help="seconds per model")
+    parser.add_argument("--redo", default="", help="comma-separated methods measured again on the models already "
+                        "measured (their rows replaced)")
     parser.add_argument("--fresh", action="store_true", help="measure every model again (default: keep the rows "
                         "of the models DIR/atlas.rows.csv holds)")
     args = parser.parse_args(argv)
@@ -211,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}] {row['name']}: {row['class']} ({row.get('run_s')} s) {row.get('reason', '')[:120]}",
               file=sys.stderr, flush=True)
 
-    table = atlas(args.fast, args.parallel, args.limit, report, keep)
+    table = atlas(args.fast, args.parallel, args.limit, report, keep, [m for m in args.redo.split(",") if m])
     tmp = out / "atlas.csv.partial"
     table.to_csv(tmp, index=False)
     os.replace(tmp, out / "atlas.csv")

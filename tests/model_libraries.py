@@ -439,6 +439,7 @@ FLOAT32_TOLERANCE = 1e-5
 BATCH = 2
 # the costly methods' sample counts, cut for a check of finiteness and determinism
 CHEAP = {"integrated-gradients": {"n_steps": 4}, "smoothgrad": {"samples": 4}, "smoothgrad-ig": {"samples": 2, "n_steps": 3}}
+PATTERN_METHODS, PATTERN_IMAGES = ("patternnet", "patternattribution"), 8
 # the maps read from attention layers: one of them checked on every model that has them (they fit no other)
 ON_ATTENTION = ("vit-grad-cam", "attention-rollout", "generic-attention", "transformer-attribution", "attention-grad-cam")
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
@@ -494,7 +495,7 @@ def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ())
     (c) ``lrp-epsilon``, every method in ``methods`` that fits the model (``unfit``: those that do not, e.g. an
         attention map on a CNN) and on a model with attention one of the :data:`ON_ATTENTION` maps (chosen by
         the model's name) finite, and the same bit for bit when called again (``failing``: the methods that
-        were not);
+        were not); the pattern methods are fitted on :data:`PATTERN_IMAGES` more seeded images;
     (d) the model's state_dict, training flags and hooks unchanged, and no hook called (an observing hook
         is put on every module for the duration).
 
@@ -539,6 +540,9 @@ def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ())
         for method in dict.fromkeys(("lrp-epsilon", *methods, attention)):
             row["stage"] = method
             params = CHEAP.get(method, {})
+            if method in PATTERN_METHODS:  # fitted on images of their own: two leave a dense layer's covariances degenerate
+                params = {"data": torch.randn(PATTERN_IMAGES, *entry.input_shape, dtype=x.dtype,
+                                              generator=torch.Generator().manual_seed(seed + 1))}
             probe = Explainer(model, method, graph=graph, **params)
             if probe.method.engine.fits(probe, x) is not None:  # a method that does not apply to this model
                 unfit += [method] if method not in ON_ATTENTION else []

@@ -1,5 +1,7 @@
 """PatternNet / PatternAttribution: Kindermans et al.'s signal-and-distractor example, the conv statistics
 against explicit patches, refitting when the weights change, saved patterns bound to their weights."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -155,3 +157,18 @@ def test_behind_the_relus_of_bias_free_layers_two_component_equals_relu():
         both = Explainer(model, method, estimator="two-component", data=data).attribute(x, target=2)
         assert relu.abs().max() > 0
         torch.testing.assert_close(both, relu, rtol=1e-12, atol=1e-14)
+
+
+def test_too_few_samples_for_any_covariance_of_a_layer_is_a_clear_warning():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3)).double()
+    x = torch.randn(64, 6, dtype=torch.float64)
+    with pytest.warns(UserWarning, match=r"patterns of 0 \(and 1 more layer\(s\)\) cannot be estimated from 1 "
+                      r"image.*two samples"):
+        fit_patterns(model, x[:1], estimator="linear")  # one sample per unit: every covariance is zero
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fitted = fit_patterns(model, x, estimator="linear").patterns
+    assert all(p.abs().sum() > 0 for p in fitted.values())
+    maps = Explainer(model, "patternnet", data=x).attribute(x[:1], target=0)
+    assert maps.abs().sum() > 0

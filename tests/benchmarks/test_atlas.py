@@ -1,0 +1,59 @@
+"""The collapse atlas's bookkeeping: the rows kept as each model finishes, resumed, and measured again for
+the methods named in ``redo`` (the measurement itself runs in the notebook test, in the libraries' venv)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pandas as pd
+
+import tests.model_libraries
+from benchmarks import atlas as atlas_module
+from benchmarks.atlas import FAST_METHODS, FAST_MODELS
+
+
+def _fake_measurements(monkeypatch, run: int, crash: set[str] = frozenset()):
+    """Replace the measurements by rows whose csc_at_input is ``run`` plus the calls so far / 100; ``calls``
+    logs (model, methods)."""
+    calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def rows_of(source, name, methods):
+        calls.append((name, tuple(methods)))
+        if name in crash:
+            return [{"source": source, "model": name, "status": "crash", "reason": "injected"}]
+        return [{"source": source, "model": name, "method": m, "csc_at_input": run + len(calls) / 100, "collapsed": True,
+                 "status": "measured", "reason": ""} for m in methods]
+
+    def library_rows(entries, methods, finished=None, **_):
+        out = []
+        for e, m in zip(entries, methods if methods and isinstance(methods[0], list) else [methods] * len(entries)):
+            out += rows_of("timm", e.name, m)
+            finished(out[-len(m):] if e.name not in crash else out[-1:])
+        return out
+
+    monkeypatch.setattr(atlas_module, "library_rows", library_rows)
+    monkeypatch.setattr(atlas_module, "shipped_rows",
+                        lambda methods, names, n: [r for name in names for r in rows_of("shipped", name, methods)])
+    monkeypatch.setattr(tests.model_libraries, "timm_entries", lambda names: [SimpleNamespace(name=n) for n in names])
+    return calls
+
+
+def test_rows_are_kept_resumed_and_measured_again_for_redo(tmp_path, monkeypatch):
+    keep = tmp_path / "atlas-fast.rows.csv"
+    calls = _fake_measurements(monkeypatch, 1, crash={FAST_MODELS[1]})
+    first = atlas_module.atlas(fast=True, keep=keep)
+    assert [c[0] for c in calls] == [*FAST_MODELS, "cnn-sgd", "vit-sgd"]
+    kept = pd.read_csv(keep)
+    assert len(kept) == len(first) == 3 * len(FAST_METHODS) + 1 and list(kept.status).count("crash") == 1
+
+    calls = _fake_measurements(monkeypatch, 2)  # the crash is gone: that model is tried again, the others are kept
+    second = atlas_module.atlas(fast=True, keep=keep)
+    assert calls == [(FAST_MODELS[1], tuple(FAST_METHODS))]
+    assert set(second[second.status == "measured"].model) == {*FAST_MODELS, "cnn-sgd", "vit-sgd"}
+
+    calls = _fake_measurements(monkeypatch, 3)
+    third = atlas_module.atlas(fast=True, keep=keep, redo=["gradient", "no-such-method"])
+    assert sorted(calls) == sorted((m, ("gradient",)) for m in [*FAST_MODELS, "cnn-sgd", "vit-sgd"])
+    assert len(third) == len(second)
+    merged = second.merge(third, on=["model", "method"], suffixes=("_before", "_after"))
+    changed = merged[merged.csc_at_input_before != merged.csc_at_input_after]
+    assert set(changed.method) == {"gradient"} and len(changed) == 4

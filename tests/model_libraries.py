@@ -511,12 +511,13 @@ def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ())
     x = torch.randn(BATCH, *entry.input_shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     rows = torch.arange(BATCH)
     row["stage"] = "reference"
-    with torch.no_grad():  # the predicted class: a random one may sit at zero behind a final ReLU (SqueezeNet)
-        target = model(x).argmax(1)
     xg = x.clone().requires_grad_()
-    plain = torch.autograd.grad(model(xg)[rows, target].sum(), xg)[0]
+    logits = model(xg)  # one forward pass for the class, its gradient and f(x)
+    target = logits.detach().argmax(1)  # the predicted class: a random one may sit at zero behind a final ReLU (SqueezeNet)
+    plain = torch.autograd.grad(logits[rows, target].sum(), xg)[0]
+    fx = logits.detach()[rows, target]
     with torch.no_grad():
-        fx, f0 = model(x)[rows, target], model(torch.zeros_like(x))[rows, target]
+        f0 = model(torch.zeros_like(x))[rows, target]
     row.update(logit_max=float(fx.abs().max()), gradient_max=float(plain.abs().max()),
                tolerance=FLOAT32_TOLERANCE if narrowed_dtypes(model, x[:1]) else TOLERANCE)
     calls: list[str] = []

@@ -105,11 +105,10 @@ def _rows_of(r: dict) -> list[dict]:
     return [base | c | {"status": "measured", "reason": ""} for c in r["csc"]]
 
 
-def library_rows(entries: list, methods: list[str] | list[list[str]], seed: int = 0, parallel: int = 2,
-                 limit: float = 600.0, report=None, finished=None) -> list[dict]:
+def library_rows(entries: list, methods: list[list[str]], seed: int = 0, parallel: int = 2, limit: float = 600.0,
+                 report=None, finished=None) -> list[dict]:
     """The atlas rows of library ``entries`` (``tests.model_libraries.Entry``), each model in its own child;
-    ``methods``: for every entry, or a list per entry; ``finished(rows)`` is called with each model's rows as
-    it finishes."""
+    ``methods``: the methods of each entry; ``finished(rows)`` is called with each model's rows as it finishes."""
     from tests.model_libraries import check_all
 
     def each(i: int, r: dict) -> None:
@@ -122,8 +121,8 @@ def library_rows(entries: list, methods: list[str] | list[list[str]], seed: int 
 
     # the children at once share half of the memory free now
     work = functools.partial(_work, budget=max(1, available_bytes(torch.device("cpu")) // (2 * parallel)))
-    per_entry = [tuple(m) for m in methods] if methods and isinstance(methods[0], list) else tuple(methods)
-    return [row for r in check_all(entries, seed, per_entry, limit, parallel, each, work=work, judge=_judge)
+    return [row for r in check_all(entries, seed, [tuple(m) for m in methods], limit, parallel, each, work=work,
+                                   judge=_judge)
             for row in _rows_of(r)]
 
 

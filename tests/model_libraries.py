@@ -439,7 +439,7 @@ FLOAT32_TOLERANCE = 1e-5
 BATCH = 2
 # the costly methods' sample counts, cut for a check of finiteness and determinism
 CHEAP = {"integrated-gradients": {"n_steps": 4}, "smoothgrad": {"samples": 4}, "smoothgrad-ig": {"samples": 2, "n_steps": 3}}
-PATTERN_METHODS, PATTERN_IMAGES = ("patternnet", "patternattribution"), 8
+PATTERN_IMAGES = 8  # the images the pattern methods are fitted on, besides the two explained
 # the maps read from attention layers: one of them checked on every model that has them (they fit no other)
 ON_ATTENTION = ("vit-grad-cam", "attention-rollout", "generic-attention", "transformer-attribution", "attention-grad-cam")
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
@@ -503,6 +503,7 @@ def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ())
     """
     from attributions.explainer import Explainer
     from attributions.graph import trace
+    from audit.run.patterns import PATTERN_METHODS
 
     row["stage"] = "build"
     start = time.perf_counter()

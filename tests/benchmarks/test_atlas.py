@@ -25,7 +25,7 @@ def _fake_measurements(monkeypatch, run: int, crash: set[str] = frozenset()):
 
     def library_rows(entries, methods, finished=None, **_):
         out = []
-        for e, m in zip(entries, methods if methods and isinstance(methods[0], list) else [methods] * len(entries)):
+        for e, m in zip(entries, methods):
             out += rows_of("timm", e.name, m)
             finished(out[-len(m):] if e.name not in crash else out[-1:])
         return out

@@ -110,6 +110,7 @@ class GradCam(Engine):
             raise AttributionError(f"Grad-CAM normalise must be one of {', '.join(NORMALISATIONS)}, got {normalise!r}")
         self.layer, self.relu, self.upsample, self.normalise = layer, relu, upsample, normalise
         self.guided, self.tokens = guided, tokens
+        self.rectifies = guided  # guided backprop's factor clips the signal at every ReLU
         find = token_node if tokens else cam_layer
         self._layers = PerGraph(lambda graph, values, ndim: find(graph, values, layer, ndim))  # the node weighed
 

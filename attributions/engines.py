@@ -44,6 +44,8 @@ class Engine:
     needs_graph = True
     chunked = False
     product = False  # whether the maps are a row of a product of per-block operators (``operators``)
+    times_input = False  # whether the maps are (x - baseline) times a model-dependent factor
+    rectifies = False  # whether a ReLU or threshold acts on the backward signal (Guided Grad-CAM's guided factor)
 
     def maps(self, ex: Explaining, x: torch.Tensor, targets: list, envs: Any = None, **kwargs) -> torch.Tensor:
         raise NotImplementedError
@@ -87,6 +89,8 @@ CHAIN = RuleChain()
 class IntegratedGradientsEngine(Engine):
     """captum's IntegratedGradients from a zero baseline over the graph's forward (Riemann trapezoid)."""
 
+    times_input = True  # (x - baseline) times the path-averaged gradient
+
     def __init__(self, n_steps: int = 50):
         self.n_steps = n_steps
 
@@ -113,6 +117,7 @@ class SmoothGradEngine(Engine):
         if base not in self.BASES:
             raise ValueError(f"SmoothGrad's base must be one of {', '.join(self.BASES)}, got {base!r}")
         self.noise, self.samples, self.base, self.n_steps = noise, samples, base, n_steps
+        self.times_input = base == "integrated-gradients"
 
     def maps(self, ex, x, targets, envs=None, **kwargs):
         logits = ex.forward(x).detach()

@@ -63,6 +63,30 @@ class Method:
         """Whether the method is a backward chain of rules that ``propagate`` can follow."""
         return self.engine.chain
 
+    @property
+    def linear_in_signal(self) -> bool:
+        """Whether the method is a backward chain linear in the propagated signal (every rule declares
+        :attr:`~attributions.rules.Rule.linear_in_signal`): the condition under which Sixt et al.'s Theorem 1
+        makes a converged chain a rank-1 collapse."""
+        return self.chain and all(getattr(r, "linear_in_signal", True) for r in self.rules.values())
+
+    @property
+    def rectifies_signal(self) -> bool:
+        """Whether a ReLU or threshold acts on the backward signal (guided backprop, deconvnet, RectGrad, Guided
+        Grad-CAM's guided factor): the partial input recovery of Nie, Zhang & Patel (2018) can follow."""
+        return self.engine.rectifies or any(not getattr(r, "linear_in_signal", True) for r in self.rules.values())
+
+    @property
+    def input_multiplier(self) -> bool:
+        """Whether the map is (x - reference) times a model-dependent factor (input x gradient, integrated
+        gradients, DeepLIFT's multipliers times the difference, LRP whose first layer hands each input x times a
+        factor): the map keeps the input's structure whatever the factor (Adebayo et al. 2018; Kindermans et al.
+        2019)."""
+        if self.times_input or self.engine.times_input or self.signal == "multiplier":
+            return True
+        first = self.rules.get("first", self.rules.get("conv"))
+        return self.signal == "relevance" and bool(getattr(first, "proportional_to_input", False))
+
 
 # Data movement takes its exact adjoint in every method; the other traced kinds get each family's rule.
 def _traced(mix: R.Rule, activation: R.Rule, product: R.Rule, norm: R.Rule, softmax: R.Rule,

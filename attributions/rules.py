@@ -130,6 +130,12 @@ class Rule:
     # the forward values it reads beyond their shapes ("inputs", "output"): a forward pass made for one
     # backward frees the others once no later op reads them, as autograd saves only what a backward needs
     reads: tuple[str, ...] = ("inputs", "output")
+    # whether the backward is linear in the propagated signal (the condition of Sixt et al.'s Theorem 1: a chain of
+    # such rules is a product of matrices and can converge to rank 1); a ReLU or threshold on the signal is not
+    linear_in_signal = True
+    # whether the relevance it hands an input is that input times a factor, R_in = x * c (the epsilon / z / z+ /
+    # alpha-beta / gamma forms): at the first layer it makes an LRP map an input multiplier (Kindermans et al. 2019)
+    proportional_to_input = False
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         raise NotImplementedError
@@ -160,6 +166,7 @@ class Epsilon(Rule):
     """LRP-epsilon: R_in = x * W^T (R / stab(z)), z = W x + b. With a tiny epsilon: LRP-z."""
 
     kinds = LINEAR_KINDS
+    proportional_to_input = True
 
     def __init__(self, epsilon: float = 1e-6):
         self.epsilon = epsilon
@@ -178,6 +185,7 @@ class AlphaBeta(Rule):
     """
 
     kinds = WEIGHTED_KINDS
+    proportional_to_input = True
 
     def __init__(self, alpha: float = 1.0, beta: float = 0.0, bias: bool = True, stabilizer: float = 1e-6):
         if abs(alpha - beta - 1.0) > 1e-9:
@@ -217,6 +225,7 @@ class Gamma(Rule):
     """LRP-gamma: weights and bias W + gamma W+, b + gamma b+, stabilised by epsilon."""
 
     kinds = WEIGHTED_KINDS
+    proportional_to_input = True
     reads = ("inputs",)
 
     def __init__(self, gamma: float = 0.25, epsilon: float = 1e-6):
@@ -336,6 +345,10 @@ class ReLUGradient(Rule):
     def __init__(self, mode: str = "gradient"):
         self.mode = mode
 
+    @property
+    def linear_in_signal(self) -> bool:  # type: ignore[override]  # guided and deconv clip the signal
+        return self.mode == "gradient"
+
     def backward(self, ctx, signal):
         if self.mode == "deconv":
             return [signal.clamp(min=0)]
@@ -368,6 +381,7 @@ class RectGrad(Rule):
 
     kinds = ("relu", "leaky_relu")
     reads = ("output",)
+    linear_in_signal = False  # the threshold tau depends on the signal
 
     def __init__(self, q: float = 98.0):
         if not 0 <= q <= 100:
@@ -593,6 +607,8 @@ class ActivationGradient(Rule):
     kinds = ("activation",)
     records = True
     reads = ("inputs",)
+
+    linear_in_signal = False  # both modes clip the signal
 
     def __init__(self, mode: str = "guided"):
         self.mode = mode

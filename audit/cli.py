@@ -19,12 +19,13 @@ from attributions.methods import ATTENTION, BUILDERS, build_method
 from audit import style
 from audit.checks import CHECKS, check_options
 from audit.errors import ConfigError
-from audit.models import ARCHS, OPTIMIZERS, SHIPPED, TrainConfig, available_checkpoints, train
+from audit.models import ARCHS, OPTIMIZERS, SHIPPED, TrainConfig, available_checkpoints, train, twin_architecture
 from audit.models.recipes import RECIPES
 from audit.run import load_config, run_audit
 from audit.run.distributed import launch, sharded
 from audit.run.resources import keep_freed_memory
 from reports import build_report, verdict_table
+from reports.verdict import summary_line
 from reports.references import short
 
 # The main job: cnn-sgd against its Bort twin cnn-bort, every method that applies to a CNN, the three checks of
@@ -46,8 +47,7 @@ def run_demo(out: str = "demo-output", seed: int = 0, progress: bool = True) -> 
     tex = shutil.which("pdflatex") is not None and shutil.which("bibtex") is not None
     index = build_report(result.out, pdf=tex)
     verdict = verdict_table(result.tables, result.config)
-    passing = int((verdict.verdict == "pass").sum())
-    print(f"\n{passing} of {len(verdict)} model x method pairs pass all three sanity checks")
+    print(f"\n{summary_line(verdict)}")
     print(f"demo finished in {time.perf_counter() - start:.0f} s")
     print(f"report: {index.resolve()}")
     print(f"pdf: {index.with_name('report.pdf').resolve()}" if tex else
@@ -74,7 +74,10 @@ def _train(args: argparse.Namespace) -> int:
                          lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay, seed=args.seed,
                          data=args.data, data_root=args.data_root, download=args.download,
                          train_limit=args.train_limit, arch_options=arch_options, options=options,
-                         dbort=args.dbort, schedule=args.schedule)
+                         dbort=args.dbort, schedule=args.schedule, permute_labels=args.permute_labels,
+                         twin_of=args.twin_of)
+    if args.twin_of is not None:
+        twin_architecture(config, args.twin_of)
     train(config, out=args.out, resume=args.resume, progress=not args.quiet, force=args.force)
     return 0
 
@@ -120,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
                          num_classes=args.num_classes,
                          max_memory=args.max_memory, mixed_precision=args.mixed_precision,
                          image_block=args.image_block, pattern_data=args.pattern_data,
-                         pattern_images=args.pattern_images, **options)
+                         pattern_images=args.pattern_images, twins=args.twins, **options)
     with sharded(config.device) as shard:
         result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet, shard=shard)
     if shard.lead:
@@ -186,6 +189,11 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--bort-mode", default=None, help="Bort: l2-full, l1-full-row (default), l1-full-col, "
                                                      "l2-row, l2-col, l1-row, l1-col")
     t.add_argument("--dbort", action="store_true", help="add DBort's auxiliary loss")
+    t.add_argument("--permute-labels", type=int, default=None, metavar="SEED",
+                   help="train on the training labels permuted once with this seed: the permuted-label twin of the "
+                   "data-randomization test (with --train-limit and enough --epochs to fit them)")
+    t.add_argument("--twin-of", default=None, metavar="MODEL", help="the checkpoint (shipped name or .pt path) this "
+                   "run is the permuted-label twin of: its architecture must match; recorded in the metadata")
     t.add_argument("--out", required=True, help="checkpoint path (.pt; metadata beside it as .json)")
     t.add_argument("--resume", action="store_true", help="continue from the per-epoch state beside --out")
     t.add_argument("--force", action="store_true", help="overwrite an existing checkpoint at --out")
@@ -237,6 +245,9 @@ def parser() -> argparse.ArgumentParser:
                    "explained (default: the images each check explains), train (the data set's training split) or "
                    "DATASET:SPLIT; the trained model's patterns are kept beside its checkpoint")
     a.add_argument("--pattern-images", type=int, default=None, help="images the patterns are fitted on (default 256)")
+    a.add_argument("--twins", default=None, metavar="MODEL=TWIN,...", help="the permuted-label twin of each model "
+                   "for the data-randomization test (a checkpoint path, shipped name or module:factory); the shipped "
+                   "models' twins are found without it")
     a.add_argument("--out", required=True, help="the run folder (results, manifest, report)")
     a.add_argument("--workers", type=int, default=1, help="processes to shard the units over (torch.distributed, "
                    "gloo on CPU, nccl on GPU); several nodes: torchrun --nnodes ... -m audit run ...")
@@ -244,7 +255,8 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--quiet", action="store_true")
     for option in check_options().values():  # every check's own keys, as in the TOML file
         kind = type(option.default)
-        flag, text = f"--{option.name.replace('_', '-')}", f"{option.help} (default {option.default})"
+        flag = f"--{option.name.replace('_', '-')}"
+        text = f"{option.help} (default {option.default})".replace("%", "%%")  # argparse formats help with %
         if kind is bool:  # --emprt-curve / --no-emprt-curve
             a.add_argument(flag, dest=option.name, default=None, action=argparse.BooleanOptionalAction, help=text)
             continue

@@ -16,14 +16,15 @@ from pathlib import Path
 from audit import style
 from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS
-from audit.checks.base import MedianScore
 from audit.errors import ConfigError
 from audit.run.results import AuditResult, example_maps, load_results
 from audit.sections import ReportContext, Section, Table
 from reports import html, latex, markdown, methods_text
 from reports.figures import bort_figure, save, score_figure, verdict_matrix
 from reports.references import bibtex
-from reports.verdict import bort_comparison, display_columns, score_columns, verdict_table
+from reports.reproduction import reproduction_sections
+from reports.verdict import MECHANISMS, bort_comparison, broken_checks, display_columns, score_columns, summary_line, \
+    verdict_table
 
 TITLE = "Attribution audit"
 
@@ -45,16 +46,19 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
     manifest = result.manifest
     verdict = verdict_table(tables, config)
     ran = {c.name: c.verdict for c in CHECKS.values() if c.verdict is not None and c.name in tables}
-    per_image = sorted({v.score_name for v in ran.values() if isinstance(v, MedianScore)})
-    thresholds = ("Thresholds: " + "; ".join(
-        f"{v.failure} when {v.score_column} ({v.score_name}) {v.comparison} {getattr(config, v.threshold)}"
-        for v in ran.values()) + "."
-        + (" CSC scores the chain injected at the logits." if "csc" in ran else "")
-        + (f" Per-image scores ({', '.join(per_image)}) are medians over images with their 99 % bootstrap interval "
-           "(10,000 resamples)." if per_image else ""))
+    broken = broken_checks(verdict)
+    thresholds = (summary_line(verdict) + ". A sanity check can reject a method; it cannot certify one: each check "
+                  "says rejected, not rejected or inconclusive, and a method is rejected when any check rejects it. "
+                  + " ".join(f"{name}: {v.rule_text(config)}." for name, v in ran.items())
+                  + " Per-image scores are medians over images with their 99 % bootstrap interval (10,000 resamples); "
+                  "images whose maps are constant or non-finite have no defined score and are counted in the cell. "
+                  "Controls (the edge detector, the random map) are not counted; each must have the outcome its check "
+                  "names, else the check is broken." + (" BROKEN: " + "; ".join(broken) + "." if broken else "")
+                  + " Mechanism, for a rejected method: " + MECHANISMS)
     sections = [Section("Verdict", thresholds, tables=[Table(verdict[display_columns(verdict)],
                                                              "Verdict per model and method.", "verdict")],
                         figures=_across_models(verdict, score))]
+    sections[:0] = reproduction_sections(verdict, tables, config)
     context = ReportContext(config, run, partial(example_maps, run))
     for name, check in CHECKS.items():
         if name in tables:

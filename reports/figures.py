@@ -16,10 +16,10 @@ from audit.atomic import atomic_write, atomic_write_bytes
 from audit.panels import family_panels, method_legend
 from audit.sections import Figure
 
-# pass / fail / undefined / not run: Okabe-Ito blue and orange, grey, white; a mark in each cell
-# says the same for grey-scale prints
-VERDICT_COLOURS = {"pass": "#0072B2", "fail": "#E69F00", "undefined": "#BBBBBB", "n/a": "#FFFFFF"}
-VERDICT_MARKS = {"pass": "\u2713", "fail": "\u2717", "undefined": "?", "n/a": ""}
+# rejected / not rejected / inconclusive / not run: Okabe-Ito orange and blue, grey, white; a mark in each cell
+# says the same for grey-scale prints (no tick: a sanity check never certifies a method)
+VERDICT_COLOURS = {"rejected": "#E69F00", "not rejected": "#0072B2", "inconclusive": "#BBBBBB", "n/a": "#FFFFFF"}
+VERDICT_MARKS = {"rejected": "\u2717", "not rejected": "\u2013", "inconclusive": "?", "n/a": ""}
 
 
 def save(figure: Figure, directory: Path) -> bytes:
@@ -66,13 +66,14 @@ def bort_figure(comparison: pd.DataFrame) -> Figure | None:
 
 
 def verdict_status(text: str) -> str:
-    """A verdict cell's status: ``pass``, ``fail``, ``undefined`` or ``n/a``."""
+    """A verdict cell's status: ``rejected``, ``not rejected``, ``inconclusive`` or ``n/a``."""
     text = str(text)
-    return next((s for s in ("pass", "fail", "undefined") if text.startswith(s)), "n/a")
+    return next((s for s in ("rejected", "not rejected", "inconclusive") if text.startswith(s)), "n/a")
 
 
 def verdict_matrix(verdict: pd.DataFrame) -> Figure:
-    """Models (rows) x methods (columns, grouped by family): pass, fail or undefined, by colour and mark."""
+    """Models (rows) x methods (columns, grouped by family): rejected, not rejected or inconclusive, by colour and
+    mark."""
     models = list(dict.fromkeys(verdict.model))
     methods = [m for group in style.by_family(list(verdict.method)).values() for m in group]
     states = list(VERDICT_COLOURS)
@@ -86,7 +87,7 @@ def verdict_matrix(verdict: pd.DataFrame) -> Figure:
               aspect="auto")
     for (r, c), state in np.ndenumerate(grid):
         ax.text(c, r, VERDICT_MARKS[states[state]], ha="center", va="center", fontsize=6,
-                color="white" if states[state] == "pass" else "black")
+                color="white" if states[state] == "not rejected" else "black")
     ax.set_xticks(range(len(methods)), methods, rotation=60, ha="right", rotation_mode="anchor")
     for label, method in zip(ax.get_xticklabels(), methods):
         label.set_color(style.color(method))
@@ -99,8 +100,9 @@ def verdict_matrix(verdict: pd.DataFrame) -> Figure:
         spine.set_visible(False)
     fig.legend(handles=[Patch(facecolor=VERDICT_COLOURS[s], edgecolor="0.6", label=f"{VERDICT_MARKS[s]} {s}".strip())
                         for s in states if s != "n/a"], loc="outside lower center", ncols=3)
-    return Figure("verdict_matrix", fig, "Verdict per model (rows) and method (columns, grouped by family): pass, "
-                  "fail (any check failed) or undefined (maps constant or non-finite).")
+    return Figure("verdict_matrix", fig, "Verdict per model (rows) and method (columns, grouped by family): "
+                  "rejected (by any check), not rejected (by every check run; not a certificate) or inconclusive (an "
+                  "interval containing the threshold, or too few images with a defined score).")
 
 
 def score_figure(verdict: pd.DataFrame, column: str) -> Figure:

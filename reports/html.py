@@ -12,7 +12,7 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; 
 table { border-collapse: collapse; font-size: 12px; margin: 0.5em 0 1.5em; }
 th, td { border-bottom: 1px solid #ccc; padding: 3px 8px; text-align: left; }
 th { background: #f3f3f3; }
-td.fail { color: #a00; } td.pass { color: #070; }
+td.rejected { color: #a00; } td.not-rejected { color: #035; } td.inconclusive { color: #666; }
 figure { margin: 1em 0 1.5em; } img { max-width: 100%; }
 figcaption { font-size: 12px; color: #444; max-width: 900px; }
 pre { background: #f6f6f6; padding: 1em; font-size: 11px; overflow-x: auto; }
@@ -30,7 +30,8 @@ def table_html(table: Table) -> str:
         for col, text in zip(header, row):
             cls = ""
             if col == "verdict":
-                cls = ' class="pass"' if text == "pass" else ' class="fail"'
+                status = next((s for s in ("rejected", "not rejected", "inconclusive") if text.startswith(s)), "")
+                cls = f' class="{status.replace(" ", "-")}"' if status else ""
             cells.append(f"<td{cls}>{html.escape(text)}</td>")
         lines.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>"

@@ -16,7 +16,7 @@ _ESCAPE = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{
            "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
            # characters pdflatex's default input encoding does not know
            "\u2264": r"$\leq$", "\u2265": r"$\geq$", "\u00d7": r"$\times$", "\u03c3": r"$\sigma$",
-           "\u2013": "--", "\u2014": "---", "\u2212": "-", "\u2713": "pass", "\u2717": "fail", "\u00b1": r"$\pm$"}
+           "\u2013": "--", "\u2014": "---", "\u2212": "-", "\u2717": "rejected", "\u00b1": r"$\pm$"}
 
 LONG = 40  # rows from which a table breaks across pages (longtable) instead of floating
 

@@ -6,41 +6,71 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from attributions.methods import CONTROLS, build_method
 from audit.checks import CHECKS
+from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, VerdictRule
 from audit.models.training import OPTIMIZERS
 
 
-def verdict_table(tables: dict, config) -> pd.DataFrame:
-    """One row per model x method: for each check with a verdict rule among ``tables``, its score and
-    display text; then ``verdict``: "pass", or "fail: " and every failing check's reason. A check
-    that says nothing for a pair (no rows) neither passes nor fails it. Only checks that were run
-    (among ``tables`` or the configuration's tests) get columns."""
+MECHANISMS = ("rank-1 chain convergence (Sixt et al. 2020, Theorem 1: a backward pass linear in the propagated "
+              "signal whose chain from the logits reaches the CSC threshold at the input; class-insensitive as a "
+              "consequence); partial input recovery (Nie, Zhang & Patel 2018: a ReLU or threshold on the backward "
+              "signal, and the fully randomized model's map still follows the input, Spearman of |map| with |input| "
+              "at or above the randomization threshold); input multiplier (Adebayo et al. 2018; Kindermans et al. "
+              "2019: map = input x a model-dependent factor, and at full randomization the Spearman of |map| with the "
+              "trained |map| and with |input| both reach the randomization threshold). A nonlinear backward pass is "
+              "never called rank-1, whatever its CSC.")
+
+
+def _rules(tables: dict, config) -> list[tuple[str, VerdictRule, bool]]:
+    """(check name, rule, counts in the verdict) for each verdict rule of the checks that were run."""
     run = set(tables) | set(getattr(config, "tests", ()))
-    rules = [(name, check.verdict) for name, check in CHECKS.items() if check.verdict is not None and name in run]
+    return [(name, rule, rule is check.verdict) for name, check in CHECKS.items() if name in run
+            for rule in ((check.verdict,) if check.verdict is not None else ()) + tuple(check.side_rules)]
+
+
+def verdict_table(tables: dict, config) -> pd.DataFrame:
+    """One row per model x method: for each check's verdict rule (and side rule) among ``tables``, its score and
+    text; ``outcome_<check>``, each check's outcome (rejected / not rejected / inconclusive; empty where the check
+    says nothing); ``role`` (method or control); ``verdict``: "rejected: " and every rejecting check's reason,
+    else "inconclusive: " and the checks that could not conclude, else "not rejected"; ``mechanism``: for a
+    rejected method, the failure mechanism the measurements support (:func:`mechanism`); ``control_check``: for a
+    control, whether each check gave the outcome it must have. A sanity check can reject a method, never
+    certify it: no outcome says "pass"."""
+    rules = _rules(tables, config)
     present = [t for name, t in tables.items() if name in CHECKS and t is not None and not t.empty]
     if not present:
-        return pd.DataFrame(columns=["model", "method", "verdict"])
+        return pd.DataFrame(columns=["model", "method", "role", "verdict", "mechanism", "control_check"])
     pairs = pd.concat([t[["model", "method"]] for t in present]).drop_duplicates()
     rows = []
     for model, method in pairs.itertuples(index=False):
-        row: dict = {"model": model, "method": method}
-        fails, undefined = [], []
-        for name, rule in rules:
+        row: dict = {"model": model, "method": method,
+                     "role": "control" if build_method(method).family == CONTROLS else "method"}
+        rejecting, unsure = [], []
+        for name, rule, counts in rules:
             table = tables.get(name)
             part = table[(table.model == model) & (table.method == method)] if table is not None and not table.empty \
                 else pd.DataFrame()
             if part.empty:
                 row |= {rule.score_column: np.nan, rule.text_column: "n/a"}
+                if counts:
+                    row[f"outcome_{name}"] = ""
                 continue
             cell = rule.evaluate(part, config)
             row |= {rule.score_column: cell.score, rule.text_column: cell.text}
-            if cell.failed:
-                fails.append(rule.failure)
-            elif cell.failed is None and cell.text == "undefined":
-                undefined.append(name)
-        # a check that ran but could score no image says neither pass nor fail
-        row["verdict"] = ("fail: " + ", ".join(fails) if fails else
-                          f"undefined: {', '.join(undefined)} (maps constant or non-finite)" if undefined else "pass")
+            if not counts:
+                continue
+            row[f"outcome_{name}"] = cell.outcome or ""
+            if cell.outcome == REJECTED:
+                rejecting.append(f"{name} ({rule.failure})")
+            elif cell.outcome == INCONCLUSIVE:
+                unsure.append(name)
+        outcomes = [row.get(f"outcome_{name}", "") for name, _, counts in rules if counts]
+        row["verdict"] = (f"{REJECTED}: " + ", ".join(rejecting) if rejecting else
+                          f"{INCONCLUSIVE}: " + ", ".join(unsure) if unsure else
+                          NOT_REJECTED if NOT_REJECTED in outcomes else "n/a")
+        row["mechanism"] = mechanism(model, method, tables, config) if rejecting and row["role"] == "method" else ""
+        row["control_check"] = control_check(row) if row["role"] == "control" else ""
         rows.append(row)
     order = {m: i for i, m in enumerate(config.methods)}
     model_order = {m: i for i, m in enumerate(dict.fromkeys(pairs.model))}
@@ -48,10 +78,98 @@ def verdict_table(tables: dict, config) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def control_check(row: dict) -> str:
+    """Whether a control's outcome under each check is the one the check says it must have: "as expected", or
+    "UNEXPECTED: " and each check that gave another outcome (that check is broken)."""
+    wrong = [f"{name} gave {row[f'outcome_{name}']} (must be {expected})" for name, check in CHECKS.items()
+             for control, expected in check.controls.items()
+             if control == row["method"] and row.get(f"outcome_{name}") not in ("", None, expected)]
+    return "UNEXPECTED: " + "; ".join(wrong) if wrong else "as expected"
+
+
+def broken_checks(verdict: pd.DataFrame) -> list[str]:
+    """The lines naming each check a control contradicted (the check is broken on that model)."""
+    if verdict.empty or "control_check" not in verdict:
+        return []
+    bad = verdict[verdict.control_check.str.startswith("UNEXPECTED")]
+    return [f"{r.model}/{r.method}: {r.control_check.removeprefix('UNEXPECTED: ')}" for r in bad.itertuples()]
+
+
+def summary_line(verdict: pd.DataFrame) -> str:
+    """The verdict in one line: how many model x method pairs each outcome has (controls not counted), and
+    whether the controls behaved."""
+    methods = verdict[verdict.role == "method"] if "role" in verdict else verdict
+    counts = {o: int(methods.verdict.str.startswith(o).sum()) for o in (REJECTED, NOT_REJECTED, INCONCLUSIVE)}
+    line = (f"{len(methods)} model x method pairs: {counts[REJECTED]} rejected, {counts[NOT_REJECTED]} not rejected, "
+            f"{counts[INCONCLUSIVE]} inconclusive (controls not counted)")
+    controls = verdict[verdict.role == "control"] if "role" in verdict else verdict.iloc[:0]
+    broken = broken_checks(verdict)
+    if broken:
+        return line + "; BROKEN CHECK, a control had the wrong outcome: " + "; ".join(broken)
+    return line + ("; controls as expected" if len(controls) else "")
+
+
+def _at_last_stage(table: pd.DataFrame | None, model: str, method: str) -> pd.DataFrame:
+    if table is None or table.empty or "input_spearman_abs" not in table:
+        return pd.DataFrame()
+    part = table[(table.model == model) & (table.method == method)]
+    return part[part.stage == part.stage.max()] if not part.empty else part
+
+
+def csc_at_input(table: pd.DataFrame | None, model: str, method: str) -> float:
+    """The median |cos| at the input of the chain injected at the logits (NaN where CSC has no row)."""
+    if table is None or table.empty:
+        return float("nan")
+    part = table[(table.model == model) & (table.method == method) & table.is_logits.astype(bool)]
+    return float(part.sort_values("depth")["median"].iloc[0]) if not part.empty else float("nan")
+
+
+def mechanism(model: str, method: str, tables: dict, config) -> str:
+    """The failure mechanism the measurements support for a rejected method, one of three that do not overlap:
+
+    * rank-1 chain convergence (Sixt et al. 2020, Theorem 1): the backward pass is linear in the signal (every
+      rule declares it) and the chain from the logits reaches the CSC threshold at the input;
+    * partial input recovery (Nie, Zhang & Patel 2018): a ReLU or threshold acts on the backward signal, and the
+      map of the fully randomized model (last cascading stage) still follows the input: the median Spearman of
+      its magnitude with the input's reaches the randomization threshold;
+    * input multiplier (Adebayo et al. 2018; Kindermans et al. 2019): the map is the input times a factor, and at
+      full randomization both the Spearman of |map| with the trained map's and with |input| reach the
+      randomization threshold (the surviving magnitudes are the input's).
+
+    Each needs its measurement (CSC; cascading randomization): where it is missing the text says so. A nonlinear
+    pass is never called rank-1, whatever its CSC."""
+    spec = build_method(method)
+    threshold = getattr(config, "randomization_threshold", 0.5)
+    found, missing = [], []
+    if spec.linear_in_signal:
+        cos = csc_at_input(tables.get("csc"), model, method)
+        if cos != cos:
+            missing.append("CSC")
+        elif cos >= getattr(config, "csc_threshold", 0.99):
+            found.append(f"rank-1 chain convergence (CSC {cos:.3f} at the input)")
+    last = _at_last_stage(tables.get("cascading"), model, method)
+    if not found and (spec.rectifies_signal or spec.input_multiplier):
+        if last.empty:
+            missing.append("cascading randomization")
+        else:
+            follows = float(last.input_spearman_abs.median())
+            same = float(last.spearman_abs.median())
+            if spec.rectifies_signal and follows >= threshold:
+                found.append(f"partial input recovery (fully randomized: Spearman of |map| with |input| {follows:.2f})")
+            elif spec.input_multiplier and follows >= threshold and same >= threshold:
+                found.append(f"input multiplier (fully randomized: Spearman of |map| with the trained |map| {same:.2f}, "
+                             f"with |input| {follows:.2f})")
+    if found:
+        return found[0]
+    return "none of the three measured" + (f" (not run: {', '.join(missing)})" if missing else "")
+
+
 def display_columns(verdict: pd.DataFrame) -> list[str]:
-    """The verdict table's columns a reader sees: model, method, each rule's text, the verdict."""
-    texts = [r.text_column for r in (c.verdict for c in CHECKS.values()) if r is not None and r.text_column in verdict]
-    return ["model", "method"] + texts + ["verdict"]
+    """The verdict table's columns a reader sees: model, method, each rule's text (side rules beside their
+    check's), the verdict, the mechanism and the controls' check."""
+    rules = [r for c in CHECKS.values() for r in ((c.verdict,) if c.verdict is not None else ()) + tuple(c.side_rules)]
+    texts = [r.text_column for r in rules if r.text_column in verdict]
+    return ["model", "method"] + texts + [c for c in ("verdict", "mechanism", "control_check") if c in verdict]
 
 
 def score_columns(verdict: pd.DataFrame) -> list[str]:

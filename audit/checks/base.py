@@ -55,21 +55,60 @@ class UnitResult:
     maps: np.ndarray | None = None
 
 
+# A sanity check can reject a method; it cannot certify one (Adebayo et al. 2018 call theirs "sanity checks" for
+# this reason): the three outcomes of a check for one model x method.
+REJECTED, NOT_REJECTED, INCONCLUSIVE = "rejected", "not rejected", "inconclusive"
+OUTCOMES = (REJECTED, NOT_REJECTED, INCONCLUSIVE)
+MIN_DEFINED = 3  # fewer images with a defined score than this (or than half of them): inconclusive
+
+
 @dataclass(frozen=True)
 class VerdictCell:
-    """A check's verdict for one model x method: a score, its display text, and whether it failed
-    (None when the check says nothing, e.g. no rows)."""
+    """A check's verdict for one model x method: a score, its display text, its outcome (one of
+    :data:`OUTCOMES`; None when the check says nothing, e.g. no rows) and how many images gave no
+    defined score (constant or non-finite maps)."""
 
     score: float
     text: str
-    failed: bool | None
+    outcome: str | None
+    undefined: int = 0
+
+
+def interval_outcome(low: float, high: float, threshold: float, rejects_at_or_above: bool = True) -> str:
+    """The outcome of a score's interval [low, high] against ``threshold``: rejected when the whole interval lies
+    on the rejecting side (the threshold itself counts as rejecting), not rejected when it lies wholly on the
+    other side, inconclusive when it contains the threshold."""
+    if rejects_at_or_above:
+        return REJECTED if low >= threshold else NOT_REJECTED if high < threshold else INCONCLUSIVE
+    return REJECTED if high <= threshold else NOT_REJECTED if low > threshold else INCONCLUSIVE
+
+
+def too_few(defined: int, total: int) -> bool:
+    """Whether ``defined`` of ``total`` images are too few to conclude: under :data:`MIN_DEFINED` or under half."""
+    return defined < MIN_DEFINED or 2 * defined < total
+
+
+def scored_cell(values: np.ndarray, threshold: float, rejects_at_or_above: bool = True, label: str = "") -> VerdictCell:
+    """The verdict on per-image ``values`` (NaN: undefined): the median with its 99 % bootstrap interval against
+    ``threshold`` (:func:`interval_outcome`), inconclusive when too few are defined (:func:`too_few`). The text
+    starts with ``label`` (e.g. the stage it is read at) and ends with the undefined count."""
+    values = np.asarray(values, dtype=float)
+    bad = int((~np.isfinite(values)).sum())
+    est, low, high = bootstrap_ci(values[np.isfinite(values)], 0.99)
+    prefix = f"{label}: " if label else ""
+    suffix = f"; {bad} of {len(values)} undefined" if bad else ""
+    if too_few(len(values) - bad, len(values)):
+        return VerdictCell(est, f"{INCONCLUSIVE} ({prefix}{bad} of {len(values)} images undefined: constant or "
+                                "non-finite maps)", INCONCLUSIVE, bad)
+    outcome = interval_outcome(low, high, threshold, rejects_at_or_above)
+    return VerdictCell(est, f"{outcome} ({prefix}{est:.3f} [{low:.3f}, {high:.3f}]{suffix})", outcome, bad)
 
 
 class VerdictRule:
-    """How a check's table becomes a verdict for one model x method.
+    """How a check's table becomes a verdict for one model x method: one of :data:`OUTCOMES`.
 
     ``score_column`` / ``text_column`` name the two columns it adds to the verdict table;
-    ``failure`` is the reason printed when it fails; ``threshold`` names the configuration option
+    ``failure`` is the reason given when it rejects; ``threshold`` names the configuration option
     compared with the score; ``score_name`` what the score measures, as the report labels it.
     """
 
@@ -89,8 +128,14 @@ class VerdictRule:
 
     @property
     def comparison(self) -> str:
-        """How the score fails against the threshold, for the report: ">=" or "<"."""
+        """How the score rejects against the threshold, for the report: ">=" or "<="."""
         return ">="
+
+    def rule_text(self, config) -> str:
+        """The rule in one sentence, for the report."""
+        return (f"rejected ({self.failure}) when the 99 % interval of the median {self.score_name} lies at or "
+                f"{'above' if self.comparison == '>=' else 'below'} {getattr(config, self.threshold)}, not rejected "
+                "when it lies wholly on the other side, inconclusive when it contains the threshold")
 
     def per_image(self, part: pd.DataFrame) -> pd.Series | None:
         """The per-image scores behind the verdict (indexed by image), for paired comparisons; None
@@ -100,9 +145,10 @@ class VerdictRule:
 
 @dataclass(frozen=True)
 class MedianScore(VerdictRule):
-    """Fails when the median over images of ``metric`` (in the rows ``select`` keeps) reaches the
-    threshold (the maps did not change enough), or with ``fails_below`` when it stays under it (a
-    score where higher is better). Shown as the median with its 99 % bootstrap interval."""
+    """Rejects when the 99 % bootstrap interval of the median over images of ``metric`` (in the rows
+    ``select`` keeps) lies at or above the threshold (the maps did not change enough), or with
+    ``fails_below`` at or below it (a score where higher is better); inconclusive when the interval
+    contains the threshold or too few images give a defined score (:func:`scored_cell`)."""
 
     score_column: str
     text_column: str
@@ -115,19 +161,14 @@ class MedianScore(VerdictRule):
 
     @property
     def comparison(self) -> str:
-        return "<" if self.fails_below else ">="
+        return "<=" if self.fails_below else ">="
 
     def per_image(self, part):
         rows = self.select(part).sort_values("image")
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
     def evaluate(self, part, config):
-        est, low, high = bootstrap_ci(self.per_image(part).to_numpy(), 0.99)
-        if np.isnan(est):  # rows, but no image with a defined score (constant or non-finite maps)
-            return VerdictCell(est, "undefined", None)
-        threshold = getattr(config, self.threshold)
-        return VerdictCell(est, f"{est:.3f} [{low:.3f}, {high:.3f}]",
-                           bool(est < threshold if self.fails_below else est >= threshold))
+        return scored_cell(self.per_image(part).to_numpy(), getattr(config, self.threshold), not self.fails_below)
 
 
 RunUnit = Callable[[nn.Module, torch.Tensor, torch.Tensor, str, Any, bool], UnitResult]
@@ -152,6 +193,12 @@ class Check:
     verdict : its contribution to the verdict table, or None
     applies : whether a method can be checked at all (e.g. CSC needs a chain of rules); other units
         are written empty
+    side_rules : more verdict rules shown beside ``verdict`` in the verdict table (another similarity, where
+        it may disagree) that do not count in the verdict
+    controls : the outcome each control method must have under this check (the edge detector, the random map);
+        a control with another outcome marks the check as broken in the report
+    needs_twin : the unit also takes the model's permuted-label twin (``run(..., twin=...)``); a model without
+        one is skipped, and the manifest and the report say so
     order : position in the registry (the configuration's, the report's and the verdict's order)
     description : the protocol in one line (the CLI's listing and the report's methods text)
     cite : BibTeX keys of the protocol's references (``reports.references``)
@@ -173,6 +220,9 @@ class Check:
     summary: Callable[[pd.DataFrame], str]
     sections: Callable[[pd.DataFrame, ReportContext], list[Section]]
     verdict: VerdictRule | None = None
+    side_rules: tuple[VerdictRule, ...] = ()
+    controls: dict[str, str] = field(default_factory=dict)
+    needs_twin: bool = False
     applies: Callable[[str], bool] = lambda method: True
     order: int = 100
     description: str = field(default="")

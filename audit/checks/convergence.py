@@ -32,7 +32,7 @@ from attributions.graph import LINEAR_KINDS, Graph, trace
 from attributions.methods import build_method
 from attributions.records import Move, Norm
 from audit import style
-from audit.checks.base import Check, Option, UnitResult, VerdictCell, VerdictRule
+from audit.checks.base import NOT_REJECTED, REJECTED, Check, Option, UnitResult, VerdictCell, VerdictRule
 from audit.checks.passes import explainer, model_errors
 from audit.errors import AuditError
 from audit.inputs import check_inputs, resolve_methods
@@ -392,12 +392,16 @@ def _product_rows(method: str, ex: Explainer, graph: Graph, x: torch.Tensor, y, 
 
 @dataclass(frozen=True)
 class Collapse(VerdictRule):
-    """Fails when the chain injected at the logits reaches the collapse threshold at some layer;
-    shows the layer nearest the logits where it does, with its median |cos|."""
+    """Rejects when the chain injected at the logits reaches the collapse threshold at some layer (the
+    map's direction no longer depends on the signal from above: Sixt et al.'s working threshold); shows
+    the layer nearest the logits where it does, with its median |cos|, and the median |cos| at the input.
+    The median pools images, vector pairs and positions: a descriptive statistic without an interval, so
+    the outcome is rejected or not rejected. Whether the convergence is a rank-1 collapse depends on the
+    method's backward pass (linear in the signal or not): the verdict's mechanism column says."""
 
     score_column: str = "csc_max_median"
     text_column: str = "collapse_layer"
-    failure: str = "rank-1 collapse"
+    failure: str = "chain converges"
     threshold: str = "csc_threshold"
     score_name: str = "CSC (median |cos| of the chain from the logits)"
 
@@ -406,10 +410,16 @@ class Collapse(VerdictRule):
         if logits.empty:
             return VerdictCell(float("nan"), "n/a", None)
         top = float(logits["median"].max())
+        at_input = float(logits["median"].iloc[-1])
         hit = logits[logits["median"] >= getattr(config, self.threshold)]
         if hit.empty:
-            return VerdictCell(top, f"none (max {top:.3f})", False)
-        return VerdictCell(top, f"{hit.layer.iloc[0]} ({hit['median'].iloc[0]:.3f})", True)
+            return VerdictCell(top, f"{NOT_REJECTED} (max {top:.3f}; {at_input:.3f} at the input)", NOT_REJECTED)
+        return VerdictCell(top, f"{REJECTED} (from {hit.layer.iloc[0]}: {hit['median'].iloc[0]:.3f}; {at_input:.3f} at "
+                           "the input)", REJECTED)
+
+    def rule_text(self, config) -> str:
+        return (f"rejected (chain converges) when the median |cos| of the chain injected at the logits reaches "
+                f"{getattr(config, self.threshold)} at some layer, else not rejected")
 
 
 def _run(model, x, y, method, config, progress) -> UnitResult:

@@ -114,13 +114,17 @@ def _run(model, x, y, method, config, progress) -> UnitResult:
 
 
 def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
-    threshold = getattr(context.config, "emprt_pass", None)
+    threshold = getattr(context.config, "emprt_threshold", None)
     figures = [stage_figure(table, m, "score", "entropy rise (H - H_0) / H_0", f"emprt_{m}",
                             f"eMPRT on {m}: relative rise of each map's histogram entropy as layers are randomized",
-                            threshold=threshold, meaning="under it after the last stage a method fails")
+                            threshold=threshold, meaning="a method whose interval lies at or under it after the last "
+                            "stage is rejected")
                for m in table.model.unique()]
     return [Section("Efficient MPRT (eMPRT)", text="Relative rise of the maps' histogram entropy as layers are "
-                    "randomized; the score is the last stage's. Higher is better; the edge control scores 0. "
+                    "randomized; the score is the last stage's. Higher is better; the edge control scores 0. Hedstroem "
+                    "et al. rank methods by it and give no threshold: a method is rejected only where the 99 % interval "
+                    "of its median lies at or below the threshold (by default 0, the model-independent edge control's "
+                    "score), inconclusive where the interval contains it. "
                     + coverage_paragraph(context.run, "emprt_coverage.csv", list(table.model.unique())),
                     figures=figures)]
 
@@ -131,7 +135,7 @@ CHECK = Check(
     result_file="emprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=40,
     summary=lambda df: f"median eMPRT score {df[df.stage == df.stage.max()].score.median():.3f}",
-    verdict=MedianScore("emprt_score", "emprt", "complexity does not rise", "emprt_pass",
+    verdict=MedianScore("emprt_score", "emprt", "complexity does not rise", "emprt_threshold",
                         score_name="eMPRT score (entropy ratio)", metric="score",
                         select=lambda df: df[df.stage == df.stage.max()], fails_below=True),
     description="entropy of each map's histogram after randomizing every layer, relative to the trained model's",
@@ -140,5 +144,7 @@ CHECK = Check(
         Option("emprt_bins", 100, "histogram bins of eMPRT's entropy", valid=lambda v: v >= 2, rule=">= 2"),
         Option("emprt_curve", True, "explain every randomization stage for eMPRT's curve (False: only the trained "
                "and the fully randomized model, all the score needs)"),
-        Option("emprt_pass", 0.05, "median eMPRT score under which a method fails (the edge control scores 0)",
-               valid=lambda v: v > -1, rule="> -1")))
+        Option("emprt_threshold", 0.0, "eMPRT score at or below which a method is rejected when the 99 % interval "
+               "of its median lies there (default 0: the score of the model-independent edge control; Hedstroem et "
+               "al. give eMPRT as a ranking, without a threshold)", valid=lambda v: v > -1, rule="> -1")),
+    controls={"edge": "rejected"})

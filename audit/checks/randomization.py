@@ -16,6 +16,7 @@ import copy
 import functools
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,7 +33,8 @@ from attributions.explainer import Explainer, attribute_many
 from attributions.graph import SIGNAL_KINDS, Graph, trace
 from attributions.records import Const
 from audit import style
-from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, Check, Option, UnitResult, VerdictCell, VerdictRule, \
+    too_few
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import record as coverage_record
 from audit.checks.passes import model_errors, prepare
@@ -42,7 +44,8 @@ from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import AuditError
 from audit.inputs import check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, heatmaps
-from audit.measures.statistics import summarize
+from audit.measures.similarity import spearman
+from audit.measures.statistics import bootstrap_ci, summarize
 from audit.panels import family_panels, method_legend, threshold_line
 from audit.sections import Figure, ReportContext, Section
 
@@ -51,7 +54,7 @@ __all__ = ["BN_POLICIES", "INITS", "ORDERS", "parameter_randomization", "randomi
 
 ORDERS = ("cascading", "independent", "bottom-up")
 TARGETS = ("true", "predicted")
-COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog", "share"]
+COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog", "input_spearman_abs", "share"]
 COMPARE_BYTES = 1 << 23  # maps per batch of measures (their buffers are about ten times as large)
 
 
@@ -119,19 +122,26 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     -------
     DataFrame, one row per method x stage x image: method, stage, layer (the layer or block
     re-initialised at that stage; "original" for stage 0), image, ssim (flip-invariant), spearman,
-    spearman_abs, hog, share (of the parameters re-initialised in that stage's model);
+    spearman_abs, hog, input_spearman_abs (Spearman of the map's magnitude with the input's, max |.| over
+    channels: how far the map follows the input's structure), share (of the parameters re-initialised in that
+    stage's model);
     and {method: (stages, keep_maps, H, W) array} (empty arrays when ``keep_maps`` is 0).
     """
     reference: dict[str, ReferenceMaps] = {}
     rows: list[dict] = []
     kept: dict[str, list[np.ndarray]] = {}
     n = len(x)
+    # the input's own magnitude (max |.| over channels): how far a stage's map still follows the input
+    structure = torch.as_tensor(x).detach().abs().amax(1).double().cpu()
     for batch in stage_batches(stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
                                           "parameter_randomization", granularity=granularity)):
         stacked = {m: ComparableMaps(torch.cat([s.maps[m] for s in batch])) for m in batch[0].maps}
         if not reference:  # stage 0 (the trained model's maps) leads the first batch: prepared with it
             reference = {m: ReferenceMaps(v, n=n) for m, v in stacked.items()}
         sims = {m: reference[m].compare(stacked[m]) for m in reference}
+        for m in reference:
+            raw = torch.cat([st.maps[m] for st in batch]).double().abs()
+            sims[m]["input_spearman_abs"] = spearman(raw, structure.repeat(len(batch), 1, 1))
         for k, s in enumerate(batch):
             for m in reference:
                 if keep_maps:
@@ -255,20 +265,100 @@ def unchanged_nodes(graph: Graph, changed: set[str]) -> frozenset[str]:
     return frozenset(n.name for n in graph.nodes[1:] if n.name not in dirty and n.kind in SIGNAL_KINDS)
 
 
+def stage_intervals(part: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per randomization stage after the trained model (stage > 0), in order: the stage's name, the median of
+    ``metric`` over images with its 99 % bootstrap interval, and the images with a defined and with an undefined
+    score. ``part``: one model x method's rows."""
+    out = []
+    for (stage, layer), rows in part[part.stage > 0].groupby(["stage", "layer"], sort=True):
+        values = rows[metric].to_numpy(dtype=float)
+        defined = int(np.isfinite(values).sum())
+        est, low, high = bootstrap_ci(values, 0.99)
+        out.append({"stage": stage, "layer": layer, "median": est, "low": low, "high": high, "defined": defined,
+                    "undefined": len(values) - defined})
+    return pd.DataFrame(out, columns=["stage", "layer", "median", "low", "high", "defined", "undefined"])
+
+
+def survived(intervals: pd.DataFrame, threshold: float) -> int:
+    """How many stages from the top the map survives: consecutive stages whose whole 99 % interval lies at or
+    above ``threshold`` (with enough images defined)."""
+    count = 0
+    for row in intervals.itertuples(index=False):
+        if too_few(row.defined, row.defined + row.undefined) or not row.low >= threshold:
+            break
+        count += 1
+    return count
+
+
+@dataclass(frozen=True)
+class Survival(VerdictRule):
+    """The cascading verdict, read along the whole curve of ``metric`` over the stages.
+
+    A map *survives* a stage when the 99 % interval of its median similarity to the trained model's map lies at or
+    above the threshold. The map is rejected when it survives every stage of the model's top part: the first
+    ``top`` cascading stages (option ``randomization_top``; default 1, the logit layer, the one part every
+    classifier has and the one that defines the explained class). Adebayo et al. rejected guided backprop for
+    being "invariant to higher layer parameters" although its maps changed once the lowest layers were
+    randomized: a rule that reads only the last stage would let it through. Not rejected when some stage of the
+    top part has its interval wholly under the threshold; inconclusive otherwise (an interval containing the
+    threshold, or too few defined images). The text names the stage where the map stopped surviving.
+    """
+
+    score_column: str
+    text_column: str
+    failure: str
+    threshold: str
+    score_name: str = "SSIM"
+    metric: str = "ssim"
+    top: str = "randomization_top"
+
+    def per_image(self, part):
+        rows = part[part.stage == 1].sort_values("image")  # after the logit layer is randomized
+        return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
+
+    def evaluate(self, part, config):
+        intervals = stage_intervals(part, self.metric)
+        if intervals.empty:
+            return VerdictCell(float("nan"), "n/a", None)
+        threshold, top = getattr(config, self.threshold), min(getattr(config, self.top), len(intervals))
+        kept = survived(intervals, threshold)
+        head = intervals.iloc[:top]
+        last = head.iloc[-1]
+        if kept >= top:
+            outcome = REJECTED
+        elif any(h < threshold and not too_few(d, d + u) for h, d, u in zip(head.high, head.defined, head.undefined)):
+            outcome = NOT_REJECTED
+        else:
+            outcome = INCONCLUSIVE
+        stop = (f"survives all {len(intervals)} stages" if kept == len(intervals) else
+                f"survives {kept} of {len(intervals)} stages, stops at {intervals.layer.iloc[kept]}")
+        undefined = int(head.undefined.sum())
+        return VerdictCell(float(last["median"]), f"{outcome} (after {last.layer}: {last['median']:.3f} "
+                           f"[{last.low:.3f}, {last.high:.3f}]; {stop})", outcome, undefined)
+
+    def rule_text(self, config) -> str:
+        top = getattr(config, self.top)
+        part = "the logit layer (the first cascading stage)" if top == 1 else f"the first {top} cascading stages"
+        return (f"rejected ({self.failure}) when the map survives the randomization of {part}: the 99 % interval of "
+                f"its median {self.score_name} to the trained map lies at or above {getattr(config, self.threshold)} "
+                "at each of them; not rejected when it lies wholly below at one of them; else inconclusive")
+
+
 def randomization_figure(frame: pd.DataFrame, model: str, order: str, threshold: float | None = None) -> Figure:
     """Median SSIM to the trained model's maps per stage, with the 99 % bootstrap band."""
     return stage_figure(frame, model, "ssim", "SSIM to the trained map", f"randomization_{order}_{model}",
                         f"{order.capitalize()} parameter randomization on {model}: SSIM between each image's map "
                         "and the trained model's as layers are re-initialised", (-0.05, 1.05), threshold,
-                        "at or above it after the last stage a method is weight-insensitive")
+                        "a map survives a stage while its interval lies at or above it", mark_stop=order == "cascading")
 
 
 def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name: str, caption: str,
                  ylim: tuple[float, float] | None = None, threshold: float | None = None,
-                 meaning: str = "") -> Figure:
+                 meaning: str = "", mark_stop: bool = False) -> Figure:
     """``metric`` per randomization stage, one panel per method family: every image's point, the
-    median over images and its 99 % bootstrap band; dashed: the pass ``threshold`` (``meaning``
-    says how it reads)."""
+    median over images and its 99 % bootstrap band; dashed: the ``threshold`` (``meaning`` says how
+    it reads); ``mark_stop``: a ring on each method's curve at the stage where its map stopped
+    surviving (:func:`survived`)."""
     part = frame[frame.model == model]
     summary = summarize(part[["method", "stage", "layer", "image", metric]], n_resamples=2000)
     stages = summary.drop_duplicates("stage").sort_values("stage")
@@ -284,13 +374,22 @@ def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name
                     linestyle=style.linestyle(method), zorder=3)
             ax.fill_between(rows.stage, rows[f"{metric}_low"], rows[f"{metric}_high"], color=style.color(method),
                             alpha=0.2, linewidth=0)
+            if mark_stop and threshold is not None:
+                intervals = stage_intervals(points, metric)
+                kept = survived(intervals, threshold)
+                if kept < len(intervals):
+                    stop = intervals.iloc[kept]
+                    ax.scatter([stop.stage + offset], [stop["median"]], s=40, facecolors="none",
+                               edgecolors=style.color(method), linewidths=1.2, zorder=4)
         if threshold is not None:
             threshold_line(ax, threshold)
         ax.set_xticks(stages.stage, stages.layer, rotation=60, ha="right", rotation_mode="anchor")
     if ylim is not None:
         axes[0, 0].set_ylim(*ylim)
     axes[0, 0].set_ylabel(ylabel)
-    note = f"; dashed: the pass threshold ({threshold:g}), {meaning}" if threshold is not None else ""
+    note = f"; dashed: the threshold ({threshold:g}), {meaning}" if threshold is not None else ""
+    if mark_stop and threshold is not None:
+        note += "; rings: the stage where each method's map stopped surviving"
     method_legend(fig, groups)
     return Figure(name, fig, f"{caption}. Points: images; lines: medians over images with their 99 % bootstrap "
                   f"band{note}.")
@@ -403,8 +502,11 @@ STAGE_OPTIONS = (
 
 def _checks() -> list[Check]:
     options = STAGE_OPTIONS
-    full = MedianScore("full_randomization_ssim", "full_randomization", "weight-insensitive", "randomization_pass",
-                       select=lambda df: df[df.stage == df.stage.max()])
+    verdict = Survival("cascading_ssim", "cascading", "survives the randomization of the top layers",
+                       "randomization_threshold", score_name="SSIM")
+    magnitudes = Survival("cascading_spearman_abs", "cascading_spearman_abs", "magnitudes survive the randomization of "
+                          "the top layers", "randomization_threshold", score_name="Spearman of |map|",
+                          metric="spearman_abs")
     out = []
     for position, order in enumerate(ORDERS):
         def run(model, x, y, method, config, progress, order=order) -> UnitResult:
@@ -414,7 +516,7 @@ def _checks() -> list[Check]:
             return UnitResult(df, maps[method] if config.heatmap_examples else None)
 
         def sections(table: pd.DataFrame, context: ReportContext, order=order) -> list[Section]:
-            threshold = getattr(context.config, "randomization_pass", None) if order == "cascading" else None
+            threshold = getattr(context.config, "randomization_threshold", None) if order == "cascading" else None
             out = [Section(f"Parameter randomization ({order})",
                            text=coverage_paragraph(context.run, f"randomization_{order.replace('-', '_')}_coverage.csv",
                                                    list(table.model.unique())),
@@ -438,11 +540,16 @@ def _checks() -> list[Check]:
             reference="Adebayo et al. 2018; Sixt et al. 2020" if order != "bottom-up" else "Hedstroem et al. 2023",
             cite=("adebayo2018", "sixt2020") if order != "bottom-up" else ("hedstrom2024", "binder2023"),
             columns=COLUMNS, run=run, sections=sections, order=30 + position,
-            summary=lambda df: f"median SSIM at full randomization {df[df.stage == df.stage.max()].ssim.median():.3f}",
-            verdict=full if cascading else None,
-            options=options + ((Option("randomization_pass", 0.5, "median SSIM after randomizing every layer from "
-                                       "which a method counts as weight-insensitive", valid=lambda v: 0 < v <= 1,
-                                       rule="in (0, 1]"),) if cascading else ()),
+            summary=lambda df: (f"median SSIM after the first stage {df[df.stage == 1].ssim.median():.3f}, at full "
+                                 f"randomization {df[df.stage == df.stage.max()].ssim.median():.3f}"),
+            verdict=verdict if cascading else None, side_rules=(magnitudes,) if cascading else (),
+            controls={"edge": "rejected", "random": "not rejected"} if cascading else {},
+            options=options + ((Option("randomization_threshold", 0.5, "similarity to the trained map at or above "
+                                       "which a map survives a stage (the 99 % interval of its median)",
+                                       valid=lambda v: 0 < v <= 1, rule="in (0, 1]"),
+                                Option("randomization_top", 1, "cascading stages from the logits that form the model's "
+                                       "top part: a map that survives all of them is rejected (1: the logit layer)",
+                                       valid=lambda v: v >= 1, rule=">= 1")) if cascading else ()),
             description=f"layers or blocks re-initialised {order} in forward order; maps compared with the trained "
                         "model's",
             coverage=functools.partial(coverage_record, order=order)))

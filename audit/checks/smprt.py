@@ -100,11 +100,11 @@ def _run(model, x, y, method, config, progress) -> UnitResult:
 
 
 def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
-    threshold = getattr(context.config, "smprt_pass", None)
+    threshold = getattr(context.config, "smprt_threshold", None)
     figures = [stage_figure(table, m, "spearman", "Spearman of |denoised map|", f"smprt_{m}",
                             f"sMPRT on {m}: Spearman correlation of each denoised map's magnitude with the trained "
                             "model's as layers are randomized", (-0.05, 1.05), threshold,
-                            "at or above it after the last stage a method is weight-insensitive")
+                            "a method whose interval lies at or above it after the last stage is rejected")
                for m in table.model.unique()]
     return [Section("Smooth MPRT (sMPRT)", text="Maps averaged over noisy inputs before comparison, so that noise "
                     "alone does not lower the similarity. Lower after full randomization is better. "
@@ -121,7 +121,7 @@ CHECK = Check(
     name="smprt", cite=("hedstrom2024",), title="Smooth MPRT (sMPRT)", reference="Hedstroem et al. 2023", result_file="smprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=41,
     summary=lambda df: f"median Spearman at full randomization {_last_stage(df).spearman.median():.3f}",
-    verdict=MedianScore("smprt_spearman", "smprt", "weight-insensitive (denoised)", "smprt_pass",
+    verdict=MedianScore("smprt_spearman", "smprt", "weight-insensitive (denoised)", "smprt_threshold",
                         score_name="Spearman of magnitudes (sMPRT)", metric="spearman",
                         select=_last_stage),
     description="maps averaged over noisy inputs, compared by Spearman of magnitudes after each randomization stage",
@@ -131,5 +131,6 @@ CHECK = Check(
                rule=">= 1"),
         Option("smprt_noise", 0.1, "sMPRT noise, standard deviation as a fraction of the image's range",
                valid=lambda v: v >= 0, rule=">= 0"),
-        Option("smprt_pass", 0.5, "median Spearman at full randomization from which a method counts as "
-               "weight-insensitive", valid=lambda v: 0 < v <= 1, rule="in (0, 1]")))
+        Option("smprt_threshold", 0.5, "median Spearman at full randomization from which a method counts as "
+               "weight-insensitive", valid=lambda v: 0 < v <= 1, rule="in (0, 1]")),
+    controls={"edge": "rejected"})

@@ -102,6 +102,9 @@ class TrainConfig:
     optimizer-specific settings (Bort's gamma, amplitude, mode) that registered optimizers read.
     ``dbort`` adds DBort's auxiliary loss (``bort.dbort.dbort_loss``) to the cross-entropy.
     ``schedule``: ``constant`` learning rate, or ``cosine`` annealing to zero over the epochs.
+    ``permute_labels``: train on the training labels permuted once by a generator with this seed (the
+    permuted-label twin of Adebayo et al.'s data-randomization test); ``twin_of`` names the model it is the
+    twin of (recorded, and how the audit finds a shipped model's twin).
     """
 
     arch: str = "cnn"
@@ -120,6 +123,8 @@ class TrainConfig:
     options: dict = field(default_factory=dict)
     dbort: bool = False
     schedule: str = "constant"
+    permute_labels: int | None = None
+    twin_of: str | None = None
 
     def resolved(self) -> TrainConfig:
         """A copy with the optimizer defaults filled in, after validating every field."""
@@ -133,6 +138,7 @@ class TrainConfig:
                   ("lr", np.isfinite(lr) and lr > 0), ("weight_decay", weight_decay >= 0),
                   ("momentum", 0 <= out.momentum < 1),
                   ("train_limit", out.train_limit is None or out.train_limit >= 1),
+                  ("permute_labels", out.permute_labels is None or out.permute_labels >= 0),
                   ("schedule", out.schedule in SCHEDULES)]
         for name, ok in checks:
             if not ok:
@@ -188,6 +194,8 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
     if cfg.train_limit:
         order = np.sort(order[:cfg.train_limit])
     x_train, y_train = x_train[order], y_train[order]
+    if cfg.permute_labels is not None:  # once, before training: every epoch sees the same wrong labels
+        y_train = y_train[np.random.default_rng(cfg.permute_labels).permutation(len(y_train))]
     num_classes = int(max(y_train.max(), y_test.max())) + 1
 
     torch.manual_seed(cfg.seed)
@@ -252,6 +260,10 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
     model.eval()
     accuracy = evaluate(model, x_test, y_test)
     log(f"test accuracy {accuracy:.4f} on {len(x_test)} {cfg.data} test images")
+    # on the labels it was trained on, in eval mode: how far a permuted-label twin fits its random labels
+    fitted = evaluate(model, x_train, y_train)
+    log(f"training accuracy {fitted:.4f} on its {len(x_train)} training images"
+        + (" (permuted labels)" if cfg.permute_labels is not None else ""))
     meta = {
         "arch": cfg.arch, "arch_options": cfg.arch_options, "in_shape": list(x_train.shape[1:]),
         "num_classes": num_classes, "optimizer": cfg.optimizer,
@@ -260,8 +272,11 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
         | {"options": {**BORT_DEFAULTS, **cfg.options} if OPTIMIZERS[cfg.optimizer].constrained else cfg.options},
         "seed": cfg.seed, "epochs": cfg.epochs,
         "data": {"name": cfg.data, "train_size": len(x_train), "test_size": len(x_test),
-                 "train_limit": cfg.train_limit, "sha256": array_sha256(x_train, y_train, x_test, y_test)},
-        "test_accuracy": accuracy, "history": history,
+                 "train_limit": cfg.train_limit, "sha256": array_sha256(x_train, y_train, x_test, y_test),
+                 "labels": "true" if cfg.permute_labels is None else "permuted",
+                 **({"label_seed": cfg.permute_labels} if cfg.permute_labels is not None else {})},
+        **({"twin_of": cfg.twin_of} if cfg.twin_of is not None else {}),
+        "test_accuracy": accuracy, "train_accuracy": fitted, "history": history,
         "wall_time_s": round(time.perf_counter() - start, 2),
         "torch_version": torch.__version__, "python_version": platform.python_version(),
         "torch_threads": torch.get_num_threads(),

@@ -48,6 +48,8 @@ class AuditConfig:
     pattern_data : what PatternNet and PatternAttribution fit their patterns on: "explained" (the images
         each check explains), "train" (the audited data set's training split) or "<data set>:<split>";
         ``pattern_images`` of them, a seeded draw (:mod:`audit.run.patterns`)
+    twins : {model: its permuted-label twin} for the data-randomization test (a checkpoint path, shipped name or
+        module:factory; the shipped models' twins are found without it); "model=twin,..." on the command line
     options : the checks' own keys (defaults from the registry), also readable as attributes
     """
 
@@ -68,6 +70,7 @@ class AuditConfig:
     mixed_precision: bool = False
     pattern_data: str = "explained"
     pattern_images: int = 256
+    twins: dict = field(default_factory=dict)
     options: dict = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
@@ -96,6 +99,7 @@ class AuditConfig:
             parse_size(out.max_memory)
         if out.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {out.seed}")
+        out.twins = _as_pairs(out.twins, "twins")
         out.models = _as_list(out.models, "models")
         out.tests = _as_list(out.tests, "tests")
         out.methods = resolve_methods(out.methods if isinstance(out.methods, str) else _as_list(out.methods, "methods"))
@@ -141,6 +145,19 @@ class AuditConfig:
                 raise unknown_name("configuration key", key, sorted(general | set(known)), ConfigError)
         return cls(**{k: v for k, v in values.items() if k in general},
                    options={k: v for k, v in values.items() if k in known})
+
+
+def _as_pairs(value, name: str) -> dict:
+    """{model: twin} from a table or "model=twin,model=twin"."""
+    if isinstance(value, str):
+        pairs = [p.strip() for p in value.split(",") if p.strip()]
+        if any(p.count("=") != 1 for p in pairs):
+            raise ConfigError(f"{name} must be model=twin pairs separated by commas, got {value!r}")
+        value = dict(p.split("=") for p in pairs)
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v
+                                              for k, v in value.items()):
+        raise ConfigError(f"{name} must map model names to twin names (a TOML table or model=twin,...), got {value!r}")
+    return {k.strip(): v.strip() for k, v in value.items()}
 
 
 def _as_list(value, name: str = "value") -> list:

@@ -42,6 +42,7 @@ from audit.data.datasets import array_sha256, file_sha256, sample_image_folder
 from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError, ModelError
 from audit.models.checkpoint import model_files, resolve_model
+from audit.models.twins import same_architecture, twin_facts, twin_spec
 from audit.run.config import AuditConfig
 from audit.run.distributed import SINGLE, Shard
 from audit.run.faults import kill_point
@@ -82,14 +83,14 @@ def _csv_bytes(df: pd.DataFrame) -> bytes:
 
 
 def _run_unit(check: Check, model: nn.Module, x, y, method: str, config: AuditConfig, progress: bool,
-              key: str) -> UnitResult:
-    if not check.applies(method):
+              key: str, twin: nn.Module | None = None) -> UnitResult:
+    if not check.applies(method) or (check.needs_twin and twin is None):  # no twin: the manifest says so
         return UnitResult(pd.DataFrame(columns=list(check.columns)))
     probe = Explainer(model, method)
     if probe.method.engine.fits(probe, x[:1]) is not None:  # an attention map of a CNN: the manifest says why
         return UnitResult(pd.DataFrame(columns=list(check.columns)))
     try:
-        return check.run(model, x, y, method, config, progress)
+        return check.run(model, x, y, method, config, progress, **({"twin": twin} if check.needs_twin else {}))
     except AttributionError as exc:  # the engine refused this model or these inputs: the audit's error, in context
         raise ModelError(f"{key}: {exc}") from exc
 
@@ -213,9 +214,10 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                           f"{', '.join(spec for spec, lab in labels.items() if lab == clashes[0])}); "
                           "rename one of the files")
     x, y, images = audit_images(config)
+    twin_specs = _twin_specs(config)
     patterns = pattern_images(config.pattern_data, config.data, config.pattern_images, config.seed, config.data_root) \
         if set(PATTERN_METHODS) & set(config.methods) else None
-    prints = fingerprints(config, x, y)
+    prints = fingerprints(config, x, y, list(twin_specs.values()))
     if previous is not None:
         if _without_budget(previous["config"]) != _without_budget(json.loads(json.dumps(config.to_dict()))):
             raise ConfigError(f"{out} holds a run with another configuration; resume needs the same one")
@@ -258,6 +260,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         items = work_items(units, len(x), config.image_block)
         timings = {}
         models: dict[str, nn.Module] = {}
+        twins: dict[str, nn.Module] = {}  # per model with one, its permuted-label twin
         given: dict[str, dict[str, dict]] = {}  # per model, the parameters the run gives its methods
         bar = tqdm(items, desc="audit" if shard.world == 1 else f"audit (rank {shard.rank} of {shard.world})",
                    disable=not progress, position=shard.rank)
@@ -275,6 +278,8 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                 models[spec] = resolve_model(spec, config.weights, config.num_classes).to(device)
                 given[spec] = pattern_params(list(config.methods), spec, models[spec], labels[spec], patterns,
                                             config.pattern_data, config.weights, out)
+            if check.needs_twin and spec in twin_specs and spec not in twins:
+                twins[spec] = load_twin(spec, twin_specs[spec], models[spec]).to(device)
             torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
             xs, ys = x[item.start:item.stop], y[item.start:item.stop]
             shown = max(0, min(config.heatmap_examples - item.start, len(xs)))  # example heatmaps among these images
@@ -282,7 +287,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             start = time.perf_counter()
             with memory.limit(budget), peak.track(), given_params(given[spec]), \
                     torch.autocast(device.type, dtype=half, enabled=config.mixed_precision):
-                result = _run_unit(check, models[spec], xs, ys, method, part, progress, key)
+                result = _run_unit(check, models[spec], xs, ys, method, part, progress, key, twins.get(spec))
             timings[key] = round(time.perf_counter() - start, 3)
             peaks[key] = round(peak.nbytes / 2**20, 1) if peak.nbytes is not None else None
             table = result.table
@@ -294,7 +299,9 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             atomic_write_bytes(path, _csv_bytes(table))  # last: its presence marks the work finished
             written += 1
             kill_point(written, shard.rank)
-            line = check.summary(table) if not table.empty else f"does not apply to {method}: skipped"
+            line = check.summary(table) if not table.empty else \
+                "no permuted-label twin: skipped" if check.needs_twin and spec not in twins else \
+                f"does not apply to {method}: skipped"
             metric = getattr(check.verdict, "metric", None)
             if metric in table and table[metric].isna().any():  # say why the verdict may be undefined
                 line += (f"; {int(table[metric].isna().sum())} of {len(table)} scores undefined "
@@ -324,6 +331,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             if spec not in given:  # another rank's model, or a resumed one: where its patterns are kept
                 given[spec] = pattern_params(list(config.methods), spec, models[spec], labels[spec], patterns,
                                             config.pattern_data, config.weights, out)
+        twin_record, skipped = _twin_record(config, models, labels, twin_specs, log)
         coverage = _coverage(config, models, labels, x, out, log)
         conventions, unfit = _conventions(config, models, labels, x, log)
         # in the run's order, whichever process loaded which model first
@@ -343,6 +351,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                    if "library" in (getattr(models[spec], "metadata", None) or {})}
         manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": prints, "seeds": {"audit": config.seed},
                     **({"model_sources": sources} if sources else {}), **({"coverage": coverage} if coverage else {}),
+                    **({"twins": twin_record} if twin_record else {}), **({"skipped": skipped} if skipped else {}),
                     **({"conventions": conventions} if conventions else {}),
                     **({"not_applicable": unfit} if unfit else {}),
                     **({"patterns": _patterns_record(patterns, given, labels)} if patterns is not None else {}),
@@ -354,6 +363,48 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         atomic_write_bytes(manifest_path, json.dumps(manifest, indent=2).encode())
         shard.barrier()
         return AuditResult(out, config, tables, json.loads(json.dumps(manifest)))
+
+
+def _twin_specs(config: AuditConfig) -> dict[str, str]:
+    """{model spec: twin spec} for the models that have a twin, when a run's check needs one; every pair checked
+    (the twin loads, its architecture is the model's) before the run starts."""
+    if not any(CHECKS[t].needs_twin for t in config.tests):
+        return {}
+    unknown = sorted(set(config.twins) - set(config.models))
+    if unknown:
+        raise ConfigError(f"twins names {', '.join(unknown)}, not among the audited models ({', '.join(config.models)})")
+    specs = {spec: twin for spec in config.models if (twin := twin_spec(spec, config.twins)) is not None}
+    for spec, twin in specs.items():
+        load_twin(spec, twin, resolve_model(spec, config.weights, config.num_classes))
+    return specs
+
+
+def load_twin(spec: str, twin: str, model: nn.Module) -> nn.Module:
+    """The twin ``twin`` of the model ``spec`` (already loaded as ``model``), refused when its architecture
+    differs."""
+    try:
+        loaded = resolve_model(twin)
+    except ModelError as exc:
+        raise ConfigError(f"the twin of {spec}: {exc}") from None
+    same_architecture(model, loaded, spec, twin)
+    return loaded
+
+
+def _twin_record(config: AuditConfig, models: dict[str, nn.Module], labels: dict[str, str], specs: dict[str, str],
+                 log: Callable[[str], None]) -> tuple[dict[str, dict], dict[str, dict[str, str]]]:
+    """({model label: its twin and the twin's training facts}, {test: {model label: why it was skipped}}) for the
+    checks that need a twin; a line for every model skipped."""
+    record, skipped = {}, {}
+    for name in (t for t in config.tests if CHECKS[t].needs_twin):
+        for spec in config.models:
+            if spec in specs:
+                record[labels[spec]] = {"spec": specs[spec], **twin_facts(resolve_model(specs[spec]))}
+                continue
+            why = ("no permuted-label twin: give one with twins (--twins MODEL=TWIN), trained by attribution-audit "
+                   "train --permute-labels SEED --twin-of MODEL")
+            skipped.setdefault(name, {})[labels[spec]] = why
+            log(f"{labels[spec]}/{name}: skipped, {why}")
+    return record, skipped
 
 
 def _coverage(config: AuditConfig, models: dict[str, nn.Module], labels: dict[str, str], x: torch.Tensor, out: Path,
@@ -488,9 +539,10 @@ def _same_software(previous: dict, out: Path) -> None:
                           "with, or start a new run")
 
 
-def fingerprints(config: AuditConfig, x: torch.Tensor, y: torch.Tensor) -> dict:
-    """sha256 of every file the models are read from and of the audited images and labels."""
+def fingerprints(config: AuditConfig, x: torch.Tensor, y: torch.Tensor, twins: list[str] | None = None) -> dict:
+    """sha256 of every file the models (and their ``twins``) are read from and of the audited images and labels."""
     files = {str(f): file_sha256(f) for spec in config.models for f in model_files(spec, config.weights)}
+    files |= {str(f): file_sha256(f) for spec in twins or [] for f in model_files(spec)}
     data = array_sha256(x.cpu().numpy(), y.cpu().numpy())
     return {"files": files, "data": data}
 

@@ -17,7 +17,7 @@ MODELS = pd.DataFrame([{"model": "cnn-sgd", "arch": "cnn", "optimizer": "sgd", "
 
 
 def test_paragraphs_state_models_data_checks_thresholds_and_versions():
-    pairs = methods_text.paragraphs(manifest(random_logit_pass=0.75), MODELS)
+    pairs = methods_text.paragraphs(manifest(random_logit_threshold=0.75), MODELS)
     text = dict(pairs)
     assert "92.13 %" in text["Models"] and "cnn-bort" in text["Models"] and "[@zhang2023bort]" in text["Models"]
     assert text["Data"].startswith("12 ") and "class-balanced" in text["Data"] and "seed 7" in text["Software"]

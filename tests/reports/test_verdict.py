@@ -52,7 +52,7 @@ def test_a_check_without_rows_neither_passes_nor_fails():
 
 def test_thresholds_come_from_the_configuration():
     logit = pd.DataFrame(_per_image("gradient", [0.6, 0.6, 0.6]))
-    strict = load_config(models=["m"], methods="gradient", random_logit_pass=0.5)
+    strict = load_config(models=["m"], methods="gradient", random_logit_threshold=0.5)
     assert verdict_table({"random-logit": logit}, CONFIG).verdict[0] == "pass"
     assert verdict_table({"random-logit": logit}, strict).verdict[0] == "fail: class-insensitive"
 

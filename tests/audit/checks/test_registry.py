@@ -26,9 +26,9 @@ def test_registered_checks_in_order_with_their_declarations():
         "csc": ("CSC (median |cos| of the chain from the logits)", "lower"), "random-logit": ("SSIM", "lower"),
         "cascading": ("SSIM", "lower"), "emprt": ("eMPRT score (entropy ratio)", "higher"),
         "smprt": ("Spearman of magnitudes (sMPRT)", "lower"), "input-invariance": ("relative L2 change", "lower")}
-    assert {"n_vectors", "csc_threshold", "random_logit_pass", "randomization_pass", "bn", "target", "init",
+    assert {"n_vectors", "csc_threshold", "random_logit_threshold", "randomization_threshold", "bn", "target", "init",
             "heatmap_scale", "granularity",
-            "emprt_order", "emprt_bins", "emprt_curve", "emprt_pass", "smprt_order", "smprt_samples", "smprt_noise", "smprt_pass",
+            "emprt_order", "emprt_bins", "emprt_curve", "emprt_threshold", "smprt_order", "smprt_samples", "smprt_noise", "smprt_threshold",
             "shift", "invariance_reference", "invariance_tolerance"} == set(check_options())
     with pytest.raises(ConfigError, match="unknown test 'cascade'.*Did you mean 'cascading'"):
         get_check("cascade")

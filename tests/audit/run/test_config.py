@@ -46,9 +46,9 @@ def test_bad_values_are_config_errors(values, message):
 
 
 def test_the_manifest_form_is_flat_and_round_trips():
-    config = load_config(models="cnn-sgd,cnn-bort", randomization_pass=0.4)
+    config = load_config(models="cnn-sgd,cnn-bort", randomization_threshold=0.4)
     flat = config.to_dict()
-    assert "options" not in flat and flat["randomization_pass"] == 0.4 and flat["models"] == ["cnn-sgd", "cnn-bort"]
+    assert "options" not in flat and flat["randomization_threshold"] == 0.4 and flat["models"] == ["cnn-sgd", "cnn-bort"]
     again = AuditConfig.from_dict(flat).validated()
     assert again.to_dict() == flat
     with pytest.raises(AttributeError, match="no key 'nope'"):

@@ -1,0 +1,160 @@
+"""The data-randomization test (Adebayo et al. 2018, section 5): a map must change when the labels the model
+learned are permuted.
+
+Each method explains the same images on the model and on its permuted-label twin (the same architecture
+trained on the training labels permuted once until it fits them: :mod:`audit.models.twins`); the two maps of
+each image are compared with the parameter-randomization measures (flip-invariant SSIM, Spearman signed and
+of magnitudes, HOG). A map that depends on what the model learned changes; a map that does not (the edge
+detector) stays the same and is rejected. The explained class is the true label on both (Adebayo et al.), or
+each model's own prediction.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from attributions.explainer import attribute_many
+from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.passes import prepare
+from audit.checks.randomization import heatmap_grid
+from audit.data.preprocess import preprocess_from
+from audit.errors import AuditError
+from audit.inputs import check_inputs, check_option, resolve_methods
+from audit.measures.heatmaps import ReferenceMaps, heatmaps
+from audit.models.twins import same_architecture
+from audit.panels import family_panels, method_boxes, threshold_line
+from audit.sections import Figure, ReportContext, Section, Table
+
+COLUMNS = ["method", "image", "ssim", "spearman", "spearman_abs", "hog"]
+TARGETS = ("true", "predicted")
+
+
+def data_randomization(model: nn.Module, twin: nn.Module, x, y, methods="all", *, target: str = "true",
+                       seed: int = 0, reduction: dict | None = None, progress: bool = True,
+                       keep_maps: int = 0) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """Similarity of each method's maps on ``model`` and on its permuted-label ``twin``.
+
+    Parameters
+    ----------
+    model, twin : nn.Module of one architecture (else a :class:`~audit.errors.ConfigError`); neither is modified
+    x : (B, C, H, W) images; y : (B,) labels
+    methods : names, "all" or a comma-separated string
+    target : true (the label on both, as Adebayo et al.) | predicted (each model's own prediction)
+    seed : the random control's draw (the twin's is the next seed: a fresh draw)
+    reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
+    keep_maps : how many images' heatmaps to keep, for the report's grid
+
+    Returns
+    -------
+    DataFrame, one row per method x image: method, image, ssim (flip-invariant), spearman, spearman_abs, hog;
+    and {method: (2, keep_maps, H, W)}, the model's and the twin's heatmaps.
+    """
+    check_option("target", target, TARGETS)
+    same_architecture(model, twin, "the model", "the twin")
+    x, y = check_inputs(model, x, y)
+    if y is None:
+        raise AuditError("data_randomization needs the labels y")
+    names = resolve_methods(methods)
+    maps: dict[str, list[torch.Tensor]] = {m: [] for m in names}
+    for k, net in enumerate(tqdm((model, twin), desc="data randomization", disable=not progress, leave=False)):
+        _, explainers, envs, logits = prepare(net, x, names, y, seed=seed + k)
+        t = y if target == "true" else logits.argmax(1)
+        for m, v in heatmaps({m: v[0] for m, v in attribute_many(explainers, x, [t], envs).items()}, reduction).items():
+            maps[m].append(v)
+    rows = []
+    for m in names:
+        scores = ReferenceMaps(maps[m][0]).compare(maps[m][1])
+        rows += [{"method": m, "image": i, **{k: float(v[i]) for k, v in scores.items()}} for i in range(len(x))]
+    kept = {m: torch.stack([v[:keep_maps] for v in maps[m]]).numpy() for m in names}
+    return pd.DataFrame(rows, columns=COLUMNS), kept
+
+
+def _run(model, x, y, method, config, progress, twin=None) -> UnitResult:
+    if twin is None:  # the runner skips a model without a twin before it gets here
+        raise AuditError("the data-randomization test needs the model's permuted-label twin")
+    df, maps = data_randomization(model, twin, x, y, [method], target=config.data_target, seed=config.seed,
+                                  progress=progress, keep_maps=config.heatmap_examples)
+    return UnitResult(df, maps[method] if config.heatmap_examples else None)
+
+
+def data_figure(table: pd.DataFrame, model: str, threshold: float) -> Figure:
+    """Per-image SSIM between each method's maps on the model and on its permuted-label twin: a box and every
+    image's point per method, one panel per family; dashed: the threshold."""
+    part = table[table.model == model]
+    fig, axes, groups = family_panels(list(part.method), sharex=False, panel_height=1.6)
+    for ax, methods in zip(axes[0], groups.values()):
+        method_boxes(ax, methods, {m: part[part.method == m].ssim.to_numpy() for m in methods})
+        threshold_line(ax, threshold)
+    axes[0, 0].set_ylim(-0.05, 1.05)
+    axes[0, 0].set_ylabel("SSIM, model vs twin")
+    return Figure(f"data_randomization_{model}", fig, f"Data randomization on {model}: SSIM between each image's map "
+                  "on the model and on its twin trained on permuted labels, per image (points) and per method (boxes); "
+                  f"a method whose median's 99 % interval lies at or above the dashed line ({threshold:g}) is rejected: "
+                  "its map does not depend on what the model learned.")
+
+
+def _manifest(context: ReportContext) -> dict:
+    path = context.run / "manifest.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _twin_table(manifest: dict, models: list[str]) -> pd.DataFrame:
+    """The twins the run compared: which checkpoint, its training subset, label seed and accuracies."""
+    twins = manifest.get("twins", {})
+    rows = [{"model": m, "twin": twins[m]["spec"], "labels": twins[m].get("labels"),
+             "label seed": twins[m].get("label_seed"), "training images": twins[m].get("train_size"),
+             "training accuracy": twins[m].get("train_accuracy"), "test accuracy": twins[m].get("test_accuracy")}
+            for m in models if m in twins]
+    return pd.DataFrame(rows)
+
+
+def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
+    threshold = getattr(context.config, "data_randomization_threshold", 0.5)
+    models = list(table.model.unique())
+    manifest = _manifest(context)
+    twins = _twin_table(manifest, models)
+    skipped = manifest.get("skipped", {}).get("data-randomization", {})
+    text = ("Each method's maps of the same images on the model and on its permuted-label twin (the same "
+            "architecture trained on the training labels permuted once, until it fits them; its test accuracy is at "
+            "chance). A map that depends on what the model learned changes; the edge control must be rejected. "
+            "Adebayo et al. (2018) found gradient, SmoothGrad and Grad-CAM maps changed, while guided backprop, "
+            "integrated gradients and input x gradient kept the input's structure.")
+    if skipped:
+        text += " Skipped (no twin): " + "; ".join(f"{m} ({why})" for m, why in skipped.items()) + "."
+    grids = []
+    for m in models:
+        maps, images = context.examples(m, "data-randomization", list(table[table.model == m].method.unique()))
+        if maps:
+            spec = preprocess_from(getattr(context.config, "preprocess", "none"))
+            grids += [heatmap_grid(maps, ["model", "twin"], m, i, "data randomization", images, spec,
+                                   getattr(context.config, "heatmap_scale", "map"))
+                      for i in range(next(iter(maps.values())).shape[1])]
+    return [Section("Data randomization", text=text,
+                    tables=[Table(twins, "Permuted-label twins: training subset, label seed, training accuracy on the "
+                                         "permuted labels and test accuracy on the true ones.", "twins")]
+                    if not twins.empty else [],
+                    figures=[data_figure(table, m, threshold) for m in models] + grids)]
+
+
+CHECK = Check(
+    name="data-randomization", cite=("adebayo2018",), title="Data randomization", reference="Adebayo et al. 2018",
+    result_file="data_randomization.csv", columns=COLUMNS, run=_run, sections=_sections, order=35, needs_twin=True,
+    summary=lambda df: f"median SSIM model vs twin {df.ssim.median():.3f}",
+    verdict=MedianScore("data_randomization_ssim", "data_randomization", "survives label permutation",
+                        "data_randomization_threshold"),
+    side_rules=(MedianScore("data_randomization_spearman_abs", "data_randomization_spearman_abs",
+                            "magnitudes survive label permutation", "data_randomization_threshold",
+                            score_name="Spearman of |map|", metric="spearman_abs"),),
+    controls={"edge": "rejected", "random": "not rejected"},
+    description="maps of the model and of its twin trained on permuted labels compared by flip-invariant SSIM, "
+                "Spearman and HOG",
+    options=(Option("data_randomization_threshold", 0.5, "similarity of the model's and the twin's maps at or above "
+                    "which a method is rejected (the 99 % interval of its median)", valid=lambda v: 0 < v <= 1,
+                    rule="in (0, 1]"),
+             Option("data_target", "true", "explained class of the data-randomization test: the true label on both "
+                    "models (Adebayo et al.) or each model's prediction", choices=TARGETS)))

@@ -121,7 +121,7 @@ class VerdictRule:
     @property
     def better(self) -> str:
         """Which scores are the better ones, for the report: "lower" or "higher"."""
-        return "higher" if self.comparison == "<" else "lower"
+        return "higher" if self.comparison == "<=" else "lower"
 
     def evaluate(self, part: pd.DataFrame, config) -> VerdictCell:
         raise NotImplementedError
@@ -168,6 +168,8 @@ class MedianScore(VerdictRule):
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
     def evaluate(self, part, config):
+        if self.metric not in part:  # a table written before the check measured it
+            return VerdictCell(float("nan"), "n/a", None)
         return scored_cell(self.per_image(part).to_numpy(), getattr(config, self.threshold), not self.fails_below)
 
 

@@ -317,7 +317,7 @@ class Survival(VerdictRule):
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
     def evaluate(self, part, config):
-        intervals = stage_intervals(part, self.metric)
+        intervals = stage_intervals(part, self.metric) if self.metric in part else pd.DataFrame()
         if intervals.empty:
             return VerdictCell(float("nan"), "n/a", None)
         threshold, top = getattr(config, self.threshold), min(getattr(config, self.top), len(intervals))

@@ -18,7 +18,7 @@ TINY = dict(methods=["gradient", "lrp-zplus", "deeplift", "edge"], tests=["csc",
             n_images=4)
 
 
-SECTIONS = ["Verdict", "Cosine-similarity convergence", "Random-logit test", "Parameter randomization (cascading)",
+SECTIONS = ["The source papers, reproduced", "Verdict", "Cosine-similarity convergence", "Random-logit test", "Parameter randomization (cascading)",
             "Heatmaps under cascading randomization", "Bort vs baseline", "Models", "Configuration and versions"]
 
 
@@ -50,7 +50,8 @@ def test_report_files_and_sections(built, finished):
                  "figures/heatmaps_cnn-bort_image1.png"):
         assert (out / name).exists(), name
     tex = (out / "tables.tex").read_text()
-    assert tex.count(r"\toprule") == tex.count(r"\bottomrule") == 3 and r"\begin{tabular}" in tex
+    # the two papers' tables (Sixt's CSC, Adebayo's cascading), the verdict, Bort vs baseline, the models
+    assert tex.count(r"\toprule") == tex.count(r"\bottomrule") == 5 and r"\begin{tabular}" in tex
     csc = pd.read_csv(out / "results" / "csc.csv")
     assert set(csc.model) == {"cnn-sgd", "cnn-bort"} and "edge" not in set(csc.method)
     assert set(result.tables) == {"csc", "random-logit", "cascading", "models"}

@@ -40,8 +40,9 @@ def font_subtypes(pdf: bytes) -> set[str]:
 def verdict_frame() -> pd.DataFrame:
     rows = []
     for model in ("a-sgd", "a-bort", "b-sgd"):
-        for method, verdict, score in (("gradient", "pass", 0.2), ("lrp-zplus", "fail: rank-1 collapse", 0.99),
-                                       ("deeplift", "undefined: random-logit (maps constant or non-finite)", np.nan)):
+        for method, verdict, score in (("gradient", "not rejected", 0.2),
+                                       ("lrp-zplus", "rejected: csc (chain converges)", 0.99),
+                                       ("deeplift", "inconclusive: random-logit", np.nan)):
             rows.append({"model": model, "method": method, "random_logit_ssim": score, "verdict": verdict})
     return pd.DataFrame(rows[:-1])  # b-sgd has no deeplift row: n/a
 
@@ -65,13 +66,14 @@ def test_verdict_matrix_colours_each_cell_by_its_status():
     models = list(dict.fromkeys(frame.model))
     methods = [m for ms in style.by_family(list(frame.method)).values() for m in ms]
     assert grid.shape == (3, 3) and methods == ["gradient", "deeplift", "lrp-zplus"]
-    assert states[grid[models.index("a-sgd"), methods.index("gradient")]] == "pass"
-    assert states[grid[models.index("a-bort"), methods.index("lrp-zplus")]] == "fail"
-    assert states[grid[models.index("a-sgd"), methods.index("deeplift")]] == "undefined"
+    assert states[grid[models.index("a-sgd"), methods.index("gradient")]] == "not rejected"
+    assert states[grid[models.index("a-bort"), methods.index("lrp-zplus")]] == "rejected"
+    assert states[grid[models.index("a-sgd"), methods.index("deeplift")]] == "inconclusive"
     assert states[grid[models.index("b-sgd"), methods.index("deeplift")]] == "n/a"
     marks = sorted(t.get_text() for t in ax.texts)
-    assert marks.count(VERDICT_MARKS["pass"]) == 3 and marks.count(VERDICT_MARKS["fail"]) == 3
-    assert verdict_status("fail: x") == "fail" and verdict_status("n/a") == "n/a"
+    assert marks.count(VERDICT_MARKS["not rejected"]) == 3 and marks.count(VERDICT_MARKS["rejected"]) == 3
+    assert verdict_status("rejected: x") == "rejected" and verdict_status("not rejected") == "not rejected"
+    assert verdict_status("n/a") == "n/a" and "pass" not in VERDICT_COLOURS
 
 
 def test_score_figure_draws_each_method_in_its_colour_across_models():

@@ -1,9 +1,10 @@
-"""The verdict table's pass / fail logic, and the baseline-vs-Bort pairing, on tables made by hand."""
+"""The verdict table's three outcomes, the curve rule, the controls and the mechanisms, and the baseline-vs-Bort
+pairing, on tables made by hand where the answer is known."""
 import numpy as np
 import pandas as pd
 
 from audit.run.config import load_config
-from reports.verdict import bort_comparison, display_columns, twins, verdict_table
+from reports.verdict import bort_comparison, broken_checks, display_columns, summary_line, twins, verdict_table
 
 CONFIG = load_config(models=["m"], methods="gradient,lrp-zplus,deeplift",
                      tests="csc,random-logit,cascading")
@@ -14,47 +15,123 @@ def _csc(method, medians, logits=True, model="m"):
              "layer": f"l{d}", "depth": d, "median": m} for d, m in enumerate(medians)]
 
 
-def _per_image(method, values, model="m", stage=None):
-    rows = [{"model": model, "method": method, "image": i, "ssim": v} for i, v in enumerate(values)]
-    return [r | {"stage": stage, "layer": "x"} for r in rows] if stage is not None else rows
+def _per_image(method, values, model="m", stage=None, **columns):
+    rows = [{"model": model, "method": method, "image": i, "ssim": v, **columns} for i, v in enumerate(values)]
+    return [r | {"stage": stage, "layer": f"s{stage}"} for r in rows] if stage is not None else rows
 
 
-def test_each_check_fails_a_method_on_its_own_and_reasons_are_joined():
+def _around(centre, n=20, spread=0.01):
+    """``n`` values within ``spread`` of ``centre``: a narrow interval around it."""
+    return list(centre + spread * np.linspace(-1, 1, n))
+
+
+def _curve(method, medians, n=20, **columns):
+    """A cascading table: the trained model (stage 0) and one stage per median."""
+    rows = _per_image(method, [1.0] * n, stage=0, **columns)
+    for stage, m in enumerate(medians, start=1):
+        rows += _per_image(method, _around(m, n), stage=stage, **columns)
+    return rows
+
+
+def test_each_check_rejects_on_its_own_and_reasons_are_joined():
     csc = pd.DataFrame(_csc("gradient", [0.3, 0.5]) + _csc("lrp-zplus", [0.999, 0.995, 0.4])
                        + _csc("deeplift", [0.999, 0.5], logits=False) + _csc("deeplift", [0.6, 0.7]))
-    logit = pd.DataFrame(_per_image("gradient", [0.1, 0.2, 0.3]) + _per_image("lrp-zplus", [0.95, 0.9, 0.99])
-                         + _per_image("deeplift", [0.5, 0.81, 0.85]))
-    cascade = pd.DataFrame(_per_image("gradient", [0.9] * 3, stage=0) + _per_image("gradient", [0.1] * 3, stage=2)
-                           + _per_image("lrp-zplus", [0.2] * 3, stage=0) + _per_image("lrp-zplus", [0.7] * 3, stage=2)
-                           + _per_image("deeplift", [0.6, 0.4, 0.5], stage=2))
+    logit = pd.DataFrame(_per_image("gradient", _around(0.2)) + _per_image("lrp-zplus", _around(0.97))
+                         + _per_image("deeplift", _around(0.9)))
+    cascade = pd.DataFrame(_curve("gradient", [0.1, 0.05], input_spearman_abs=0.2, spearman_abs=0.2)
+                           + _curve("lrp-zplus", [0.95, 0.7], input_spearman_abs=0.9, spearman_abs=0.9)
+                           + _curve("deeplift", [0.3, 0.3], input_spearman_abs=0.9, spearman_abs=0.9))
     v = verdict_table({"csc": csc, "random-logit": logit, "cascading": cascade}, CONFIG).set_index("method")
-    assert v.loc["gradient", "verdict"] == "pass"
-    # z+: collapse reached at the layer nearest the logits with median >= 0.99 (depth 1, 0.995)
-    assert v.loc["lrp-zplus", "verdict"] == "fail: rank-1 collapse, class-insensitive, weight-insensitive"
-    assert v.loc["lrp-zplus", "collapse_layer"] == "l1 (0.995)"
+    assert v.loc["gradient", "verdict"] == "not rejected"  # never "pass": a sanity check cannot certify
+    assert v.loc["lrp-zplus", "verdict"] == ("rejected: csc (chain converges), random-logit (class-insensitive), "
+                                             "cascading (survives the randomization of the top layers)")
+    # z+: convergence reached first at the layer nearest the logits with median >= 0.99 (depth 1, 0.995)
+    assert v.loc["lrp-zplus", "collapse_layer"] == "rejected (from l1: 0.995; 0.999 at the input)"
     assert v.loc["lrp-zplus", "csc_max_median"] == 0.999
-    # deeplift: a collapse at a deeper injection point does not count; median 0.81 >= 0.8 does;
-    # the full-randomization median 0.5 reaches the 0.5 threshold (>=)
-    assert v.loc["deeplift", "collapse_layer"] == "none (max 0.700)"
-    assert v.loc["deeplift", "verdict"] == "fail: class-insensitive, weight-insensitive"
-    assert v.loc["deeplift", "random_logit"].startswith("0.810 [")
+    assert v.loc["lrp-zplus", "mechanism"] == "rank-1 chain convergence (CSC 0.999 at the input)"
+    # deeplift: a convergence at a deeper injection point does not count
+    assert v.loc["deeplift", "collapse_layer"] == "not rejected (max 0.700; 0.600 at the input)"
+    assert v.loc["deeplift", "verdict"] == "rejected: random-logit (class-insensitive)"
+    # a linear chain below the CSC threshold, whose fully randomized map still follows the input: input multiplier
+    assert v.loc["deeplift", "mechanism"].startswith("input multiplier")
+    assert v.loc["deeplift", "random_logit"].startswith("rejected (0.900 [")
     assert list(v.reset_index()[display_columns(v.reset_index())].columns) == [
-        "model", "method", "collapse_layer", "random_logit", "full_randomization", "verdict"]
+        "model", "method", "collapse_layer", "random_logit", "cascading", "cascading_spearman_abs", "verdict",
+        "mechanism", "control_check"]
 
 
-def test_a_check_without_rows_neither_passes_nor_fails():
-    logit = pd.DataFrame(_per_image("gradient", [0.9, 0.95]) + _per_image("edge", [1.0, 1.0]))
+def test_an_interval_that_contains_the_threshold_is_inconclusive():
+    logit = pd.DataFrame(_per_image("gradient", _around(0.8, spread=0.1)) + _per_image("lrp-zplus", _around(0.81))
+                         + _per_image("deeplift", _around(0.79)))
     v = verdict_table({"random-logit": logit}, CONFIG).set_index("method")
-    assert v.loc["gradient", "verdict"] == "fail: class-insensitive"
+    assert v.loc["gradient", "verdict"] == "inconclusive: random-logit"
+    assert v.loc["gradient", "random_logit"].startswith("inconclusive (0.800 [")
+    assert v.loc["lrp-zplus", "verdict"].startswith("rejected")  # the whole interval at or above 0.8
+    assert v.loc["deeplift", "verdict"] == "not rejected"  # the whole interval under it
+
+
+def test_constant_maps_are_undefined_counted_and_too_many_make_it_inconclusive():
+    logit = pd.DataFrame(_per_image("gradient", [np.nan] * 12 + _around(0.1, 8))
+                         + _per_image("lrp-zplus", [np.nan] * 2 + _around(0.95, 18)))
+    v = verdict_table({"random-logit": logit}, CONFIG).set_index("method")
+    assert v.loc["gradient", "verdict"] == "inconclusive: random-logit"
+    assert "12 of 20 images undefined" in v.loc["gradient", "random_logit"]
+    assert v.loc["lrp-zplus", "verdict"].startswith("rejected")  # 18 defined images decide
+    assert v.loc["lrp-zplus", "random_logit"].endswith("; 2 of 20 undefined)")
+
+
+def test_cascading_reads_the_whole_curve_and_names_where_the_map_stopped_surviving():
+    # survives the logit layer (stage 1) and stage 2, changes only at the last stage: the final stage alone
+    # would let it through
+    cascade = pd.DataFrame(_curve("guided-backprop", [0.9, 0.8, 0.1], input_spearman_abs=0.7, spearman_abs=0.3)
+                           + _curve("rectgrad", [0.9, 0.3, 0.1], input_spearman_abs=0.1, spearman_abs=0.1)
+                           + _curve("gradient", [0.2, 0.1, 0.1], input_spearman_abs=0.2, spearman_abs=0.1))
+    csc = pd.DataFrame(_csc("guided-backprop", [1.0, 0.999]) + _csc("rectgrad", [1.0, 1.0]))
+    config = load_config(models=["m"], methods="gradient,guided-backprop,rectgrad", tests="csc,cascading")
+    v = verdict_table({"cascading": cascade, "csc": csc}, config).set_index("method")
+    assert v.loc["guided-backprop", "outcome_cascading"] == "rejected"
+    assert "survives 2 of 3 stages, stops at s3" in v.loc["guided-backprop", "cascading"]
+    assert v.loc["gradient", "outcome_cascading"] == "not rejected"
+    # a nonlinear backward pass is never rank-1, however high its CSC: its mechanism is measured elsewhere
+    assert v.loc["guided-backprop", "mechanism"].startswith("partial input recovery")
+    assert v.loc["rectgrad", "mechanism"] == "none of the three measured"
+    # the top part as two stages: rectgrad changed at the second, so it is no longer rejected by cascading
+    two = load_config(models=["m"], methods="gradient,guided-backprop,rectgrad", tests="csc,cascading",
+                      randomization_top=2)
+    w = verdict_table({"cascading": cascade}, two).set_index("method")
+    assert w.loc["rectgrad", "outcome_cascading"] == "not rejected"
+    assert w.loc["guided-backprop", "outcome_cascading"] == "rejected"
+
+
+def test_controls_are_not_counted_and_a_wrong_outcome_marks_the_check_broken():
+    good = pd.DataFrame(_curve("edge", [1.0, 1.0]) + _curve("random", [0.02, 0.02]) + _curve("gradient", [0.1, 0.1]))
+    config = load_config(models=["m"], methods="gradient,edge,random", tests="cascading")
+    v = verdict_table({"cascading": good}, config)
+    assert set(v[v.role == "control"].method) == {"edge", "random"}
+    assert (v[v.role == "control"].control_check == "as expected").all()
+    assert summary_line(v) == ("1 model x method pairs: 0 rejected, 1 not rejected, 0 inconclusive (controls not "
+                               "counted); controls as expected")
+    broken = pd.DataFrame(_curve("edge", [0.1, 0.1]) + _curve("gradient", [0.1, 0.1]))  # the edge map changed
+    b = verdict_table({"cascading": broken}, config)
+    assert b.set_index("method").loc["edge", "control_check"].startswith("UNEXPECTED: cascading gave not rejected")
+    assert broken_checks(b) == ["m/edge: cascading gave not rejected (must be rejected)"]
+    assert "BROKEN CHECK" in summary_line(b)
+
+
+def test_a_check_without_rows_says_nothing():
+    logit = pd.DataFrame(_per_image("gradient", _around(0.9)) + _per_image("edge", [1.0] * 20))
+    v = verdict_table({"random-logit": logit}, CONFIG).set_index("method")
+    assert v.loc["gradient", "verdict"] == "rejected: random-logit (class-insensitive)"
     assert v.loc["gradient", "collapse_layer"] == "n/a" and np.isnan(v.loc["gradient", "csc_max_median"])
     assert list(v.index) == ["gradient", "edge"]  # configured methods first, others after
+    assert v.loc["gradient", "mechanism"] == "none of the three measured (not run: CSC)"
 
 
 def test_thresholds_come_from_the_configuration():
-    logit = pd.DataFrame(_per_image("gradient", [0.6, 0.6, 0.6]))
+    logit = pd.DataFrame(_per_image("gradient", _around(0.6)))
     strict = load_config(models=["m"], methods="gradient", random_logit_threshold=0.5)
-    assert verdict_table({"random-logit": logit}, CONFIG).verdict[0] == "pass"
-    assert verdict_table({"random-logit": logit}, strict).verdict[0] == "fail: class-insensitive"
+    assert verdict_table({"random-logit": logit}, CONFIG).verdict[0] == "not rejected"
+    assert verdict_table({"random-logit": logit}, strict).verdict[0] == "rejected: random-logit (class-insensitive)"
 
 
 def test_twins_are_told_apart_by_the_optimizer_registry_and_compared_per_image():
@@ -68,17 +145,6 @@ def test_twins_are_told_apart_by_the_optimizer_registry_and_compared_per_image()
     assert len(cmp) == 1 and cmp.test[0] == "random-logit"
     assert cmp.baseline_score[0] == 0.25 and cmp.bort_score[0] == 0.5 and cmp.median_difference[0] == 0.25
     assert 0 < cmp.wilcoxon_p[0] <= 1
-
-
-def test_a_check_with_no_defined_score_makes_the_verdict_undefined():
-    logit = pd.DataFrame(_per_image("gradient", [np.nan, np.nan]) + _per_image("lrp-zplus", [0.95, np.nan])
-                         + _per_image("deeplift", [np.nan, np.nan]))
-    cascade = pd.DataFrame(_per_image("deeplift", [0.9, 0.9], stage=2))
-    v = verdict_table({"random-logit": logit, "cascading": cascade}, CONFIG).set_index("method")
-    assert v.loc["gradient", "random_logit"] == "undefined"
-    assert v.loc["gradient", "verdict"] == "undefined: random-logit (maps constant or non-finite)"
-    assert v.loc["lrp-zplus", "verdict"] == "fail: class-insensitive"  # the one defined image decides
-    assert v.loc["deeplift", "verdict"] == "fail: weight-insensitive"  # a failure outranks an undefined check
 
 
 def test_each_comparison_names_its_score_and_which_values_are_better():

@@ -25,7 +25,8 @@ def test_cascading_randomization(trained):
     before = copy.deepcopy(model.state_dict())
     torch.manual_seed(123)
     df = parameter_randomization(model, x, y, ["gradient", "edge", "lrp-zplus"], seed=0, progress=False)
-    assert list(df.columns) == ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog", "share"]
+    assert list(df.columns) == ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog",
+                                "input_spearman_abs", "share"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     layers = [s.name for s in randomization_plan(model, trace(model, x))]
     assert layers == ["features.0", "features.3", "features.5", "features.8", "classifier.0", "classifier.2"]
@@ -34,6 +35,9 @@ def test_cascading_randomization(trained):
     med = df.groupby(["method", "stage"]).ssim.median()
     assert (df[df.method == "edge"].ssim >= 0.99).all()
     assert med["gradient", len(layers)] < 0.5
+    # the edge map's magnitude follows the input at every stage; the random control's does not at all
+    follows = df.groupby("method").input_spearman_abs.median()
+    assert follows["edge"] > 0.5 and abs(follows["gradient"]) < follows["edge"]
     torch.manual_seed(999)  # the global RNG does not matter: each layer has its own seeded generator
     again = parameter_randomization(model, x, y, ["gradient", "edge", "lrp-zplus"], seed=0, progress=False)
     assert df.equals(again)

@@ -16,18 +16,19 @@ from reports import build_report, verdict_table
 
 
 def test_registered_checks_in_order_with_their_declarations():
-    assert list(CHECKS) == ["csc", "random-logit", "cascading", "independent", "bottom-up", "emprt", "smprt",
-                            "input-invariance"]
+    assert list(CHECKS) == ["csc", "random-logit", "cascading", "independent", "bottom-up", "data-randomization",
+                            "emprt", "smprt", "input-invariance"]
     for check in CHECKS.values():
         assert check.result_file.endswith(".csv") and "method" in check.columns and check.title
-    assert [c.name for c in CHECKS.values() if c.verdict] == ["csc", "random-logit", "cascading", "emprt", "smprt",
-                                                               "input-invariance"]
+    assert [c.name for c in CHECKS.values() if c.verdict] == ["csc", "random-logit", "cascading", "data-randomization",
+                                                               "emprt", "smprt", "input-invariance"]
     assert {c.name: (c.verdict.score_name, c.verdict.better) for c in CHECKS.values() if c.verdict} == {
         "csc": ("CSC (median |cos| of the chain from the logits)", "lower"), "random-logit": ("SSIM", "lower"),
-        "cascading": ("SSIM", "lower"), "emprt": ("eMPRT score (entropy ratio)", "higher"),
+        "cascading": ("SSIM", "lower"), "data-randomization": ("SSIM", "lower"),
+        "emprt": ("eMPRT score (entropy ratio)", "higher"),
         "smprt": ("Spearman of magnitudes (sMPRT)", "lower"), "input-invariance": ("relative L2 change", "lower")}
-    assert {"n_vectors", "csc_threshold", "random_logit_threshold", "randomization_threshold", "bn", "target", "init",
-            "heatmap_scale", "granularity",
+    assert {"n_vectors", "csc_threshold", "random_logit_threshold", "randomization_threshold", "randomization_top",
+            "bn", "target", "init", "heatmap_scale", "granularity", "data_randomization_threshold", "data_target",
             "emprt_order", "emprt_bins", "emprt_curve", "emprt_threshold", "smprt_order", "smprt_samples", "smprt_noise", "smprt_threshold",
             "shift", "invariance_reference", "invariance_tolerance"} == set(check_options())
     with pytest.raises(ConfigError, match="unknown test 'cascade'.*Did you mean 'cascading'"):
@@ -83,7 +84,7 @@ def test_a_new_check_reaches_config_runner_verdict_cli_and_report(tmp_path, monk
     table = pd.read_csv(tmp_path / "run" / "results" / "toy.csv")
     assert set(table.method) == {"gradient", "edge"} and len(table) == 8
     verdict = verdict_table(result.tables, result.config)
-    assert set(verdict.verdict) == {"fail: too central"} and "toy" in verdict.columns
+    assert set(verdict.verdict) == {"rejected: toy (too central)"} and "toy" in verdict.columns
     html = build_report(tmp_path / "run").read_text()
     assert "<h2>Toy centre check</h2>" in html and "too central" in html
     help_text = parser().format_help() + parser()._subparsers._group_actions[0].choices["run"].format_help()

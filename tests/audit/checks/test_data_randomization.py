@@ -1,0 +1,72 @@
+"""The data-randomization test on the shipped CNN and its permuted-label twin, and end to end on a pair a user
+trains."""
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from audit import embedded_sample, load_checkpoint
+from audit.checks import get_check
+from audit.checks.base import NOT_REJECTED, REJECTED
+from audit.checks.data_randomization import data_randomization
+from audit.cli import main
+from audit.errors import ConfigError
+from audit.run.config import load_config
+from audit.run.runner import run_audit
+from reports.verdict import verdict_table
+
+
+@pytest.fixture(scope="module")
+def images():
+    x, y = embedded_sample()
+    pick = [i for c in range(10) for i in range(len(y)) if y[i] == c][::50]  # two images per class
+    return torch.from_numpy(x[pick]), torch.from_numpy(y[pick])
+
+
+def test_the_edge_control_is_rejected_and_the_gradient_of_a_twin_is_not(images):
+    x, y = images
+    model, twin = load_checkpoint("cnn-sgd"), load_checkpoint("cnn-permuted")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    table, maps = data_randomization(model, twin, x, y, ["gradient", "edge"], progress=False, keep_maps=2)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the model is not modified
+    assert maps["gradient"].shape == (2, 2, 28, 28)
+    config = load_config(models=["cnn-sgd"], methods="gradient,edge", tests="data-randomization")
+    rule = get_check("data-randomization").verdict
+    edge = rule.evaluate(table[table.method == "edge"], config)
+    gradient = rule.evaluate(table[table.method == "gradient"], config)
+    assert edge.outcome == REJECTED and edge.score == 1.0  # the map does not depend on the model
+    assert gradient.outcome == NOT_REJECTED and gradient.score < 0.3, gradient.text
+
+
+def test_a_pair_of_two_architectures_is_refused(images):
+    x, y = images
+    with pytest.raises(ConfigError, match="architectures differ|it is a"):
+        data_randomization(load_checkpoint("cnn-sgd"), load_checkpoint("vgg-permuted"), x, y, ["gradient"],
+                           progress=False)
+    with pytest.raises(ConfigError, match="cannot be the twin of cnn-sgd"):
+        run_audit(load_config(models=["cnn-sgd"], methods="gradient", tests="data-randomization", n_images=4,
+                              twins={"cnn-sgd": "vgg-permuted"}), "unused-folder", progress=False, log=lambda s: None)
+
+
+def test_end_to_end_on_a_model_and_twin_the_user_trains(tmp_path, capsys):
+    """Train a small model and its permuted-label twin with the CLI, audit the pair; a model without a twin is
+    skipped and the manifest, the log and the verdict say so."""
+    for name, extra in (("mine", []), ("mine-twin", ["--permute-labels", "7", "--twin-of", str(tmp_path / "mine.pt")])):
+        assert main(["train", "--arch", "cnn", "--data", "fashion-mnist-sample", "--epochs", "1", "--train-limit",
+                     "64", "--out", str(tmp_path / f"{name}.pt"), "--quiet", *extra]) == 0
+    out = tmp_path / "run"
+    rc = main(["run", "--models", f"{tmp_path / 'mine.pt'},cnn-bort", "--methods", "gradient,edge", "--tests",
+               "data-randomization", "--n-images", "6", "--twins", f"{tmp_path / 'mine.pt'}={tmp_path / 'mine-twin.pt'}",
+               "--out", str(out), "--quiet"])
+    assert rc == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["twins"]["mine"]["label_seed"] == 7 and manifest["twins"]["mine"]["labels"] == "permuted"
+    assert "no permuted-label twin" in manifest["skipped"]["data-randomization"]["cnn-bort"]
+    table = pd.read_csv(out / "results" / "data_randomization.csv")
+    assert set(table.model) == {"mine"} and len(table) == 12
+    config = load_config(models=["m"], methods="gradient,edge", tests="data-randomization")
+    verdict = verdict_table({"data-randomization": table}, config).set_index("method")
+    assert verdict.loc["edge", "verdict"].startswith(REJECTED) and verdict.loc["edge", "control_check"] == "as expected"
+    report = (out / "report.md").read_text()
+    assert "Skipped (no twin): cnn-bort" in report and "## Data randomization" in report

@@ -91,3 +91,15 @@ def method_boxes(ax: Axes, methods: list[str], values: dict[str, np.ndarray], lo
 def threshold_line(ax: Axes, value: float, label: str | None = None) -> Line2D:
     """The pass threshold as a grey dashed line across ``ax``; returns it (for a legend entry)."""
     return ax.axhline(value, color="0.35", linestyle=(0, (4, 2)), linewidth=0.8, zorder=1, label=label)
+
+
+def score_boxes(part, metric: str, threshold: float, ylabel: str) -> MplFigure:
+    """Per-image ``metric`` of one model's table ``part``: a box and every image's point per method, one panel per
+    family, on [0, 1] with the dashed ``threshold``."""
+    fig, axes, groups = family_panels(list(part.method), sharex=False, panel_height=1.6)
+    for ax, methods in zip(axes[0], groups.values()):
+        method_boxes(ax, methods, {m: part[part.method == m][metric].to_numpy() for m in methods})
+        threshold_line(ax, threshold)
+    axes[0, 0].set_ylim(-0.05, 1.05)
+    axes[0, 0].set_ylabel(ylabel)
+    return fig

@@ -23,8 +23,15 @@ from reports import html, latex, markdown, methods_text
 from reports.figures import bort_figure, save, score_figure, verdict_matrix
 from reports.references import bibtex
 from reports.reproduction import reproduction_sections
-from reports.verdict import MECHANISMS, bort_comparison, broken_checks, display_columns, score_columns, summary_line, \
-    verdict_table
+from reports.verdict import (
+    MECHANISMS,
+    bort_comparison,
+    broken_checks,
+    display_columns,
+    score_columns,
+    summary_line,
+    verdict_table,
+)
 
 TITLE = "Attribution audit"
 

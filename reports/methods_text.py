@@ -7,6 +7,7 @@ into ``\\citep{...}`` (natbib), escaping the rest.
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pandas as pd
 
@@ -31,6 +32,22 @@ def _join(items: list[str]) -> str:
 
 def _value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _twin_sentence(manifest: dict, test: str) -> str:
+    """Which twin each model was compared with, how it was trained and how well it fits its permuted labels; and
+    the models skipped for want of a twin."""
+    parts = []
+    for model, twin in manifest.get("twins", {}).items():
+        accuracy = twin.get("train_accuracy")
+        test_accuracy = twin.get("test_accuracy")
+        parts.append(f"{model} with {twin['spec']} (labels of {twin.get('train_size', '?')} training images permuted "
+                     f"with seed {twin.get('label_seed', '?')}; training accuracy "
+                     f"{'?' if accuracy is None else f'{accuracy:.3f}'} on them, test accuracy "
+                     f"{'?' if test_accuracy is None else f'{test_accuracy:.3f}'} on the true labels)")
+    text = f" Twins: {'; '.join(parts)}." if parts else ""
+    skipped = manifest.get("skipped", {}).get(test, {})
+    return text + (f" Not tested for want of a twin: {', '.join(skipped)}." if skipped else "")
 
 
 def _coverage_sentence(covered: dict[str, dict]) -> str:
@@ -120,10 +137,14 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
             text += " " + _coverage_sentence(covered)
         rule = check.verdict
         if rule is not None and getattr(rule, "threshold", None) in config:
-            text += (f" A method fails ({rule.failure}) when its {rule.score_column.replace('_', ' ')} is "
-                     f"{rule.comparison} {_value(config[rule.threshold])}.")
+            text += f" A method is {rule.rule_text(SimpleNamespace(**config))}."
+        if check.needs_twin:
+            text += _twin_sentence(manifest, name)
         out.append((check.title, text))
-    out.append(("Statistics", "Scores are medians over images with 99 % bootstrap confidence intervals (10,000 "
+    out.append(("Statistics", "A sanity check can reject a method, not certify it: each check's outcome is "
+                "rejected, not rejected or inconclusive (an interval that contains the threshold, or fewer than half "
+                "of the images, or fewer than three, with a defined score). "
+                "Scores are medians over images with 99 % bootstrap confidence intervals (10,000 "
                 f"resamples) {_cite(['efron1993'])}. SSIM {_cite(['wang2004'])} is computed with scikit-image "
                 f"{_cite(['vanderwalt2014'])} on maps normalised to [0, 1]"
                 + (f"; baselines and their Bort twins are compared per image with the paired Wilcoxon signed-rank "

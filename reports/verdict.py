@@ -11,7 +11,6 @@ from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, VerdictRule
 from audit.models.training import OPTIMIZERS
 
-
 MECHANISMS = ("rank-1 chain convergence (Sixt et al. 2020, Theorem 1: a backward pass linear in the propagated "
               "signal whose chain from the logits reaches the CSC threshold at the input; class-insensitive as a "
               "consequence); partial input recovery (Nie, Zhang & Patel 2018: a ReLU or threshold on the backward "
@@ -92,7 +91,8 @@ def broken_checks(verdict: pd.DataFrame) -> list[str]:
     if verdict.empty or "control_check" not in verdict:
         return []
     bad = verdict[verdict.control_check.str.startswith("UNEXPECTED")]
-    return [f"{r.model}/{r.method}: {r.control_check.removeprefix('UNEXPECTED: ')}" for r in bad.itertuples()]
+    return [f"{model}/{method}: {str(text).removeprefix('UNEXPECTED: ')}"
+            for model, method, text in zip(bad.model, bad.method, bad.control_check)]
 
 
 def summary_line(verdict: pd.DataFrame) -> str:

@@ -104,6 +104,7 @@ def scored_cell(values: np.ndarray, threshold: float, rejects_at_or_above: bool 
     return VerdictCell(est, f"{outcome} ({prefix}{est:.3f} [{low:.3f}, {high:.3f}]{suffix})", outcome, bad)
 
 
+@dataclass(frozen=True)
 class VerdictRule:
     """How a check's table becomes a verdict for one model x method: one of :data:`OUTCOMES`.
 
@@ -116,7 +117,7 @@ class VerdictRule:
     text_column: str
     failure: str
     threshold: str
-    score_name: str
+    score_name: str = "SSIM"
 
     @property
     def better(self) -> str:
@@ -150,11 +151,6 @@ class MedianScore(VerdictRule):
     ``fails_below`` at or below it (a score where higher is better); inconclusive when the interval
     contains the threshold or too few images give a defined score (:func:`scored_cell`)."""
 
-    score_column: str
-    text_column: str
-    failure: str
-    threshold: str
-    score_name: str = "SSIM"
     metric: str = "ssim"
     select: Callable[[pd.DataFrame], pd.DataFrame] = lambda df: df
     fails_below: bool = False

@@ -27,7 +27,7 @@ from audit.errors import AuditError
 from audit.inputs import check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ReferenceMaps, heatmaps
 from audit.models.twins import same_architecture
-from audit.panels import family_panels, method_boxes, threshold_line
+from audit.panels import score_boxes
 from audit.sections import Figure, ReportContext, Section, Table
 
 COLUMNS = ["method", "image", "ssim", "spearman", "spearman_abs", "hog"]
@@ -85,13 +85,7 @@ def _run(model, x, y, method, config, progress, twin=None) -> UnitResult:
 def data_figure(table: pd.DataFrame, model: str, threshold: float) -> Figure:
     """Per-image SSIM between each method's maps on the model and on its permuted-label twin: a box and every
     image's point per method, one panel per family; dashed: the threshold."""
-    part = table[table.model == model]
-    fig, axes, groups = family_panels(list(part.method), sharex=False, panel_height=1.6)
-    for ax, methods in zip(axes[0], groups.values()):
-        method_boxes(ax, methods, {m: part[part.method == m].ssim.to_numpy() for m in methods})
-        threshold_line(ax, threshold)
-    axes[0, 0].set_ylim(-0.05, 1.05)
-    axes[0, 0].set_ylabel("SSIM, model vs twin")
+    fig = score_boxes(table[table.model == model], "ssim", threshold, "SSIM, model vs twin")
     return Figure(f"data_randomization_{model}", fig, f"Data randomization on {model}: SSIM between each image's map "
                   "on the model and on its twin trained on permuted labels, per image (points) and per method (boxes); "
                   f"a method whose median's 99 % interval lies at or above the dashed line ({threshold:g}) is rejected: "

@@ -18,7 +18,7 @@ from audit.errors import AuditError
 from audit.inputs import check_inputs, resolve_methods
 from audit.measures.heatmaps import heatmaps
 from audit.measures.similarity import WINDOW, normalize_map, screen, spearman, ssim, undefined_where
-from audit.panels import family_panels, method_boxes, threshold_line
+from audit.panels import score_boxes
 from audit.sections import Figure, ReportContext, Section
 
 COLUMNS = ["method", "image", "true_class", "random_class", "ssim", "spearman", "spearman_abs"]
@@ -71,14 +71,8 @@ def _run(model, x, y, method, config, progress) -> UnitResult:
 
 def random_logit_figure(logit: pd.DataFrame, model: str, threshold: float) -> Figure:
     """Per-image SSIM between the true-class and random-class maps: a box and every image's point
-    per method, one panel per family; dashed: the pass threshold (at or above: class-insensitive)."""
-    part = logit[logit.model == model]
-    fig, axes, groups = family_panels(list(part.method), sharex=False, panel_height=1.6)
-    for ax, methods in zip(axes[0], groups.values()):
-        method_boxes(ax, methods, {m: part[part.method == m].ssim.to_numpy() for m in methods})
-        threshold_line(ax, threshold)
-    axes[0, 0].set_ylim(-0.05, 1.05)
-    axes[0, 0].set_ylabel("SSIM, true vs random class")
+    per method, one panel per family; dashed: the threshold (at or above: class-insensitive)."""
+    fig = score_boxes(logit[logit.model == model], "ssim", threshold, "SSIM, true vs random class")
     return Figure(f"random_logit_{model}", fig, f"Random-logit test on {model}: SSIM between the maps of the true "
                   f"and a random other class, per image (points) and per method (boxes); a method whose median's 99 % "
                   f"interval lies at or above the dashed line ({threshold:g}) is rejected as class-insensitive.")

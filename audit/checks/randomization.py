@@ -33,8 +33,7 @@ from attributions.explainer import Explainer, attribute_many
 from attributions.graph import SIGNAL_KINDS, Graph, trace
 from attributions.records import Const
 from audit import style
-from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, Check, Option, UnitResult, VerdictCell, VerdictRule, \
-    too_few
+from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, Check, Option, UnitResult, VerdictCell, VerdictRule, too_few
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import record as coverage_record
 from audit.checks.passes import model_errors, prepare
@@ -283,8 +282,9 @@ def survived(intervals: pd.DataFrame, threshold: float) -> int:
     """How many stages from the top the map survives: consecutive stages whose whole 99 % interval lies at or
     above ``threshold`` (with enough images defined)."""
     count = 0
-    for row in intervals.itertuples(index=False):
-        if too_few(row.defined, row.defined + row.undefined) or not row.low >= threshold:
+    for low, defined, undefined in zip(intervals.low.to_numpy(float), intervals.defined.to_numpy(int),
+                                       intervals.undefined.to_numpy(int)):
+        if too_few(int(defined), int(defined + undefined)) or not low >= threshold:
             break
         count += 1
     return count
@@ -304,11 +304,6 @@ class Survival(VerdictRule):
     threshold, or too few defined images). The text names the stage where the map stopped surviving.
     """
 
-    score_column: str
-    text_column: str
-    failure: str
-    threshold: str
-    score_name: str = "SSIM"
     metric: str = "ssim"
     top: str = "randomization_top"
 

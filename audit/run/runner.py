@@ -394,7 +394,8 @@ def _twin_record(config: AuditConfig, models: dict[str, nn.Module], labels: dict
                  log: Callable[[str], None]) -> tuple[dict[str, dict], dict[str, dict[str, str]]]:
     """({model label: its twin and the twin's training facts}, {test: {model label: why it was skipped}}) for the
     checks that need a twin; a line for every model skipped."""
-    record, skipped = {}, {}
+    record: dict[str, dict] = {}
+    skipped: dict[str, dict[str, str]] = {}
     for name in (t for t in config.tests if CHECKS[t].needs_twin):
         for spec in config.models:
             if spec in specs:

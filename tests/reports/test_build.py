@@ -18,7 +18,8 @@ TINY = dict(methods=["gradient", "lrp-zplus", "deeplift", "edge"], tests=["csc",
             n_images=4)
 
 
-SECTIONS = ["The source papers, reproduced", "Verdict", "Cosine-similarity convergence", "Random-logit test", "Parameter randomization (cascading)",
+SECTIONS = ["The source papers, reproduced",
+            "Verdict", "Cosine-similarity convergence", "Random-logit test", "Parameter randomization (cascading)",
             "Heatmaps under cascading randomization", "Bort vs baseline", "Models", "Configuration and versions"]
 
 

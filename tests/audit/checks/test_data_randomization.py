@@ -70,3 +70,13 @@ def test_end_to_end_on_a_model_and_twin_the_user_trains(tmp_path, capsys):
     assert verdict.loc["edge", "verdict"].startswith(REJECTED) and verdict.loc["edge", "control_check"] == "as expected"
     report = (out / "report.md").read_text()
     assert "Skipped (no twin): cnn-bort" in report and "## Data randomization" in report
+
+
+@pytest.mark.parametrize("arch", ["cnn", "vgg", "resnet", "vit"])
+def test_every_shipped_architecture_runs_against_its_shipped_twin(arch, images):
+    x, y = images
+    table, _ = data_randomization(load_checkpoint(f"{arch}-sgd"), load_checkpoint(f"{arch}-permuted"), x[:6], y[:6],
+                                  ["gradient", "edge"], progress=False)
+    assert len(table) == 12 and table.ssim.notna().all()
+    assert (table[table.method == "edge"].ssim == 1.0).all()
+    assert table[table.method == "gradient"].ssim.median() < 0.5

@@ -125,8 +125,9 @@ def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
         maps, images = context.examples(m, "data-randomization", list(table[table.model == m].method.unique()))
         if maps:
             spec = preprocess_from(getattr(context.config, "preprocess", "none"))
-            grids += [heatmap_grid(maps, ["model", "twin"], m, i, "data randomization", images, spec,
-                                   getattr(context.config, "heatmap_scale", "map"))
+            grids += [heatmap_grid(maps, ["model", "twin"], m, i, "data-randomization", images, spec,
+                                   getattr(context.config, "heatmap_scale", "map"),
+                                   columns="on the model and on its permuted-label twin (left to right)")
                       for i in range(next(iter(maps.values())).shape[1])]
     return [Section("Data randomization", text=text,
                     tables=[Table(twins, "Permuted-label twins: training subset, label seed, training accuracy on the "

@@ -405,7 +405,8 @@ GRID_SCALES = ("map", "row")
 
 
 def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str, image: int, order: str,
-                 images: np.ndarray | None = None, preprocess: Preprocess | None = None, scale: str = "map") -> Figure:
+                 images: np.ndarray | None = None, preprocess: Preprocess | None = None, scale: str = "map",
+                 columns: str | None = None) -> Figure:
     """Adebayo-style grid: the input image first, then one row per method (grouped by family) and
     one column per randomization stage, each row with its colour bar. Colour scales, symmetric
     around 0 at the 99.5th percentile of |map|: ``scale="map"`` each map its own (as Adebayo et al.'s
@@ -413,7 +414,8 @@ def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str
     ``"row"`` one per method across the stages (magnitudes compare; late stages may look blank).
 
     ``maps``: {method: (stages, images, H, W)}; ``images``: (images, C, H, W) model inputs or None,
-    shown as they looked before ``preprocess``'s normalisation.
+    shown as they looked before ``preprocess``'s normalisation; ``columns``: what the columns are, for the
+    caption (default: the randomization stages of ``order``).
     """
     if scale not in GRID_SCALES:
         raise ValueError(f"scale must be one of {GRID_SCALES}, got {scale!r}")
@@ -469,7 +471,8 @@ def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str
               "bar: structure shows, magnitudes do not compare across stages)" if scale == "map" else
               "one symmetric colour scale per method row (magnitudes compare across stages)")
     return Figure(f"heatmaps_{model}_image{image}" + ("" if order == "cascading" else f"_{order}"), fig,
-                  f"Maps of image {image} on {model} as layers are randomized ({order}, left to right), one row per "
+                  f"Maps of image {image} on {model} "
+                  f"{columns or f'as layers are randomized ({order}, left to right)'}, one row per "
                   f"method, {scales}; red positive, blue negative.")
 
 

@@ -124,7 +124,8 @@ def _run(args: argparse.Namespace) -> int:
                          num_classes=args.num_classes,
                          max_memory=args.max_memory, mixed_precision=args.mixed_precision,
                          image_block=args.image_block, pattern_data=args.pattern_data,
-                         pattern_images=args.pattern_images, twins=args.twins, **options)
+                         pattern_images=args.pattern_images, twins=args.twins,
+                         allow_partial_weights=args.allow_partial_weights, **options)
     with sharded(config.device) as shard:
         result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet, shard=shard)
     if shard.lead:
@@ -163,13 +164,13 @@ def _methods(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attribution-audit",
+    p = argparse.ArgumentParser(prog="attribution-audit", allow_abbrev=False,
                                 description="Audit attribution methods: rank-1 collapse, random-logit and "
                                             "parameter-randomization sanity checks, Bort-trained models.")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train a zoo model and save a checkpoint (.pt + .json)")
+    t = sub.add_parser("train", allow_abbrev=False, help="train a zoo model and save a checkpoint (.pt + .json)")
     t.add_argument("--arch", default="cnn", help="cnn, vgg, resnet, vgg16, resnet50")
     t.add_argument("--batch-norm", action="store_true", help="vgg with BatchNorm")
     t.add_argument("--optimizer", default="sgd", help="sgd, adamw (and the registered ones)")
@@ -201,22 +202,22 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=_train)
 
-    m = sub.add_parser("models", help="list architectures and shipped checkpoints")
+    m = sub.add_parser("models", allow_abbrev=False, help="list architectures and shipped checkpoints")
     m.set_defaults(func=_models)
 
-    r = sub.add_parser("retrain-shipped", help="retrain the shipped checkpoints from their recipes (resumable)")
+    r = sub.add_parser("retrain-shipped", allow_abbrev=False, help="retrain the shipped checkpoints from their recipes (resumable)")
     r.add_argument("names", nargs="*", help="default: all")
     r.add_argument("--out-dir", default=None, help="default: the package's checkpoint folder")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=_retrain_shipped)
 
-    d = sub.add_parser("demo", help="the full audit of cnn-sgd against cnn-bort on the embedded sample")
+    d = sub.add_parser("demo", allow_abbrev=False, help="the full audit of cnn-sgd against cnn-bort on the embedded sample")
     d.add_argument("--out", default="demo-output")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_demo)
 
-    a = sub.add_parser("run", help="audit models: CSC, random-logit and parameter randomization, with a report")
+    a = sub.add_parser("run", allow_abbrev=False, help="audit models: CSC, random-logit and parameter randomization, with a report")
     a.add_argument("--models", default=None, help="comma-separated: shipped names, checkpoint paths, timm:NAME, "
                    "torchvision:NAME, hf:FOLDER (saved by save_pretrained, or a hub id in the local cache), "
                    "module:factory")
@@ -224,6 +225,10 @@ def parser() -> argparse.ArgumentParser:
                    "or module:factory model")
     a.add_argument("--num-classes", type=int, default=None, help="the classifier's outputs of a timm:, torchvision: "
                    "or hf: model (default: the library's)")
+    a.add_argument("--allow-partial-weights", default=None, action="store_true",
+                   help="load a library model whose weights leave tensors missing, unexpected or of another shape "
+                   "(e.g. a head of another size), keeping those freshly initialised; recorded in the manifest "
+                   "(default: an error)")
     a.add_argument("--methods", default=None, help='comma-separated method names, or "all"')
     a.add_argument("--tests", default=None, help="comma-separated: " + "; ".join(
         f"{c.name} ({c.description})" for c in CHECKS.values()))
@@ -265,7 +270,7 @@ def parser() -> argparse.ArgumentParser:
                        choices=option.choices or None, help=text)
     a.set_defaults(func=_run)
 
-    rp = sub.add_parser("report", help="rebuild the report of a finished run without recomputing")
+    rp = sub.add_parser("report", allow_abbrev=False, help="rebuild the report of a finished run without recomputing")
     rp.add_argument("dir")
     rp.add_argument("--out", default=None, help="default: the run folder")
     rp.add_argument("--pdf", action="store_true", help="also compile standalone.tex to report.pdf (pdflatex, bibtex)")
@@ -273,7 +278,7 @@ def parser() -> argparse.ArgumentParser:
                     "default: the first the run has, e.g. random_logit_ssim)")
     rp.set_defaults(func=_report)
 
-    me = sub.add_parser("methods", help="list the attribution methods")
+    me = sub.add_parser("methods", allow_abbrev=False, help="list the attribution methods")
     me.set_defaults(func=_methods)
     return p
 

@@ -14,6 +14,7 @@ from attributions.errors import unknown_name
 from audit.checks.base import Check, MedianScore, Option, UnitResult, VerdictCell, VerdictRule
 from audit.checks.convergence import chain_convergence
 from audit.checks.coverage import coverage
+from audit.checks.data_randomization import data_randomization
 from audit.checks.emprt import efficient_mprt
 from audit.checks.input_invariance import input_invariance
 from audit.checks.random_logit import random_logit_test
@@ -61,5 +62,5 @@ def check_options() -> dict[str, Option]:
 
 
 __all__ = ["CHECKS", "Check", "MedianScore", "Option", "UnitResult", "VerdictCell", "VerdictRule", "chain_convergence",
-           "check_options", "coverage", "discover", "efficient_mprt", "get_check", "input_invariance",
+           "check_options", "coverage", "data_randomization", "discover", "efficient_mprt", "get_check", "input_invariance",
            "parameter_randomization", "random_logit_test", "randomization_plan", "randomization_with_maps", "smooth_mprt"]

@@ -1,11 +1,11 @@
 """Input invariance (Kindermans et al. 2017 / 2019, "The (Un)reliability of Saliency Methods").
 
 Shift the input by a constant and compensate in the first layer's bias, so the model computes
-exactly the same function of the original input; a method passes when its map does not change.
+exactly the same function of the original input; a method is not rejected when its map does not change.
 Theory: gradient, Guided Backprop and DeconvNet are invariant; input x gradient, LRP-z / epsilon,
 and Integrated Gradients and DeepLIFT with a zero reference are not (with the shifted reference
-they would be). The controls pass trivially: the Sobel edge map ignores constant shifts and the
-noise map ignores the input, so passing this check is necessary, not sufficient.
+they would be). The controls are not rejected, trivially: the Sobel edge map ignores constant shifts and
+the noise map ignores the input, so escaping this check is necessary, not sufficient.
 
 A first convolution that pads with zeros would see unshifted zeros at the border: in the shifted
 copy it pads explicitly with the shifted background (pad(u - s) + s), so the compensation is exact

@@ -120,11 +120,28 @@ def model_files(spec: str, weights: str | None = None) -> list[Path]:
     return list(_resolve(spec))
 
 
-def resolve_model(spec: str, weights: str | None = None, num_classes: int | None = None) -> nn.Module:
+def finite_parameters(model: nn.Module, spec: str) -> nn.Module:
+    """``model``, or a :class:`ModelError` naming its parameters and buffers that hold NaN or infinite values
+    (every map of such a model is meaningless, and the audit would report numbers all the same)."""
+    bad = [name for name, t in (*model.named_parameters(), *model.named_buffers())
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ModelError(f"{spec}: {len(bad)} tensors hold NaN or infinite values ({', '.join(bad[:3])}"
+                         f"{'...' if len(bad) > 3 else ''}); the weights are corrupt or the training diverged")
+    return model
+
+
+def resolve_model(spec: str, weights: str | None = None, num_classes: int | None = None,
+                  partial: bool = False) -> nn.Module:
     """A shipped checkpoint name, a checkpoint path, a library's model (``timm:NAME``, ``torchvision:NAME``,
-    ``hf:FOLDER``: :mod:`audit.models.libraries`), or ``module:factory`` (weights from ``weights``)."""
+    ``hf:FOLDER``: :mod:`audit.models.libraries`), or ``module:factory`` (weights from ``weights``); refused when a
+    tensor is not finite. ``partial``: a library model's weights may leave tensors out (recorded in its metadata)."""
+    return finite_parameters(_resolve_model(spec, weights, num_classes, partial), spec)
+
+
+def _resolve_model(spec: str, weights: str | None, num_classes: int | None, partial: bool) -> nn.Module:
     if is_library_spec(spec):
-        return load_library_model(spec, weights, num_classes)
+        return load_library_model(spec, weights, num_classes, partial)
     if num_classes is not None:
         raise ModelError(f"--num-classes applies to timm:, torchvision: and hf: models, not to {spec!r}")
     if ":" in spec and not Path(spec).exists():

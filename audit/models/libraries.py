@@ -15,6 +15,7 @@ the audit's manifest and model table record.
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -67,18 +68,46 @@ def read_state(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _load(model: nn.Module, path: str | Path, spec: str) -> None:
-    missing, unexpected = [], []
+def _names(keys: list[str]) -> str:
+    return f"{keys[:3]}{'...' if len(keys) > 3 else ''} ({len(keys)})"
+
+
+def check_dtypes(model: nn.Module, state: dict[str, torch.Tensor], path: str | Path) -> list[str]:
+    """Refuse integer or boolean tensors where the model holds floating-point ones (a cast would make numbers up);
+    return a warning for each tensor of lower floating-point precision than the model's (cast up exactly)."""
+    own = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    warnings_ = []
+    for name, tensor in state.items():
+        target = own.get(name)
+        if target is None or not target.is_floating_point():
+            continue
+        if not tensor.is_floating_point():
+            raise ModelError(f"{path}: tensor {name} is {str(tensor.dtype).removeprefix('torch.')}, the model's "
+                             f"{str(target.dtype).removeprefix('torch.')}; save the weights as floating point")
+        if torch.finfo(tensor.dtype).bits < torch.finfo(target.dtype).bits:
+            warnings_.append(f"{name} stored as {str(tensor.dtype).removeprefix('torch.')}")
+    return [f"{path}: {len(warnings_)} tensors of lower precision than the model's, cast up: {', '.join(warnings_[:3])}"
+            + ("..." if len(warnings_) > 3 else "")] if warnings_ else []
+
+
+def _load(model: nn.Module, path: str | Path, spec: str, partial: bool) -> dict:
+    """Load ``path`` into ``model``: every tensor must fit, unless ``partial`` allows missing, unexpected and
+    mismatched ones (returned, for the manifest, with the dtype warnings)."""
     state = read_state(path)
-    try:
-        result = model.load_state_dict(state, strict=False)
-        missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
-    except RuntimeError as exc:  # shapes differ
-        lines = [s.strip() for s in str(exc).strip().splitlines()[1:4]]
-        raise ModelError(f"{path} does not fit {spec}: {' '.join(lines)}; is --num-classes right?") from None
-    if missing or unexpected:
-        raise ModelError(f"{path} does not fit {spec}: missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
-                         f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}")
+    notes = check_dtypes(model, state, path)
+    own = model.state_dict()
+    mismatched = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+    if mismatched and not partial:
+        raise ModelError(f"{path} does not fit {spec}: {mismatched[0]} is {list(state[mismatched[0]].shape)} in the "
+                         f"file and {list(own[mismatched[0]].shape)} in the model; is --num-classes right? "
+                         "(--allow-partial-weights loads the rest and keeps those freshly initialised)")
+    result = model.load_state_dict({k: v for k, v in state.items() if k not in mismatched}, strict=False)
+    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
+    if (missing or unexpected) and not partial:
+        raise ModelError(f"{path} does not fit {spec}: missing {_names(missing)}, unexpected {_names(unexpected)}; "
+                         "--allow-partial-weights loads it anyway (the missing tensors keep their fresh initialisation, "
+                         "and the manifest records them)")
+    return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched, "warnings": notes}
 
 
 def _hf_folder(name: str) -> Path:
@@ -94,7 +123,27 @@ def _hf_folder(name: str) -> Path:
                          "written by save_pretrained (nothing is downloaded)") from None
 
 
-def load_library_model(spec: str, weights: str | None = None, num_classes: int | None = None) -> nn.Module:
+def refuse_remote_code(folder: Path, spec: str) -> None:
+    """Refuse a Hugging Face folder whose configuration points at code of its own (``auto_map``, or a
+    ``custom_pipelines`` entry): transformers would import that code (or ask on stdin whether to run it) when the
+    model type is not one it knows. An audit never executes code from a model folder."""
+    for name in ("config.json", "preprocessor_config.json", "processor_config.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ModelError(f"{spec}: {path} is not readable JSON ({type(exc).__name__}: {exc})") from None
+        keys = [k for k in ("auto_map", "custom_pipelines") if isinstance(config, dict) and k in config]
+        if keys:
+            raise ModelError(f"{spec}: {path} points at code of its own ({', '.join(keys)}); the audit never runs code "
+                             "from a model folder. Load the model yourself (you decide whether to trust its code) and "
+                             "pass the nn.Module, or use module:factory")
+
+
+def load_library_model(spec: str, weights: str | None = None, num_classes: int | None = None,
+                       partial: bool = False) -> nn.Module:
     """The model ``spec`` names (``timm:NAME``, ``torchvision:NAME``, ``hf:FOLDER``), in eval mode.
 
     Parameters
@@ -103,12 +152,15 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
         models without one keep their random initialisation
     num_classes : the classifier's outputs (default: the library's, 1000 for ImageNet models; a Hugging
         Face model's from its config)
+    partial : allow weights that leave tensors missing, unexpected or of another shape (a head of another
+        size); otherwise each is an error. What was left out is recorded in ``metadata["partial_weights"]``.
     """
     prefix, _, name = spec.partition(":")
     if not name:
         raise ModelError(f"{spec!r} names no model; e.g. timm:convnext_tiny, torchvision:resnet50, hf:./folder")
     library = _library(prefix)
     files: list[Path] = []
+    report: dict = {}  # what the weights left out, where the user allows it
     classes = {} if num_classes is None else {"num_classes": int(num_classes)}
     try:
         if prefix == "timm":
@@ -122,19 +174,33 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
             model = library.models.get_model(name, weights=None, **classes)
         else:
             folder = _hf_folder(name)
+            refuse_remote_code(folder, spec)
             labels = {} if num_classes is None else {"num_labels": int(num_classes), "ignore_mismatched_sizes": True}
-            model = library.AutoModelForImageClassification.from_pretrained(str(folder), local_files_only=True, **labels)
+            # trust_remote_code=False: never run a folder's code, and never ask on stdin whether to
+            model, info = library.AutoModelForImageClassification.from_pretrained(
+                str(folder), local_files_only=True, trust_remote_code=False, output_loading_info=True, **labels)
             files = sorted(f for pattern in HF_WEIGHTS for f in folder.glob(pattern))
+            report = {"missing": list(info.get("missing_keys", [])), "unexpected": list(info.get("unexpected_keys", [])),
+                      "mismatched": [str(k[0]) if isinstance(k, tuple) else str(k)
+                                     for k in info.get("mismatched_keys", [])], "warnings": []}
     except ModelError:
         raise
     except Exception as exc:  # the library's own error: a bad folder, an option the model does not take
         raise ModelError(f"cannot build {spec}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from None
+    if prefix == "hf" and not weights and any(report[k] for k in ("missing", "unexpected", "mismatched")) \
+            and not partial:
+        raise ModelError(f"{spec}: the folder's weights do not fit the model: missing {_names(report['missing'])}, "
+                         f"unexpected {_names(report['unexpected'])}, of another shape {_names(report['mismatched'])} "
+                         "(a missing tensor would be freshly initialised); --allow-partial-weights loads it anyway and "
+                         "the manifest records what was left out")
     if weights:
-        _load(model, weights, spec)
+        report = _load(model, weights, spec, partial)
         files = [Path(weights)]
     model.eval()
     model.metadata = {"arch": spec, "library": LIBRARIES[prefix], "library_version": library.__version__,
                       "weights": {str(f): file_sha256(f) for f in files} or "random initialisation"}
+    if report and any(report.values()):
+        model.metadata["partial_weights"] = report
     return model
 
 

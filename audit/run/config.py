@@ -50,6 +50,9 @@ class AuditConfig:
         ``pattern_images`` of them, a seeded draw (:mod:`audit.run.patterns`)
     twins : {model: its permuted-label twin} for the data-randomization test (a checkpoint path, shipped name or
         module:factory; the shipped models' twins are found without it); "model=twin,..." on the command line
+    allow_partial_weights : load a library model whose weights leave tensors missing, unexpected or of another
+        shape (a head of another size), keeping those freshly initialised; otherwise an error. The manifest's
+        ``model_sources`` records what was left out
     options : the checks' own keys (defaults from the registry), also readable as attributes
     """
 
@@ -71,6 +74,7 @@ class AuditConfig:
     pattern_data: str = "explained"
     pattern_images: int = 256
     twins: dict = field(default_factory=dict)
+    allow_partial_weights: bool = False
     options: dict = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
@@ -93,8 +97,9 @@ class AuditConfig:
                 raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
         preprocess_from(out.preprocess)  # a clear error for an unknown preset or a bad table
         pattern_source(out.pattern_data, out.data)
-        if not isinstance(out.mixed_precision, bool):
-            raise ConfigError(f"mixed_precision must be true or false, got {out.mixed_precision!r}")
+        for flag in ("mixed_precision", "allow_partial_weights"):
+            if not isinstance(getattr(out, flag), bool):
+                raise ConfigError(f"{flag} must be true or false, got {getattr(out, flag)!r}")
         if out.max_memory is not None:
             parse_size(out.max_memory)
         if out.seed < 0:

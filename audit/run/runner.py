@@ -275,7 +275,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             spec, check, method = item.spec, item.check, item.method
             key = item.key(labels)
             if spec not in models:
-                models[spec] = resolve_model(spec, config.weights, config.num_classes).to(device)
+                models[spec] = load_model(spec, config).to(device)
                 given[spec] = pattern_params(list(config.methods), spec, models[spec], labels[spec], patterns,
                                             config.pattern_data, config.weights, out)
             if check.needs_twin and spec in twin_specs and spec not in twins:
@@ -327,7 +327,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         tables = _join(out, config, labels)
         for spec in config.models:  # units all resumed: the models were not needed until now
             if spec not in models:
-                models[spec] = resolve_model(spec, config.weights, config.num_classes).to(device)
+                models[spec] = load_model(spec, config).to(device)
             if spec not in given:  # another rank's model, or a resumed one: where its patterns are kept
                 given[spec] = pattern_params(list(config.methods), spec, models[spec], labels[spec], patterns,
                                             config.pattern_data, config.weights, out)
@@ -375,8 +375,13 @@ def _twin_specs(config: AuditConfig) -> dict[str, str]:
         raise ConfigError(f"twins names {', '.join(unknown)}, not among the audited models ({', '.join(config.models)})")
     specs = {spec: twin for spec in config.models if (twin := twin_spec(spec, config.twins)) is not None}
     for spec, twin in specs.items():
-        load_twin(spec, twin, resolve_model(spec, config.weights, config.num_classes))
+        load_twin(spec, twin, load_model(spec, config))
     return specs
+
+
+def load_model(spec: str, config: AuditConfig) -> nn.Module:
+    """The model ``spec`` names, with the run's weights, classes and partial-weights policy."""
+    return resolve_model(spec, config.weights, config.num_classes, partial=config.allow_partial_weights)
 
 
 def load_twin(spec: str, twin: str, model: nn.Module) -> nn.Module:

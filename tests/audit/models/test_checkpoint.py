@@ -31,9 +31,11 @@ def test_every_recipe_is_shipped_small_and_described_by_its_metadata():
             recipe.lr, recipe.batch_size, recipe.dbort, recipe.schedule), name
         for key, value in recipe.options.items():
             assert hp["options"][key] == value, (name, key)
-        assert meta["data"]["name"] == "fashion-mnist" and meta["data"]["train_size"] == 60000
-    total = sum(p.stat().st_size for p in SHIPPED.iterdir() if p.name.endswith(".pt"))
-    assert total < 8 * 2 ** 20
+        assert meta["data"]["name"] == "fashion-mnist" and meta["data"]["train_size"] == (recipe.train_limit or 60000)
+        assert meta["data"].get("label_seed") == recipe.permute_labels and meta.get("twin_of") == recipe.twin_of, name
+    # nine trained models and four permuted-label twins
+    total = sum(p.stat().st_size for p in SHIPPED.iterdir() if p.name.endswith(".pt") and ".resume" not in p.name)
+    assert total < 12 * 2 ** 20
 
 
 def test_recorded_accuracy_is_reproduced_on_the_full_test_split(full_fashion_mnist):

@@ -188,3 +188,100 @@ def test_the_last_cascading_stage_re_initialises_every_tensor_of_a_library_model
     assert table.changed.all() and table.share.sum() == pytest.approx(1.0)
     if library == "hf":  # tokens drawn by the library's own initialiser
         assert table.set_index("tensor").how["vit.embeddings.cls_token"] == "ViTModel._init_weights"
+
+
+def _planted_folder(root, marker):
+    """A Hugging Face folder whose config points at its own code (``auto_map``, a model type transformers does not
+    know); importing that code writes ``marker``."""
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({
+        "model_type": "planted-net", "architectures": ["PlantedModel"],
+        "auto_map": {"AutoConfig": "planted.PlantedConfig", "AutoModelForImageClassification": "planted.PlantedModel"}}))
+    (root / "planted.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('the folder ran')\n")
+    return root
+
+
+def test_a_folder_that_points_at_its_own_code_is_refused_and_its_code_never_runs(tmp_path):
+    from audit.models.libraries import refuse_remote_code
+
+    marker = tmp_path / "marker"
+    folder = _planted_folder(tmp_path / "planted", marker)
+    with pytest.raises(ModelError, match=r"config.json points at code of its own \(auto_map\)"):
+        refuse_remote_code(folder, f"hf:{folder}")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(ModelError, match="not readable JSON"):
+        refuse_remote_code(tmp_path / "broken", "hf:broken")
+    assert not marker.exists()
+
+
+def test_the_real_transformers_never_runs_a_folders_code(tmp_path, monkeypatch):
+    """Through transformers itself: refused by name; and with the refusal bypassed, transformers is told
+    trust_remote_code=False, so it neither runs the code nor asks on stdin."""
+    needs("transformers")
+    marker = tmp_path / "marker"
+    folder = _planted_folder(tmp_path / "planted", marker)
+    with pytest.raises(ModelError, match="auto_map"):
+        load_library_model(f"hf:{folder}")
+    monkeypatch.setattr("audit.models.libraries.refuse_remote_code", lambda folder, spec: None)
+    monkeypatch.setattr("sys.stdin", open(os.devnull))  # an answer "y" could not come from here either
+    with pytest.raises(ModelError, match="cannot build hf:"):
+        load_library_model(f"hf:{folder}")
+    assert not marker.exists()
+
+
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path):
+    from audit.models import load_checkpoint, save_checkpoint
+
+    model = load_checkpoint("cnn-sgd")
+    with torch.no_grad():
+        model.features[0].weight[0, 0, 0, 0] = float("nan")
+        model.classifier[2].bias[1] = float("inf")
+    save_checkpoint(model, model.metadata, tmp_path / "broken.pt")
+    with pytest.raises(ModelError, match=r"2 tensors hold NaN or infinite values \(features.0.weight, classifier.2.bias"):
+        resolve_model(str(tmp_path / "broken.pt"))
+
+
+def test_weights_of_another_dtype_or_that_leave_tensors_out(tmp_path):
+    """Integer tensors are refused, lower-precision ones cast up with a recorded warning; a file that leaves a
+    tensor out or holds one of another shape is an error unless partial weights are allowed, and then recorded."""
+    needs("timm", "safetensors")
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    state = {k: v.contiguous() for k, v in timm.create_model("resnet18", num_classes=4).state_dict().items()}
+    save_file({**state, "fc.weight": state["fc.weight"].round().to(torch.int32)}, str(tmp_path / "int.safetensors"))
+    with pytest.raises(ModelError, match="tensor fc.weight is int32, the model's float32"):
+        resolve_model("timm:resnet18", str(tmp_path / "int.safetensors"), num_classes=4)
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in state.items()}, str(tmp_path / "half.safetensors"))
+    model = resolve_model("timm:resnet18", str(tmp_path / "half.safetensors"), num_classes=4)
+    assert "lower precision than the model's, cast up" in model.metadata["partial_weights"]["warnings"][0]
+    save_file({k: v for k, v in state.items() if k != "fc.bias"}, str(tmp_path / "part.safetensors"))
+    with pytest.raises(ModelError, match=r"missing \['fc.bias'\].*--allow-partial-weights"):
+        resolve_model("timm:resnet18", str(tmp_path / "part.safetensors"), num_classes=4)
+    model = resolve_model("timm:resnet18", str(tmp_path / "part.safetensors"), num_classes=4, partial=True)
+    assert model.metadata["partial_weights"]["missing"] == ["fc.bias"]
+    with pytest.raises(ModelError, match=r"fc.weight is \[4, 512\] in the file and \[7, 512\] in the model"):
+        resolve_model("timm:resnet18", str(tmp_path / "part.safetensors"), num_classes=7)
+
+
+def test_a_hugging_face_folder_missing_weights_or_of_another_head_is_refused_unless_allowed(tmp_path):
+    needs("transformers", "safetensors")
+    from safetensors.torch import load_file, save_file
+
+    _tiny_vit(tmp_path / "vit", labels=3)
+    weights = next((tmp_path / "vit").glob("*.safetensors"))
+    state = load_file(str(weights))
+    dropped = [k for k in state if "attention.query" in k or "attention.key" in k]
+    save_file({k: v for k, v in state.items() if k not in dropped}, str(weights), metadata={"format": "pt"})
+    with pytest.raises(ModelError, match="the folder's weights do not fit the model: missing"):
+        load_library_model(f"hf:{tmp_path / 'vit'}")
+    model = load_library_model(f"hf:{tmp_path / 'vit'}", partial=True)
+    missing = model.metadata["partial_weights"]["missing"]  # named as this transformers version names them
+    assert len(missing) == len(dropped) == 4 and all("attention" in k for k in missing)
+    _tiny_vit(tmp_path / "head", labels=3)
+    with pytest.raises(ModelError, match="of another shape"):
+        load_library_model(f"hf:{tmp_path / 'head'}", num_classes=5)
+    assert load_library_model(f"hf:{tmp_path / 'head'}", num_classes=5, partial=True).metadata["partial_weights"][
+        "mismatched"]

@@ -205,7 +205,8 @@ def parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", allow_abbrev=False, help="list architectures and shipped checkpoints")
     m.set_defaults(func=_models)
 
-    r = sub.add_parser("retrain-shipped", allow_abbrev=False, help="retrain the shipped checkpoints from their recipes (resumable)")
+    r = sub.add_parser("retrain-shipped", allow_abbrev=False,
+                       help="retrain the shipped checkpoints from their recipes (resumable)")
     r.add_argument("names", nargs="*", help="default: all")
     r.add_argument("--out-dir", default=None, help="default: the package's checkpoint folder")
     r.add_argument("--quiet", action="store_true")
@@ -217,7 +218,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_demo)
 
-    a = sub.add_parser("run", allow_abbrev=False, help="audit models: CSC, random-logit and parameter randomization, with a report")
+    a = sub.add_parser("run", allow_abbrev=False, help="audit models: CSC, random-logit, parameter and data "
+                       "randomization, with a report")
     a.add_argument("--models", default=None, help="comma-separated: shipped names, checkpoint paths, timm:NAME, "
                    "torchvision:NAME, hf:FOLDER (saved by save_pretrained, or a hub id in the local cache), "
                    "module:factory")

@@ -46,6 +46,7 @@ from audit.models.twins import same_architecture, twin_facts, twin_spec
 from audit.run.config import AuditConfig
 from audit.run.distributed import SINGLE, Shard
 from audit.run.faults import kill_point
+from audit.run.hygiene import untouched
 from audit.run.patterns import PATTERN_METHODS, pattern_images, pattern_params
 from audit.run.resources import Peak, budget_bytes
 from audit.run.results import MODELS_FILE, AuditResult, load_results, read_manifest, read_table, unit_path
@@ -196,8 +197,15 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
     """Run every unit of ``config`` into ``out`` and join the results (see the module docstring).
 
     ``shard``: this process's share of a run over several (:mod:`audit.run.distributed`); the
-    files are the same as one process's.
+    files are the same as one process's. The caller's process is left as it was: its global RNG state, its
+    environment, no thread left running (:func:`audit.run.hygiene.untouched`).
     """
+    with untouched():
+        return _run_audit(config, out, resume, progress, log, shard)
+
+
+def _run_audit(config: AuditConfig, out: str | os.PathLike, resume: bool, progress: bool, log: Callable[[str], None],
+               shard: Shard) -> AuditResult:
     config = config.validated()
     out = Path(out)
     manifest_path = out / "manifest.json"
@@ -214,7 +222,10 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
                           f"{', '.join(spec for spec, lab in labels.items() if lab == clashes[0])}); "
                           "rename one of the files")
     x, y, images = audit_images(config)
-    twin_specs = _twin_specs(config)
+    # every model (and twin) is built before the folder is touched: one that cannot be refuses the run cleanly,
+    # leaving no "running" manifest behind to block a corrected rerun
+    loaded = {spec: load_model(spec, config) for spec in config.models}
+    twin_specs = _twin_specs(config, loaded)
     patterns = pattern_images(config.pattern_data, config.data, config.pattern_images, config.seed, config.data_root) \
         if set(PATTERN_METHODS) & set(config.methods) else None
     prints = fingerprints(config, x, y, list(twin_specs.values()))
@@ -275,7 +286,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
             spec, check, method = item.spec, item.check, item.method
             key = item.key(labels)
             if spec not in models:
-                models[spec] = load_model(spec, config).to(device)
+                models[spec] = loaded[spec].to(device)
                 given[spec] = pattern_params(list(config.methods), spec, models[spec], labels[spec], patterns,
                                             config.pattern_data, config.weights, out)
             if check.needs_twin and spec in twin_specs and spec not in twins:
@@ -327,7 +338,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         tables = _join(out, config, labels)
         for spec in config.models:  # units all resumed: the models were not needed until now
             if spec not in models:
-                models[spec] = load_model(spec, config).to(device)
+                models[spec] = loaded[spec].to(device)
             if spec not in given:  # another rank's model, or a resumed one: where its patterns are kept
                 given[spec] = pattern_params(list(config.methods), spec, models[spec], labels[spec], patterns,
                                             config.pattern_data, config.weights, out)
@@ -365,9 +376,10 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
         return AuditResult(out, config, tables, json.loads(json.dumps(manifest)))
 
 
-def _twin_specs(config: AuditConfig) -> dict[str, str]:
+def _twin_specs(config: AuditConfig, models: dict[str, nn.Module]) -> dict[str, str]:
     """{model spec: twin spec} for the models that have a twin, when a run's check needs one; every pair checked
-    (the twin loads, its architecture is the model's) before the run starts."""
+    (the twin loads, its architecture is the model's, ``models`` holding the loaded models) before the run
+    starts."""
     if not any(CHECKS[t].needs_twin for t in config.tests):
         return {}
     unknown = sorted(set(config.twins) - set(config.models))
@@ -375,7 +387,7 @@ def _twin_specs(config: AuditConfig) -> dict[str, str]:
         raise ConfigError(f"twins names {', '.join(unknown)}, not among the audited models ({', '.join(config.models)})")
     specs = {spec: twin for spec in config.models if (twin := twin_spec(spec, config.twins)) is not None}
     for spec, twin in specs.items():
-        load_twin(spec, twin, load_model(spec, config))
+        load_twin(spec, twin, models[spec])
     return specs
 
 

@@ -1,0 +1,46 @@
+"""A library call to the audit leaves the caller's process as it found it."""
+import os
+import threading
+
+import pytest
+import torch
+
+from audit.errors import ModelError
+from audit.models import load_checkpoint, save_checkpoint
+from audit.run.config import load_config
+from audit.run.hygiene import untouched
+from audit.run.runner import run_audit
+
+
+def test_an_audit_leaves_the_rng_the_environment_and_the_threads_as_they_were(tmp_path):
+    torch.manual_seed(1234)
+    state, environ, threads = torch.get_rng_state(), dict(os.environ), {t.name for t in threading.enumerate()}
+    run_audit(load_config(models=["cnn-sgd"], methods="gradient,random", tests="random-logit", n_images=4),
+              tmp_path / "run", progress=False, log=lambda s: None)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert dict(os.environ) == environ
+    assert {t.name for t in threading.enumerate()} == threads
+
+
+def test_untouched_restores_what_its_body_changed_even_on_an_error():
+    state = torch.get_rng_state()
+    with pytest.raises(RuntimeError), untouched():
+        torch.manual_seed(7)
+        os.environ["AUDIT_TEST_VARIABLE"] = "set by the body"
+        raise RuntimeError("the body failed")
+    assert torch.equal(torch.get_rng_state(), state) and "AUDIT_TEST_VARIABLE" not in os.environ
+
+
+def test_a_model_that_cannot_be_built_leaves_nothing_behind(tmp_path):
+    """A refused model leaves no folder and no "running" manifest: the corrected rerun starts as if new."""
+    model = load_checkpoint("cnn-sgd")
+    with torch.no_grad():
+        model.classifier[2].weight[0, 0] = float("nan")
+    save_checkpoint(model, model.metadata, tmp_path / "broken.pt")
+    out = tmp_path / "run"
+    config = dict(methods="gradient", tests="random-logit", n_images=4)
+    with pytest.raises(ModelError, match="NaN or infinite"):
+        run_audit(load_config(models=[str(tmp_path / "broken.pt")], **config), out, progress=False, log=lambda s: None)
+    assert not out.exists()
+    result = run_audit(load_config(models=["cnn-sgd"], **config), out, progress=False, log=lambda s: None)
+    assert result.manifest["status"] == "complete"

@@ -6,7 +6,6 @@ whether the tensor's values differ from the trained ones afterwards.
 """
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +15,7 @@ from torch import nn
 from attributions.graph import trace
 from audit.checks.reinit import CONSTANT, KEPT, reinitialise_part
 from audit.checks.stages import randomization_plan, resolve_granularity
+from audit.models.copying import copy_model
 
 COLUMNS = ["stage", "name", "tensor", "elements", "share", "how", "changed"]
 
@@ -26,7 +26,7 @@ def coverage(model: nn.Module, x: torch.Tensor, order: str = "cascading", granul
     ``stage`` that re-initialises it under ``order`` (1 = the first randomized), the stage's ``name``,
     the ``tensor``'s name, its ``elements``, their ``share`` of all parameters, ``how`` it was drawn
     (:mod:`audit.checks.reinit`) and whether it ``changed``. ``model`` is not modified."""
-    twin = copy.deepcopy(model)
+    twin = copy_model(model)
     plan = randomization_plan(twin, trace(twin, x[:1].detach()), granularity)
     sizes = {n: p.numel() for n, p in twin.named_parameters()}
     total = sum(sizes.values()) or 1

@@ -13,7 +13,6 @@ there too. The logits of the shifted model on the shifted input are checked agai
 """
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +33,7 @@ from audit.errors import AuditError
 from audit.inputs import check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import heatmaps
 from audit.measures.similarity import WINDOW, normalize_map, screen, ssim
+from audit.models.copying import copy_model
 from audit.panels import family_panels, method_boxes, threshold_line
 from audit.sections import Figure, ReportContext, Section
 
@@ -87,7 +87,7 @@ def shifted_model(model: nn.Module, x: torch.Tensor, shift: float | Sequence[flo
     with torch.no_grad():
         # the shift as the layer sees it
         seen = Explainer(model, "gradient", graph=graph).forward_pass(s, reference=False).values[node.inputs[0]]
-    shifted = copy.deepcopy(model)
+    shifted = copy_model(model)
     layer: Any = shifted.get_submodule(names[0])  # a Conv / Linear (checked above); typed loosely for its fields
     w = layer.weight.detach()
     bias = layer.bias.detach() if layer.bias is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)

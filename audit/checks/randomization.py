@@ -12,7 +12,6 @@ the fraction of the model's parameters (elements) re-initialised in that stage's
 """
 from __future__ import annotations
 
-import copy
 import functools
 import warnings
 from collections.abc import Callable, Iterator
@@ -45,6 +44,7 @@ from audit.inputs import check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, heatmaps
 from audit.measures.similarity import spearman
 from audit.measures.statistics import bootstrap_ci, summarize
+from audit.models.copying import copy_model
 from audit.panels import family_panels, method_legend, threshold_line
 from audit.sections import Figure, ReportContext, Section
 
@@ -74,10 +74,10 @@ def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "
         raise AuditError("randomization_stages needs the model's stages: "
                          "plan=randomization_plan(model, trace(model, x))")
     sequence = list(reversed(plan)) if order in ("cascading", "independent") else plan
-    current = start if start is not None else copy.deepcopy(model)
+    current = start if start is not None else copy_model(model)
     yield 0, "original", current
     for stage, step in enumerate(sequence, start=1):
-        target = copy.deepcopy(model) if order == "independent" else current
+        target = copy_model(model) if order == "independent" else current
         for part in step.parts:
             reinitialise_part(target, part, seed, init, bn)
         current = target
@@ -194,7 +194,7 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
         raise AuditError(f"{name} needs the labels y")
     check_option("target", target, TARGETS)
     names = resolve_methods(methods)
-    start = copy.deepcopy(model)
+    start = copy_model(model)
     with model_errors():
         graph = trace(start, x)  # cascading and bottom-up stages modify this one copy: traced once
     plan = randomization_plan(start, graph, granularity)

@@ -21,7 +21,6 @@ marks a constant result (LayerNorm's 1 / 0): the untrained default, not a random
 """
 from __future__ import annotations
 
-import copy
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from audit.checks.stages import Part
 from audit.errors import AuditError
 from audit.inputs import check_option
+from audit.models.copying import copy_model
 
 INITS = ("reset", "gaussian", "permute")
 BN_POLICIES = ("reset", "keep-stats")
@@ -111,7 +111,7 @@ def draw(model: nn.Module, part: Part, init: str) -> dict[str, tuple[torch.Tenso
     reset = _module_reset(holder)
     owns_all = set(local.values()) == set(own.values())
     if reset is not None and owns_all:
-        twin = copy.deepcopy(holder).cpu()
+        twin = copy_model(holder).cpu()
         with torch.no_grad():
             getattr(twin, reset)()
         how = f"{type(holder).__name__}.{reset}"
@@ -120,7 +120,7 @@ def draw(model: nn.Module, part: Part, init: str) -> dict[str, tuple[torch.Tenso
     library = _library_init(model, part.holder)
     if library is not None:
         owner, initialise = library
-        twin = copy.deepcopy(holder).cpu()
+        twin = copy_model(holder).cpu()
         try:
             with torch.no_grad():
                 initialise(twin)

@@ -285,3 +285,30 @@ def test_a_hugging_face_folder_missing_weights_or_of_another_head_is_refused_unl
         load_library_model(f"hf:{tmp_path / 'head'}", num_classes=5)
     assert load_library_model(f"hf:{tmp_path / 'head'}", num_classes=5, partial=True).metadata["partial_weights"][
         "mismatched"]
+
+
+@pytest.mark.parametrize("name", ["timm:efficientvit_m0", "timm:efficientformer_l1"])
+def test_a_library_model_that_caches_attention_biases_is_copied_fresh(name):
+    """timm's EfficientViT-M and EfficientFormer cache their attention biases in eval mode: deepcopy refuses them;
+    the audit's copy works, starts with an empty cache and computes from its own parameters."""
+    needs("timm")
+    import copy
+
+    from attributions import Explainer
+    from audit.models.copying import copy_model
+    from tests.model_libraries import perturb
+
+    torch.manual_seed(0)
+    model = resolve_model(name, num_classes=4)
+    perturb(model)
+    x = torch.randn(1, 3, 224, 224)
+    model(x)  # fills the cache with tensors of the autograd graph, as a user's forward pass does
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        copy.deepcopy(model)
+    twin = copy_model(model)
+    before = Explainer(twin, "gradient").forward(x).detach()
+    with torch.no_grad():
+        for key, p in twin.named_parameters():
+            if "attention_biases" in key:
+                p.mul_(-3.0).add_(1.0)
+    assert not torch.allclose(Explainer(twin, "gradient").forward(x).detach(), before)

@@ -24,7 +24,7 @@ from attributions.errors import unknown_name
 from audit.atomic import atomic_write
 from audit.data.download import fetch
 from audit.data.formats import IMAGE_SUFFIXES, open_image, read_cifar_batch, read_idx, read_image_folder
-from audit.data.preprocess import Preprocess, preprocess_from
+from audit.data.preprocess import DEEP_MODES, Preprocess, preprocess_from
 from audit.errors import ConfigError, DataError
 
 SPLITS = ("train", "test")
@@ -353,7 +353,7 @@ def sample_image_folder(root: str | os.PathLike, n: int, seed: int = 0,
                 drawn.append((files[turn], label))
         turn += 1
     images = [open_image(f) for f, _ in drawn]
-    channels = 1 if all(im.mode in ("L", "1", "I;16", "I") for im in images) else 3
+    channels = 1 if all(im.mode in ("L", "1", *DEEP_MODES) for im in images) else 3
     arrays = [spec(im, channels) for im in images]
     shapes = {a.shape for a in arrays}
     if len(shapes) > 1:

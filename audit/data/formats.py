@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image, UnidentifiedImageError
 
+from audit.data.preprocess import DEEP_MODES
 from audit.errors import DataError
 
 _IDX_DTYPES: dict[int, npt.DTypeLike] = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -107,8 +108,20 @@ def open_image(path: Path) -> Image.Image:
         with Image.open(path) as im:
             im.load()
             return im.copy()
+    except Image.DecompressionBombError as exc:
+        raise DataError(f"{path}: refused, its pixel count is beyond PIL's safety limit against decompression bombs "
+                        f"({exc}); if the image is genuine, resize it or raise PIL.Image.MAX_IMAGE_PIXELS") from None
     except (UnidentifiedImageError, OSError) as exc:
         raise DataError(f"{path}: not a readable image ({exc})") from exc
+
+
+def eight_bits(image: Image.Image, gray: bool) -> np.ndarray:
+    """``image`` as uint8 (H, W) or (H, W, 3); a 16-bit image scaled over its full range (65535 -> 255), where
+    PIL's own conversion would clip it at 255."""
+    if image.mode in DEEP_MODES:
+        array = np.clip(np.round(np.asarray(image, dtype=np.float64) / 257.0), 0, 255).astype(np.uint8)
+        return array if gray else np.repeat(array[..., None], 3, axis=2)
+    return np.asarray(image.convert("L" if gray else "RGB"))
 
 
 def read_image_folder(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -128,8 +141,8 @@ def read_image_folder(root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
         raise DataError(f"{root}: no images found; expected one sub-folder per class holding image files "
                         f"({', '.join(sorted(IMAGE_SUFFIXES))})")
     images = [open_image(f) for f, _ in files]
-    gray = all(im.mode in ("L", "1", "I;16", "I") for im in images)
-    arrays = [np.asarray(im.convert("L" if gray else "RGB")) for im in images]
+    gray = all(im.mode in ("L", "1", *DEEP_MODES) for im in images)
+    arrays = [eight_bits(im, gray) for im in images]
     sizes = {a.shape[:2] for a in arrays}
     if len(sizes) > 1:
         raise DataError(f"{root}: images have different sizes {sorted(sizes)}; resize them to one size first")

@@ -16,6 +16,9 @@ from PIL import Image
 
 from audit.errors import ConfigError
 
+# PIL's modes of 16-bit grayscale images (PNG, TIFF): "I" holds them widened to 32 bits
+DEEP_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+
 
 @dataclass(frozen=True)
 class Preprocess:
@@ -43,8 +46,10 @@ class Preprocess:
                 raise ConfigError(f"preprocess std must be positive, got {list(self.std)}")
 
     def __call__(self, image: Image.Image, channels: int) -> np.ndarray:
-        """``image`` as a (channels, H, W) float32 model input (channels 1: grayscale, 3: RGB)."""
-        image = image.convert("L" if channels == 1 else "RGB")
+        """``image`` as a (channels, H, W) float32 model input (channels 1: grayscale, 3: RGB); a 16-bit image
+        keeps its full range (65535 -> 1), not clipped to 8 bits."""
+        deep = image.mode in DEEP_MODES
+        image = image.convert("F") if deep else image.convert("L" if channels == 1 else "RGB")
         if self.resize is not None:
             w, h = image.size
             scale = self.resize / min(w, h)
@@ -55,8 +60,10 @@ class Preprocess:
                 raise ConfigError(f"preprocess crop {self.crop} is larger than the image ({w}x{h} after resizing)")
             left, top = (w - self.crop) // 2, (h - self.crop) // 2
             image = image.crop((left, top, left + self.crop, top + self.crop))
-        x = np.asarray(image, dtype=np.float32) / 255.0
+        x = np.asarray(image, dtype=np.float32) / (65535.0 if deep else 255.0)
         x = x[None] if x.ndim == 2 else x.transpose(2, 0, 1)
+        if len(x) != channels:  # a grayscale 16-bit image among colour ones
+            x = np.repeat(x, channels, axis=0)
         if self.mean is not None and self.std is not None:
             x = (x - self._channels(self.mean, x)) / self._channels(self.std, x)
         return np.ascontiguousarray(x, dtype=np.float32)

@@ -14,6 +14,7 @@ the audit's manifest and model table record.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 from pathlib import Path
@@ -123,6 +124,12 @@ def _hf_folder(name: str) -> Path:
                          "written by save_pretrained (nothing is downloaded)") from None
 
 
+def _nearest(name: str, known: list[str]) -> str:
+    """"; the nearest: a, b, c" (the library's model names closest to ``name``), or a pointer to the listing."""
+    close = difflib.get_close_matches(name, known, n=5, cutoff=0.6)
+    return f"; the nearest: {', '.join(close)}" if close else f"; none is close ({len(known)} models known)"
+
+
 def refuse_remote_code(folder: Path, spec: str) -> None:
     """Refuse a Hugging Face folder whose configuration points at code of its own (``auto_map``, or a
     ``custom_pipelines`` entry): transformers would import that code (or ask on stdin whether to run it) when the
@@ -165,12 +172,12 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
     try:
         if prefix == "timm":
             if not library.is_model(name):
-                raise ModelError(f"timm has no model {name!r}; timm.list_models('*{name[:4]}*') lists similar ones")
+                raise ModelError(f"timm has no model {name!r}{_nearest(name, library.list_models())}")
             model = library.create_model(name, pretrained=False, **classes)
         elif prefix == "torchvision":
             known = library.models.list_models()
             if name not in known:
-                raise ModelError(f"torchvision has no model {name!r}; torchvision.models.list_models() lists them")
+                raise ModelError(f"torchvision has no model {name!r}{_nearest(name, known)}")
             model = library.models.get_model(name, weights=None, **classes)
         else:
             folder = _hf_folder(name)

@@ -81,3 +81,22 @@ def test_image_folder_empty_and_mixed_sizes(tmp_path):
     with pytest.raises(DataError, match="different sizes"):
         load_dataset("imagefolder", "train", root=tmp_path / "m")
 
+
+
+def test_sixteen_bit_images_keep_their_full_range_and_bombs_are_refused(tmp_path, monkeypatch):
+    from audit.data.datasets import sample_image_folder
+    from audit.data.formats import open_image, read_image_folder
+
+    values = np.linspace(0, 65535, 64, dtype=np.uint16).reshape(8, 8)
+    for c in ("a", "b"):
+        (tmp_path / "deep" / c).mkdir(parents=True)
+        Image.fromarray(values).save(tmp_path / "deep" / c / "x.png")
+    assert open_image(tmp_path / "deep" / "a" / "x.png").mode in ("I;16", "I")
+    sample = sample_image_folder(tmp_path / "deep", 2)
+    assert sample.x.shape == (2, 1, 8, 8) and sample.x.max() == 1.0 and sample.x.min() == 0.0
+    assert len(np.unique(sample.x[0])) == 64  # no value clipped at 255 / 65535
+    x, _, _ = read_image_folder(tmp_path / "deep")
+    assert x.dtype == np.uint8 and x.max() == 255 and len(np.unique(x[0])) > 50
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 16)  # 64 pixels: beyond twice the limit, a "bomb"
+    with pytest.raises(DataError, match="beyond PIL's safety limit against decompression bombs"):
+        open_image(tmp_path / "deep" / "a" / "x.png")

@@ -75,9 +75,11 @@ def test_timm_and_torchvision_models_take_their_weights_from_a_file(tmp_path):
         resolve_model("timm:resnet18", str(tmp_path / "w.pt"), num_classes=7)
     with pytest.raises(ModelError, match="timm has no model 'resnet_nope'"):
         resolve_model("timm:resnet_nope")
+    with pytest.raises(ModelError, match="timm has no model 'resnet10'; the nearest: .*resnet10t"):
+        resolve_model("timm:resnet10")
     model = resolve_model("torchvision:mobilenet_v3_small", num_classes=3)
     assert model.metadata["weights"] == "random initialisation" and model(torch.randn(1, 3, 32, 32)).shape == (1, 3)
-    with pytest.raises(ModelError, match="torchvision has no model 'resnet5'"):
+    with pytest.raises(ModelError, match="torchvision has no model 'resnet5'; the nearest: resnet50"):
         resolve_model("torchvision:resnet5")
 
 

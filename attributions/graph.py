@@ -251,7 +251,8 @@ _ELEMENTWISE = {"add", "sub", "rsub", "neg", "mul", "div", "masked_fill", "where
 _SHAPE_ONLY = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "zeros_like", "ones_like", "full_like",
                "empty_like", "rand_like", "randn_like", "scalar_tensor"}
 # nonlinear reductions of one signal over some of its axes (a Reduce record's dims, None for all)
-_REDUCTIONS = {"linalg_vector_norm": 2, "norm": 2, "amax": 1, "amin": 1, "max": 1, "min": 1, "logsumexp": 1}
+_REDUCTIONS = {"linalg_vector_norm": 2, "norm": 2, "amax": 1, "amin": 1, "max": 1, "min": 1, "logsumexp": 1, "var": 1,
+               "std": 1}
 # higher-order ops whose subgraph is built inline: where its submodule sits among the arguments
 _REGIONS = {"wrap_with_autocast": 4, "wrap_with_set_grad_enabled": 1}
 _PRODUCTS = {"mul", "matmul", "bmm", "mm", "einsum", "div"}

@@ -508,3 +508,31 @@ def test_a_view_merging_the_batch_with_another_axis_takes_a_batch_sized_referenc
     assert all(torch.isfinite(t).all() for t in taps.values())
     torch.testing.assert_close(taps["input"][0], ex.attribute(x, target=target), rtol=1e-12, atol=1e-14)
     _exact(model, x)
+
+
+class _SimpleNormNet(nn.Module):
+    """timm's simple (RMS-like) norm: x * rsqrt(var(x) + eps) * w, then a std-scaled ReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.w = nn.Linear(6, 8), nn.Linear(8, 3), nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        h = self.fc1(x)
+        h = h * torch.rsqrt(torch.var(h, dim=(-1,), keepdim=True) + 1e-5) * self.w
+        return self.fc2(torch.relu(h) / (torch.std(h, dim=-1, keepdim=True, unbiased=False) + 1))
+
+
+def test_variance_and_standard_deviation_are_reductions_exact_for_every_rule_family():
+    torch.manual_seed(0)
+    model = _SimpleNormNet().double().eval()
+    x = torch.randn(4, 6, dtype=torch.double, requires_grad=True)
+    t = torch.tensor([0, 1, 2, 0])
+    kinds = {n.kind for n in trace(model, x.detach()).nodes}
+    assert "reduce" in kinds
+    expected = torch.autograd.grad(model(x)[range(4), t].sum(), x)[0]
+    assert torch.equal(Explainer(model, "gradient").attribute(x.detach(), target=t), expected)
+    deeplift = Explainer(model, "deeplift").attribute(x.detach(), target=t)
+    with torch.no_grad():
+        difference = model(x)[range(4), t] - model(torch.zeros_like(x))[range(4), t]
+    torch.testing.assert_close(deeplift.sum(1), difference, rtol=0, atol=1e-12)

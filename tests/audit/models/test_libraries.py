@@ -314,3 +314,23 @@ def test_a_library_model_that_caches_attention_biases_is_copied_fresh(name):
             if "attention_biases" in key:
                 p.mul_(-3.0).add_(1.0)
     assert not torch.allclose(Explainer(twin, "gradient").forward(x).detach(), before)
+
+
+def test_timms_rms_normalised_convnext_is_exact():
+    """convnext_zepto_rms normalises with torch.var (aten.var): the gradient equals autograd's, DeepLIFT sums to
+    f(x) - f(0)."""
+    needs("timm")
+    from attributions import Explainer
+    from tests.model_libraries import perturb
+
+    torch.manual_seed(0)
+    model = resolve_model("timm:convnext_zepto_rms", num_classes=5).double()
+    perturb(model)
+    x = torch.randn(2, 3, 64, 64, dtype=torch.double, requires_grad=True)
+    t = torch.tensor([1, 3])
+    expected = torch.autograd.grad(model(x)[range(2), t].sum(), x)[0]
+    assert torch.equal(Explainer(model, "gradient").attribute(x.detach(), target=t), expected)
+    deeplift = Explainer(model, "deeplift").attribute(x.detach(), target=t)
+    with torch.no_grad():
+        difference = model(x)[range(2), t] - model(torch.zeros_like(x))[range(2), t]
+    torch.testing.assert_close(deeplift.flatten(1).sum(1), difference, rtol=1e-10, atol=0)

@@ -23,7 +23,7 @@ $(LIBSTAMP): pyproject.toml constraints-libraries.txt
 	$(LIBS)/bin/python -m pip install --upgrade pip setuptools wheel
 	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt torch torchvision
 	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt -e . timm transformers safetensors pytest grad-cam \
-	  nbclient nbformat ipykernel
+	  nbclient nbformat ipykernel hypothesis zennit
 	touch $(LIBSTAMP)
 
 # Debian's full Fashion-MNIST, for the full-dataset tests and for training the shipped checkpoints.
@@ -61,7 +61,8 @@ test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 	MODEL_LIBRARIES=required $(LIBS)/bin/python -m pytest -q tests/test_model_libraries.py tests/audit/models/test_libraries.py \
-	  tests/attributions/test_cam.py "tests/test_notebooks.py::test_notebook_executes[collapse_atlas]"
+	  tests/attributions/test_cam.py "tests/test_notebooks.py::test_notebook_executes[collapse_atlas]" \
+	  tests/attributions/test_rules.py::test_generalized_gamma_matches_zennit_on_signed_inputs
 
 bench: $(STAMP)
 	$(PY) -m pip install -c constraints.txt -e '.[bench]'

@@ -222,21 +222,38 @@ class AlphaBeta(Rule):
 
 
 class Gamma(Rule):
-    """LRP-gamma: weights and bias W + gamma W+, b + gamma b+, stabilised by epsilon."""
+    """LRP-gamma in its generalized form for inputs of both signs (Andeol et al. 2021; zennit >= 0.5), which on
+    non-negative inputs and positive outputs is Montavon et al.'s W + gamma W+, b + gamma b+.
+
+    An output z = W x + b > 0 shares its relevance in proportion to the contributions that favour it:
+    z_up = (W + gW+) x+ + (b + gb+) + (W + gW-) x-; an output z < 0 in proportion to
+    z_down = (W + gW-) x+ + (b + gb-) + (W + gW+) x-; an output of exactly 0 passes none. Each denominator is
+    stabilised by epsilon. The classic form, W + gW+ for every output and input, explodes on signed inputs
+    (transformer activations), where its denominator crosses zero.
+    """
 
     kinds = WEIGHTED_KINDS
     proportional_to_input = True
-    reads = ("inputs",)
+    reads = ("inputs", "output")
 
     def __init__(self, gamma: float = 0.25, epsilon: float = 1e-6):
         self.gamma, self.epsilon = gamma, epsilon
 
     def backward(self, ctx, signal):
-        w, b = ctx.op.weights()
-        wg, bg = w + self.gamma * ctx.op.signed()[0], b + self.gamma * b.clamp(min=0)
-        z = ctx.op.forward(ctx.x, wg, bg)
-        s = signal / stabilize(z, self.epsilon)
-        return [ctx.x * ctx.op.transpose(s, wg, ctx.x.shape)]
+        op, x, g = ctx.op, ctx.x, self.gamma
+        w, b = op.weights()
+        wp, wn = op.signed()
+        up, down = w + g * wp, w + g * wn
+        xp, xn = x.clamp(min=0), x.clamp(max=0)
+        signed = float(x.min()) < 0
+        z_up = op.forward(xp, up, b + g * b.clamp(min=0)) + (op.forward(xn, down) if signed else 0)
+        z_down = op.forward(xp, down, b + g * b.clamp(max=0)) + (op.forward(xn, up) if signed else 0)
+        s_up = torch.where(ctx.output > 0, signal / stabilize(z_up, self.epsilon), 0.0)
+        s_down = torch.where(ctx.output < 0, signal / stabilize(z_down, self.epsilon), 0.0)
+        out = xp * (op.transpose(s_up, up, x.shape) + op.transpose(s_down, down, x.shape))
+        if signed:
+            out = out + xn * (op.transpose(s_up, down, x.shape) + op.transpose(s_down, up, x.shape))
+        return [out]
 
 
 class _InputFree(Rule):
@@ -973,7 +990,8 @@ NAMED: dict[str, NamedRule] = {
     "alpha1beta0": NamedRule(lambda: AlphaBeta(1.0, 0.0), "alpha-beta with alpha = 1, beta = 0, positive bias kept"),
     "alpha2beta1": NamedRule(lambda: AlphaBeta(2.0, 1.0),
                              "R_in = 2 (positive contributions / z+) R - 1 (negative contributions / z-) R"),
-    "gamma": NamedRule(lambda: Gamma(0.25, 1e-6), "epsilon rule on W + gamma W+, b + gamma b+, gamma = 0.25"),
+    "gamma": NamedRule(lambda: Gamma(0.25, 1e-6), "generalized gamma: positive outputs through (W + gamma W+) x+ + "
+                       "(W + gamma W-) x-, negative ones the reverse, gamma = 0.25"),
     "flat": NamedRule(Flat, "R_in = 1^T (R / (1 1)): uniform over each output's receptive field"),
     "wsquare": NamedRule(WSquare, "R_in = (W*W)^T (R / ((W*W) 1)): in proportion to the squared weights"),
     "zbox": NamedRule(lambda: ZB(0.0, 1.0),

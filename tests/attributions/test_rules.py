@@ -1,4 +1,7 @@
 """Hand-derived single-layer answers, LRP identities, and property tests over random nets."""
+import importlib.util
+import os
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -465,7 +468,8 @@ def test_softmax_deeplift_stays_complete_when_the_reference_underflows():
 def _jacobian_reference(layer: nn.Module, x: torch.Tensor, signal: torch.Tensor, rule: str, alpha: float = 2.0,
                         beta: float = 1.0, gamma: float = 0.25, eps: float = 1e-12) -> torch.Tensor:
     """The LRP rules in matrix form, one image at a time (zennit's reference style: slow, explicit):
-    z_ij = x_i w_ji with W the layer's Jacobian (bias off), relevance R_i = sum_j c_ij R_j."""
+    z_ij = x_i w_ji with W the layer's Jacobian (bias off), relevance R_i = sum_j c_ij R_j; gamma in its
+    generalized form for inputs of both signs."""
     bias = layer.bias.detach() if layer.bias is not None else None
     out = []
     for xb, rb in zip(x, signal):
@@ -480,11 +484,15 @@ def _jacobian_reference(layer: nn.Module, x: torch.Tensor, signal: torch.Tensor,
             zp, zn = z.clamp(min=0), z.clamp(max=0)
             dp, dn = zp.sum(1) + b.clamp(min=0), zn.sum(1) + b.clamp(max=0)
             c = alpha * zp / (dp + eps)[:, None] - beta * zn / (dn - eps)[:, None]
-        else:  # gamma (gamma = 0: epsilon)
-            wg, bg = w + gamma * w.clamp(min=0), b + gamma * b.clamp(min=0)
-            z = wg * xi[None, :]
-            d = z.sum(1) + bg
-            c = z / (d + eps * torch.where(d >= 0, 1.0, -1.0))[:, None]
+        else:  # the generalized gamma (gamma = 0: epsilon): each output's sign picks the contributions that favour it
+            up, down = w + gamma * w.clamp(min=0), w + gamma * w.clamp(max=0)
+            xp, xn = xi.clamp(min=0)[None, :], xi.clamp(max=0)[None, :]
+            z_up, z_down = up * xp + down * xn, down * xp + up * xn
+            d_up, d_down = z_up.sum(1) + b + gamma * b.clamp(min=0), z_down.sum(1) + b + gamma * b.clamp(max=0)
+            actual = (w * xi[None, :]).sum(1) + b
+            c = torch.where((actual > 0)[:, None], z_up / (d_up + eps * torch.where(d_up >= 0, 1.0, -1.0))[:, None],
+                            torch.where((actual < 0)[:, None],
+                                        z_down / (d_down + eps * torch.where(d_down >= 0, 1.0, -1.0))[:, None], 0.0))
         out.append((c * r[:, None]).sum(0).reshape(xb.shape))
     return torch.stack(out)
 
@@ -577,3 +585,30 @@ def test_norm_secant_is_the_generic_secant_written_out(norm):
         generic = _AsRule(lambda ctx, s: R._secant(ctx, s, R._norm_axes(ctx)[1], rows=True))
         torch.testing.assert_close(maps, Explainer(model, "deeplift", rules={"norm": generic}).attribute(x, target=1),
                                    rtol=1e-10, atol=1e-13)
+
+
+def test_generalized_gamma_matches_zennit_on_signed_inputs():
+    """zennit's Gamma (>= 0.5, the generalized form) on a net whose every layer sees inputs of both signs, as a
+    transformer's do: equal to 1e-10."""
+    if importlib.util.find_spec("zennit") is None:
+        if os.environ.get("MODEL_LIBRARIES") == "required":
+            pytest.fail("zennit missing with MODEL_LIBRARIES=required (make test installs it into .venv-libraries)")
+        pytest.skip("zennit needs torchvision, which does not import beside this torch build (make test runs this in "
+                    ".venv-libraries)")
+    from zennit.attribution import Gradient as ZennitGradient
+    from zennit.composites import SpecialFirstLayerMapComposite
+    from zennit.rules import Gamma as ZennitGamma
+    from zennit.rules import Pass as ZennitPass
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)).double().eval()
+    x = torch.randn(5, 6, dtype=torch.float64)  # signed inputs, and tanh keeps every layer's inputs signed
+    target = torch.tensor([0, 1, 2, 3, 0])
+    ours = Explainer(model, "lrp-epsilon", rules={"dense": "gamma", "activation": "pass"}).attribute(x, target=target)
+    composite = SpecialFirstLayerMapComposite(layer_map=[(nn.Linear, ZennitGamma(0.25)), (nn.Tanh, ZennitPass())],
+                                              first_map=[(nn.Linear, ZennitGamma(0.25))])
+    with torch.no_grad():
+        logits = model(x)
+    with ZennitGradient(model, composite) as attributor:  # LRP's relevance starts as the explained logit
+        _, theirs = attributor(x.clone().requires_grad_(), torch.eye(4, dtype=torch.float64)[target] * logits)
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)

@@ -63,7 +63,8 @@ def read_state(path: str | Path) -> dict[str, torch.Tensor]:
             return load_file(str(path))
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # several types for a corrupt or foreign file
-        raise ModelError(f"{path}: not a readable state_dict ({type(exc).__name__}: {exc})") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreadable"
+        raise ModelError(f"{path}: not a readable state_dict ({type(exc).__name__}: {first})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelError(f"{path}: holds a {type(state).__name__}, not a state_dict (parameter name -> tensor)")
     return state

@@ -205,7 +205,13 @@ class PatternSource:
         cache = self.cache if current == self.cache_for else None  # a randomized model's are never cached
         if cache is not None and cache.exists():
             kept = Patterns.load(cache)
-            if kept.fingerprint == current and kept.estimator == self.estimator and kept.n == len(data):
+            if kept.fingerprint == current and kept.estimator == self.estimator and kept.n == len(data) \
+                    and kept.source == self.source:
+                bad = [k for k, v in kept.patterns.items() if not isinstance(v, torch.Tensor)
+                       or not bool(torch.isfinite(v).all())]
+                if bad:
+                    raise AttributionError(f"{cache} holds patterns that are not finite tensors ({', '.join(bad[:3])}); "
+                                           "the file is damaged: delete it and the patterns are fitted again")
                 return kept.patterns, self.source
         fitted = fit_nodes(ex, data, self.estimator, self.batch)
         if cache is not None:

@@ -11,6 +11,7 @@ again by later units and runs; every randomized model is refitted on the same im
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -61,17 +62,20 @@ def pattern_images(value: str, data: str, n: int, seed: int, root: str | None = 
     return torch.from_numpy(x[np.sort(order)]), f"{n} images of the {split} split of {name} (seed {seed})"
 
 
-def cache_file(spec: str, weights: str | None, label: str, value: str, n: int, trained: str, out: Path) -> Path:
+def cache_file(spec: str, weights: str | None, label: str, value: str, data: torch.Tensor, trained: str,
+               out: Path) -> Path:
     """Where the trained model's patterns are kept: beside its checkpoint (or weights file) when that folder is
-    writable, else in ``out``/patterns; named by the model, the data, the number of images and the weights'
-    fingerprint, so that other weights or data never read them."""
+    writable, else in ``out``/patterns; named by the model, the data, the number of images, the images' own
+    sha256 (another seed draws other images) and the weights' fingerprint, so that other weights or data never
+    read them."""
     files = [f for f in model_files(spec, weights) if f.suffix in (".pt", ".pth", ".safetensors", ".bin")]
     # the package's own checkpoint folder stays as shipped: the run folder keeps their patterns
     beside = files and files[0].parent.resolve() != Path(str(SHIPPED)).resolve() and os.access(files[0].parent, os.W_OK)
     folder = files[0].parent if beside else out / "patterns"
     folder.mkdir(parents=True, exist_ok=True)
     tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", value)
-    return folder / f"{label}.patterns-{tag}-{n}-{trained[:16]}.pt"
+    images = hashlib.sha256(data.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:12]
+    return folder / f"{label}.patterns-{tag}-{len(data)}-{images}-{trained[:16]}.pt"
 
 
 def pattern_params(methods: list[str], spec: str, model: nn.Module, label: str, images: tuple[torch.Tensor, str] | None,
@@ -83,6 +87,6 @@ def pattern_params(methods: list[str], spec: str, model: nn.Module, label: str, 
         return {}
     data, what = images
     trained = fingerprint(model)
-    cache = cache_file(spec, weights, label, value, len(data), trained, out)
+    cache = cache_file(spec, weights, label, value, data, trained, out)
     return {m: {"data": data.to(next(iter(model.parameters()), data).device), "cache": cache, "cache_for": trained,
                 "source": what} for m in wanted}

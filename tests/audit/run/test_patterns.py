@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from attributions import patterns as P
+from audit.data import embedded_sample
 from audit.errors import ConfigError
-from audit.models.checkpoint import SHIPPED, resolve_model
+from audit.models.checkpoint import SHIPPED, load_checkpoint, resolve_model
 from audit.run.config import load_config
 from audit.run.patterns import pattern_images, pattern_source
 from audit.run.runner import run_audit
@@ -72,5 +73,32 @@ def test_the_shipped_checkpoints_folder_stays_as_shipped(tmp_path):
     from audit.run.patterns import cache_file
 
     before = sorted(p.name for p in SHIPPED.iterdir())
-    path = cache_file("cnn-sgd", None, "cnn-sgd", "train", 8, "f" * 64, tmp_path)
+    path = cache_file("cnn-sgd", None, "cnn-sgd", "train", torch.zeros(8, 1, 28, 28), "f" * 64, tmp_path)
     assert path.parent == tmp_path / "patterns" and sorted(p.name for p in SHIPPED.iterdir()) == before
+    # other images (another seed's draw, another split) never share a file
+    assert cache_file("cnn-sgd", None, "cnn-sgd", "train", torch.ones(8, 1, 28, 28), "f" * 64, tmp_path) != path
+
+
+def test_a_damaged_patterns_cache_is_named_and_a_cache_of_other_images_is_not_read(tmp_path):
+    from attributions import Explainer
+    from attributions.errors import AttributionError
+    from attributions.patterns import Patterns, fingerprint
+
+    model = load_checkpoint("cnn-sgd")
+    x, y = embedded_sample()
+    data, images = torch.from_numpy(x[:16]), torch.from_numpy(x[16:20])
+    cache = tmp_path / "p.pt"
+    params = dict(data=data, cache=cache, cache_for=fingerprint(model), source="16 images (seed 0)")
+    first = Explainer(model, "patternnet", **params).attribute(images, target=torch.from_numpy(y[16:20]))
+    saved = Patterns.load(cache)
+    # the same file recorded for other images (another seed): refitted, not read
+    other = Explainer(model, "patternnet", **{**params, "source": "16 images (seed 1)"})
+    assert torch.equal(other.attribute(images, target=torch.from_numpy(y[16:20])), first)  # fitted anew, alike
+    assert Patterns.load(cache).source == "16 images (seed 1)"
+    Patterns({k: v * float("nan") for k, v in saved.patterns.items()}, saved.estimator, saved.n, "16 images (seed 1)",
+             saved.fingerprint).save(cache)
+    with pytest.raises(AttributionError, match=f"{cache}.*not finite.*delete it"):
+        Explainer(model, "patternnet", **{**params, "source": "16 images (seed 1)"}).attribute(images, target=0)
+    cache.write_bytes(b"not a patterns file")
+    with pytest.raises(AttributionError, match=f"{cache} is not a patterns file"):
+        Explainer(model, "patternnet", **params).attribute(images, target=0)

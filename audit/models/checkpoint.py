@@ -95,8 +95,8 @@ def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
     try:
         state = torch.load(pt, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a corrupt file
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{pt}: not a readable state_dict ({first})") from exc
+        line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{pt}: not a readable state_dict ({line})") from exc
     if not isinstance(state, dict):
         raise ModelError(f"{pt}: holds a {type(state).__name__}, not a state_dict (a dict of parameter name -> tensor, "
                          "as torch.save(model.state_dict(), path) writes)")

@@ -16,7 +16,9 @@ maps depend on them, so each is a parameter and recorded:
 * ``upsample``: ``nearest`` (captum's ``LayerAttribution.interpolate`` default) or ``bilinear``
   (pytorch-grad-cam, which resizes with OpenCV's bilinear filter: half-pixel centres, as
   ``align_corners=False``);
-* ``normalise``: ``none``, or min-max per map ``before`` upsampling (pytorch-grad-cam) or ``after``.
+* ``normalise``: ``none``, or min-max per map ``before`` upsampling or ``after`` it. pytorch-grad-cam
+  min-maxes after its ReLU and before resizing, then once more after (when it averages its layers): ``before``
+  plus one more min-max of the result reproduces it.
 
 Maps are shaped like the inputs: every channel carries the map (Guided Grad-CAM: guided backprop's
 channels, each multiplied by the ReLU'd map, as captum's ``GuidedGradCam``).

@@ -10,7 +10,9 @@
   * R_A)+] C, with R_A the relevance that Chefer et al.'s LRP (the ``chefer-lrp`` method) brings to the
   weights.
 * Attention Grad-CAM (Chefer et al.'s baseline, CVPR 2021): the last block's attention of the class
-  token to the patches per head, weighted by that row's mean gradient, averaged over heads, ReLU'd.
+  token to the patches per head, weighted by that row's mean gradient, averaged over heads, ReLU'd. Where
+  the head never reads the class token (mean pooling, an attention-pooling head), the mean of the patch
+  tokens' rows, which it reads, stands in for it.
 
 The map is the class token's row (the mean over rows for a model without one) at the patch tokens,
 laid out on the patch grid and upsampled to the input (:mod:`attributions.anatomy`). Every channel
@@ -53,9 +55,10 @@ def _discard(a: torch.Tensor, ratio: float) -> torch.Tensor:
     return flat.reshape(a.shape)
 
 
-def _row(joint: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-    """The class token's row at the patch tokens (the mean row without a class token): (..., T, T) -> (..., 1, *grid)."""
-    row = joint[..., 0, :] if layout.prefix else joint.mean(-2)
+def _row(joint: torch.Tensor, layout: TokenLayout, patches: bool = False) -> torch.Tensor:
+    """The class token's row at the patch tokens (without a class token, or with ``patches``, the mean of the
+    patch tokens' rows): (..., T, T) -> (..., 1, *grid)."""
+    row = joint[..., layout.prefix:, :].mean(-2) if patches or not layout.prefix else joint[..., 0, :]
     return row[..., layout.prefix:].reshape(*row.shape[:-1], 1, *layout.grid)
 
 
@@ -163,7 +166,14 @@ class AttentionGradCam(_OnAttention):
         last = nodes[-1]
         forward, grads = target_signals(ex, x, targets, {last})
         with torch.no_grad():
-            a, g = _row(forward.values[last][None], layout), _row(grads[last], layout)  # (K, B, heads, 1, *grid)
+            grad = grads[last]  # (K, B, heads, T, T)
+            if not bool(grad.any()):
+                raise AttributionError(f"the explained output does not depend on the last attention layer ({last}): "
+                                       "attention Grad-CAM has no gradient to weigh it by")
+            # a head that never reads the class token (mean pooling, an attention-pooling head): the rows it reads,
+            # the patch tokens', stand in for the class token's, as for a model without one
+            patches = bool(layout.prefix) and not bool(grad[..., 0, :].any())
+            a, g = _row(forward.values[last][None], layout, patches), _row(grad, layout, patches)  # (K, B, heads, 1, *grid)
             weights = g.mean(tuple(range(4, g.ndim)), keepdim=True)
             cam = (a * weights).mean(2).clamp(min=0)  # (K, B, 1, *grid)
             return upsampled(cam, x, self.upsample).clone()

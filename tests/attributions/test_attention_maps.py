@@ -1,5 +1,8 @@
 """Attention rollout, generic attention explainability and attention Grad-CAM against their formulas written
 out on attention weights (and their gradients) read from the model by plain PyTorch hooks."""
+import importlib.util
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -223,3 +226,27 @@ def test_the_shipped_vit_and_refusals():
         Explainer(model, "attention-rollout", head_fusion="median")
     with pytest.raises(AttributionError, match="not tokens"):
         Explainer(model, "vit-grad-cam", layer="patch").attribute(x, target=0)
+
+
+def test_attention_grad_cam_reads_the_patch_rows_where_the_head_never_reads_the_class_token():
+    """A timm ViT with a class token but a mean-pooled head: the class token's row of the last attention gets no
+    gradient, so reading it gave an all-zero map; the patch tokens' rows, which the head reads, stand in."""
+    if importlib.util.find_spec("timm") is None:
+        if os.environ.get("MODEL_LIBRARIES") == "required":
+            pytest.fail("timm missing with MODEL_LIBRARIES=required (make test installs it into .venv-libraries)")
+        pytest.skip("timm not installed here (make test runs this in .venv-libraries)")
+    import timm
+
+    from attributions.cam import target_signals
+    from tests.model_libraries import perturb
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", img_size=64, global_pool="avg", num_classes=4).eval()
+    perturb(model)
+    x = torch.randn(2, 3, 64, 64)
+    ex = Explainer(model, "attention-grad-cam")
+    maps = ex.attribute(x, target=1)
+    _, (nodes, _) = ex.method.engine._attention.get(ex, x)
+    _, grads = target_signals(ex, x, [torch.tensor([1, 1])], {nodes[-1]})
+    assert not grads[nodes[-1]][..., 0, :].any() and grads[nodes[-1]].any()  # the class token's row is never read
+    assert torch.isfinite(maps).all() and maps.abs().amax((1, 2, 3)).min() > 0

@@ -95,7 +95,11 @@ def launch(workers: int, argv: Sequence[str]) -> int:
         raise ConfigError(f"--workers must be at least 1, got {workers}")
     with tempfile.TemporaryDirectory(prefix="audit-launch-") as tmp:
         report = Path(tmp) / "failure.json"
-        proc = subprocess.Popen([sys.executable, "-m", "audit.run.launcher", str(report), str(workers), *argv])
+        # the launcher's own temporary folders (torchelastic's logs) go in ours, removed with it
+        scratch = Path(tmp) / "tmp"
+        scratch.mkdir()
+        env = {**os.environ, "TMPDIR": str(scratch)}
+        proc = subprocess.Popen([sys.executable, "-m", "audit.run.launcher", str(report), str(workers), *argv], env=env)
         try:
             code = proc.wait()
         except KeyboardInterrupt:  # the launcher ends its ranks on SIGINT; wait for it rather than orphan them

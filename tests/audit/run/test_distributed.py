@@ -4,6 +4,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -56,9 +57,14 @@ def test_shards_split_the_units_without_overlap():
         launch(0, ["run"])
 
 
-def test_two_ranks_write_the_files_of_one_process(single, tmp_path, capsys):
+def test_two_ranks_write_the_files_of_one_process(single, tmp_path, capsys, monkeypatch):
+    temp = tmp_path / "temp"  # the temporary folder the caller's process uses
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile reads TMPDIR anew
     environ, threads = dict(os.environ), torch.get_num_threads()
     assert main(["run", *ARGS, "--workers", "2", "--out", str(tmp_path / "two")]) == 0
+    assert list(temp.iterdir()) == []  # the launcher's folders (torchelastic's) are gone with it
     # the launcher runs in a process of its own: the caller's environment and threads stay as they were
     assert dict(os.environ) == environ and torch.get_num_threads() == threads
     assert files(tmp_path / "two") == single

@@ -14,6 +14,7 @@ the audit's manifest and model table record.
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib
 import json
@@ -25,6 +26,7 @@ from torch import nn
 
 from audit.data.datasets import file_sha256
 from audit.errors import ModelError
+from audit.host import available_bytes
 
 # prefix -> the module it imports (and whose version is recorded)
 LIBRARIES = {"timm": "timm", "torchvision": "torchvision", "hf": "transformers"}
@@ -150,6 +152,58 @@ def refuse_remote_code(folder: Path, spec: str) -> None:
                              "pass the nn.Module, or use module:factory")
 
 
+DEPTH_KEYS = ("num_hidden_layers", "num_layers", "depths")  # where Hugging Face configs state their depth
+
+
+def _meta_bytes(library: Any, config: Any) -> int:
+    """The float32 bytes of the parameters of the model ``config`` describes, built on the meta device (no
+    memory is allocated)."""
+    with torch.device("meta"):
+        model = library.AutoModelForImageClassification.from_config(config, trust_remote_code=False)
+    return sum(p.numel() for p in model.parameters()) * 4
+
+
+def hf_parameter_bytes(library: Any, config: Any) -> int:
+    """The float32 bytes of a Hugging Face model's parameters, estimated before it is built: the model is built on
+    the meta device at depths 1 and 2 (per stage, for a list of depths) and the difference scaled to the
+    configured depth, so that a config of absurd depth costs two small builds, not its own."""
+    key = next((k for k in DEPTH_KEYS if isinstance(getattr(config, k, None), (int, list, tuple))), None)
+    if key is None:
+        return _meta_bytes(library, config)
+    depth = getattr(config, key)
+
+    def at(value: Any) -> int:
+        changed = copy.deepcopy(config)
+        setattr(changed, key, value)
+        return _meta_bytes(library, changed)
+
+    if isinstance(depth, int):
+        one = at(1)
+        return one + max(depth - 1, 0) * (at(2) - one)
+    ones = [1] * len(depth)
+    base = at(ones)
+    return base + sum(max(int(d) - 1, 0) * (at(ones[:i] + [2] + ones[i + 1:]) - base) for i, d in enumerate(depth))
+
+
+def refuse_oversized(library: Any, folder: Path, spec: str, labels: dict) -> None:
+    """Refuse a Hugging Face model whose float32 parameters alone exceed the memory available now, before
+    building it (a config with absurd sizes would otherwise hang and grow memory until the machine gives out)."""
+    try:
+        config = library.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
+                                                    **({"num_labels": labels["num_labels"]} if labels else {}))
+        needed = hf_parameter_bytes(library, config)
+    except Exception as exc:  # the library's own error for a broken config: reported by the build that follows
+        if isinstance(exc, ModelError):
+            raise
+        return
+    free = available_bytes(torch.device("cpu"))
+    if needed > free:
+        raise ModelError(f"{spec}: its config describes {needed / 2**30:.3g} GiB of float32 parameters, more than the "
+                         f"{free / 2**30:.3g} GiB of memory available; check the config's sizes "
+                         f"({', '.join(f'{k}={getattr(config, k)}' for k in DEPTH_KEYS if hasattr(config, k))}, "
+                         f"hidden_size={getattr(config, 'hidden_size', '?')})")
+
+
 def load_library_model(spec: str, weights: str | None = None, num_classes: int | None = None,
                        partial: bool = False) -> nn.Module:
     """The model ``spec`` names (``timm:NAME``, ``torchvision:NAME``, ``hf:FOLDER``), in eval mode.
@@ -184,6 +238,7 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
             folder = _hf_folder(name)
             refuse_remote_code(folder, spec)
             labels = {} if num_classes is None else {"num_labels": int(num_classes), "ignore_mismatched_sizes": True}
+            refuse_oversized(library, folder, spec, labels)
             # trust_remote_code=False: never run a folder's code, and never ask on stdin whether to
             model, info = library.AutoModelForImageClassification.from_pretrained(
                 str(folder), local_files_only=True, trust_remote_code=False, output_loading_info=True, **labels)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from audit.errors import ConfigError
+from audit.host import available_bytes
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
           "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
@@ -62,17 +63,6 @@ def parse_size(text: str) -> int:
     if nbytes < _MIN:
         raise ConfigError(f"max_memory={text!r} is {nbytes} bytes; give at least 64MB (e.g. 4GB)")
     return nbytes
-
-
-def available_bytes(device: torch.device) -> int:
-    """Free GPU memory of ``device``, or the RAM the kernel reports available (MemAvailable)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    with open("/proc/meminfo") as handle:
-        for line in handle:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise ConfigError("cannot read the available memory (/proc/meminfo); give --max-memory")
 
 
 def budget_bytes(max_memory: str | None, device: torch.device) -> int:

@@ -334,3 +334,23 @@ def test_timms_rms_normalised_convnext_is_exact():
     with torch.no_grad():
         difference = model(x)[range(2), t] - model(torch.zeros_like(x))[range(2), t]
     torch.testing.assert_close(deeplift.flatten(1).sum(1), difference, rtol=1e-10, atol=0)
+
+
+def test_a_config_of_absurd_size_is_refused_before_it_is_built(tmp_path):
+    """A Hugging Face folder whose config asks for 10^9 layers: its parameters are estimated on the meta device
+    (exactly, here) and the model is refused at once, before anything is built."""
+    needs("transformers")
+    import transformers
+
+    from audit.models.libraries import hf_parameter_bytes
+
+    _tiny_vit(tmp_path / "vit")
+    config = transformers.AutoConfig.from_pretrained(str(tmp_path / "vit"))
+    for depth in (1, 3):
+        config.num_hidden_layers = depth
+        built = transformers.AutoModelForImageClassification.from_config(config)
+        assert hf_parameter_bytes(transformers, config) == 4 * sum(p.numel() for p in built.parameters())
+    saved = json.loads((tmp_path / "vit" / "config.json").read_text())
+    (tmp_path / "vit" / "config.json").write_text(json.dumps({**saved, "num_hidden_layers": 10**9}))
+    with pytest.raises(ModelError, match="GiB of float32 parameters, more than the .* GiB of memory available"):
+        load_library_model(f"hf:{tmp_path / 'vit'}")  # from the estimate: building would hang

@@ -147,6 +147,42 @@ def shipped_rows(methods: list[str], names: list[str] | None = None, n: int = 8)
     return out
 
 
+class RowsError(Exception):
+    """A kept rows file that cannot be resumed from: what is wrong and where."""
+
+
+UNIT_COLUMNS = ("csc_at_input", "csc_max", "baseline")  # |cos| statistics: finite, in [0, 1], on a measured row
+
+
+def read_rows(path: Path) -> pd.DataFrame:
+    """The rows kept in ``path`` by an earlier run, checked: a :class:`RowsError` naming the file, the row and the
+    value when it is not a CSV of the atlas's columns, or a measured row holds a value no measurement gives."""
+    hint = "; delete it or rerun with --fresh to measure every model again"
+    try:
+        rows = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise RowsError(f"{path}: not a CSV of atlas rows ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+                        f"{hint}") from None
+    missing = [c for c in COLUMNS if c not in rows.columns]
+    if missing:
+        raise RowsError(f"{path}: lacks the columns {', '.join(missing)}{hint}")
+    measured = rows[rows.status == "measured"]
+    for column in UNIT_COLUMNS + ("sigma2_over_sigma1",):
+        values = pd.to_numeric(measured[column], errors="coerce")
+        bad = values.isna() & (measured[column].notna() | (column in UNIT_COLUMNS)) | (values < 0) | (values > 1 + 1e-9)
+        if bad.any():
+            line = int(bad.idxmax())
+            raise RowsError(f"{path}: row {line + 2} ({measured.model[line]}, {measured.method[line]}) has {column} = "
+                            f"{str(measured[column][line])!r}, not a value in [0, 1]{hint}")
+    flags = measured.collapsed.astype(str).str.lower()
+    if not flags.isin(["true", "false"]).all():
+        line = int((~flags.isin(["true", "false"])).idxmax())
+        raise RowsError(f"{path}: row {line + 2} has collapsed = {measured.collapsed[line]!r}, not True or False{hint}")
+    if rows.status.isna().any() or rows.model.isna().any():
+        raise RowsError(f"{path}: a row without a model or a status{hint}")
+    return rows.assign(collapsed=rows.collapsed.map(lambda v: str(v).lower() == "true" if pd.notna(v) else v))
+
+
 def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=None, keep: Path | None = None,
           redo: list[str] | None = None) -> pd.DataFrame:
     """The atlas table: every timm architecture module's smallest model (``fast``: two) and the shipped
@@ -155,7 +191,7 @@ def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=No
     ``redo``, whose rows are measured again on every model measured."""
     from tests.model_libraries import enumerate_models, timm_entries, within
 
-    kept = pd.read_csv(keep) if keep is not None and keep.exists() else pd.DataFrame(columns=COLUMNS)
+    kept = read_rows(keep) if keep is not None and keep.exists() else pd.DataFrame(columns=COLUMNS)
     # measured or refused models are done; one over the time limit, or whose child crashed, is tried again
     done = set(kept.model[kept.status.isin(["measured", "refused"])])
     redo = [m for m in redo or [] if m in (FAST_METHODS if fast else chain_methods())]
@@ -237,7 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}] {row['name']}: {row['class']} ({row.get('run_s')} s) {row.get('reason', '')[:120]}",
               file=sys.stderr, flush=True)
 
-    table = atlas(args.fast, args.parallel, args.limit, report, keep, [m for m in args.redo.split(",") if m])
+    try:
+        table = atlas(args.fast, args.parallel, args.limit, report, keep, [m for m in args.redo.split(",") if m])
+    except RowsError as exc:
+        print(f"atlas: error: {exc}", file=sys.stderr)
+        return 2
     tmp = out / "atlas.csv.partial"
     table.to_csv(tmp, index=False)
     os.replace(tmp, out / "atlas.csv")

@@ -5,14 +5,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 
 import tests.model_libraries
 from benchmarks import atlas as atlas_module
-from benchmarks.atlas import FAST_METHODS, FAST_MODELS
+from benchmarks.atlas import FAST_METHODS, FAST_MODELS, RowsError, read_rows
 
 
 def _fake_measurements(monkeypatch, run: int, crash: set[str] = frozenset()):
-    """Replace the measurements by rows whose csc_at_input is ``run`` plus the calls so far / 100; ``calls``
+    """Replace the measurements by rows whose csc_at_input is ``run`` / 10 plus the calls so far / 1000; ``calls``
     logs (model, methods)."""
     calls: list[tuple[str, tuple[str, ...]]] = []
 
@@ -20,8 +21,9 @@ def _fake_measurements(monkeypatch, run: int, crash: set[str] = frozenset()):
         calls.append((name, tuple(methods)))
         if name in crash:
             return [{"source": source, "model": name, "status": "crash", "reason": "injected"}]
-        return [{"source": source, "model": name, "method": m, "csc_at_input": run + len(calls) / 100, "collapsed": True,
-                 "status": "measured", "reason": ""} for m in methods]
+        value = run / 10 + len(calls) / 1000
+        return [{"source": source, "model": name, "method": m, "csc_at_input": value, "csc_max": value, "baseline": 0.2,
+                 "collapsed": True, "status": "measured", "reason": ""} for m in methods]
 
     def library_rows(entries, methods, finished=None, **_):
         out = []
@@ -57,3 +59,24 @@ def test_rows_are_kept_resumed_and_measured_again_for_redo(tmp_path, monkeypatch
     merged = second.merge(third, on=["model", "method"], suffixes=("_before", "_after"))
     changed = merged[merged.csc_at_input_before != merged.csc_at_input_after]
     assert set(changed.method) == {"gradient"} and len(changed) == 4
+
+
+def test_damaged_kept_rows_are_named_not_resumed_from(tmp_path, monkeypatch, capsys):
+    keep = tmp_path / "atlas-fast.rows.csv"
+    _fake_measurements(monkeypatch, 1)
+    atlas_module.atlas(fast=True, keep=keep)
+    rows = pd.read_csv(keep).astype({"csc_at_input": object})
+    rows.loc[2, "csc_at_input"] = "oops"
+    rows.to_csv(keep, index=False)
+    with pytest.raises(RowsError, match=r"row 4 \(.*\) has csc_at_input = 'oops', not a value in \[0, 1\].*--fresh"):
+        atlas_module.atlas(fast=True, keep=keep)
+    rows.loc[2, "csc_at_input"] = 7.5  # a number no |cos| takes
+    rows.to_csv(keep, index=False)
+    with pytest.raises(RowsError, match="has csc_at_input = '7.5'"):
+        read_rows(keep)
+    keep.write_bytes(b"\x00\xff\xfe binary garbage")
+    with pytest.raises(RowsError, match="not a CSV of atlas rows|lacks the columns"):
+        read_rows(keep)
+    monkeypatch.setattr(atlas_module, "figure", lambda table: None)
+    assert atlas_module.main(["--fast", "--out", str(tmp_path)]) == 2
+    assert "atlas: error:" in capsys.readouterr().err

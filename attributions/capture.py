@@ -8,7 +8,9 @@ are all seen as the ops they compute; every op node carries the module it came f
 The capture never changes the user's model and never calls its hooks: training flags are set to
 eval and every hook is set aside for the duration, then both are restored. A forward hook or
 pre-hook that may change what the model computes (one that returns a value) is refused by name,
-since the explained function must be ``model(x)`` as its module code computes it.
+since the explained function must be ``model(x)`` as its module code computes it; so is one that writes
+into its arguments in place (read from its code) and the classic spectral_norm / weight_norm pre-hooks,
+which recompute a weight on every call.
 
 Parameters and buffers, which export lifts to graph inputs, are bound by their fully qualified
 names to the live model (:meth:`Capture.value`): weights are read when a pass runs, never copied
@@ -28,6 +30,8 @@ from typing import Any
 import torch
 import torch.fx
 from torch import nn
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 from attributions.errors import AttributionError
 
@@ -195,11 +199,7 @@ _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_
 def _returns_only_none(hook: Any) -> bool:
     """Whether every ``return`` of the hook's code returns None (an observer); False when that cannot
     be read from its code (a callable object without Python code, a lambda returning a value)."""
-    while isinstance(hook, functools.partial):
-        hook = hook.func
-    code = getattr(getattr(hook, "__func__", hook), "__code__", None)
-    if code is None:
-        code = getattr(type(hook).__call__, "__code__", None)  # a callable object's method
+    code = _code(hook)
     if code is None:
         return False
     instructions = list(dis.get_instructions(code))
@@ -216,9 +216,50 @@ def _returns_only_none(hook: Any) -> bool:
     return True
 
 
-# calls whose value is None: a lambda returning one of them (``lambda *a: acts.append(a)``) observes
+# calls whose value is None: a lambda returning one of them (``lambda *a: acts.append(a)``,
+# ``lambda m, i, o: store.__setitem__(name, o)``) observes, unless it calls them on its own arguments
 _OBSERVING_CALLS = {"append", "extend", "add", "update", "write", "print", "put", "put_nowait", "info", "debug",
-                    "warning", "set"}
+                    "warning", "set", "__setitem__", "setdefault"}
+_LOADS = ("LOAD_FAST", "LOAD_ATTR", "LOAD_METHOD")
+
+
+def _mutates_arguments(hook: Any) -> bool:
+    """Whether the hook's code writes into one of its arguments (the module, its input or output): an in-place
+    method (``output.mul_(2)``, ``inputs[0].copy_(...)``, ``output.__setitem__``) or an item assignment
+    (``output[0] = ...``) on an argument or on what is reached from it by attributes or items. Such a hook
+    changes what the model computes while returning None."""
+    code = _code(hook)
+    if code is None:
+        return False
+    arguments = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+    instructions = list(dis.get_instructions(code))
+
+    def rooted(k: int) -> bool:  # the value loaded at instruction k comes from an argument (through attributes)
+        while k >= 0 and instructions[k].opname in ("LOAD_ATTR", "BINARY_SUBSCR", "LOAD_CONST"):
+            k -= 1 if instructions[k].opname == "LOAD_ATTR" else 2
+        return k >= 0 and instructions[k].opname == "LOAD_FAST" and instructions[k].argval in arguments
+
+    for k, ins in enumerate(instructions):
+        name = str(ins.argval)
+        if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and k and (
+                name == "__setitem__" or name.endswith("_") and not name.startswith("_")) and rooted(k - 1):
+            return True
+        if ins.opname == "STORE_SUBSCR" and k >= 2 and rooted(k - 2):
+            return True
+    return False
+
+
+def _code(hook: Any) -> Any:
+    """The Python code object of a hook (a function, a method, a partial, a callable object), or None."""
+    while isinstance(hook, functools.partial):
+        hook = hook.func
+    code = getattr(getattr(hook, "__func__", hook), "__code__", None)
+    return code if code is not None else getattr(type(hook).__call__, "__code__", None)
+
+
+# pre-hooks that recompute a parameter from others on every call: the engine never runs hooks, so it would read
+# a stale weight and randomizing the parameters behind it would change nothing
+_RECOMPUTING = (SpectralNorm, WeightNorm)
 
 
 def _observes(instructions: list[dis.Instruction]) -> bool:
@@ -232,20 +273,25 @@ def _observes(instructions: list[dis.Instruction]) -> bool:
                  or len(loads) > 1 and loads[1].argval in _OBSERVING_CALLS))
 
 
+def _changes(hook: Any) -> bool:
+    return isinstance(hook, _RECOMPUTING) or not _returns_only_none(hook) or _mutates_arguments(hook)
+
+
 def forward_changing_hooks(model: nn.Module) -> list[str]:
     """The forward hooks and pre-hooks of ``model`` (and the global ones) that may change what it
-    computes: "<module path>: <hook>" for each hook whose code returns a value."""
+    computes: "<module path>: <hook>" for each hook whose code returns a value, writes into its
+    arguments in place, or recomputes a weight (the classic spectral_norm and weight_norm)."""
     found = []
     for path, module in model.named_modules():
         for kind in ("_forward_pre_hooks", "_forward_hooks"):
             for hook in getattr(module, kind).values():
-                if not _returns_only_none(hook):
+                if _changes(hook):
                     where = path or "the model"
                     found.append(f"{where}: {kind.strip('_').replace('_', ' ')[:-1]} "
                                  f"{getattr(hook, '__qualname__', type(hook).__name__)}")
     for kind in ("_global_forward_pre_hooks", "_global_forward_hooks"):
         for hook in getattr(nn.modules.module, kind).values():
-            if not _returns_only_none(hook):
+            if _changes(hook):
                 found.append(f"every module: {kind.strip('_').replace('_', ' ')[:-1]} "
                              f"{getattr(hook, '__qualname__', type(hook).__name__)}")
     return found
@@ -312,9 +358,12 @@ def capture(model: nn.Module, example: torch.Tensor) -> Capture:
         raise AttributionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     changing = forward_changing_hooks(model)
     if changing:
+        recomputing = any(name in h for h in changing for name in ("SpectralNorm", "WeightNorm"))
         raise AttributionError(f"the model has hooks that may change what it computes ({'; '.join(changing)}): the "
                                "engine explains model(x) as its modules compute it and never runs hooks; remove them "
-                               "(handle.remove()) or move what they do into a module's forward")
+                               "(handle.remove()) or move what they do into a module's forward"
+                               + ("; for spectral_norm / weight_norm use torch.nn.utils.parametrizations.spectral_norm "
+                                  "/ weight_norm, which the engine follows" if recomputing else ""))
     wrapper = _Logits(model)
     batch = example.shape[0]
     # export specialises sizes 0 and 1, so a symbolic batch is declared on an example of two

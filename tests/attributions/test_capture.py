@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from attributions import Explainer
 from attributions.capture import capture, forward_changing_hooks, logits_of
 from attributions.errors import AttributionError
 from audit.models import load_checkpoint
@@ -155,6 +156,50 @@ def test_hooks_that_may_change_the_output_are_refused_by_name():
         assert [h.split(" test_")[0] for h in forward_changing_hooks(_Net())] == ["every module: global forward pre hook"]
     finally:
         handle.remove()
+
+
+def test_hooks_that_write_in_place_are_refused_and_lambdas_that_store_are_not():
+    store: dict = {}
+
+    def scale_in_place(module, args, out):  # returns None, changes the output all the same
+        out.mul_(2)
+
+    def zero_first_input(module, args):
+        args[0][0] = 0
+
+    def keep(module, args, out):
+        store["conv"] = out.detach()
+
+    for changing in (scale_in_place, lambda m, a, o: o.__setitem__(0, 1.0), lambda m, a, o: o.data.clamp_(min=0)):
+        model = _Net().eval()
+        model.conv.register_forward_hook(changing)
+        assert len(forward_changing_hooks(model)) == 1, changing
+    model = _Net().eval()
+    model.register_forward_pre_hook(zero_first_input)
+    assert forward_changing_hooks(model) == [f"the model: forward pre hook {zero_first_input.__qualname__}"]
+    for observing in (keep, lambda m, a, o: store.__setitem__("conv", o), lambda m, a, o: store.setdefault("c", o)):
+        model = _Net().eval()
+        model.conv.register_forward_hook(observing)
+        assert forward_changing_hooks(model) == [], observing
+        capture(model, torch.rand(2, 1, 4, 4))
+    assert store == {}  # the engine never ran them
+
+
+def test_classic_spectral_norm_is_refused_and_its_parametrization_followed():
+    """The classic spectral_norm recomputes the weight in a forward pre-hook from weight_orig: the engine, which
+    never runs hooks, would read a stale weight, and randomizing weight_orig would change no map. The
+    parametrization (torch.nn.utils.parametrizations) is part of the forward and is followed exactly."""
+    torch.manual_seed(0)
+    x = torch.rand(2, 1, 4, 4)
+    classic = _Net().eval()
+    classic.conv = nn.utils.spectral_norm(classic.conv)
+    with pytest.raises(AttributionError, match="SpectralNorm.*use torch.nn.utils.parametrizations.spectral_norm"):
+        capture(classic, x)
+    model = _Net().eval()
+    model.conv = nn.utils.parametrizations.spectral_norm(model.conv)
+    xg = x.clone().requires_grad_()
+    expected = torch.autograd.grad(model(xg)[:, 0].sum(), xg)[0]
+    torch.testing.assert_close(Explainer(model, "gradient").attribute(x, target=0), expected, rtol=1e-6, atol=1e-7)
 
 
 def test_a_forward_that_changes_the_model_is_refused():

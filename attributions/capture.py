@@ -368,7 +368,8 @@ def capture(model: nn.Module, example: torch.Tensor) -> Capture:
     batch = example.shape[0]
     # export specialises sizes 0 and 1, so a symbolic batch is declared on an example of two
     sample = example[:1].expand(2, *example.shape[1:]).clone() if batch < 2 else example
-    with _quiet(model), _silenced(), torch.no_grad():
+    # grad enabled: a torch.no_grad() region of the forward is then recorded as one (through which no gradient flows)
+    with _quiet(model), _silenced(), torch.enable_grad():
         try:
             program = torch.export.export(wrapper, (sample,), dynamic_shapes=({0: torch.export.Dim("batch")},),
                                           strict=False)

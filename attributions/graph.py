@@ -241,7 +241,7 @@ _MOVES = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "flatt
           "index", "gather", "_to_copy", "to", "type_as", "dropout", "feature_dropout", "alpha_dropout",
           "upsample_nearest1d", "upsample_nearest2d", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
           "repeat_interleave", "unfold", "im2col", "split", "split_with_sizes", "chunk", "unbind", "tensor_split",
-          "swapaxes", "diagonal", "as_strided", "zero_pad2d", "detach", "mT", "mH", "T", "H", "adjoint", "conj",
+          "swapaxes", "diagonal", "as_strided", "zero_pad2d", "mT", "mH", "T", "H", "adjoint", "conj",
           "real", "resolve_conj", "resolve_neg", "lift_fresh_copy"}
 _MIXES = {"add", "sub", "rsub", "neg", "mul", "div", "mean", "sum", "matmul", "bmm", "mm", "einsum", "addmm",
           "baddbmm", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_linear1d", "masked_fill", "where",
@@ -368,6 +368,7 @@ class _Builder:
         self.by_name: dict[str, Node] = {}
         self.order: dict[torch.fx.Node, float] = {n: i for i, n in enumerate(captured.graph.nodes)}
         self.regions: dict[torch.fx.Node, list] = {}  # an inlined region's outputs, read by its getitems
+        self.no_grad = 0  # inside a torch.no_grad() region: its ops' values are constants of the backward pass
         self.writers: dict[str, list[str]] = {}  # const node -> the in-place ops on it (or on its views)
 
     def unique(self, name: str) -> str:
@@ -472,7 +473,9 @@ class _Builder:
     def call(self, fx_node: torch.fx.Node) -> None:
         target = fx_node.target
         reads = [self.names[a] for a in fx_node.all_input_nodes if a in self.names]
-        signals = tuple(dict.fromkeys(r for r in reads if r in self.signal))
+        # autograd gives no gradient through .detach() or under torch.no_grad(): what they compute is a constant
+        stopped = self.no_grad > 0 or _op_name(target) == "detach"
+        signals = () if stopped else tuple(dict.fromkeys(r for r in reads if r in self.signal))
         if target is operator.getitem and fx_node.args[0] in self.tuples:
             self.piece(fx_node)
             return
@@ -566,11 +569,16 @@ class _Builder:
         ops = list(sub.graph.nodes)
         for k, n in enumerate(ops):  # between the region's op and the next
             self.order[n] = self.order[fx_node] + (k + 1) / (len(ops) + 1)
-        for n in ops:
-            if n.op == "call_function":
-                self.call(n)
-            elif n.op == "get_attr":
-                raise AttributionError(f"a nested region inside the {kind} region at {where!r} is not supported")
+        frozen = kind == "wrap_with_set_grad_enabled" and not fx_node.args[0]  # torch.no_grad(): no gradient flows
+        self.no_grad += frozen
+        try:
+            for n in ops:
+                if n.op == "call_function":
+                    self.call(n)
+                elif n.op == "get_attr":
+                    raise AttributionError(f"a nested region inside the {kind} region at {where!r} is not supported")
+        finally:
+            self.no_grad -= frozen
         out = next(n for n in ops if n.op == "output").args[0]
         self.regions[fx_node] = list(out if isinstance(out, (tuple, list)) else [out])
 

@@ -536,3 +536,32 @@ def test_variance_and_standard_deviation_are_reductions_exact_for_every_rule_fam
     with torch.no_grad():
         difference = model(x)[range(4), t] - model(torch.zeros_like(x))[range(4), t]
     torch.testing.assert_close(deeplift.sum(1), difference, rtol=0, atol=1e-12)
+
+
+class _StoppedNet(nn.Module):
+    """A branch cut from the gradient, by .detach() or under torch.no_grad(), as autograd sees it."""
+
+    def __init__(self, mode: str):
+        super().__init__()
+        self.a, self.b, self.mode = nn.Linear(5, 6), nn.Linear(6, 3), mode
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        if self.mode == "detach":
+            gate = h.detach() * 2
+        else:
+            with torch.no_grad():
+                gate = torch.sigmoid(h) * 2
+        return self.b(h * gate + h)
+
+
+@pytest.mark.parametrize("mode", ["detach", "no_grad"])
+def test_no_gradient_flows_through_detach_or_a_no_grad_region(mode):
+    torch.manual_seed(0)
+    model = _StoppedNet(mode).double().eval()
+    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    expected = torch.autograd.grad(model(x)[:, 1].sum(), x)[0]
+    assert torch.equal(Explainer(model, "gradient").attribute(x.detach(), target=1), expected)
+    # the cut branch is a constant: a gate of the product, not a second path of the signal
+    graph = trace(model, x.detach())
+    assert all(n.kind in ("const", "value") for n in graph.nodes if "sigmoid" in n.name or "detach" in n.name)

@@ -167,12 +167,10 @@ class AttentionGradCam(_OnAttention):
         forward, grads = target_signals(ex, x, targets, {last})
         with torch.no_grad():
             grad = grads[last]  # (K, B, heads, T, T)
-            if not bool(grad.any()):
-                raise AttributionError(f"the explained output does not depend on the last attention layer ({last}): "
-                                       "attention Grad-CAM has no gradient to weigh it by")
             # a head that never reads the class token (mean pooling, an attention-pooling head): the rows it reads,
-            # the patch tokens', stand in for the class token's, as for a model without one
-            patches = bool(layout.prefix) and not bool(grad[..., 0, :].any())
+            # the patch tokens', stand in for the class token's, as for a model without one. (Where the output
+            # depends on no row of the layer, a saturated gate, the gradient and so the map are zero.)
+            patches = bool(layout.prefix) and not bool(grad[..., 0, :].any()) and bool(grad.any())
             a, g = _row(forward.values[last][None], layout, patches), _row(grad, layout, patches)  # (K, B, heads, 1, *grid)
             weights = g.mean(tuple(range(4, g.ndim)), keepdim=True)
             cam = (a * weights).mean(2).clamp(min=0)  # (K, B, 1, *grid)

@@ -129,3 +129,4 @@ def test_an_audit_of_three_models_gets_a_verdict_matrix_and_a_score_across_model
     capsys.readouterr()
     assert main(["report", str(out), "--score", "accuracy"]) != 0
     assert "no verdict score 'accuracy'" in capsys.readouterr().err
+

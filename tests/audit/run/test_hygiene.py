@@ -44,3 +44,23 @@ def test_a_model_that_cannot_be_built_leaves_nothing_behind(tmp_path):
     assert not out.exists()
     result = run_audit(load_config(models=["cnn-sgd"], **config), out, progress=False, log=lambda s: None)
     assert result.manifest["status"] == "complete"
+
+
+def test_bad_options_are_refused_before_any_model_is_loaded(tmp_path, monkeypatch):
+    """A wrong option's error comes before the (possibly slow) model build, and leaves no folder behind."""
+    from audit.cli import main
+    from audit.errors import ConfigError
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("a model was built before the options were checked")
+
+    monkeypatch.setattr("audit.models.checkpoint.resolve_model", no_build)
+    monkeypatch.setattr("audit.run.runner.resolve_model", no_build)
+    for bad in (dict(csc_threshold=2.0), dict(methods="gradient,no-such-method"), dict(n_images=1),
+                dict(tests="cascade"), dict(twins="cnn-sgd"), dict(allow_partial_weights="yes")):
+        with pytest.raises(ConfigError):
+            run_audit(load_config(models=["timm:resnet18"], **{"tests": "random-logit", **bad}), tmp_path / "run",
+                      progress=False, log=lambda s: None)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(SystemExit):  # an abbreviated option is not taken for --methods
+        main(["run", "--models", "timm:resnet18", "--method", "gradient", "--out", str(tmp_path / "run")])

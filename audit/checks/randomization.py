@@ -42,7 +42,7 @@ from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import AuditError
 from audit.inputs import check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, heatmaps
-from audit.measures.similarity import spearman
+from audit.measures.similarity import correlation, unit_ranks
 from audit.measures.statistics import bootstrap_ci, summarize
 from audit.models.copying import copy_model
 from audit.panels import family_panels, method_legend, threshold_line
@@ -130,17 +130,16 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     rows: list[dict] = []
     kept: dict[str, list[np.ndarray]] = {}
     n = len(x)
-    # the input's own magnitude (max |.| over channels): how far a stage's map still follows the input
-    structure = torch.as_tensor(x).detach().abs().amax(1).double().cpu()
+    # the ranks of the input's own magnitude (max |.| over channels): how far a stage's map still follows the input
+    structure = unit_ranks(torch.as_tensor(x).detach().abs().amax(1).double().cpu())
     for batch in stage_batches(stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
                                           "parameter_randomization", granularity=granularity)):
         stacked = {m: ComparableMaps(torch.cat([s.maps[m] for s in batch])) for m in batch[0].maps}
         if not reference:  # stage 0 (the trained model's maps) leads the first batch: prepared with it
             reference = {m: ReferenceMaps(v, n=n) for m, v in stacked.items()}
         sims = {m: reference[m].compare(stacked[m]) for m in reference}
-        for m in reference:
-            raw = torch.cat([st.maps[m] for st in batch]).double().abs()
-            sims[m]["input_spearman_abs"] = spearman(raw, structure.repeat(len(batch), 1, 1))
+        for m in reference:  # the maps' magnitude ranks, computed once for the measures, against the input's
+            sims[m]["input_spearman_abs"] = correlation(stacked[m].abs_ranks, np.tile(structure, (len(batch), 1)))
         for k, s in enumerate(batch):
             for m in reference:
                 if keep_maps:

@@ -225,7 +225,7 @@ def _run_audit(config: AuditConfig, out: str | os.PathLike, resume: bool, progre
     # every model (and twin) is built before the folder is touched: one that cannot be refuses the run cleanly,
     # leaving no "running" manifest behind to block a corrected rerun
     loaded = {spec: load_model(spec, config) for spec in config.models}
-    twin_specs = _twin_specs(config, loaded)
+    twin_specs, twin_models = _twins(config, loaded)
     patterns = pattern_images(config.pattern_data, config.data, config.pattern_images, config.seed, config.data_root) \
         if set(PATTERN_METHODS) & set(config.methods) else None
     prints = fingerprints(config, x, y, list(twin_specs.values()))
@@ -290,7 +290,7 @@ def _run_audit(config: AuditConfig, out: str | os.PathLike, resume: bool, progre
                 given[spec] = pattern_params(list(config.methods), spec, models[spec], labels[spec], patterns,
                                             config.pattern_data, config.weights, out)
             if check.needs_twin and spec in twin_specs and spec not in twins:
-                twins[spec] = load_twin(spec, twin_specs[spec], models[spec]).to(device)
+                twins[spec] = twin_models[spec].to(device)
             torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
             xs, ys = x[item.start:item.stop], y[item.start:item.stop]
             shown = max(0, min(config.heatmap_examples - item.start, len(xs)))  # example heatmaps among these images
@@ -342,7 +342,7 @@ def _run_audit(config: AuditConfig, out: str | os.PathLike, resume: bool, progre
             if spec not in given:  # another rank's model, or a resumed one: where its patterns are kept
                 given[spec] = pattern_params(list(config.methods), spec, models[spec], labels[spec], patterns,
                                             config.pattern_data, config.weights, out)
-        twin_record, skipped = _twin_record(config, models, labels, twin_specs, log)
+        twin_record, skipped = _twin_record(config, labels, twin_specs, twin_models, log)
         coverage = _coverage(config, models, labels, x, out, log)
         conventions, unfit = _conventions(config, models, labels, x, log)
         # in the run's order, whichever process loaded which model first
@@ -376,19 +376,17 @@ def _run_audit(config: AuditConfig, out: str | os.PathLike, resume: bool, progre
         return AuditResult(out, config, tables, json.loads(json.dumps(manifest)))
 
 
-def _twin_specs(config: AuditConfig, models: dict[str, nn.Module]) -> dict[str, str]:
-    """{model spec: twin spec} for the models that have a twin, when a run's check needs one; every pair checked
-    (the twin loads, its architecture is the model's, ``models`` holding the loaded models) before the run
-    starts."""
+def _twins(config: AuditConfig, models: dict[str, nn.Module]) -> tuple[dict[str, str], dict[str, nn.Module]]:
+    """({model spec: twin spec}, {model spec: the loaded twin}) for the models that have a twin, when a run's check
+    needs one; every pair checked (the twin loads, its architecture is the model's, ``models`` holding the loaded
+    models) before the run starts."""
     if not any(CHECKS[t].needs_twin for t in config.tests):
-        return {}
+        return {}, {}
     unknown = sorted(set(config.twins) - set(config.models))
     if unknown:
         raise ConfigError(f"twins names {', '.join(unknown)}, not among the audited models ({', '.join(config.models)})")
     specs = {spec: twin for spec in config.models if (twin := twin_spec(spec, config.twins)) is not None}
-    for spec, twin in specs.items():
-        load_twin(spec, twin, models[spec])
-    return specs
+    return specs, {spec: load_twin(spec, twin, models[spec]) for spec, twin in specs.items()}
 
 
 def load_model(spec: str, config: AuditConfig) -> nn.Module:
@@ -407,7 +405,7 @@ def load_twin(spec: str, twin: str, model: nn.Module) -> nn.Module:
     return loaded
 
 
-def _twin_record(config: AuditConfig, models: dict[str, nn.Module], labels: dict[str, str], specs: dict[str, str],
+def _twin_record(config: AuditConfig, labels: dict[str, str], specs: dict[str, str], twins: dict[str, nn.Module],
                  log: Callable[[str], None]) -> tuple[dict[str, dict], dict[str, dict[str, str]]]:
     """({model label: its twin and the twin's training facts}, {test: {model label: why it was skipped}}) for the
     checks that need a twin; a line for every model skipped."""
@@ -416,7 +414,7 @@ def _twin_record(config: AuditConfig, models: dict[str, nn.Module], labels: dict
     for name in (t for t in config.tests if CHECKS[t].needs_twin):
         for spec in config.models:
             if spec in specs:
-                record[labels[spec]] = {"spec": specs[spec], **twin_facts(resolve_model(specs[spec]))}
+                record[labels[spec]] = {"spec": specs[spec], **twin_facts(twins[spec])}
                 continue
             why = ("no permuted-label twin: give one with twins (--twins MODEL=TWIN), trained by attribution-audit "
                    "train --permute-labels SEED --twin-of MODEL")

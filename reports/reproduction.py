@@ -61,6 +61,8 @@ def adebayo_table(verdict: pd.DataFrame, test: str) -> pd.DataFrame:
         for model in models:
             cell = part[part.model == model]
             text = str(cell[column].iloc[0]) if not cell.empty else "n/a"
+            if ";" in text:  # the score and its interval; the stages are in the verdict table (a table for print)
+                text = text.split(";")[0] + ")"
             ours = str(cell[f"outcome_{test}"].iloc[0]) if not cell.empty and f"outcome_{test}" in cell else ""
             row[model] = text if not ours else f"{'agrees' if ours == outcome else 'differs'}: {text}"
         rows.append(row)

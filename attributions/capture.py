@@ -9,8 +9,8 @@ The capture never changes the user's model and never calls its hooks: training f
 eval and every hook is set aside for the duration, then both are restored. A forward hook or
 pre-hook that may change what the model computes (one that returns a value) is refused by name,
 since the explained function must be ``model(x)`` as its module code computes it; so is one that writes
-into its arguments in place (read from its code) and the classic spectral_norm / weight_norm pre-hooks,
-which recompute a weight on every call.
+into its arguments in place and the classic spectral_norm / weight_norm pre-hooks, which recompute a weight
+on every call (:mod:`attributions.hooks` reads that from the hooks' code).
 
 Parameters and buffers, which export lifts to graph inputs, are bound by their fully qualified
 names to the live model (:meth:`Capture.value`): weights are read when a pass runs, never copied
@@ -19,8 +19,6 @@ at capture, so in-place changes to the model (a randomization stage) are seen.
 from __future__ import annotations
 
 import contextlib
-import dis
-import functools
 import io
 import logging
 from collections.abc import Iterator, Mapping
@@ -30,10 +28,9 @@ from typing import Any
 import torch
 import torch.fx
 from torch import nn
-from torch.nn.utils.spectral_norm import SpectralNorm
-from torch.nn.utils.weight_norm import WeightNorm
 
 from attributions.errors import AttributionError
+from attributions.hooks import forward_changing_hooks
 
 _WRAPPED = "model"  # the user's model inside the capture's wrapper: stripped from every name
 
@@ -194,107 +191,6 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
                "_state_dict_hooks", "_load_state_dict_pre_hooks")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks")
-
-
-def _returns_only_none(hook: Any) -> bool:
-    """Whether every ``return`` of the hook's code returns None (an observer); False when that cannot
-    be read from its code (a callable object without Python code, a lambda returning a value)."""
-    code = _code(hook)
-    if code is None:
-        return False
-    instructions = list(dis.get_instructions(code))
-    if code.co_name == "<lambda>" and _observes(instructions):
-        return True
-    previous = None
-    for ins in instructions:
-        if ins.opname == "RETURN_CONST" and ins.argval is not None:
-            return False
-        if ins.opname == "RETURN_VALUE" and not (previous is not None and previous.opname == "LOAD_CONST"
-                                                 and previous.argval is None):
-            return False
-        previous = ins
-    return True
-
-
-# calls whose value is None: a lambda returning one of them (``lambda *a: acts.append(a)``,
-# ``lambda m, i, o: store.__setitem__(name, o)``) observes, unless it calls them on its own arguments
-_OBSERVING_CALLS = {"append", "extend", "add", "update", "write", "print", "put", "put_nowait", "info", "debug",
-                    "warning", "set", "__setitem__", "setdefault"}
-_LOADS = ("LOAD_FAST", "LOAD_ATTR", "LOAD_METHOD")
-
-
-def _mutates_arguments(hook: Any) -> bool:
-    """Whether the hook's code writes into one of its arguments (the module, its input or output): an in-place
-    method (``output.mul_(2)``, ``inputs[0].copy_(...)``, ``output.__setitem__``) or an item assignment
-    (``output[0] = ...``) on an argument or on what is reached from it by attributes or items. Such a hook
-    changes what the model computes while returning None."""
-    code = _code(hook)
-    if code is None:
-        return False
-    arguments = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
-    instructions = list(dis.get_instructions(code))
-
-    def rooted(k: int) -> bool:  # the value loaded at instruction k comes from an argument (through attributes)
-        while k >= 0 and instructions[k].opname in ("LOAD_ATTR", "BINARY_SUBSCR", "LOAD_CONST"):
-            k -= 1 if instructions[k].opname == "LOAD_ATTR" else 2
-        return k >= 0 and instructions[k].opname == "LOAD_FAST" and instructions[k].argval in arguments
-
-    for k, ins in enumerate(instructions):
-        name = str(ins.argval)
-        if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and k and (
-                name == "__setitem__" or name.endswith("_") and not name.startswith("_")) and rooted(k - 1):
-            return True
-        if ins.opname == "STORE_SUBSCR" and k >= 2 and rooted(k - 2):
-            return True
-    return False
-
-
-def _code(hook: Any) -> Any:
-    """The Python code object of a hook (a function, a method, a partial, a callable object), or None."""
-    while isinstance(hook, functools.partial):
-        hook = hook.func
-    code = getattr(getattr(hook, "__func__", hook), "__code__", None)
-    return code if code is not None else getattr(type(hook).__call__, "__code__", None)
-
-
-# pre-hooks that recompute a parameter from others on every call: the engine never runs hooks, so it would read
-# a stale weight and randomizing the parameters behind it would change nothing
-_RECOMPUTING = (SpectralNorm, WeightNorm)
-
-
-def _observes(instructions: list[dis.Instruction]) -> bool:
-    """Whether a lambda's body is one call of an observing function or method (its result, None, is
-    what the lambda returns)."""
-    loads = [i for i in instructions if i.opname in ("LOAD_METHOD", "LOAD_ATTR", "LOAD_GLOBAL", "LOAD_NAME")]
-    returns = [k for k, i in enumerate(instructions) if i.opname == "RETURN_VALUE"]
-    return (len(returns) == 1 and returns[0] > 0 and instructions[returns[0] - 1].opname == "CALL"
-            and bool(loads) and loads[0].opname in ("LOAD_METHOD", "LOAD_ATTR", "LOAD_GLOBAL")
-            and (loads[0].argval in _OBSERVING_CALLS if loads[0].opname != "LOAD_GLOBAL" else loads[0].argval == "print"
-                 or len(loads) > 1 and loads[1].argval in _OBSERVING_CALLS))
-
-
-def _changes(hook: Any) -> bool:
-    return isinstance(hook, _RECOMPUTING) or not _returns_only_none(hook) or _mutates_arguments(hook)
-
-
-def forward_changing_hooks(model: nn.Module) -> list[str]:
-    """The forward hooks and pre-hooks of ``model`` (and the global ones) that may change what it
-    computes: "<module path>: <hook>" for each hook whose code returns a value, writes into its
-    arguments in place, or recomputes a weight (the classic spectral_norm and weight_norm)."""
-    found = []
-    for path, module in model.named_modules():
-        for kind in ("_forward_pre_hooks", "_forward_hooks"):
-            for hook in getattr(module, kind).values():
-                if _changes(hook):
-                    where = path or "the model"
-                    found.append(f"{where}: {kind.strip('_').replace('_', ' ')[:-1]} "
-                                 f"{getattr(hook, '__qualname__', type(hook).__name__)}")
-    for kind in ("_global_forward_pre_hooks", "_global_forward_hooks"):
-        for hook in getattr(nn.modules.module, kind).values():
-            if _changes(hook):
-                found.append(f"every module: {kind.strip('_').replace('_', ' ')[:-1]} "
-                             f"{getattr(hook, '__qualname__', type(hook).__name__)}")
-    return found
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from audit import style
 from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS
 from audit.errors import ConfigError
+from audit.run.hygiene import fonts_released
 from audit.run.results import AuditResult, example_maps, load_results
 from audit.sections import ReportContext, Section, Table
 from reports import html, latex, markdown, methods_text
@@ -104,7 +105,11 @@ def build_report(run: str | Path, out: str | Path | None = None, pdf: bool = Fal
     ``pdf``: also compile ``standalone.tex`` to ``report.pdf`` (needs pdflatex and bibtex);
     ``score``: the verdict score drawn across models (see :func:`report_sections`).
     """
-    out = Path(out) if out else Path(run)
+    with fonts_released():
+        return _build(Path(run), Path(out) if out else Path(run), pdf, score)
+
+
+def _build(run: Path, out: Path, pdf: bool, score: str | None) -> Path:
     result = load_results(run)
     sections = _sections(result, score)
     remove_partials(out)  # an interrupted build's half-written files

@@ -1,6 +1,9 @@
 """The report of a finished run: files, sections, rebuild, LaTeX and browser rendering."""
+import gc
+import os
 import re
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -65,6 +68,22 @@ def test_report_is_rebuilt_without_recomputing(finished, capsys):
     assert main(["report", str(out)]) == 0
     assert (out / "index.html").exists() and "report:" in capsys.readouterr().out
     assert units == {p: p.stat().st_mtime_ns for p in (out / "units").rglob("*.csv")}
+
+
+def test_a_report_build_leaves_no_font_file_open(finished, tmp_path):
+    """matplotlib keeps each font it renders open for the life of the process; a build closes what it opened."""
+    from matplotlib import font_manager, mathtext
+
+    def open_fonts():
+        fds = Path("/proc/self/fd")
+        return sorted(os.readlink(fd) for fd in fds.iterdir() if fd.exists() and fd.resolve().suffix == ".ttf")
+
+    font_manager._get_font.cache_clear()  # an earlier test's figures: the caller's fonts, kept by design
+    mathtext.MathTextParser._parse_cached.cache_clear()
+    gc.collect()
+    assert open_fonts() == []
+    build_report(finished[0], tmp_path / "report")
+    assert open_fonts() == []
 
 
 def test_latex_report_compiles_without_undefined_references(finished):

@@ -9,12 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure as MplFigure
+
+if TYPE_CHECKING:  # the configuration imports the checks, which import this module
+    from audit.run.config import AuditConfig
 
 
 @dataclass
@@ -55,7 +58,7 @@ class ReportContext:
     or None; ``run``: the run folder.
     """
 
-    config: object
+    config: AuditConfig
     run: Path
     examples: Callable[[str, str, list], tuple[dict[str, np.ndarray], np.ndarray | None]]
 

@@ -82,10 +82,11 @@ def _floor(model, x, y, order: str, samples: int = 1) -> None:
     stage model (on ``samples`` copies of the batch), by autograd."""
     from attributions.graph import trace
     from audit.checks.randomization import randomization_stages
+    from audit.checks.stage_options import StageSettings
     from audit.checks.stages import randomization_plan
     start = copy.deepcopy(model)
     plan = randomization_plan(start, trace(start, torch.as_tensor(x)))
-    stages = [m for _, _, m in randomization_stages(model, order, plan=plan, start=start)]
+    stages = [m for _, _, m in randomization_stages(model, StageSettings(order=order), plan=plan, start=start)]
     xb, yb = torch.as_tensor(x).repeat(samples, 1, 1, 1), torch.as_tensor(y).repeat(samples)
     for m in stages:
         xg = xb.clone().requires_grad_()

@@ -7,7 +7,6 @@ into ``\\citep{...}`` (natbib), escaping the rest.
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
 import pandas as pd
 
@@ -128,7 +127,7 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
                    if {"patternnet", "patternattribution"} & set(config["methods"]) else "")))
     for name in config["tests"]:
         check = CHECKS[name]
-        options = [o for o in check.options if o.name in config]
+        options = [o for o in check.options.declared() if o.name in config]
         text = f"After {_cite(check.cite)}: {check.description}."
         if options:
             text += " Parameters: " + "; ".join(f"{o.name} = {_value(config[o.name])} ({o.help})" for o in options) + "."
@@ -137,7 +136,7 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
             text += " " + _coverage_sentence(covered)
         rule = check.verdict
         if rule is not None and getattr(rule, "threshold", None) in config:
-            text += f" A method is {rule.rule_text(SimpleNamespace(**config))}."
+            text += f" A method is {rule.rule_text(check.options_from(config))}."
         if check.needs_twin:
             text += _twin_sentence(manifest, name)
         out.append((check.title, text))

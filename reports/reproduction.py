@@ -9,6 +9,8 @@ from __future__ import annotations
 import pandas as pd
 
 from audit.checks.base import REJECTED
+from audit.checks.convergence import ConvergenceOptions
+from audit.run.config import AuditConfig
 from audit.sections import Section, Table
 from reports.verdict import csc_at_input
 
@@ -69,10 +71,10 @@ def adebayo_table(verdict: pd.DataFrame, test: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def reproduction_sections(verdict: pd.DataFrame, tables: dict, config) -> list[Section]:
+def reproduction_sections(verdict: pd.DataFrame, tables: dict, config: AuditConfig) -> list[Section]:
     """The report's opening section: the two papers' tables, for the checks the run made."""
     out = []
-    threshold = getattr(config, "csc_threshold", 0.99)
+    threshold = ConvergenceOptions.parse(config.options).csc_threshold
     if "csc" in tables:
         sixt = sixt_table(verdict, tables.get("csc"), threshold)
         if not sixt.empty:

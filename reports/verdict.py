@@ -9,7 +9,11 @@ from scipy import stats
 from attributions.methods import CONTROLS, build_method
 from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, VerdictRule
+from audit.checks.convergence import ConvergenceOptions
+from audit.checks.options import Options
+from audit.checks.randomization import CascadingOptions
 from audit.models.training import OPTIMIZERS
+from audit.run.config import AuditConfig
 
 MECHANISMS = ("rank-1 chain convergence (Sixt et al. 2020, Theorem 1: a backward pass linear in the propagated "
               "signal whose chain from the logits reaches the CSC threshold at the input; class-insensitive as a "
@@ -21,14 +25,15 @@ MECHANISMS = ("rank-1 chain convergence (Sixt et al. 2020, Theorem 1: a backward
               "never called rank-1, whatever its CSC.")
 
 
-def _rules(tables: dict, config) -> list[tuple[str, VerdictRule, bool]]:
-    """(check name, rule, counts in the verdict) for each verdict rule of the checks that were run."""
-    run = set(tables) | set(getattr(config, "tests", ()))
-    return [(name, rule, rule is check.verdict) for name, check in CHECKS.items() if name in run
-            for rule in ((check.verdict,) if check.verdict is not None else ()) + tuple(check.side_rules)]
+def _rules(tables: dict, config: AuditConfig) -> list[tuple[str, VerdictRule, bool, Options]]:
+    """(check name, rule, counts in the verdict, the check's options) for each verdict rule of the checks that
+    were run."""
+    run = set(tables) | set(config.tests)
+    return [(name, rule, rule is check.verdict, check.options_from(config.options)) for name, check in CHECKS.items()
+            if name in run for rule in ((check.verdict,) if check.verdict is not None else ()) + tuple(check.side_rules)]
 
 
-def verdict_table(tables: dict, config) -> pd.DataFrame:
+def verdict_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
     """One row per model x method: for each check's verdict rule (and side rule) among ``tables``, its score and
     text; ``outcome_<check>``, each check's outcome (rejected / not rejected / inconclusive; empty where the check
     says nothing); ``role`` (method or control); ``verdict``: "rejected: " and every rejecting check's reason,
@@ -46,7 +51,7 @@ def verdict_table(tables: dict, config) -> pd.DataFrame:
         row: dict = {"model": model, "method": method,
                      "role": "control" if build_method(method).family == CONTROLS else "method"}
         rejecting, unsure = [], []
-        for name, rule, counts in rules:
+        for name, rule, counts, options in rules:
             table = tables.get(name)
             part = table[(table.model == model) & (table.method == method)] if table is not None and not table.empty \
                 else pd.DataFrame()
@@ -55,7 +60,7 @@ def verdict_table(tables: dict, config) -> pd.DataFrame:
                 if counts:
                     row[f"outcome_{name}"] = ""
                 continue
-            cell = rule.evaluate(part, config)
+            cell = rule.evaluate(part, options)
             row |= {rule.score_column: cell.score, rule.text_column: cell.text}
             if not counts:
                 continue
@@ -64,7 +69,7 @@ def verdict_table(tables: dict, config) -> pd.DataFrame:
                 rejecting.append(f"{name} ({rule.failure})")
             elif cell.outcome == INCONCLUSIVE:
                 unsure.append(name)
-        outcomes = [row.get(f"outcome_{name}", "") for name, _, counts in rules if counts]
+        outcomes = [row.get(f"outcome_{name}", "") for name, _, counts, _ in rules if counts]
         row["verdict"] = (f"{REJECTED}: " + ", ".join(rejecting) if rejecting else
                           f"{INCONCLUSIVE}: " + ", ".join(unsure) if unsure else
                           NOT_REJECTED if NOT_REJECTED in outcomes else "n/a")
@@ -124,7 +129,7 @@ def csc_at_input(table: pd.DataFrame | None, model: str, method: str) -> float:
     return float(part.sort_values("depth")["median"].iloc[0]) if not part.empty else float("nan")
 
 
-def mechanism(model: str, method: str, tables: dict, config) -> str:
+def mechanism(model: str, method: str, tables: dict, config: AuditConfig) -> str:
     """The failure mechanism the measurements support for a rejected method, one of three that do not overlap:
 
     * rank-1 chain convergence (Sixt et al. 2020, Theorem 1): the backward pass is linear in the signal (every
@@ -139,13 +144,13 @@ def mechanism(model: str, method: str, tables: dict, config) -> str:
     Each needs its measurement (CSC; cascading randomization): where it is missing the text says so. A nonlinear
     pass is never called rank-1, whatever its CSC."""
     spec = build_method(method)
-    threshold = getattr(config, "randomization_threshold", 0.5)
+    threshold = CascadingOptions.parse(config.options).randomization_threshold
     found, missing = [], []
     if spec.linear_in_signal:
         cos = csc_at_input(tables.get("csc"), model, method)
         if cos != cos:
             missing.append("CSC")
-        elif cos >= getattr(config, "csc_threshold", 0.99):
+        elif cos >= ConvergenceOptions.parse(config.options).csc_threshold:
             found.append(f"rank-1 chain convergence (CSC {cos:.3f} at the input)")
     last = _at_last_stage(tables.get("cascading"), model, method)
     if not found and (spec.rectifies_signal or spec.input_multiplier):

@@ -11,19 +11,22 @@ import importlib
 import pkgutil
 
 from attributions.errors import unknown_name
-from audit.checks.base import Check, MedianScore, Option, UnitResult, VerdictCell, VerdictRule
+from audit.checks.base import Check, MedianScore, UnitResult, VerdictCell, VerdictRule
 from audit.checks.convergence import chain_convergence
 from audit.checks.coverage import coverage
 from audit.checks.data_randomization import data_randomization
 from audit.checks.emprt import efficient_mprt
 from audit.checks.input_invariance import input_invariance
+from audit.checks.options import Option, Options, UnitContext, option
 from audit.checks.random_logit import random_logit_test
 from audit.checks.randomization import parameter_randomization, randomization_with_maps
 from audit.checks.smprt import smooth_mprt
+from audit.checks.stage_options import StageSettings
 from audit.checks.stages import randomization_plan
 from audit.errors import ConfigError
 
-_SUPPORT = {"base", "passes", "stages", "reinit", "coverage"}  # modules of this package that hold no check
+# modules of this package that hold no check
+_SUPPORT = {"base", "passes", "stages", "reinit", "coverage", "options", "stage_options"}
 
 
 def discover(package: str, path: list[str]) -> dict[str, Check]:
@@ -54,13 +57,14 @@ def check_options() -> dict[str, Option]:
     """Every configuration key the registered checks read (one entry per name, in registry order)."""
     out: dict[str, Option] = {}
     for check in CHECKS.values():
-        for option in check.options:
-            if option.name in out and out[option.name].default != option.default:
-                raise RuntimeError(f"checks disagree on the default of option {option.name!r}")
-            out.setdefault(option.name, option)
+        for declared in check.options.declared():
+            if declared.name in out and out[declared.name].default != declared.default:
+                raise RuntimeError(f"checks disagree on the default of option {declared.name!r}")
+            out.setdefault(declared.name, declared)
     return out
 
 
-__all__ = ["CHECKS", "Check", "MedianScore", "Option", "UnitResult", "VerdictCell", "VerdictRule", "chain_convergence",
-           "check_options", "coverage", "data_randomization", "discover", "efficient_mprt", "get_check", "input_invariance",
-           "parameter_randomization", "random_logit_test", "randomization_plan", "randomization_with_maps", "smooth_mprt"]
+__all__ = ["CHECKS", "Check", "MedianScore", "Option", "Options", "StageSettings", "UnitContext", "UnitResult",
+           "VerdictCell", "VerdictRule", "chain_convergence", "check_options", "coverage", "data_randomization",
+           "discover", "efficient_mprt", "get_check", "input_invariance", "option", "parameter_randomization",
+           "random_logit_test", "randomization_plan", "randomization_with_maps", "smooth_mprt"]

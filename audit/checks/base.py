@@ -3,7 +3,7 @@ line, its verdict contribution and its report sections. The runner, the configur
 verdict table, the CLI and the report are all derived from these declarations."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,38 +12,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from audit.errors import ConfigError
+from audit.checks.options import Options, UnitContext
 from audit.measures.statistics import bootstrap_ci
 from audit.sections import ReportContext, Section
-
-
-@dataclass(frozen=True)
-class Option:
-    """A configuration key a check reads: its default, its help text, and what values are valid.
-
-    ``choices``: the allowed values, when they are a fixed set; ``valid``: a predicate for
-    numbers (e.g. ``lambda v: 0 < v <= 1``) and ``rule``: its wording in the error.
-    """
-
-    name: str
-    default: Any
-    help: str
-    choices: tuple = ()
-    valid: Callable[[Any], bool] | None = None
-    rule: str = ""
-
-    def check(self, value: Any) -> Any:
-        """``value`` (an int widened to float where the default is a float), or a :class:`ConfigError`."""
-        kind = type(self.default)
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ConfigError(f"{self.name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
-        if self.choices and value not in self.choices:
-            raise ConfigError(f"invalid {self.name}={value!r}; valid: {', '.join(map(str, self.choices))}")
-        if self.valid is not None and not self.valid(value):
-            raise ConfigError(f"invalid {self.name}={value!r}: it must be {self.rule}")
-        return value
 
 
 @dataclass(frozen=True)
@@ -109,7 +80,7 @@ class VerdictRule:
     """How a check's table becomes a verdict for one model x method: one of :data:`OUTCOMES`.
 
     ``score_column`` / ``text_column`` name the two columns it adds to the verdict table;
-    ``failure`` is the reason given when it rejects; ``threshold`` names the configuration option
+    ``failure`` is the reason given when it rejects; ``threshold`` names the field of the check's options
     compared with the score; ``score_name`` what the score measures, as the report labels it.
     """
 
@@ -124,7 +95,8 @@ class VerdictRule:
         """Which scores are the better ones, for the report: "lower" or "higher"."""
         return "higher" if self.comparison == "<=" else "lower"
 
-    def evaluate(self, part: pd.DataFrame, config) -> VerdictCell:
+    def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
+        """The verdict on one model x method's rows ``part``, under the check's ``options``."""
         raise NotImplementedError
 
     @property
@@ -132,10 +104,10 @@ class VerdictRule:
         """How the score rejects against the threshold, for the report: ">=" or "<="."""
         return ">="
 
-    def rule_text(self, config) -> str:
+    def rule_text(self, options: Options) -> str:
         """The rule in one sentence, for the report."""
         return (f"rejected ({self.failure}) when the 99 % interval of the median {self.score_name} lies at or "
-                f"{'above' if self.comparison == '>=' else 'below'} {getattr(config, self.threshold)}, not rejected "
+                f"{'above' if self.comparison == '>=' else 'below'} {getattr(options, self.threshold)}, not rejected "
                 "when it lies wholly on the other side, inconclusive when it contains the threshold")
 
     def per_image(self, part: pd.DataFrame) -> pd.Series | None:
@@ -163,13 +135,16 @@ class MedianScore(VerdictRule):
         rows = self.select(part).sort_values("image")
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
-    def evaluate(self, part, config):
+    def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
         if self.metric not in part:  # a table written before the check measured it
             return VerdictCell(float("nan"), "n/a", None)
-        return scored_cell(self.per_image(part).to_numpy(), getattr(config, self.threshold), not self.fails_below)
+        return scored_cell(self.per_image(part).to_numpy(), getattr(options, self.threshold), not self.fails_below)
 
 
-RunUnit = Callable[[nn.Module, torch.Tensor, torch.Tensor, str, Any, bool], UnitResult]
+# the options argument is the check's own Options class
+RunUnit = Callable[[nn.Module, torch.Tensor, torch.Tensor, str, Any, UnitContext], UnitResult]
+Sections = Callable[[pd.DataFrame, ReportContext, Any], list[Section]]
+Coverage = Callable[[nn.Module, torch.Tensor, Any, int], tuple[pd.DataFrame, dict]]
 
 
 @dataclass(frozen=True)
@@ -183,11 +158,11 @@ class Check:
     reference : whom the protocol follows
     result_file : ``results/<result_file>`` holds the joined table
     columns : the unit table's columns (the runner adds ``model``)
-    options : configuration keys the check reads
-    run : the unit of work ``run(model, x, y, method, config, progress) -> UnitResult``, one model
-        and one method
+    options : the check's :class:`~audit.checks.options.Options` class: its configuration keys, declared once
+    run : the unit of work ``run(model, x, y, method, options, unit) -> UnitResult``, one model and one method,
+        with the check's options and the :class:`~audit.checks.options.UnitContext`
     summary : one line about a unit's table, printed as the run goes
-    sections : ``sections(table, context) -> [Section]`` for the report (``table`` holds every model)
+    sections : ``sections(table, context, options) -> [Section]`` for the report (``table`` holds every model)
     verdict : its contribution to the verdict table, or None
     applies : whether a method can be checked at all (e.g. CSC needs a chain of rules); other units
         are written empty
@@ -195,14 +170,14 @@ class Check:
         it may disagree) that do not count in the verdict
     controls : the outcome each control method must have under this check (the edge detector, the random map);
         a control with another outcome marks the check as broken in the report
-    needs_twin : the unit also takes the model's permuted-label twin (``run(..., twin=...)``); a model without
-        one is skipped, and the manifest and the report say so
+    needs_twin : the unit also takes the model's permuted-label twin (``unit.twin``); a model without one is
+        skipped, and the manifest and the report say so
     order : position in the registry (the configuration's, the report's and the verdict's order)
     description : the protocol in one line (the CLI's listing and the report's methods text)
     cite : BibTeX keys of the protocol's references (``reports.references``)
     per_image : whether every row describes one image (column ``image``), so that a unit's images can be
         computed in blocks (``image_block``); False for statistics pooled over images
-    coverage : ``coverage(model, x, config) -> (rows, summary)``, what the check changes in a model
+    coverage : ``coverage(model, x, options, seed) -> (rows, summary)``, what the check changes in a model
         besides its units (the randomization checks: which tensors each stage re-initialised), or None;
         the runner writes the rows to ``results/<result file>_coverage.csv`` and the summary to the
         manifest's ``coverage``
@@ -213,10 +188,10 @@ class Check:
     reference: str
     result_file: str
     columns: Sequence[str]
-    options: Sequence[Option]
     run: RunUnit
     summary: Callable[[pd.DataFrame], str]
-    sections: Callable[[pd.DataFrame, ReportContext], list[Section]]
+    sections: Sections
+    options: type[Options] = Options
     verdict: VerdictRule | None = None
     side_rules: tuple[VerdictRule, ...] = ()
     controls: dict[str, str] = field(default_factory=dict)
@@ -226,7 +201,20 @@ class Check:
     description: str = field(default="")
     cite: tuple[str, ...] = ()
     per_image: bool = True
-    coverage: Callable[[nn.Module, torch.Tensor, Any], tuple[pd.DataFrame, dict]] | None = None
+    coverage: Coverage | None = None
+
+    def __post_init__(self) -> None:
+        fields = {o.name for o in self.options.declared()}
+        for rule in (self.verdict, *self.side_rules):
+            named = [rule.threshold, getattr(rule, "top", None)] if rule is not None else []
+            missing = [n for n in named if n is not None and n not in fields]
+            if missing:
+                raise TypeError(f"check {self.name}: its verdict reads {missing[0]!r}, not a field of "
+                                f"{self.options.__name__}")
+
+    def options_from(self, values: Mapping[str, Any]) -> Options:
+        """The check's options from a configuration's flat keys (:meth:`Options.parse`)."""
+        return self.options.parse(values)
 
     @property
     def coverage_file(self) -> str:

@@ -32,7 +32,8 @@ from attributions.graph import LINEAR_KINDS, Graph, trace
 from attributions.methods import build_method
 from attributions.records import Move, Norm
 from audit import style
-from audit.checks.base import NOT_REJECTED, REJECTED, Check, Option, UnitResult, VerdictCell, VerdictRule
+from audit.checks.base import NOT_REJECTED, REJECTED, Check, UnitResult, VerdictCell, VerdictRule
+from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import explainer, model_errors
 from audit.errors import AuditError
 from audit.inputs import check_inputs, resolve_methods
@@ -204,7 +205,7 @@ def _vector_seed(seed: int, layer: str) -> int:
     return zlib.crc32(f"{seed}:{layer}".encode())
 
 
-def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", inject_at=None, n_vectors: int = 5,
+def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", *, inject_at=None, n_vectors: int = 5,
                       seed: int = 0, threshold: float = 0.99, spectrum_vectors: int = 8,
                       progress: bool = True) -> pd.DataFrame:
     """Layer-wise cosine-similarity convergence of each method's backward chain.
@@ -405,26 +406,36 @@ class Collapse(VerdictRule):
     threshold: str = "csc_threshold"
     score_name: str = "CSC (median |cos| of the chain from the logits)"
 
-    def evaluate(self, part, config):
+    def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
         logits = part[part.is_logits.astype(bool)].sort_values("depth", ascending=False)
         if logits.empty:
             return VerdictCell(float("nan"), "n/a", None)
         top = float(logits["median"].max())
         at_input = float(logits["median"].iloc[-1])
-        hit = logits[logits["median"] >= getattr(config, self.threshold)]
+        hit = logits[logits["median"] >= getattr(options, self.threshold)]
         if hit.empty:
             return VerdictCell(top, f"{NOT_REJECTED} (max {top:.3f}; {at_input:.3f} at the input)", NOT_REJECTED)
         return VerdictCell(top, f"{REJECTED} (from {hit.layer.iloc[0]}: {hit['median'].iloc[0]:.3f}; {at_input:.3f} at "
                            "the input)", REJECTED)
 
-    def rule_text(self, config) -> str:
+    def rule_text(self, options: Options) -> str:
         return (f"rejected (chain converges) when the median |cos| of the chain injected at the logits reaches "
-                f"{getattr(config, self.threshold)} at some layer, else not rejected")
+                f"{getattr(options, self.threshold)} at some layer, else not rejected")
 
 
-def _run(model, x, y, method, config, progress) -> UnitResult:
-    return UnitResult(chain_convergence(model, x, y, [method], n_vectors=config.n_vectors, seed=config.seed,
-                                        threshold=config.csc_threshold, progress=progress))
+@dataclass(frozen=True)
+class ConvergenceOptions(Options):
+    """CSC's keys."""
+
+    n_vectors: int = option(5, "K, the Gaussian vectors compared pairwise", valid=lambda v: v >= 2, rule="at least 2")
+    csc_threshold: float = option(0.99, "median |cos| at which a layer counts as collapsed", valid=lambda v: 0 < v <= 1,
+                                  rule="in (0, 1]")
+
+
+def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: ConvergenceOptions,
+         unit: UnitContext) -> UnitResult:
+    return UnitResult(chain_convergence(model, x, y, [method], n_vectors=options.n_vectors, seed=unit.seed,
+                                        threshold=options.csc_threshold, progress=unit.progress))
 
 
 def _summary(df: pd.DataFrame) -> str:
@@ -472,7 +483,7 @@ def csc_figure(csc: pd.DataFrame, models: list[str] | None = None) -> Figure:
                   "(panels); a chain that collapses to rank one drops toward 0.")
 
 
-def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
+def _sections(table: pd.DataFrame, context: ReportContext, options: ConvergenceOptions) -> list[Section]:
     return [Section("Cosine-similarity convergence", "1 - median |cos| between backward signals of independent "
                     "random vectors injected at the logits (solid, with the 25-75 % band) and at a hidden layer "
                     "(dashed), per layer on a log axis; the dotted line is the exact random-vector baseline.",
@@ -485,7 +496,4 @@ CHECK = Check(
     applies=lambda method: build_method(method).chain or build_method(method).engine.product, order=10, per_image=False,
     description="K Gaussian vectors injected at the logits and deeper layers; median |cos| of the backward "
                 "signals per layer against the exact random baseline",
-    options=(Option("n_vectors", 5, "K, the Gaussian vectors compared pairwise", valid=lambda v: v >= 2,
-                    rule="at least 2"),
-             Option("csc_threshold", 0.99, "median |cos| at which a layer counts as collapsed",
-                    valid=lambda v: 0 < v <= 1, rule="in (0, 1]")))
+    options=ConvergenceOptions)

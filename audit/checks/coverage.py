@@ -14,13 +14,14 @@ from torch import nn
 
 from attributions.graph import trace
 from audit.checks.reinit import CONSTANT, KEPT, reinitialise_part
+from audit.checks.stage_options import StageOptions
 from audit.checks.stages import randomization_plan, resolve_granularity
 from audit.models.copying import copy_model
 
 COLUMNS = ["stage", "name", "tensor", "elements", "share", "how", "changed"]
 
 
-def coverage(model: nn.Module, x: torch.Tensor, order: str = "cascading", granularity: str = "auto", seed: int = 0,
+def coverage(model: nn.Module, x: torch.Tensor, order: str = "cascading", *, granularity: str = "auto", seed: int = 0,
              init: str = "reset", bn: str = "reset") -> pd.DataFrame:
     """One row per parameter tensor of ``model`` (traced at inputs shaped like ``x``, (B, ...)): the
     ``stage`` that re-initialises it under ``order`` (1 = the first randomized), the stage's ``name``,
@@ -53,11 +54,13 @@ def summary(table: pd.DataFrame, granularity: str) -> dict:
             "unchanged": table[~table.changed].tensor.tolist()}
 
 
-def record(model: nn.Module, x: torch.Tensor, config, order: str) -> tuple[pd.DataFrame, dict]:
-    """A randomization check's record of ``model`` under the run's configuration and its ``order``:
-    the :func:`coverage` table and its manifest :func:`summary`."""
-    table = coverage(model, x, order, config.granularity, config.seed, config.init, config.bn)
-    return table, summary(table, resolve_granularity(model, config.granularity))
+def record(model: nn.Module, x: torch.Tensor, options: StageOptions, seed: int, *,
+           order: str) -> tuple[pd.DataFrame, dict]:
+    """A randomization check's record of ``model`` under its ``options`` and ``order``, seeded by the run's
+    ``seed``: the :func:`coverage` table and its manifest :func:`summary`."""
+    stages = options.stages(order, seed)
+    table = coverage(model, x, order, granularity=stages.granularity, seed=seed, init=stages.init, bn=stages.bn)
+    return table, summary(table, resolve_granularity(model, stages.granularity))
 
 
 def describe(table: pd.DataFrame, most: int = 12) -> str:

@@ -11,6 +11,7 @@ each model's own prediction.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -19,9 +20,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attributions.explainer import attribute_many
-from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.base import Check, MedianScore, UnitResult
+from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import prepare
 from audit.checks.randomization import heatmap_grid
+from audit.checks.stage_options import TARGETS, heatmap_scale
 from audit.data.preprocess import preprocess_from
 from audit.errors import AuditError
 from audit.inputs import check_inputs, check_option, resolve_methods
@@ -31,7 +34,6 @@ from audit.panels import score_boxes
 from audit.sections import Figure, ReportContext, Section, Table
 
 COLUMNS = ["method", "image", "ssim", "spearman", "spearman_abs", "hog"]
-TARGETS = ("true", "predicted")
 
 
 def data_randomization(model: nn.Module, twin: nn.Module, x, y, methods="all", *, target: str = "true",
@@ -74,12 +76,25 @@ def data_randomization(model: nn.Module, twin: nn.Module, x, y, methods="all", *
     return pd.DataFrame(rows, columns=COLUMNS), kept
 
 
-def _run(model, x, y, method, config, progress, twin=None) -> UnitResult:
-    if twin is None:  # the runner skips a model without a twin before it gets here
+@dataclass(frozen=True)
+class DataRandomizationOptions(Options):
+    """The data-randomization test's keys."""
+
+    data_randomization_threshold: float = option(0.5, "similarity of the model's and the twin's maps at or above "
+                                                 "which a method is rejected (the 99 % interval of its median)",
+                                                 valid=lambda v: 0 < v <= 1, rule="in (0, 1]")
+    data_target: str = option("true", "explained class of the data-randomization test: the true label on both models "
+                              "(Adebayo et al.) or each model's prediction", choices=TARGETS)
+    heatmap_scale: str = heatmap_scale()
+
+
+def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: DataRandomizationOptions,
+         unit: UnitContext) -> UnitResult:
+    if unit.twin is None:  # the runner skips a model without a twin before it gets here
         raise AuditError("the data-randomization test needs the model's permuted-label twin")
-    df, maps = data_randomization(model, twin, x, y, [method], target=config.data_target, seed=config.seed,
-                                  progress=progress, keep_maps=config.heatmap_examples)
-    return UnitResult(df, maps[method] if config.heatmap_examples else None)
+    df, maps = data_randomization(model, unit.twin, x, y, [method], target=options.data_target, seed=unit.seed,
+                                  progress=unit.progress, keep_maps=unit.heatmap_examples)
+    return UnitResult(df, maps[method] if unit.heatmap_examples else None)
 
 
 def data_figure(table: pd.DataFrame, model: str, threshold: float) -> Figure:
@@ -107,8 +122,8 @@ def _twin_table(manifest: dict, models: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
-    threshold = getattr(context.config, "data_randomization_threshold", 0.5)
+def _sections(table: pd.DataFrame, context: ReportContext, options: DataRandomizationOptions) -> list[Section]:
+    threshold = options.data_randomization_threshold
     models = list(table.model.unique())
     manifest = _manifest(context)
     twins = _twin_table(manifest, models)
@@ -124,9 +139,9 @@ def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
     for m in models:
         maps, images = context.examples(m, "data-randomization", list(table[table.model == m].method.unique()))
         if maps:
-            spec = preprocess_from(getattr(context.config, "preprocess", "none"))
+            spec = preprocess_from(context.config.preprocess)
             grids += [heatmap_grid(maps, ["model", "twin"], m, i, "data-randomization", images, spec,
-                                   getattr(context.config, "heatmap_scale", "map"),
+                                   options.heatmap_scale,
                                    columns="on the model and on its permuted-label twin (left to right)")
                       for i in range(next(iter(maps.values())).shape[1])]
     return [Section("Data randomization", text=text,
@@ -148,8 +163,4 @@ CHECK = Check(
     controls={"edge": "rejected", "random": "not rejected"},
     description="maps of the model and of its twin trained on permuted labels compared by flip-invariant SSIM, "
                 "Spearman and HOG",
-    options=(Option("data_randomization_threshold", 0.5, "similarity of the model's and the twin's maps at or above "
-                    "which a method is rejected (the 99 % interval of its median)", valid=lambda v: 0 < v <= 1,
-                    rule="in (0, 1]"),
-             Option("data_target", "true", "explained class of the data-randomization test: the true label on both "
-                    "models (Adebayo et al.) or each model's prediction", choices=TARGETS)))
+    options=DataRandomizationOptions)

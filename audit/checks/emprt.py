@@ -12,15 +12,20 @@ The per-stage curve (the same ratio after each stage) is reported too.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import torch
 from scipy import special
 
-from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import record as coverage_record
-from audit.checks.randomization import ORDERS, STAGE_OPTIONS, stage_batches, stage_figure, stage_maps
+from audit.checks.options import UnitContext, option
+from audit.checks.randomization import stage_batches, stage_figure, stage_maps
+from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
 from audit.errors import ConfigError
 from audit.measures.similarity import degenerate
 from audit.sections import ReportContext, Section
@@ -64,10 +69,9 @@ def histograms(rows: np.ndarray, n_bins: int) -> np.ndarray:
     return np.bincount((index + offsets).ravel(), minlength=n * n_bins).reshape(n, n_bins).astype(np.float64)
 
 
-def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_bins: int = 100,
-                   order: str = "bottom-up", bn: str = "reset", target: str = "true", init: str = "reset",
-                   reduction: dict | None = None, progress: bool = True, curve: bool = True,
-                   granularity: str = "auto") -> pd.DataFrame:
+def efficient_mprt(model: torch.nn.Module, x, y, methods="all", *, n_bins: int = 100,
+                   stages: StageSettings | None = None, reduction: dict | None = None, progress: bool = True,
+                   curve: bool = True, **settings: Any) -> pd.DataFrame:
     """eMPRT: the relative rise in the maps' entropy as the model's layers are randomized.
 
     Parameters
@@ -75,10 +79,9 @@ def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n
     model : nn.Module; never modified (stages are copies)
     x : (B, C, H, W) images; y : (B,) labels
     methods : names, "all" or a comma-separated string
-    seed : seeds the re-initialisations
     n_bins : histogram bins of the entropy
-    order, bn, target, init, granularity : as :func:`~audit.checks.randomization.randomization_with_maps`
-        (bottom-up by default, as Hedstroem et al.)
+    stages : the :class:`~audit.checks.stage_options.StageSettings` (bottom-up by default, as Hedstroem et al.),
+        or any of its fields as keywords (order, bn, init, granularity, target, seed)
     curve : explain every stage (the per-stage curve); False explains only the trained and the fully
         randomized model, which is all the score needs (Quantus's ``skip_layers``)
 
@@ -88,11 +91,12 @@ def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n
     at that stage), image, entropy (of the map at that stage), score ((H_stage - H_0) / H_0; the eMPRT
     score is the last stage's, every layer randomized), share (of the parameters re-initialised).
     """
+    stages = stage_settings(stages, settings, order="bottom-up")
     rows: list[dict] = []
     first: dict[str, np.ndarray] = {}
     n = len(x)
-    for batch in stage_batches(stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
-                                          "efficient_mprt", every_stage=curve, granularity=granularity)):
+    for batch in stage_batches(stage_maps(model, x, y, methods, stages, reduction=reduction, progress=progress,
+                                          name="efficient_mprt", every_stage=curve)):
         measured = {}
         for m in batch[0].maps:
             v = torch.cat([s.maps[m] for s in batch])  # the batch's stages measured at once
@@ -107,14 +111,32 @@ def efficient_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _run(model, x, y, method, config, progress) -> UnitResult:
-    return UnitResult(efficient_mprt(model, x, y, [method], seed=config.seed, n_bins=config.emprt_bins,
-                                     order=config.emprt_order, bn=config.bn, target=config.target, init=config.init,
-                                     progress=progress, curve=config.emprt_curve, granularity=config.granularity))
+@dataclass(frozen=True)
+class EmprtOptions(StageOptions):
+    """eMPRT's keys: the stage keys, its order, bins, curve and threshold."""
+
+    emprt_order: str = option("bottom-up", "layer order of eMPRT's randomization", choices=ORDERS)
+    emprt_bins: int = option(100, "histogram bins of eMPRT's entropy", valid=lambda v: v >= 2, rule=">= 2")
+    emprt_curve: bool = option(True, "explain every randomization stage for eMPRT's curve (False: only the trained "
+                               "and the fully randomized model, all the score needs)")
+    emprt_threshold: float = option(0.0, "eMPRT score at or below which a method is rejected when the 99 % interval "
+                                    "of its median lies there (default 0: the score of the model-independent edge "
+                                    "control; Hedstroem et al. give eMPRT as a ranking, without a threshold)",
+                                    valid=lambda v: v > -1, rule="> -1")
 
 
-def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
-    threshold = getattr(context.config, "emprt_threshold", None)
+def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: EmprtOptions,
+         unit: UnitContext) -> UnitResult:
+    return UnitResult(efficient_mprt(model, x, y, [method], n_bins=options.emprt_bins, progress=unit.progress,
+                                     stages=options.stages(options.emprt_order, unit.seed), curve=options.emprt_curve))
+
+
+def _coverage(model: torch.nn.Module, x: torch.Tensor, options: EmprtOptions, seed: int) -> tuple[pd.DataFrame, dict]:
+    return coverage_record(model, x, options, seed, order=options.emprt_order)
+
+
+def _sections(table: pd.DataFrame, context: ReportContext, options: EmprtOptions) -> list[Section]:
+    threshold = options.emprt_threshold
     figures = [stage_figure(table, m, "score", "entropy rise (H - H_0) / H_0", f"emprt_{m}",
                             f"eMPRT on {m}: relative rise of each map's histogram entropy as layers are randomized",
                             threshold=threshold, meaning="a method whose interval lies at or under it after the last "
@@ -130,7 +152,7 @@ def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
 
 
 CHECK = Check(
-    coverage=lambda model, x, config: coverage_record(model, x, config, config.emprt_order),
+    coverage=_coverage, options=EmprtOptions,
     name="emprt", cite=("hedstrom2024",), title="Efficient MPRT (eMPRT)", reference="Hedstroem et al. 2023, 2024",
     result_file="emprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=40,
@@ -139,12 +161,4 @@ CHECK = Check(
                         score_name="eMPRT score (entropy ratio)", metric="score",
                         select=lambda df: df[df.stage == df.stage.max()], fails_below=True),
     description="entropy of each map's histogram after randomizing every layer, relative to the trained model's",
-    options=STAGE_OPTIONS + (
-        Option("emprt_order", "bottom-up", "layer order of eMPRT's randomization", choices=ORDERS),
-        Option("emprt_bins", 100, "histogram bins of eMPRT's entropy", valid=lambda v: v >= 2, rule=">= 2"),
-        Option("emprt_curve", True, "explain every randomization stage for eMPRT's curve (False: only the trained "
-               "and the fully randomized model, all the score needs)"),
-        Option("emprt_threshold", 0.0, "eMPRT score at or below which a method is rejected when the 99 % interval "
-               "of its median lies there (default 0: the score of the model-independent edge control; Hedstroem et "
-               "al. give eMPRT as a ranking, without a threshold)", valid=lambda v: v > -1, rule="> -1")),
     controls={"edge": "rejected"})

@@ -14,6 +14,7 @@ there too. The logits of the shifted model on the shifted input are checked agai
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,8 @@ from attributions.explainer import Explainer, attribute_many
 from attributions.graph import trace
 from attributions.layers import explicit_padding
 from attributions.methods import takes_baseline
-from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.base import Check, MedianScore, UnitResult
+from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import prepare
 from audit.errors import AuditError
 from audit.inputs import check_inputs, check_option, resolve_methods
@@ -127,7 +129,7 @@ def shifted_model(model: nn.Module, x: torch.Tensor, shift: float | Sequence[flo
 REFERENCES = ("zero", "shifted")
 
 
-def input_invariance(model: nn.Module, x, y, methods="all", shift: float | Sequence[float] = -1.0, seed: int = 0,
+def input_invariance(model: nn.Module, x, y, methods="all", *, shift: float | Sequence[float] = -1.0, seed: int = 0,
                      reduction: dict | None = None, progress: bool = True, reference: str = "zero") -> pd.DataFrame:
     """Whether each method's maps survive a constant input shift that the model compensates.
 
@@ -177,9 +179,22 @@ def input_invariance(model: nn.Module, x, y, methods="all", shift: float | Seque
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _run(model, x, y, method, config, progress) -> UnitResult:
-    return UnitResult(input_invariance(model, x, y, [method], shift=config.shift, seed=config.seed, progress=progress,
-                                       reference=config.invariance_reference))
+@dataclass(frozen=True)
+class InvarianceOptions(Options):
+    """The input-invariance test's keys."""
+
+    shift: float = option(-1.0, "constant added to every input value (compensated in the first layer's bias)")
+    invariance_reference: str = option("zero", "reference input of DeepLIFT and integrated gradients on the shifted "
+                                       "input: zero (their default) or shifted (the shift, which makes them invariant)",
+                                       choices=REFERENCES)
+    invariance_tolerance: float = option(0.01, "median relative L2 change of the maps from which a method counts as "
+                                         "not input-invariant", valid=lambda v: v > 0, rule="> 0")
+
+
+def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: InvarianceOptions,
+         unit: UnitContext) -> UnitResult:
+    return UnitResult(input_invariance(model, x, y, [method], shift=options.shift, seed=unit.seed,
+                                       progress=unit.progress, reference=options.invariance_reference))
 
 
 def invariance_figure(table: pd.DataFrame, model: str, tolerance: float) -> Figure:
@@ -199,8 +214,8 @@ def invariance_figure(table: pd.DataFrame, model: str, tolerance: float) -> Figu
                   f"a method is not input-invariant.")
 
 
-def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
-    tolerance = getattr(context.config, "invariance_tolerance", 0.01)
+def _sections(table: pd.DataFrame, context: ReportContext, options: InvarianceOptions) -> list[Section]:
+    tolerance = options.invariance_tolerance
     return [Section("Input invariance", text="The input is shifted by a constant that the first layer's bias "
                     "compensates; an invariant method's map does not change. Not being rejected is necessary, not "
                     "sufficient: the edge control is not rejected either.",
@@ -214,10 +229,4 @@ CHECK = Check(
     verdict=MedianScore("invariance_l2", "input_invariance", "not input-invariant", "invariance_tolerance",
                         score_name="relative L2 change", metric="relative_l2"),
     description="the input shifted by a constant compensated in the first layer's bias; maps compared before/after",
-    options=(Option("shift", -1.0, "constant added to every input value (compensated in the first layer's bias)"),
-             Option("invariance_reference", "zero", "reference input of DeepLIFT and integrated gradients on the "
-                    "shifted input: zero (their default) or shifted (the shift, which makes them invariant)",
-                    choices=REFERENCES),
-             Option("invariance_tolerance", 0.01, "median relative L2 change of the maps from which a method counts "
-                    "as not input-invariant", valid=lambda v: v > 0, rule="> 0")),
-    controls={"edge": "not rejected"})
+    options=InvarianceOptions, controls={"edge": "not rejected"})

@@ -6,13 +6,16 @@ score lower (0.4-0.8 in the paper).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 from attributions.explainer import attribute_many
-from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.base import Check, MedianScore, UnitResult
+from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import prepare
 from audit.errors import AuditError
 from audit.inputs import check_inputs, resolve_methods
@@ -31,7 +34,7 @@ def random_classes(y: torch.Tensor, num_classes: int, seed: int) -> torch.Tensor
     return (y + torch.from_numpy(offsets)) % num_classes
 
 
-def random_logit_test(model: torch.nn.Module, x, y, methods="all", seed: int = 0, reduction: dict | None = None,
+def random_logit_test(model: torch.nn.Module, x, y, methods="all", *, seed: int = 0, reduction: dict | None = None,
                       progress: bool = True) -> pd.DataFrame:
     """Similarity of each method's maps for the true class and a random other class.
 
@@ -65,8 +68,19 @@ def random_logit_test(model: torch.nn.Module, x, y, methods="all", seed: int = 0
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _run(model, x, y, method, config, progress) -> UnitResult:
-    return UnitResult(random_logit_test(model, x, y, [method], seed=config.seed, progress=progress))
+@dataclass(frozen=True)
+class RandomLogitOptions(Options):
+    """The random-logit test's key."""
+
+    random_logit_threshold: float = option(0.8, "SSIM at or above which a method is rejected as class-insensitive "
+                                           "when the 99 % interval of its median lies there (Sixt et al.: near 1 "
+                                           "for converging chains, 0.4-0.8 for the others)",
+                                           valid=lambda v: 0 < v <= 1, rule="in (0, 1]")
+
+
+def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: RandomLogitOptions,
+         unit: UnitContext) -> UnitResult:
+    return UnitResult(random_logit_test(model, x, y, [method], seed=unit.seed, progress=unit.progress))
 
 
 def random_logit_figure(logit: pd.DataFrame, model: str, threshold: float) -> Figure:
@@ -78,8 +92,8 @@ def random_logit_figure(logit: pd.DataFrame, model: str, threshold: float) -> Fi
                   f"interval lies at or above the dashed line ({threshold:g}) is rejected as class-insensitive.")
 
 
-def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
-    threshold = getattr(context.config, "random_logit_threshold", 0.8)
+def _sections(table: pd.DataFrame, context: ReportContext, options: RandomLogitOptions) -> list[Section]:
+    threshold = options.random_logit_threshold
     return [Section("Random-logit test", figures=[random_logit_figure(table, m, threshold)
                                                   for m in table.model.unique()])]
 
@@ -90,7 +104,4 @@ CHECK = Check(
     columns=COLUMNS, run=_run, summary=lambda df: f"median SSIM {df.ssim.median():.3f}", sections=_sections,
     verdict=MedianScore("random_logit_ssim", "random_logit", "class-insensitive", "random_logit_threshold"), order=20,
     description="maps for the true class and a random other class compared by flip-invariant SSIM and Spearman",
-    options=(Option("random_logit_threshold", 0.8, "SSIM at or above which a method is rejected as class-insensitive "
-                    "when the 99 % interval of its median lies there (Sixt et al.: near 1 for converging chains, "
-                    "0.4-0.8 for the others)", valid=lambda v: 0 < v <= 1, rule="in (0, 1]"),),
-    controls={"edge": "rejected", "random": "not rejected"})
+    options=RandomLogitOptions, controls={"edge": "rejected", "random": "not rejected"})

@@ -32,15 +32,17 @@ from attributions.explainer import Explainer, attribute_many
 from attributions.graph import SIGNAL_KINDS, Graph, trace
 from attributions.records import Const
 from audit import style
-from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, Check, Option, UnitResult, VerdictCell, VerdictRule, too_few
+from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, Check, UnitResult, VerdictCell, VerdictRule, too_few
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import record as coverage_record
+from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import model_errors, prepare
 from audit.checks.reinit import BN_POLICIES, INITS, reinitialise, reinitialise_part, reset_batchnorm
-from audit.checks.stages import GRANULARITIES, Stage, randomization_plan
+from audit.checks.stage_options import GRID_SCALES, ORDERS, StageOptions, StageSettings, stage_settings
+from audit.checks.stages import Stage, randomization_plan
 from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import AuditError
-from audit.inputs import check_inputs, check_option, resolve_methods
+from audit.inputs import check_inputs, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, heatmaps
 from audit.measures.similarity import correlation, unit_ranks
 from audit.measures.statistics import bootstrap_ci, summarize
@@ -48,57 +50,46 @@ from audit.models.copying import copy_model
 from audit.panels import family_panels, method_legend, threshold_line
 from audit.sections import Figure, ReportContext, Section
 
-__all__ = ["BN_POLICIES", "INITS", "ORDERS", "parameter_randomization", "randomization_stages", "reinitialise",
-           "reset_batchnorm", "stage_maps"]
+__all__ = ["BN_POLICIES", "INITS", "ORDERS", "StageSettings", "parameter_randomization", "randomization_stages",
+           "reinitialise", "reset_batchnorm", "stage_maps"]
 
-ORDERS = ("cascading", "independent", "bottom-up")
-TARGETS = ("true", "predicted")
 COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog", "input_spearman_abs", "share"]
 COMPARE_BYTES = 1 << 23  # maps per batch of measures (their buffers are about ten times as large)
 
 
-def randomization_stages(model: nn.Module, order: str = "cascading", bn: str = "reset", seed: int = 0,
-                         plan: list[Stage] | None = None, init: str = "reset",
+def randomization_stages(model: nn.Module, stages: StageSettings, *, plan: list[Stage],
                          start: nn.Module | None = None) -> Iterator[tuple[int, str, nn.Module]]:
     """Yield (stage, stage name, model copy) for stage 0 (the original) and each randomisation stage.
 
+    ``stages``: the order, BatchNorm policy, re-initialisation scheme and seed (:mod:`audit.checks.reinit`);
     ``plan``: the stages in forward order (:func:`audit.checks.stages.randomization_plan` of ``start``
-    when given, else of ``model``); ``init``: the re-initialisation scheme, ``bn`` the BatchNorm policy
-    (:mod:`audit.checks.reinit`); ``start``: an unmodified copy of ``model`` to randomize (made here
+    when given, else of ``model``); ``start``: an unmodified copy of ``model`` to randomize (made here
     when None).
     """
-    check_option("re-initialisation", init, INITS)
-    check_option("order", order, ORDERS)
-    check_option("BatchNorm policy", bn, BN_POLICIES)
-    if plan is None:
-        raise AuditError("randomization_stages needs the model's stages: "
-                         "plan=randomization_plan(model, trace(model, x))")
-    sequence = list(reversed(plan)) if order in ("cascading", "independent") else plan
+    sequence = list(reversed(plan)) if stages.order in ("cascading", "independent") else plan
     current = start if start is not None else copy_model(model)
     yield 0, "original", current
     for stage, step in enumerate(sequence, start=1):
-        target = copy_model(model) if order == "independent" else current
+        target = copy_model(model) if stages.order == "independent" else current
         for part in step.parts:
-            reinitialise_part(target, part, seed, init, bn)
+            reinitialise_part(target, part, stages.seed, stages.init, stages.bn)
         current = target
         yield stage, step.name, target
 
 
-def parameter_randomization(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
-                            target: str = "true", seed: int = 0, reduction: dict | None = None,
-                            progress: bool = True, init: str = "reset", granularity: str = "auto") -> pd.DataFrame:
+def parameter_randomization(model: nn.Module, x, y, methods="all", *, stages: StageSettings | None = None,
+                            reduction: dict | None = None, progress: bool = True, **settings: Any) -> pd.DataFrame:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps.
 
     Parameters and returns as :func:`randomization_with_maps`, without the maps.
     """
-    return randomization_with_maps(model, x, y, methods, order, bn, target, seed, reduction, progress, 0, init,
-                                   granularity)[0]
+    return randomization_with_maps(model, x, y, methods, stages=stage_settings(stages, settings),
+                                   reduction=reduction, progress=progress)[0]
 
 
-def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
-                            target: str = "true", seed: int = 0, reduction: dict | None = None,
-                            progress: bool = True, keep_maps: int = 0, init: str = "reset",
-                            granularity: str = "auto") -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+def randomization_with_maps(model: nn.Module, x, y, methods="all", *, stages: StageSettings | None = None,
+                            reduction: dict | None = None, progress: bool = True, keep_maps: int = 0,
+                            **settings: Any) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps,
     and the raw heatmaps of the first ``keep_maps`` images at every stage.
 
@@ -107,15 +98,10 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     model : nn.Module; never modified (stages are copies)
     x : (B, C, H, W) images; y : (B,) labels
     methods : names, "all" or a comma-separated string
-    order : cascading | independent | bottom-up
-    bn : reset | keep-stats (the BatchNorm of a re-initialised stage)
-    target : true (the label, as Sixt) | predicted (each stage's own prediction, as Adebayo)
-    seed : seeds the re-initialisations
+    stages : the :class:`~audit.checks.stage_options.StageSettings` (order, bn, init, granularity, target,
+        seed; default cascading); or any of its fields as keywords (``order="independent", bn="keep-stats"``)
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
     keep_maps : how many images' raw heatmaps to keep at every stage
-    init : reset | gaussian | permute, the re-initialisation scheme (:mod:`audit.checks.reinit`)
-    granularity : layer | block | auto (block for a model with blocks), what one stage re-initialises
-        (:mod:`audit.checks.stages`)
 
     Returns
     -------
@@ -126,14 +112,15 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", order: str = 
     stage's model);
     and {method: (stages, keep_maps, H, W) array} (empty arrays when ``keep_maps`` is 0).
     """
+    stages = stage_settings(stages, settings)
     reference: dict[str, ReferenceMaps] = {}
     rows: list[dict] = []
     kept: dict[str, list[np.ndarray]] = {}
     n = len(x)
     # the ranks of the input's own magnitude (max |.| over channels): how far a stage's map still follows the input
     structure = unit_ranks(torch.as_tensor(x).detach().abs().amax(1).double().cpu())
-    for batch in stage_batches(stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
-                                          "parameter_randomization", granularity=granularity)):
+    for batch in stage_batches(stage_maps(model, x, y, methods, stages, reduction=reduction, progress=progress,
+                                          name="parameter_randomization")):
         stacked = {m: ComparableMaps(torch.cat([s.maps[m] for s in batch])) for m in batch[0].maps}
         if not reference:  # stage 0 (the trained model's maps) leads the first batch: prepared with it
             reference = {m: ReferenceMaps(v, n=n) for m, v in stacked.items()}
@@ -174,12 +161,11 @@ def kept_trained(plan: list[Stage], bn: str) -> list[str]:
     return [t for stage in plan for part in stage.parts if part.batchnorm and bn == "keep-stats" for t in part.tensors]
 
 
-def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", bn: str = "reset",
-               target: str = "true", seed: int = 0, init: str = "reset", reduction: dict | None = None,
+def stage_maps(model: nn.Module, x, y, methods, stages: StageSettings, *, reduction: dict | None = None,
                progress: bool = True, name: str = "randomization", explain: Explain = _plain,
-               every_stage: bool = True, granularity: str = "auto") -> Iterator[StageMaps]:
+               every_stage: bool = True) -> Iterator[StageMaps]:
     """Yield a :class:`StageMaps` for the trained model (stage 0, layer "original") and each
-    randomisation stage: the one loop every randomization-based check runs.
+    randomisation stage: the one loop every randomization-based check runs, as ``stages`` says.
 
     ``explain(explainers, x, t, envs) -> {method: (B, C, H, W) maps}`` computes a stage's maps
     (default: each method's attribution; sMPRT averages over noisy inputs). ``name`` names the
@@ -191,12 +177,12 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
     x, y = check_inputs(model, x, y)
     if y is None:
         raise AuditError(f"{name} needs the labels y")
-    check_option("target", target, TARGETS)
     names = resolve_methods(methods)
+    order, bn, seed = stages.order, stages.bn, stages.seed
     start = copy_model(model)
     with model_errors():
         graph = trace(start, x)  # cascading and bottom-up stages modify this one copy: traced once
-    plan = randomization_plan(start, graph, granularity)
+    plan = randomization_plan(start, graph, stages.granularity)
     sizes = {n: p.numel() for n, p in start.named_parameters()}
     total = sum(sizes.values()) or 1
     kept = kept_trained(plan, bn)
@@ -204,12 +190,12 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
         warnings.warn(f"{name}: bn='keep-stats' leaves {len(kept)} BatchNorm parameter tensors trained "
                       f"({sum(sizes[t] for t in kept) / total:.1%} of the parameters), e.g. {', '.join(kept[:3])}; "
                       "bn='reset' re-initialises them", stacklevel=2)
-    stages = randomization_stages(model, order, bn, seed, plan, init, start)  # lazily: stages share one copy
+    models = randomization_stages(model, stages, plan=plan, start=start)  # lazily: stages share one copy
     trained = None  # the trained model's shared forward pass
     explainers: dict[str, Explainer] | None = None  # the last stage's: kept while the stages modify one model in place
     changed: set[str] = set()  # the parts re-initialised so far
     drawn: set[str] = set()  # the tensors re-initialised so far
-    for stage, layer, stage_model in tqdm(stages, total=1 + len(plan), desc=f"{name} ({order})",
+    for stage, layer, stage_model in tqdm(models, total=1 + len(plan), desc=f"{name} ({order})",
                                           disable=not progress, leave=False):
         if stage:
             step = plan[-stage] if order != "bottom-up" else plan[stage - 1]
@@ -230,7 +216,7 @@ def stage_maps(model: nn.Module, x, y, methods="all", order: str = "cascading", 
             # kept while the stages run: under a memory budget only if it leaves room for a stage's own passes
             limit = memory.budget()
             trained = envs if limit is None or 3 * memory.tensor_bytes(envs[0]) <= limit else None
-        t = y if target == "true" else logits.argmax(1)
+        t = y if stages.target == "true" else logits.argmax(1)
         yield StageMaps(stage, layer, heatmaps(explain(explainers, x, t, envs), reduction), share)
 
 
@@ -310,11 +296,11 @@ class Survival(VerdictRule):
         rows = part[part.stage == 1].sort_values("image")  # after the logit layer is randomized
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
-    def evaluate(self, part, config):
+    def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
         intervals = stage_intervals(part, self.metric) if self.metric in part else pd.DataFrame()
         if intervals.empty:
             return VerdictCell(float("nan"), "n/a", None)
-        threshold, top = getattr(config, self.threshold), min(getattr(config, self.top), len(intervals))
+        threshold, top = getattr(options, self.threshold), min(getattr(options, self.top), len(intervals))
         kept = survived(intervals, threshold)
         head = intervals.iloc[:top]
         last = head.iloc[-1]
@@ -330,11 +316,11 @@ class Survival(VerdictRule):
         return VerdictCell(float(last["median"]), f"{outcome} (after {last.layer}: {last['median']:.3f} "
                            f"[{last.low:.3f}, {last.high:.3f}]; {stop})", outcome, undefined)
 
-    def rule_text(self, config) -> str:
-        top = getattr(config, self.top)
+    def rule_text(self, options: Options) -> str:
+        top = getattr(options, self.top)
         part = "the logit layer (the first cascading stage)" if top == 1 else f"the first {top} cascading stages"
         return (f"rejected ({self.failure}) when the map survives the randomization of {part}: the 99 % interval of "
-                f"its median {self.score_name} to the trained map lies at or above {getattr(config, self.threshold)} "
+                f"its median {self.score_name} to the trained map lies at or above {getattr(options, self.threshold)} "
                 "at each of them; not rejected when it lies wholly below at one of them; else inconclusive")
 
 
@@ -400,7 +386,6 @@ def _image_rgb(image: np.ndarray, preprocess: Preprocess | None = None) -> np.nd
     return image[0] if image.shape[0] == 1 else np.moveaxis(image[:3], 0, -1)
 
 
-GRID_SCALES = ("map", "row")
 
 
 def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str, image: int, order: str,
@@ -480,25 +465,45 @@ def _percentile_scale(values: np.ndarray) -> float:
     return float(np.nanpercentile(np.abs(values), 99.5))
 
 
-STAGE_OPTIONS = (
-    Option("bn", "reset", "BatchNorm of a re-initialised stage: reset (Sixt) or keep-stats (its statistics and affine "
-           "parameters kept trained, Adebayo)",
-           choices=BN_POLICIES),
-    Option("target", "true", "explained class: the true label (Sixt) or each stage's prediction (Adebayo)",
-           choices=TARGETS),
-    Option("init", "reset", "re-initialisation: reset (each module's reset_parameters, as Quantus, else the "
-           "library's _init_weights; tokens, embeddings and layer scales from a truncated normal with their trained "
-           "sigma), gaussian (that truncated normal for every tensor, biases zero, after Adebayo) or permute (every "
-           "trained tensor shuffled: same distribution)", choices=INITS),
-    Option("granularity", "auto", "what one randomization stage re-initialises: a block of the model's module tree "
-           "(block), one weighted layer (layer, the order of earlier versions) or block where the model has blocks "
-           "(auto)", choices=GRANULARITIES),
-    Option("heatmap_scale", "map", "colour scale of the report's heatmap grids: each map its own (map, as Adebayo "
-           "et al.'s figures) or one per method row (row)", choices=GRID_SCALES))
+@dataclass(frozen=True)
+class CascadingOptions(StageOptions):
+    """The cascading check's keys: the stage keys, and how its verdict reads the curve."""
+
+    randomization_threshold: float = option(0.5, "similarity to the trained map at or above which a map survives a "
+                                            "stage (the 99 % interval of its median)", valid=lambda v: 0 < v <= 1,
+                                            rule="in (0, 1]")
+    randomization_top: int = option(1, "cascading stages from the logits that form the model's top part: a map that "
+                                    "survives all of them is rejected (1: the logit layer)", valid=lambda v: v >= 1,
+                                    rule=">= 1")
+
+
+def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: StageOptions, unit: UnitContext,
+         *, order: str) -> UnitResult:
+    df, maps = randomization_with_maps(model, x, y, [method], stages=options.stages(order, unit.seed),
+                                       progress=unit.progress, keep_maps=unit.heatmap_examples)
+    return UnitResult(df, maps[method] if unit.heatmap_examples else None)
+
+
+def _sections(table: pd.DataFrame, context: ReportContext, options: StageOptions, *, order: str) -> list[Section]:
+    threshold = options.randomization_threshold if isinstance(options, CascadingOptions) else None
+    models = list(table.model.unique())
+    out = [Section(f"Parameter randomization ({order})",
+                   text=coverage_paragraph(context.run, f"randomization_{order.replace('-', '_')}_coverage.csv", models),
+                   figures=[randomization_figure(table, m, order, threshold) for m in models])]
+    grids = []
+    for m in models:
+        maps, images = context.examples(m, order, list(table.method.unique()))
+        if maps:
+            stages = list(table[table.model == m].drop_duplicates("stage").sort_values("stage").layer)
+            spec = preprocess_from(context.config.preprocess)
+            grids += [heatmap_grid(maps, stages, m, i, order, images, spec, options.heatmap_scale)
+                      for i in range(next(iter(maps.values())).shape[1])]
+    if grids:
+        out.append(Section(f"Heatmaps under {order} randomization", figures=grids))
+    return out
 
 
 def _checks() -> list[Check]:
-    options = STAGE_OPTIONS
     verdict = Survival("cascading_ssim", "cascading", "survives the randomization of the top layers",
                        "randomization_threshold", score_name="SSIM")
     magnitudes = Survival("cascading_spearman_abs", "cascading_spearman_abs", "magnitudes survive the randomization of "
@@ -506,47 +511,18 @@ def _checks() -> list[Check]:
                           metric="spearman_abs")
     out = []
     for position, order in enumerate(ORDERS):
-        def run(model, x, y, method, config, progress, order=order) -> UnitResult:
-            df, maps = randomization_with_maps(model, x, y, [method], order=order, bn=config.bn, target=config.target,
-                                               seed=config.seed, progress=progress, keep_maps=config.heatmap_examples,
-                                               init=config.init, granularity=config.granularity)
-            return UnitResult(df, maps[method] if config.heatmap_examples else None)
-
-        def sections(table: pd.DataFrame, context: ReportContext, order=order) -> list[Section]:
-            threshold = getattr(context.config, "randomization_threshold", None) if order == "cascading" else None
-            out = [Section(f"Parameter randomization ({order})",
-                           text=coverage_paragraph(context.run, f"randomization_{order.replace('-', '_')}_coverage.csv",
-                                                   list(table.model.unique())),
-                           figures=[randomization_figure(table, m, order, threshold) for m in table.model.unique()])]
-            grids = []
-            for m in table.model.unique():
-                maps, images = context.examples(m, order, list(table.method.unique()))
-                if maps:
-                    stages = list(table[table.model == m].drop_duplicates("stage").sort_values("stage").layer)
-                    spec = preprocess_from(getattr(context.config, "preprocess", "none"))
-                    grids += [heatmap_grid(maps, stages, m, i, order, images, spec,
-                                           getattr(context.config, "heatmap_scale", "map"))
-                              for i in range(next(iter(maps.values())).shape[1])]
-            if grids:
-                out.append(Section(f"Heatmaps under {order} randomization", figures=grids))
-            return out
-
         cascading = order == "cascading"
         out.append(Check(
             name=order, title=f"Parameter randomization ({order})", result_file=f"randomization_{order.replace('-', '_')}.csv",
             reference="Adebayo et al. 2018; Sixt et al. 2020" if order != "bottom-up" else "Hedstroem et al. 2023",
             cite=("adebayo2018", "sixt2020") if order != "bottom-up" else ("hedstrom2024", "binder2023"),
-            columns=COLUMNS, run=run, sections=sections, order=30 + position,
+            columns=COLUMNS, run=functools.partial(_run, order=order),
+            sections=functools.partial(_sections, order=order), order=30 + position,
             summary=lambda df: (f"median SSIM after the first stage {df[df.stage == 1].ssim.median():.3f}, at full "
                                  f"randomization {df[df.stage == df.stage.max()].ssim.median():.3f}"),
             verdict=verdict if cascading else None, side_rules=(magnitudes,) if cascading else (),
             controls={"edge": "rejected", "random": "not rejected"} if cascading else {},
-            options=options + ((Option("randomization_threshold", 0.5, "similarity to the trained map at or above "
-                                       "which a map survives a stage (the 99 % interval of its median)",
-                                       valid=lambda v: 0 < v <= 1, rule="in (0, 1]"),
-                                Option("randomization_top", 1, "cascading stages from the logits that form the model's "
-                                       "top part: a map that survives all of them is rejected (1: the logit layer)",
-                                       valid=lambda v: v >= 1, rule=">= 1")) if cascading else ()),
+            options=CascadingOptions if cascading else StageOptions,
             description=f"layers or blocks re-initialised {order} in forward order; maps compared with the trained "
                         "model's",
             coverage=functools.partial(coverage_record, order=order)))

@@ -12,15 +12,20 @@ similarity after full randomization is better.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import torch
 
 from attributions.explainer import Explainer, attribute_many
-from audit.checks.base import Check, MedianScore, Option, UnitResult
+from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import record as coverage_record
-from audit.checks.randomization import ORDERS, STAGE_OPTIONS, stage_figure, stage_maps
+from audit.checks.options import UnitContext, option
+from audit.checks.randomization import stage_figure, stage_maps
+from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
 from audit.errors import ConfigError
 from audit.inputs import check_inputs
 from audit.measures.similarity import correlation, screen, unit_ranks
@@ -43,9 +48,9 @@ def noisy_copies(x: torch.Tensor, n_samples: int, noise: float, seed: int) -> to
     return x[None] + eps
 
 
-def smooth_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_samples: int = 50, noise: float = 0.1,
-                order: str = "bottom-up", bn: str = "reset", target: str = "true", init: str = "reset",
-                reduction: dict | None = None, progress: bool = True, granularity: str = "auto") -> pd.DataFrame:
+def smooth_mprt(model: torch.nn.Module, x, y, methods="all", *, n_samples: int = 50, noise: float = 0.1,
+                stages: StageSettings | None = None, reduction: dict | None = None, progress: bool = True,
+                **settings: Any) -> pd.DataFrame:
     """sMPRT: Spearman correlation of denoised maps' magnitudes before and after each randomization stage.
 
     Parameters
@@ -53,11 +58,11 @@ def smooth_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_sa
     model : nn.Module; never modified (stages are copies)
     x : (B, C, H, W) images; y : (B,) labels
     methods : names, "all" or a comma-separated string
-    seed : seeds the noise and the re-initialisations
     n_samples : noisy copies averaged per map (the last one noise-free); 1 is the plain MPRT
     noise : standard deviation of the noise, as a fraction of each image's value range
-    order, bn, target, init, granularity : as :func:`~audit.checks.randomization.randomization_with_maps`
-        (bottom-up by default, as Hedstroem et al.)
+    stages : the :class:`~audit.checks.stage_options.StageSettings` (bottom-up by default, as Hedstroem et al.;
+        its seed seeds the noise too), or any of its fields as keywords (order, bn, init, granularity, target,
+        seed)
 
     Returns
     -------
@@ -65,8 +70,9 @@ def smooth_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_sa
     spearman (of |denoised map| with the trained model's; 1 at stage 0), share (of the parameters
     re-initialised in that stage's model).
     """
+    stages = stage_settings(stages, settings, order="bottom-up")
     x, y = check_inputs(model, x, y)
-    copies = noisy_copies(x, n_samples, noise, seed)
+    copies = noisy_copies(x, n_samples, noise, stages.seed)
     batch = copies.reshape(-1, *x.shape[1:])
 
     def denoised(explainers: dict[str, Explainer], x: torch.Tensor, t: torch.Tensor, envs) -> dict[str, torch.Tensor]:
@@ -81,8 +87,8 @@ def smooth_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_sa
 
     rows: list[dict] = []
     first: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the trained model's maps, ranked once
-    for stage in stage_maps(model, x, y, methods, order, bn, target, seed, init, reduction, progress,
-                            "smooth_mprt", explain=denoised, granularity=granularity):
+    for stage in stage_maps(model, x, y, methods, stages, reduction=reduction, progress=progress, name="smooth_mprt",
+                            explain=denoised):
         for m, v in stage.maps.items():
             bad, clean = screen(v.abs())
             ranked = unit_ranks(clean)
@@ -93,14 +99,31 @@ def smooth_mprt(model: torch.nn.Module, x, y, methods="all", seed: int = 0, n_sa
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _run(model, x, y, method, config, progress) -> UnitResult:
-    return UnitResult(smooth_mprt(model, x, y, [method], seed=config.seed, n_samples=config.smprt_samples,
-                                  noise=config.smprt_noise, order=config.smprt_order, bn=config.bn, target=config.target,
-                                  init=config.init, progress=progress, granularity=config.granularity))
+@dataclass(frozen=True)
+class SmprtOptions(StageOptions):
+    """sMPRT's keys: the stage keys, its order, noise and threshold."""
+
+    smprt_order: str = option("bottom-up", "layer order of sMPRT's randomization", choices=ORDERS)
+    smprt_samples: int = option(50, "noisy copies averaged per sMPRT map (the last noise-free)",
+                                valid=lambda v: v >= 1, rule=">= 1")
+    smprt_noise: float = option(0.1, "sMPRT noise, standard deviation as a fraction of the image's range",
+                                valid=lambda v: v >= 0, rule=">= 0")
+    smprt_threshold: float = option(0.5, "median Spearman at full randomization from which a method counts as "
+                                    "weight-insensitive", valid=lambda v: 0 < v <= 1, rule="in (0, 1]")
 
 
-def _sections(table: pd.DataFrame, context: ReportContext) -> list[Section]:
-    threshold = getattr(context.config, "smprt_threshold", None)
+def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: SmprtOptions,
+         unit: UnitContext) -> UnitResult:
+    return UnitResult(smooth_mprt(model, x, y, [method], n_samples=options.smprt_samples, noise=options.smprt_noise,
+                                  stages=options.stages(options.smprt_order, unit.seed), progress=unit.progress))
+
+
+def _coverage(model: torch.nn.Module, x: torch.Tensor, options: SmprtOptions, seed: int) -> tuple[pd.DataFrame, dict]:
+    return coverage_record(model, x, options, seed, order=options.smprt_order)
+
+
+def _sections(table: pd.DataFrame, context: ReportContext, options: SmprtOptions) -> list[Section]:
+    threshold = options.smprt_threshold
     figures = [stage_figure(table, m, "spearman", "Spearman of |denoised map|", f"smprt_{m}",
                             f"sMPRT on {m}: Spearman correlation of each denoised map's magnitude with the trained "
                             "model's as layers are randomized", (-0.05, 1.05), threshold,
@@ -117,7 +140,7 @@ def _last_stage(df: pd.DataFrame) -> pd.DataFrame:
 
 
 CHECK = Check(
-    coverage=lambda model, x, config: coverage_record(model, x, config, config.smprt_order),
+    coverage=_coverage, options=SmprtOptions,
     name="smprt", cite=("hedstrom2024",), title="Smooth MPRT (sMPRT)", reference="Hedstroem et al. 2023", result_file="smprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=41,
     summary=lambda df: f"median Spearman at full randomization {_last_stage(df).spearman.median():.3f}",
@@ -125,12 +148,4 @@ CHECK = Check(
                         score_name="Spearman of magnitudes (sMPRT)", metric="spearman",
                         select=_last_stage),
     description="maps averaged over noisy inputs, compared by Spearman of magnitudes after each randomization stage",
-    options=STAGE_OPTIONS + (
-        Option("smprt_order", "bottom-up", "layer order of sMPRT's randomization", choices=ORDERS),
-        Option("smprt_samples", 50, "noisy copies averaged per sMPRT map (the last noise-free)", valid=lambda v: v >= 1,
-               rule=">= 1"),
-        Option("smprt_noise", 0.1, "sMPRT noise, standard deviation as a fraction of the image's range",
-               valid=lambda v: v >= 0, rule=">= 0"),
-        Option("smprt_threshold", 0.5, "median Spearman at full randomization from which a method counts as "
-               "weight-insensitive", valid=lambda v: 0 < v <= 1, rule="in (0, 1]")),
     controls={"edge": "rejected"})

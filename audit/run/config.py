@@ -1,8 +1,10 @@
 """The audit configuration: defaults, a TOML file, and command-line overrides, validated.
 
-The general keys are the fields of :class:`AuditConfig`; every check adds its own keys
-(:func:`audit.checks.check_options`), read as attributes too (``config.csc_threshold``). Keys are
-flat in TOML, on the command line and in the manifest.
+The general keys are the fields of :class:`AuditConfig`; every check adds its own keys, declared once as the
+fields of its :class:`~audit.checks.options.Options` class (:func:`audit.checks.check_options`). Keys are flat in
+TOML, on the command line and in the manifest. A check receives its own typed options
+(``check.options_from(config.options)``), never the configuration; a user may read any key as an attribute
+(``config.csc_threshold``).
 """
 from __future__ import annotations
 

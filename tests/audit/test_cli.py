@@ -54,7 +54,7 @@ def test_no_traceback_reaches_a_cli_user_unless_debug(tmp_path, capsys, monkeypa
     def boom(*a, **k):
         raise ZeroDivisionError("division by zero in a user's forward")
 
-    monkeypatch.setattr("audit.run.runner.audit_images", boom)
+    monkeypatch.setattr("audit.run.plan.audit_images", boom)
     assert main([*args, "--out", str(tmp_path / "b")]) == 1
     err = capsys.readouterr().err
     assert "unexpected ZeroDivisionError: division by zero" in err and "--debug" in err and "Traceback" not in err

@@ -61,7 +61,7 @@ def test_keep_stats_leaves_the_batchnorm_tensors_trained_and_says_which():
     assert any("keep-stats' leaves 42 BatchNorm parameter tensors trained" in str(w.message) and "bn1.weight" in
                str(w.message) for w in caught)
     assert df.share.max() == pytest.approx(1 - _count(model, bns), abs=1e-12)
-    table = coverage(model, x, "cascading", "layer", bn="keep-stats")
+    table = coverage(model, x, "cascading", granularity="layer", bn="keep-stats")
     assert sorted(table[table.how == KEPT].tensor) == sorted(bns)
 
 

@@ -32,9 +32,10 @@ def test_the_edge_control_is_rejected_and_the_gradient_of_a_twin_is_not(images):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # the model is not modified
     assert maps["gradient"].shape == (2, 2, 28, 28)
     config = load_config(models=["cnn-sgd"], methods="gradient,edge", tests="data-randomization")
-    rule = get_check("data-randomization").verdict
-    edge = rule.evaluate(table[table.method == "edge"], config)
-    gradient = rule.evaluate(table[table.method == "gradient"], config)
+    check = get_check("data-randomization")
+    rule, options = check.verdict, check.options_from(config.options)
+    edge = rule.evaluate(table[table.method == "edge"], options)
+    gradient = rule.evaluate(table[table.method == "gradient"], options)
     assert edge.outcome == REJECTED and edge.score == 1.0  # the map does not depend on the model
     assert gradient.outcome == NOT_REJECTED and gradient.score < 0.3, gradient.text
 

@@ -11,6 +11,7 @@ from attributions.graph import trace
 from audit import efficient_mprt, parameter_randomization, random_logit_test, smooth_mprt
 from audit.checks import random_logit
 from audit.checks.randomization import randomization_stages
+from audit.checks.stage_options import StageSettings
 from audit.checks.stages import randomization_plan
 from audit.measures.heatmaps import heatmaps
 
@@ -29,7 +30,7 @@ def _use_our_stages(monkeypatch, model, order: str, x) -> None:
     plan = randomization_plan(model, trace(model, torch.as_tensor(x)))
 
     def generator(self, order_=None, seed=0, **kwargs):
-        stages = randomization_stages(model, order, seed=0, plan=plan)
+        stages = randomization_stages(model, StageSettings(order=order), plan=plan)
         next(stages)  # stage 0 is the trained model: Quantus yields randomized ones only
         for _, name, stage_model in stages:
             yield name, stage_model

@@ -15,6 +15,7 @@ from audit import (
 )
 from audit.checks import randomization
 from audit.checks.randomization import randomization_stages, unchanged_nodes
+from audit.checks.stage_options import StageSettings
 from audit.checks.stages import randomization_plan
 from audit.errors import AuditError, ConfigError
 from audit.models import build
@@ -51,15 +52,16 @@ def test_independent_and_bottom_up_orders_and_batchnorm_policy():
             if isinstance(m, nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.5, 0.5)
     plan = randomization_plan(model, trace(model, torch.rand(2, 1, 28, 28)), "layer")
+    settings = StageSettings(order="independent", bn="keep-stats", seed=1)
     stages = list((s, n, {k: v.clone() for k, v in m.state_dict().items()})
-                  for s, n, m in randomization_stages(model, "independent", "keep-stats", seed=1, plan=plan))
+                  for s, n, m in randomization_stages(model, settings, plan=plan))
     original = stages[0][2]
     for _stage, name, state in stages[1:4]:
         changed = {k.rsplit(".", 1)[0] for k in state if not torch.equal(state[k], original[k])}
         assert changed == {name}, (name, changed)  # one layer at a time; BatchNorm statistics kept
-    bottom = [n for _, n, _ in randomization_stages(model, "bottom-up", seed=1, plan=plan)]
+    bottom = [n for _, n, _ in randomization_stages(model, StageSettings(order="bottom-up", seed=1), plan=plan)]
     assert bottom[1] == "conv1" and bottom[-1] == "fc"
-    _, _, reset_model = next(s for s in randomization_stages(model, "cascading", "reset", seed=1, plan=plan)
+    _, _, reset_model = next(s for s in randomization_stages(model, StageSettings(seed=1), plan=plan)
                              if s[1] == "layer3.2.conv2")
     bn = reset_model.layer3[2].bn2
     assert torch.equal(bn.running_mean, torch.zeros(64)) and torch.equal(bn.weight.data, torch.ones(64))

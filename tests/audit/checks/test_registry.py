@@ -2,11 +2,12 @@
 verdict, CLI, report) picking up a new check with no other change."""
 import sys
 import textwrap
+from dataclasses import dataclass
 
 import pandas as pd
 import pytest
 
-from audit.checks import CHECKS, Check, MedianScore, Option, UnitResult, check_options, discover, get_check
+from audit.checks import CHECKS, Check, MedianScore, Options, UnitResult, check_options, discover, get_check, option
 from audit.cli import parser
 from audit.errors import ConfigError
 from audit.run.config import load_config
@@ -44,7 +45,7 @@ def test_discovery_finds_every_check_module_of_a_package(tmp_path, monkeypatch):
         (package / f"{name}.py").write_text(textwrap.dedent(f"""
             from audit.checks.base import Check
             CHECK = Check(name="{name}", title="{name}", reference="", result_file="{name}.csv", columns=["method"],
-                          options=(), run=None, summary=str, sections=lambda t, c: [], order={order})
+                          run=None, summary=str, sections=lambda t, c, o: [], order={order})
         """))
     (package / "helpers.py").write_text("X = 1\n")  # a module without a check is fine
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -56,7 +57,13 @@ def test_discovery_finds_every_check_module_of_a_package(tmp_path, monkeypatch):
         discover("fakechecks", [str(package)])
 
 
-def _toy_run(model, x, y, method, config, progress):
+@dataclass(frozen=True)
+class ToyOptions(Options):
+    toy_pass: float = option(0.99, "centre share from which a method fails", valid=lambda v: 0 < v <= 1,
+                             rule="in (0, 1]")
+
+
+def _toy_run(model, x, y, method, options, unit):
     # the fraction of the map's magnitude in the image's central half: a toy score per image
     from attributions import Explainer
 
@@ -69,10 +76,8 @@ def _toy_run(model, x, y, method, config, progress):
 TOY = Check(name="toy", title="Toy centre check", reference="none", result_file="toy.csv",
             columns=["method", "image", "ssim"], run=_toy_run, order=99,
             summary=lambda df: f"median centre share {df.ssim.median():.3f}",
-            sections=lambda table, context: [Section("Toy centre check", f"{len(table)} rows")],
-            verdict=MedianScore("toy_score", "toy", "too central", "toy_pass"),
-            options=(Option("toy_pass", 0.99, "centre share from which a method fails", valid=lambda v: 0 < v <= 1,
-                            rule="in (0, 1]"),))
+            sections=lambda table, context, options: [Section("Toy centre check", f"{len(table)} rows")],
+            verdict=MedianScore("toy_score", "toy", "too central", "toy_pass"), options=ToyOptions)
 
 
 def test_a_new_check_reaches_config_runner_verdict_cli_and_report(tmp_path, monkeypatch):

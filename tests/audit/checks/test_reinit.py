@@ -9,6 +9,7 @@ from torch import nn
 from attributions.graph import trace
 from audit.checks.randomization import randomization_stages, reinitialise
 from audit.checks.reinit import CONSTANT, KEPT, reinitialise_part
+from audit.checks.stage_options import StageSettings
 from audit.checks.stages import Part, randomization_plan
 from audit.errors import AuditError
 from audit.models import load_checkpoint
@@ -33,7 +34,7 @@ def test_after_the_last_cascading_stage_every_tensor_differs(name, init):
     model, x = _models()[name]
     trained = copy.deepcopy(model.state_dict())
     plan = randomization_plan(model, trace(model, x))
-    *_, (_, _, last) = randomization_stages(model, "cascading", "reset", 0, plan, init)
+    *_, (_, _, last) = randomization_stages(model, StageSettings(init=init), plan=plan)
     changed = {n for n, p in last.named_parameters() if not torch.equal(p, trained[n])}
     assert changed == set(trained) & {n for n, _ in model.named_parameters()}
     assert all(torch.equal(v, trained[k]) for k, v in model.state_dict().items())  # the user's model untouched
@@ -44,11 +45,11 @@ def test_cascading_stages_accumulate_and_independent_ones_are_disjoint():
     trained = {n: p.detach().clone() for n, p in model.named_parameters()}
     plan = randomization_plan(model, trace(model, x), "block")
     seen: set[str] = set()
-    for stage, _, m in randomization_stages(model, "cascading", "reset", 0, plan):
+    for stage, _, m in randomization_stages(model, StageSettings(), plan=plan):
         changed = {n for n, p in m.named_parameters() if not torch.equal(p, trained[n])}
         seen |= set(plan[-stage].tensors) if stage else set()
         assert changed == seen
-    for stage, name, m in randomization_stages(model, "independent", "reset", 0, plan):
+    for stage, name, m in randomization_stages(model, StageSettings(order="independent"), plan=plan):
         changed = {n for n, p in m.named_parameters() if not torch.equal(p, trained[n])}
         assert changed == (set(plan[-stage].tensors) if stage else set()), name
 

@@ -167,6 +167,7 @@ def test_the_last_cascading_stage_re_initialises_every_tensor_of_a_library_model
     from attributions.graph import trace
     from audit.checks.coverage import coverage
     from audit.checks.randomization import randomization_stages
+    from audit.checks.stage_options import StageSettings
     from audit.checks.stages import randomization_plan
     from tests.model_libraries import perturb
 
@@ -184,7 +185,7 @@ def test_the_last_cascading_stage_re_initialises_every_tensor_of_a_library_model
     model, x = perturb(model, seed=2).eval(), torch.rand(1, 3, 32, 32)
     trained = {n: p.detach().clone() for n, p in model.named_parameters()}
     plan = randomization_plan(model, trace(model, x))
-    *_, (_, _, last) = randomization_stages(model, "cascading", "reset", 0, plan)
+    *_, (_, _, last) = randomization_stages(model, StageSettings(), plan=plan)
     assert [n for n, p in last.named_parameters() if torch.equal(p, trained[n])] == []
     table = coverage(model, x)
     assert table.changed.all() and table.share.sum() == pytest.approx(1.0)

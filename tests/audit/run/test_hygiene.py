@@ -55,7 +55,7 @@ def test_bad_options_are_refused_before_any_model_is_loaded(tmp_path, monkeypatc
         raise AssertionError("a model was built before the options were checked")
 
     monkeypatch.setattr("audit.models.checkpoint.resolve_model", no_build)
-    monkeypatch.setattr("audit.run.runner.resolve_model", no_build)
+    monkeypatch.setattr("audit.run.plan.resolve_model", no_build)
     for bad in (dict(csc_threshold=2.0), dict(methods="gradient,no-such-method"), dict(n_images=1),
                 dict(tests="cascade"), dict(twins="cnn-sgd"), dict(allow_partial_weights="yes")):
         with pytest.raises(ConfigError):

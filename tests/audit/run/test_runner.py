@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import audit.run.runner
+import audit.run.execute
 from audit.cli import main
 from audit.errors import ConfigError
 from audit.run.config import load_config
 from audit.run.faults import KILL_AFTER_UNITS
-from audit.run.runner import exclusive, run_audit
+from audit.run.folder import exclusive
+from audit.run.runner import run_audit
 
 
 def _results(out: Path) -> dict:
@@ -81,8 +82,8 @@ def test_resume_computes_with_the_threads_the_run_started_with(uninterrupted, tm
     killed = tmp_path / "killed"
     _killed_run(killed, 4, OMP_NUM_THREADS="1")
     assert json.loads((killed / "manifest.json").read_text())["threads_per_process"] == 1
-    seen, real = [], audit.run.runner._run_unit
-    monkeypatch.setattr(audit.run.runner, "_run_unit", lambda *a: seen.append(torch.get_num_threads()) or real(*a))
+    seen, real = [], audit.run.execute.run_unit
+    monkeypatch.setattr(audit.run.execute, "run_unit", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
     with _threads(2):
         assert main(["run", *ARGS, "--out", str(killed), "--resume"]) == 0
         assert torch.get_num_threads() == 2  # restored after the run
@@ -221,18 +222,6 @@ def test_an_image_folder_with_your_model_and_preprocessing(tmp_path, monkeypatch
     assert abs(float(shown.mean()) - float(original.mean()) / 255) < 0.05  # the picture, not the normalised input
 
 
-def test_the_time_left_is_estimated_from_the_units_measured():
-    from audit.run.runner import _duration, remaining_seconds
-
-    timings = {"cnn-sgd/csc/gradient": 2.0, "cnn-bort/csc/gradient": 4.0, "cnn-sgd/cascading/smoothgrad": 30.0}
-    # same test and method: their mean; same test only: its mean; nothing alike: every unit's mean
-    left = [("csc", "gradient"), ("cascading", "smoothgrad"), ("cascading", "deeplift"), ("random-logit", "edge")]
-    assert remaining_seconds(left, timings) == 3.0 + 30.0 + 30.0 + 12.0
-    assert remaining_seconds(left, {}) != remaining_seconds(left, {})  # NaN: nothing measured yet
-    assert (_duration(42), _duration(125), _duration(3 * 3600 + 61), _duration(float("nan"))) == \
-        ("42 s", "2 min 05 s", "3 h 01 min", "unknown")
-
-
 def test_each_unit_line_says_how_much_is_left(tmp_path):
     lines = []
     run_audit(load_config(models=["cnn-sgd"], methods=["gradient", "edge"], tests=["random-logit"], n_images=2),
@@ -324,7 +313,8 @@ def test_blocks_of_images_give_the_units_of_one_pass_and_resume(tmp_path, monkey
     import numpy as np
     import pytest
 
-    import audit.run.runner as runner
+    import audit.run.execute
+    import audit.run.plan
 
     base = dict(models=["cnn-sgd"], methods=["gradient"], tests=["cascading"], n_images=5, heatmap_examples=3)
     whole = run_audit(load_config(**base), tmp_path / "whole", progress=False, log=lambda s: None)
@@ -341,7 +331,7 @@ def test_blocks_of_images_give_the_units_of_one_pass_and_resume(tmp_path, monkey
 
     config = load_config(**{**base, "methods": ["gradient", "lrp-zplus"]}, image_block=2)
     writes = []
-    real = runner.atomic_write_bytes
+    real = audit.run.execute.atomic_write_bytes
 
     def failing(path, data):
         writes.append(path)
@@ -349,10 +339,12 @@ def test_blocks_of_images_give_the_units_of_one_pass_and_resume(tmp_path, monkey
             raise OSError("disk full")
         real(path, data)
 
-    monkeypatch.setattr(runner, "atomic_write_bytes", failing)
+    for module in (audit.run.plan, audit.run.execute):  # the "running" manifest, then the units' files
+        monkeypatch.setattr(module, "atomic_write_bytes", failing)
     with pytest.raises(OSError, match="disk full"):
         run_audit(config, tmp_path / "failed", progress=False, log=lambda s: None)
-    monkeypatch.setattr(runner, "atomic_write_bytes", real)
+    for module in (audit.run.plan, audit.run.execute):
+        monkeypatch.setattr(module, "atomic_write_bytes", real)
     assert list((tmp_path / "failed" / "units").rglob("*@*.csv"))  # blocks done before the failure are kept
     run_audit(config, tmp_path / "failed", resume=True, progress=False, log=lambda s: None)
     fresh = run_audit(config, tmp_path / "fresh", progress=False, log=lambda s: None)

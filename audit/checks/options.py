@@ -1,0 +1,94 @@
+"""A check's options, declared once: a frozen dataclass per check whose fields carry their help and rule.
+
+Each field is declared with :func:`option` (default, help, choices or a validity rule, in one place). From
+those declarations come the command line's flags, the TOML keys, the manifest's configuration, the methods
+text and the validation of every value (:meth:`Options.declared`); a check's unit, verdict and report receive
+an instance of its own class (:meth:`Options.parse`), never the whole configuration. Keys are flat: a key two
+checks share (the randomization checks' ``bn``) is one field of a common base class.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from torch import nn
+
+from audit.errors import ConfigError
+
+OptionsT = TypeVar("OptionsT", bound="Options")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A configuration key a check reads: its default, its help text, and what values are valid.
+
+    Parameters
+    ----------
+    name : the key (TOML and manifest; ``--name-with-dashes`` on the command line)
+    default : its value when not given; its type is the key's type (an int is widened to a float default)
+    help : what it sets, for the command line and the methods text
+    choices : the allowed values, when they are a fixed set
+    valid : a predicate for numbers (e.g. ``lambda v: 0 < v <= 1``), ``rule`` its wording in the error
+    """
+
+    name: str
+    default: Any
+    help: str
+    choices: tuple = ()
+    valid: Callable[[Any], bool] | None = None
+    rule: str = ""
+
+    def check(self, value: Any) -> Any:
+        """``value`` (an int widened to float where the default is a float), or a :class:`ConfigError`."""
+        kind = type(self.default)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ConfigError(f"{self.name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
+        if self.choices and value not in self.choices:
+            raise ConfigError(f"invalid {self.name}={value!r}; valid: {', '.join(map(str, self.choices))}")
+        if self.valid is not None and not self.valid(value):
+            raise ConfigError(f"invalid {self.name}={value!r}: it must be {self.rule}")
+        return value
+
+
+def option(default: Any, help: str, *, choices: tuple = (), valid: Callable[[Any], bool] | None = None,
+           rule: str = "") -> Any:
+    """A field of an :class:`Options` class: its default and what :class:`Option` says of it."""
+    return field(default=default, metadata={"help": help, "choices": tuple(choices), "valid": valid, "rule": rule})
+
+
+@dataclass(frozen=True)
+class Options:
+    """The options of a check (a check without options has this class itself)."""
+
+    @classmethod
+    def declared(cls) -> tuple[Option, ...]:
+        """The declarations of the fields, in their order (a base class's first)."""
+        return tuple(Option(f.name, f.default, **f.metadata) for f in dataclasses.fields(cls))
+
+    @classmethod
+    def parse(cls: type[OptionsT], values: Mapping[str, Any]) -> OptionsT:
+        """The options from a configuration's flat keys (the others ignored; a missing one takes its default),
+        each value checked (:meth:`Option.check`)."""
+        return cls(**{o.name: o.check(values.get(o.name, o.default)) for o in cls.declared()})
+
+
+@dataclass(frozen=True)
+class UnitContext:
+    """What every unit receives besides its check's options.
+
+    Parameters
+    ----------
+    seed : the run's seed (each unit's global seed is set from it and the unit's key by the runner)
+    heatmap_examples : how many of the unit's first images keep their raw heatmaps for the report
+    progress : whether to show progress bars
+    twin : the model's permuted-label twin, for a check that needs one (else None)
+    """
+
+    seed: int = 0
+    heatmap_examples: int = 0
+    progress: bool = False
+    twin: nn.Module | None = None

@@ -1,0 +1,48 @@
+"""The last step of a run: the processes' work gathered, blocks joined into units and units into result
+tables, the models table, and the manifest, marked complete, from its contributors
+(:data:`audit.run.manifest.CONTRIBUTORS`)."""
+from __future__ import annotations
+
+import json
+
+from audit.atomic import atomic_write_bytes
+from audit.run.execute import given_to
+from audit.run.manifest import CONTRIBUTORS, model_table
+from audit.run.plan import Run
+from audit.run.results import MODELS_FILE, AuditResult, load_results
+from audit.run.units import assemble, csv_bytes, join
+
+
+def finish(run: Run) -> AuditResult:
+    """Join and record the run (module docstring); the other processes wait for the lead and read its files."""
+    shard = run.shard
+    shard.barrier()  # every rank's units are written
+    run.timings = {k: v for part in shard.gather(run.timings) for k, v in part.items()}
+    run.peaks = {k: v for part in shard.gather(run.peaks) for k, v in part.items()}
+    if not shard.lead:
+        shard.barrier()  # the lead joins and writes the results and the manifest
+        return load_results(run.out)
+    config = run.config
+    assemble(run.items, run.out, run.labels)
+    tables = join(run.out, tests=config.tests, models=config.models, methods=list(config.methods), labels=run.labels)
+    _every_model(run)
+    # in the run's order, whichever process loaded which model first
+    tables["models"] = model_table({spec: run.models[spec] for spec in config.models}, run.labels, run.x, run.y)
+    atomic_write_bytes(run.out / "results" / MODELS_FILE, csv_bytes(tables["models"]))
+    manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": run.prints,
+                "seeds": {"audit": config.seed}}
+    for contribute in CONTRIBUTORS:
+        manifest |= contribute(run)
+    atomic_write_bytes(run.out / "manifest.json", json.dumps(manifest, indent=2).encode())
+    shard.barrier()
+    return AuditResult(run.out, config, tables, json.loads(json.dumps(manifest)))
+
+
+def _every_model(run: Run) -> None:
+    """Every model on the device with its methods' parameters: a resumed run or another process may have
+    computed all of a model's units, and the contributors read every model."""
+    for spec in run.config.models:
+        if spec not in run.models:
+            run.models[spec] = run.loaded[spec].to(run.device)
+        if spec not in run.given:
+            run.given[spec] = given_to(run, spec)

@@ -1,0 +1,179 @@
+"""What a finished run's manifest records beyond its configuration: one contributor per fact.
+
+A contributor is a function ``(run) -> {manifest key: value}`` (an empty dict when it has nothing to say);
+:data:`CONTRIBUTORS` lists them in the manifest's order. Adding a fact to the manifest adds a function here.
+Contributors run on the lead process after the units are joined, with every model on the device.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pandas as pd
+import torch
+from torch import nn
+
+from attributions.explainer import Explainer
+from attributions.graph import trace
+from audit.atomic import atomic_write_bytes
+from audit.checks import CHECKS
+from audit.models.twins import twin_facts
+from audit.run.folder import versions
+from audit.run.plan import Run
+from audit.run.units import csv_bytes
+from bort import constraint_error
+
+Contributor = Callable[[Run], dict]
+
+
+def model_sources(run: Run) -> dict:
+    """A library's model: which library, its version, the weight files' sha256."""
+    sources = {spec: run.models[spec].metadata for spec in run.config.models
+               if "library" in (getattr(run.models[spec], "metadata", None) or {})}
+    return {"model_sources": sources} if sources else {}
+
+
+def coverage(run: Run) -> dict:
+    """Each check's coverage rows (what its stages re-initialised in every model), written beside its results;
+    {test: {model label: summary}}, with a line for every tensor left trained."""
+    record: dict[str, dict[str, dict]] = {}
+    for name in run.config.tests:
+        check = CHECKS[name]
+        if check.coverage is None:
+            continue
+        frames = []
+        for spec in run.config.models:
+            table, summary = check.coverage(run.models[spec], run.x, run.options[name], run.config.seed)
+            label = run.labels[spec]
+            frames.append(table.assign(model=label)[["model", *table.columns]])
+            record.setdefault(name, {})[label] = summary
+            if summary["kept_trained"]:
+                run.log(f"{label}/{name}: {len(summary['kept_trained'])} parameter tensors stay trained through "
+                        f"every stage ({1 - summary['share_reinitialised']:.1%} of the parameters), e.g. "
+                        f"{', '.join(summary['kept_trained'][:3])}")
+        atomic_write_bytes(run.out / "results" / check.coverage_file, csv_bytes(pd.concat(frames, ignore_index=True)))
+    return {"coverage": record} if record else {}
+
+
+def twins(run: Run) -> dict:
+    """For the checks that need a twin: each model's twin and the twin's training facts ("twins"), and why the
+    models without one were skipped ("skipped", a line for each)."""
+    record: dict[str, dict] = {}
+    skipped: dict[str, dict[str, str]] = {}
+    for name in (t for t in run.config.tests if CHECKS[t].needs_twin):
+        for spec in run.config.models:
+            label = run.labels[spec]
+            if spec in run.twin_specs:
+                record[label] = {"spec": run.twin_specs[spec], **twin_facts(run.twin_models[spec])}
+                continue
+            why = ("no permuted-label twin: give one with twins (--twins MODEL=TWIN), trained by attribution-audit "
+                   "train --permute-labels SEED --twin-of MODEL")
+            skipped.setdefault(name, {})[label] = why
+            run.log(f"{label}/{name}: skipped, {why}")
+    return {**({"twins": record} if record else {}), **({"skipped": skipped} if skipped else {})}
+
+
+def conventions(run: Run) -> dict:
+    """The choices each method made on each model where they depend on it (Grad-CAM's layer: "conventions"), and
+    why a method does not fit a model (an attention map of a CNN, whose units are empty: "not_applicable"),
+    read on one image."""
+    chosen: dict[str, dict[str, dict]] = {}
+    unfit: dict[str, dict[str, str]] = {}
+    for name in run.config.methods:
+        for spec in run.config.models:
+            ex = Explainer(run.models[spec], name)
+            reason = ex.method.engine.fits(ex, run.x[:1])
+            if reason is not None:
+                unfit.setdefault(name, {})[run.labels[spec]] = reason
+                run.log(f"{run.labels[spec]}/{name}: not applicable ({reason}); its units are empty")
+                continue
+            facts = ex.method.engine.conventions(ex, run.x[:1])
+            if facts:
+                chosen.setdefault(name, {})[run.labels[spec]] = facts
+    return {**({"conventions": chosen} if chosen else {}), **({"not_applicable": unfit} if unfit else {})}
+
+
+def patterns(run: Run) -> dict:
+    """The pattern methods' patterns: the images they were fitted on, and per model the file kept."""
+    if run.patterns is None:
+        return {}
+    files = {run.labels[spec]: str(next(iter(params.values()))["cache"]) for spec, params in run.given.items()
+             if params}
+    return {"patterns": {"data": run.patterns[1], "n": len(run.patterns[0]), "files": files}}
+
+
+def images(run: Run) -> dict:
+    return {"images": run.images}
+
+
+def memory(run: Run) -> dict:
+    """The budget, and the peak of every unit (those of the run resumed too)."""
+    old_peaks = run.previous.get("memory", {}).get("peak_mb", {}) if run.previous is not None else {}
+    return {"memory": {"budget_bytes": run.budget, "peak_mb": {**old_peaks, **run.peaks},
+                       "peak_of": "allocated GPU memory" if run.device.type == "cuda" else "resident memory of the process"}}
+
+
+def precision(run: Run) -> dict:
+    """Whether the maps were computed in mixed precision, and then how far each method's maps move from float32."""
+    record: dict[str, object] = {"mixed": run.config.mixed_precision}
+    if run.config.mixed_precision:
+        record |= {"dtype": str(run.half).removeprefix("torch."),
+                   "agreement": half_precision_agreement(run.models, run.labels, list(run.config.methods), run.x,
+                                                         run.y, half=run.half, log=run.log)}
+    return {"precision": record}
+
+
+def software(run: Run) -> dict:
+    """The processes and threads (float32 kernels block their sums by thread count: the last bits depend on
+    it), the versions, and the time of every unit (those of the run resumed too)."""
+    old = run.previous.get("timings_s", {}) if run.previous is not None else {}
+    return {"processes": run.shard.world, "threads_per_process": run.threads, "versions": versions(),
+            "timings_s": {**old, **run.timings}}
+
+
+def units(run: Run) -> dict:
+    """How many units, and the result files written."""
+    return {"units": len({(i.spec, i.check.name, i.method) for i in run.items}),
+            "results": sorted(str(p.relative_to(run.out)) for p in (run.out / "results").glob("*.csv"))}
+
+
+CONTRIBUTORS: tuple[Contributor, ...] = (model_sources, coverage, twins, conventions, patterns, images, memory,
+                                         precision, software, units)
+
+
+def half_precision_agreement(models: dict[str, nn.Module], labels: dict[str, str], methods: list[str], x: torch.Tensor,
+                             y: torch.Tensor, *, half: torch.dtype, log: Callable[[str], None]) -> dict[str, float]:
+    """Per model and method, the lowest cosine similarity over the first two images between their maps
+    under autocast to ``half`` and in float32 (1: unchanged); a warning for those under 0.99."""
+    out = {}
+    for spec, model in models.items():
+        graph = trace(model, x[:2])
+        for method in methods:
+            ex = Explainer(model, method, graph=graph)
+            maps = []
+            for enabled in (False, True):
+                torch.manual_seed(0)  # the noise of SmoothGrad and the random control: drawn alike both times
+                with torch.autocast(x.device.type, dtype=half, enabled=enabled):
+                    maps.append(ex.attribute(x[:2], target=y[:2].to(x.device)).flatten(1).double())
+            cos = torch.nn.functional.cosine_similarity(maps[0], maps[1], dim=1, eps=1e-30)
+            key = f"{labels[spec]}/{method}"
+            out[key] = round(float(cos.min()), 6)
+            if out[key] < 0.99:
+                log(f"mixed precision: {key} maps move from float32 (cosine {out[key]:.3f}); audit this method in "
+                    "float32")
+    return out
+
+
+def model_table(models: dict[str, nn.Module], labels: dict[str, str], x: torch.Tensor, y: torch.Tensor) -> pd.DataFrame:
+    """Per model: recorded training facts, accuracy on the audit images, constraint error."""
+    rows = []
+    for spec, model in models.items():
+        meta = getattr(model, "metadata", {}) or {}
+        err = constraint_error(model)
+        with torch.no_grad():
+            pred = Explainer(model, "gradient").forward(x).argmax(1)
+        rows.append({"model": labels[spec], "arch": meta.get("arch", type(model).__name__),
+                     "optimizer": meta.get("optimizer", "unknown"), "test_accuracy": meta.get("test_accuracy"),
+                     "epochs": meta.get("epochs"), "orth_error_mean": float(err.orth_error.mean()) if len(err) else None,
+                     "orth_error_max": float(err.orth_error.max()) if len(err) else None,
+                     "audit_accuracy": float((pred.cpu() == y).double().mean())})
+    return pd.DataFrame(rows)

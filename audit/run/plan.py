@@ -1,0 +1,240 @@
+"""The first step of a run: everything checked and decided before the folder is touched.
+
+:func:`plan` validates the configuration, draws the images, builds every model and twin (one that cannot be
+built refuses the run before anything is written, so no "running" manifest blocks a corrected rerun), checks
+that a resumed run continues the same one, agrees with the other processes on the memory budget and thread
+count, and lists the work. The :class:`Run` it returns is what :func:`audit.run.execute.execute` and
+:func:`audit.run.finish.finish` share.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from audit.atomic import atomic_write_bytes, remove_partials
+from audit.checks import CHECKS, Options
+from audit.data import balanced_sample
+from audit.data.datasets import sample_image_folder
+from audit.data.preprocess import preprocess_from
+from audit.errors import ConfigError, ModelError
+from audit.models.checkpoint import resolve_model
+from audit.models.twins import same_architecture, twin_spec
+from audit.run.config import AuditConfig
+from audit.run.distributed import Shard
+from audit.run.folder import check_resumable, exclusive, fingerprints, holds_files, previous_manifest, versions
+from audit.run.patterns import PATTERN_METHODS, pattern_images
+from audit.run.resources import budget_bytes
+from audit.run.units import WorkItem, label_for, work_items
+
+
+@dataclass
+class Run:
+    """One audit run: what :func:`plan` decided, and what the units computed so far (filled by
+    :func:`audit.run.execute.execute`, read by :func:`audit.run.finish.finish`).
+
+    Attributes
+    ----------
+    config : the validated configuration
+    out : the run's folder
+    labels : {model spec: its folder-safe label}
+    x, y : the audited images (B, C, H, W) on the run's device, their labels (B,) on the CPU
+    images : what the manifest records about the images
+    loaded : {model spec: the model as built}; ``twin_specs`` / ``twin_models`` the permuted-label twins
+    patterns : the pattern methods' images and their source, or None when no pattern method is audited
+    prints : the fingerprints of the input files and images
+    previous : the manifest of the run resumed, or None
+    budget, threads : the memory budget (bytes) and intra-op threads every process computes with
+    items : the run's work, in its fixed order
+    options : {test: its check's options}
+    models, twins, given : per model spec, the model and twin on the device and the parameters the run gave
+        its methods (the pattern methods' patterns), as loaded by the units that needed them
+    timings, peaks : per unit key, seconds and peak memory (MiB) of the units computed by this process
+    """
+
+    config: AuditConfig
+    out: Path
+    shard: Shard
+    log: Callable[[str], None]
+    labels: dict[str, str]
+    x: torch.Tensor
+    y: torch.Tensor
+    images: dict
+    loaded: dict[str, nn.Module]
+    twin_specs: dict[str, str]
+    twin_models: dict[str, nn.Module]
+    patterns: tuple[torch.Tensor, str] | None
+    prints: dict
+    previous: dict | None
+    device: torch.device
+    budget: int
+    threads: int
+    items: list[WorkItem]
+    options: dict[str, Options]
+    models: dict[str, nn.Module] = field(default_factory=dict)
+    twins: dict[str, nn.Module] = field(default_factory=dict)
+    given: dict[str, dict[str, dict]] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    peaks: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def half(self) -> torch.dtype:
+        """The autocast type of mixed precision on the run's device."""
+        return torch.bfloat16 if self.device.type == "cpu" else torch.float16
+
+
+def plan(config: AuditConfig, out: str | os.PathLike, *, resume: bool, shard: Shard,
+         log: Callable[[str], None]) -> Run:
+    """Check and decide everything about a run in ``out`` before its folder is touched (module docstring)."""
+    config = config.validated()
+    out = Path(out)
+    previous = _folder_to_use(out, resume)
+    labels = _labels(config.models)
+    x, y, images = audit_images(config)
+    loaded = {spec: load_model(spec, config) for spec in config.models}
+    twin_specs, twin_models = _twins(config, loaded)
+    patterns = pattern_images(config.pattern_data, config.data, config.pattern_images, config.seed, config.data_root) \
+        if set(PATTERN_METHODS) & set(config.methods) else None
+    prints = fingerprints(config, x, y, list(twin_specs.values()))
+    if previous is not None:
+        check_resumable(previous, config, prints, out)
+    device = _device(config.device)
+    budget, threads = _agreed_resources(config, previous, device, shard, log)
+    units = [(spec, CHECKS[test], method) for spec in config.models for test in config.tests
+             for method in config.methods]
+    shard.barrier()  # every rank has checked the folder before the lead writes into it
+    return Run(config, out, shard, log, labels, x.to(device), y, images, loaded, twin_specs, twin_models, patterns,
+               prints, previous, device, budget, threads, work_items(units, n_images=len(x), block=config.image_block),
+               {test: CHECKS[test].options_from(config.options) for test in config.tests})
+
+
+@contextlib.contextmanager
+def opened(run: Run) -> Iterator[None]:
+    """The run's folder made, locked by the lead (a second run on it fails at once instead of interleaving
+    results) and marked "running", and torch computing with the run's thread count, for the duration."""
+    if run.shard.lead:
+        run.out.mkdir(parents=True, exist_ok=True)
+    with exclusive(run.out) if run.shard.lead else contextlib.nullcontext(), _intra_op_threads(run.threads):
+        if run.shard.lead:
+            remove_partials(run.out)  # a killed run's half-written files: never read, never kept
+            atomic_write_bytes(run.out / "manifest.json", json.dumps(
+                {"config": run.config.to_dict(), "status": "running", "fingerprints": run.prints,
+                 "memory": {"budget_bytes": run.budget}, "threads_per_process": run.threads, "versions": versions()},
+                indent=2).encode())
+        run.shard.barrier()
+        yield
+
+
+def _folder_to_use(out: Path, resume: bool) -> dict | None:
+    """The manifest of the run in ``out`` to resume (None: a new run); a refusal for a file, or for a folder
+    that holds something while ``resume`` is not given."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; give a folder for the audit's results")
+    previous = previous_manifest(out) if resume else None
+    if holds_files(out) and not resume:
+        raise ConfigError(f"{out} is not empty; pass resume=True (--resume) to continue that run, or choose "
+                          "another folder")
+    return previous
+
+
+def _labels(models: list[str]) -> dict[str, str]:
+    """{spec: label}; two models with one label are refused (results are keyed by label: the second would
+    overwrite the first's)."""
+    labels = {spec: label_for(spec) for spec in models}
+    clashes = sorted({lab for lab in labels.values() if list(labels.values()).count(lab) > 1})
+    if clashes:
+        raise ConfigError(f"two models share the label {clashes[0]!r} ("
+                          f"{', '.join(spec for spec, lab in labels.items() if lab == clashes[0])}); "
+                          "rename one of the files")
+    return labels
+
+
+def _agreed_resources(config: AuditConfig, previous: dict | None, device: torch.device, shard: Shard,
+                      log: Callable[[str], None]) -> tuple[int, int]:
+    """(memory budget in bytes, intra-op threads): one budget for every rank and every resume (unless a new one
+    is given), so the passes chunk alike; one thread count too, the first start's: float32 kernels block their
+    sums by it, so a unit computed with another count differs in the last bits."""
+    recorded = (previous or {}).get("memory", {}).get("budget_bytes")
+    recorded_threads = (previous or {}).get("threads_per_process")
+    agreed = shard.gather({"b": recorded if recorded is not None and config.max_memory is None
+                           else budget_bytes(config.max_memory, device),
+                           "t": recorded_threads or torch.get_num_threads()})[0]
+    if agreed["t"] != torch.get_num_threads():
+        source = "as the run was started" if previous is not None else "as rank 0"
+        log(f"computing with {agreed['t']} intra-op thread{'' if agreed['t'] == 1 else 's'} per process, {source} "
+            f"(this process has {torch.get_num_threads()}): the units of one run are computed alike, to the last bit")
+    return agreed["b"], agreed["t"]
+
+
+def audit_images(config: AuditConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """``n_images`` class-balanced images of the configured data (see :func:`audit.data.balanced_sample`
+    and, for "imagefolder", :func:`audit.data.datasets.sample_image_folder`), their labels, and
+    what the manifest records about them (source, count, labels; the files, classes and
+    preprocessing of an image folder)."""
+    if config.data == "imagefolder":
+        if config.data_root is None:
+            raise ConfigError("data imagefolder needs data_root (--data-root): the folder with one sub-folder "
+                              "per class")
+        sample = sample_image_folder(config.data_root, config.n_images, config.seed, config.preprocess)
+        x, y = sample.x, sample.y
+        record = {"root": str(Path(config.data_root).resolve()), "files": sample.files, "classes": sample.classes,
+                  "preprocess": preprocess_from(config.preprocess).to_dict()}
+    else:
+        x, y = balanced_sample(config.data, config.n_images, config.data_root)
+        record = {}
+    info = {"source": config.data, "n": len(x), "labels": y.tolist(), **record}
+    return torch.from_numpy(x), torch.from_numpy(y), info
+
+
+def load_model(spec: str, config: AuditConfig) -> nn.Module:
+    """The model ``spec`` names, with the run's weights, classes and partial-weights policy."""
+    return resolve_model(spec, config.weights, config.num_classes, partial=config.allow_partial_weights)
+
+
+def _twins(config: AuditConfig, models: dict[str, nn.Module]) -> tuple[dict[str, str], dict[str, nn.Module]]:
+    """({model spec: twin spec}, {model spec: the loaded twin}) for the models that have a twin, when a run's check
+    needs one; every pair checked (the twin loads, its architecture is the model's, ``models`` holding the loaded
+    models) before the run starts."""
+    if not any(CHECKS[t].needs_twin for t in config.tests):
+        return {}, {}
+    unknown = sorted(set(config.twins) - set(config.models))
+    if unknown:
+        raise ConfigError(f"twins names {', '.join(unknown)}, not among the audited models ({', '.join(config.models)})")
+    specs = {spec: twin for spec in config.models if (twin := twin_spec(spec, config.twins)) is not None}
+    return specs, {spec: load_twin(spec, twin, models[spec]) for spec, twin in specs.items()}
+
+
+def load_twin(spec: str, twin: str, model: nn.Module) -> nn.Module:
+    """The twin ``twin`` of the model ``spec`` (already loaded as ``model``), refused when its architecture
+    differs."""
+    try:
+        loaded = resolve_model(twin)
+    except ModelError as exc:
+        raise ConfigError(f"the twin of {spec}: {exc}") from None
+    same_architecture(model, loaded, spec, twin)
+    return loaded
+
+
+def _device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but torch sees no CUDA device here; use --device cpu")
+    return torch.device(name)
+
+
+@contextlib.contextmanager
+def _intra_op_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op thread count set to ``threads`` for the duration, then restored."""
+    before = torch.get_num_threads()
+    if threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

@@ -169,7 +169,12 @@ def parser() -> argparse.ArgumentParser:
                                             "parameter-randomization sanity checks, Bort-trained models.")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_train_parser, _listing_parsers, _run_parser, _report_parser):
+        add(sub)
+    return p
 
+
+def _train_parser(sub: Any) -> None:
     t = sub.add_parser("train", allow_abbrev=False, help="train a zoo model and save a checkpoint (.pt + .json)")
     t.add_argument("--arch", default="cnn", help="cnn, vgg, resnet, vgg16, resnet50")
     t.add_argument("--batch-norm", action="store_true", help="vgg with BatchNorm")
@@ -202,6 +207,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=_train)
 
+
+def _listing_parsers(sub: Any) -> None:
     m = sub.add_parser("models", allow_abbrev=False, help="list architectures and shipped checkpoints")
     m.set_defaults(func=_models)
 
@@ -218,6 +225,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(func=_demo)
 
+
+def _run_parser(sub: Any) -> None:
     a = sub.add_parser("run", allow_abbrev=False, help="audit models: CSC, random-logit, parameter and data "
                        "randomization, with a report")
     a.add_argument("--models", default=None, help="comma-separated: shipped names, checkpoint paths, timm:NAME, "
@@ -261,7 +270,13 @@ def parser() -> argparse.ArgumentParser:
                    "gloo on CPU, nccl on GPU); several nodes: torchrun --nnodes ... -m audit run ...")
     a.add_argument("--resume", action="store_true", help="skip the units a previous run finished")
     a.add_argument("--quiet", action="store_true")
-    for option in check_options().values():  # every check's own keys, as in the TOML file
+    _check_flags(a)
+    a.set_defaults(func=_run)
+
+
+def _check_flags(a: argparse.ArgumentParser) -> None:
+    """A flag per check option, from its declaration (as in the TOML file)."""
+    for option in check_options().values():
         kind = type(option.default)
         flag = f"--{option.name.replace('_', '-')}"
         text = f"{option.help} (default {option.default})".replace("%", "%%")  # argparse formats help with %
@@ -270,8 +285,9 @@ def parser() -> argparse.ArgumentParser:
             continue
         a.add_argument(flag, dest=option.name, default=None, type=kind if kind in (int, float) else str,
                        choices=option.choices or None, help=text)
-    a.set_defaults(func=_run)
 
+
+def _report_parser(sub: Any) -> None:
     rp = sub.add_parser("report", allow_abbrev=False, help="rebuild the report of a finished run without recomputing")
     rp.add_argument("dir")
     rp.add_argument("--out", default=None, help="default: the run folder")
@@ -279,10 +295,8 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--score", default=None, help="the verdict score drawn across models (more than two models; "
                     "default: the first the run has, e.g. random_logit_ssim)")
     rp.set_defaults(func=_report)
-
     me = sub.add_parser("methods", allow_abbrev=False, help="list the attribution methods")
     me.set_defaults(func=_methods)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -246,18 +246,42 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", *, injec
     if not explainers:
         return pd.DataFrame(rows, columns=COLUMNS)
     any_ex = next(iter(explainers.values()))
-    layers = any_ex.layers
-    targets = [inject_at] if isinstance(inject_at, str) else (inject_at or default_injection_layers(any_ex))
+    targets = _targets(any_ex, inject_at)
+    vectors, shapes, recorded = _injected(any_ex, graph, x, targets, seed, k_total)
+    forward = max(e.bytes_per_image(x) for e in explainers.values()) if memory.budget() is not None else 0
+    pooled = _pooled_signals(explainers, graph, x, vectors, signal_plan(len(x), forward, recorded, k_total),
+                             n_vectors=n_vectors, progress=progress)
+    depth = {name: i for i, name in enumerate(["input"] + any_ex.layers)}
+    kinds = {n.name: n.kind for n in graph.nodes}
+    for (method, target, layer), (channels, cos_parts, ratios, ranks) in pooled.items():
+        node, token = _split_token(target)
+        size_l = shapes[node][-1] if token is not None else int(np.prod(shapes[node][1:]))
+        rows.append({"method": method, "inject_at": target, "is_logits": target == graph.output, "layer": layer,
+                     "depth": depth[layer], "kind": kinds.get(layer, "input"), "channels": channels,
+                     **_statistics(np.concatenate(cos_parts), np.concatenate(ratios), np.concatenate(ranks)),
+                     "baseline": random_cosine_median(min(channels, size_l))})
+        rows[-1]["collapsed"] = bool(rows[-1]["median"] >= threshold)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _targets(ex: Explainer, inject_at: str | list[str] | None) -> list[str]:
+    """The injection points (``layer`` or ``layer@token``), each checked against the explainer's layers."""
+    layers = ex.layers
+    targets = [inject_at] if isinstance(inject_at, str) else (inject_at or default_injection_layers(ex))
     for t in targets:
         if _split_token(t)[0] not in layers:
             raise unknown_name("layer", _split_token(t)[0], layers, AuditError)
-    depth = {name: i for i, name in enumerate(["input"] + layers)}
-    kinds = {n.name: n.kind for n in graph.nodes}
-    # the vectors of every image at once (their draw does not depend on how the images are chunked)
-    shapes: dict[str, torch.Size] = {}
+    return targets
+
+
+def _injected(ex: Explainer, graph: Graph, x: torch.Tensor, targets: list[str], seed: int,
+              k_total: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Size], dict[str, int]]:
+    """The Gaussian vectors injected at each target, (K, B, *shape) (drawn for every image at once, so the
+    draw does not depend on how the images are chunked; a token's vector is zero at the other tokens), the
+    shapes of the injection nodes, and the bytes per image of every recorded node's signal."""
     with model_errors():
-        probe = any_ex.forward_pass(x[:1], reference=False, batch=x.shape).values
-    vectors = {}
+        probe = ex.forward_pass(x[:1], reference=False, batch=x.shape).values
+    vectors, shapes = {}, {}
     for target in targets:
         node, token = _split_token(target)
         gen = torch.Generator().manual_seed(_vector_seed(seed, target))
@@ -270,11 +294,17 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", *, injec
         shapes[node] = probe[node].shape
     # only the recorded layers' signals are kept (data movement, often the largest values, is passed on)
     recorded = {n.name: _bytes(probe.get(n.name)) for n in graph.nodes if n.kind in RECORDED_KINDS or _joins(n)}
-    del probe
-    forward = max(e.bytes_per_image(x) for e in explainers.values()) if memory.budget() is not None else 0
-    chunk, groups = signal_plan(len(x), forward, recorded, k_total)
+    return vectors, shapes, recorded
+
+
+def _pooled_signals(explainers: dict[str, Explainer], graph: Graph, x: torch.Tensor, vectors: dict[str, torch.Tensor],
+                    plan: tuple[int, list[set[str]]], *, n_vectors: int, progress: bool) -> dict[tuple[str, str, str], list]:
+    """Every method's backward signals of the injected ``vectors`` at its recorded layers, pooled per (method,
+    target, layer) (:func:`_pool`); images in chunks and recorded layers in groups as ``plan`` says
+    (:func:`signal_plan`), one shared forward pass per chunk."""
+    chunk, groups = plan
     pooled: dict[tuple[str, str, str], list] = {}
-    jobs = [(m, t) for m in explainers for t in targets]
+    jobs = [(m, t) for m in explainers for t in vectors]
     for start, stop in tqdm(memory.spans(len(x), chunk), desc="CSC", disable=not progress or chunk == len(x),
                             leave=False):
         xs = x[start:stop]
@@ -294,20 +324,16 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", *, injec
                 _pool(pooled, method, target, taps, axes, n_vectors)
                 del taps
         del env, ref, envs
-    for (method, target, layer), (channels, cos_parts, ratios, ranks) in pooled.items():
-        cos = np.concatenate(cos_parts)
-        ratio, rank = np.concatenate(ratios), np.concatenate(ranks)
-        node, token = _split_token(target)
-        size_l = shapes[node][-1] if token is not None else int(np.prod(shapes[node][1:]))
-        q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
-        rows.append({"method": method, "inject_at": target, "is_logits": target == graph.output, "layer": layer,
-                     "depth": depth[layer], "kind": kinds.get(layer, "input"), "channels": channels, "median": q[2],
-                     "p10": q[0], "p25": q[1], "p75": q[3], "p90": q[4], "mean": float(cos.mean()) if cos.size else np.nan,
-                     "baseline": random_cosine_median(min(channels, size_l)),
-                     "sigma2_over_sigma1": float(np.median(ratio)) if len(ratio) else np.nan,
-                     "effective_rank": float(np.median(rank)) if len(rank) else np.nan,
-                     "collapsed": bool(q[2] >= threshold)})
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pooled
+
+
+def _statistics(cos: np.ndarray, ratio: np.ndarray, rank: np.ndarray) -> dict[str, float]:
+    """The |cos| quantiles and mean of one layer's pooled pairs, and the median spectrum ratio and rank."""
+    q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
+    return {"median": q[2], "p10": q[0], "p25": q[1], "p75": q[3], "p90": q[4],
+            "mean": float(cos.mean()) if cos.size else np.nan,
+            "sigma2_over_sigma1": float(np.median(ratio)) if len(ratio) else np.nan,
+            "effective_rank": float(np.median(rank)) if len(rank) else np.nan}
 
 
 def _bytes(value) -> int:

@@ -25,7 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attributions.explainer import Explainer, attribute_many
-from attributions.graph import trace
+from attributions.graph import Graph, Node, trace
 from attributions.layers import explicit_padding
 from attributions.methods import takes_baseline
 from audit.checks.base import Check, MedianScore, UnitResult
@@ -74,23 +74,13 @@ def shifted_model(model: nn.Module, x: torch.Tensor, shift: float | Sequence[flo
         dense layer used once, or the logits of the copy differ (naming the first layer).
     """
     graph = trace(model, x)
-    firsts = sorted(graph.first_layers())
-    if len(firsts) != 1:
-        raise AuditError(f"input invariance compensates the shift in the one layer that reads the input; this "
-                         f"model's input reaches {len(firsts)}: {', '.join(firsts) or 'none'}")
-    node = graph.by_name[firsts[0]]
-    owner = node.module.module if node.kind in ("conv", "dense") else None
-    names = [n for n, m in model.named_modules() if m is owner and isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))]
-    uses = sum(1 for n in graph.nodes if n.kind in ("conv", "dense") and n.module.module is owner)
-    if node.kind not in ("conv", "dense") or len(names) != 1 or uses != 1:
-        raise AuditError(f"input invariance: the first layer {node.name!r} ({node.kind}) must be a convolution or a "
-                         "dense layer called once, whose bias can absorb the shift")
+    node, path = _first_layer(model, graph)
     s = _shift_tensor(shift, x)
     with torch.no_grad():
         # the shift as the layer sees it
         seen = Explainer(model, "gradient", graph=graph).forward_pass(s, reference=False).values[node.inputs[0]]
     shifted = copy_model(model)
-    layer: Any = shifted.get_submodule(names[0])  # a Conv / Linear (checked above); typed loosely for its fields
+    layer: Any = shifted.get_submodule(path)  # a Conv / Linear (checked above); typed loosely for its fields
     w = layer.weight.detach()
     bias = layer.bias.detach() if layer.bias is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
     replacement: nn.Module = layer
@@ -113,7 +103,7 @@ def shifted_model(model: nn.Module, x: torch.Tensor, shift: float | Sequence[flo
             replacement = ShiftPadded(layer, pads, c.clone())
     layer.bias = nn.Parameter((bias - offset.reshape(-1)).clone(), requires_grad=False)
     if replacement is not layer:
-        parent, _, child = names[0].rpartition(".")
+        parent, _, child = path.rpartition(".")
         setattr(shifted.get_submodule(parent) if parent else shifted, child, replacement)
     with torch.no_grad():  # through the traced graphs: the user's hooks never run
         before = Explainer(model, "gradient", graph=graph).forward(x)
@@ -124,6 +114,23 @@ def shifted_model(model: nn.Module, x: torch.Tensor, shift: float | Sequence[flo
                          f"(max difference {float((before - after).abs().max()):.3g}, allowed "
                          f"{LOGIT_TOLERANCE * scale:.3g}); a normalisation or nonlinearity before it depends on the shift")
     return shifted
+
+
+def _first_layer(model: nn.Module, graph: Graph) -> tuple[Node, str]:
+    """The graph node of the one layer that reads the input, and its module's path: a convolution or dense layer
+    called once (else an :class:`AuditError` saying what the model has instead)."""
+    firsts = sorted(graph.first_layers())
+    if len(firsts) != 1:
+        raise AuditError(f"input invariance compensates the shift in the one layer that reads the input; this "
+                         f"model's input reaches {len(firsts)}: {', '.join(firsts) or 'none'}")
+    node = graph.by_name[firsts[0]]
+    owner = node.module.module if node.kind in ("conv", "dense") else None
+    names = [n for n, m in model.named_modules() if m is owner and isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))]
+    uses = sum(1 for n in graph.nodes if n.kind in ("conv", "dense") and n.module.module is owner)
+    if node.kind not in ("conv", "dense") or len(names) != 1 or uses != 1:
+        raise AuditError(f"input invariance: the first layer {node.name!r} ({node.kind}) must be a convolution or a "
+                         "dense layer called once, whose bias can absorb the shift")
+    return node, names[0]
 
 
 REFERENCES = ("zero", "shifted")

@@ -404,31 +404,58 @@ def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str
     if scale not in GRID_SCALES:
         raise ValueError(f"scale must be one of {GRID_SCALES}, got {scale!r}")
     methods = [m for group in style.by_family(list(maps)).values() for m in group]
-    n_stages = len(stage_names)
-    # fixed geometry (inches) and one image per row (the stages side by side, NaN between them,
-    # drawn blank): a layout engine over hundreds of axes takes minutes
-    left, top, bottom, gap, bar = 1.25, 0.6, 0.1, 0.06, 0.3
-    cell = min(0.8, (style.TWO_COLUMN - left - bar) / (n_stages + 1) - gap)
-    width = left + (n_stages + 1) * (cell + gap) + bar
-    height = top + len(methods) * (cell + gap) + bottom
-    fig = MplFigure(figsize=(width, height))
+    grid = _Grid.sized(len(stage_names), len(methods))
+    if images is not None:
+        picture = _image_rgb(images[image], preprocess)
+        ax = grid.axes(0, 0, grid.cell)
+        ax.imshow(picture, cmap="gray" if picture.ndim == 2 else None)
+        ax.set_title("input", rotation=60, ha="left", rotation_mode="anchor")
+    for r, m in enumerate(methods):
+        grid.method_row(r, m, maps[m][:, image], stage_names, scale)
+    scales = ("each map on its own symmetric colour scale (its 99.5th percentile of |value| at the ends of the "
+              "bar: structure shows, magnitudes do not compare across stages)" if scale == "map" else
+              "one symmetric colour scale per method row (magnitudes compare across stages)")
+    return Figure(f"heatmaps_{model}_image{image}" + ("" if order == "cascading" else f"_{order}"), grid.fig,
+                  f"Maps of image {image} on {model} "
+                  f"{columns or f'as layers are randomized ({order}, left to right)'}, one row per "
+                  f"method, {scales}; red positive, blue negative.")
 
-    def axes_at(row: int, column: int, w: float) -> Axes:
-        y = height - top - (row + 1) * (cell + gap) + gap
-        ax = fig.add_axes(((left + column * (cell + gap)) / width, y / height, w / width, cell / height))
+
+@dataclass(frozen=True)
+class _Grid:
+    """A heatmap grid's fixed geometry (inches): the input, then one row of stages per method and its colour bar.
+    One image per row (the stages side by side, NaN between them, drawn blank): a layout engine over hundreds of
+    axes takes minutes."""
+
+    fig: MplFigure
+    n_stages: int
+    cell: float
+    width: float
+    height: float
+    left: float = 1.25
+    top: float = 0.6
+    gap: float = 0.06
+
+    @classmethod
+    def sized(cls, n_stages: int, n_rows: int, left: float = 1.25, top: float = 0.6, bottom: float = 0.1,
+              gap: float = 0.06, bar: float = 0.3) -> _Grid:
+        cell = min(0.8, (style.TWO_COLUMN - left - bar) / (n_stages + 1) - gap)
+        width = left + (n_stages + 1) * (cell + gap) + bar
+        height = top + n_rows * (cell + gap) + bottom
+        return cls(MplFigure(figsize=(width, height)), n_stages, cell, width, height, left, top, gap)
+
+    def axes(self, row: int, column: int, w: float) -> Axes:
+        y = self.height - self.top - (row + 1) * (self.cell + self.gap) + self.gap
+        ax = self.fig.add_axes(((self.left + column * (self.cell + self.gap)) / self.width, y / self.height,
+                                w / self.width, self.cell / self.height))
         ax.set_xticks([])
         ax.set_yticks([])
         ax.set_frame_on(False)
         return ax
 
-    if images is not None:
-        picture = _image_rgb(images[image], preprocess)
-        ax = axes_at(0, 0, cell)
-        ax.imshow(picture, cmap="gray" if picture.ndim == 2 else None)
-        ax.set_title("input", rotation=60, ha="left", rotation_mode="anchor")
-    colours = colormaps["coolwarm"].with_extremes(bad="white")
-    for r, m in enumerate(methods):
-        row = maps[m][:, image]
+    def method_row(self, r: int, method: str, row: np.ndarray, stage_names: list[str], scale: str) -> None:
+        """Row ``r``: one method's maps (stages, H, W) side by side, its name, and its colour bar."""
+        n_stages, cell, gap = self.n_stages, self.cell, self.gap
         if scale == "map":  # each stage's map on its own scale, in units of its 99.5th percentile
             row = np.stack([stage / (_percentile_scale(stage) or 1.0) for stage in row])
         h, w = row.shape[1:]
@@ -439,25 +466,19 @@ def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str
         # symmetric around 0 (signed maps keep their sign); the 99.5th percentile so that one hot
         # pixel does not wash the row out
         limit = 1.0 if scale == "map" else (_percentile_scale(row) or 1.0)
-        ax = axes_at(r, 1, n_stages * (cell + gap) - gap)
-        shown = ax.imshow(strip, cmap=colours, vmin=-limit, vmax=limit, aspect="auto")
-        fig.text((left - 0.06) / width, 1 - (top + (r + 0.5) * (cell + gap)) / height, m, ha="right", va="center",
-                 color=style.color(m))
+        ax = self.axes(r, 1, n_stages * (cell + gap) - gap)
+        shown = ax.imshow(strip, cmap=colormaps["coolwarm"].with_extremes(bad="white"), vmin=-limit, vmax=limit,
+                          aspect="auto")
+        self.fig.text((self.left - 0.06) / self.width, 1 - (self.top + (r + 0.5) * (cell + gap)) / self.height,
+                      method, ha="right", va="center", color=style.color(method))
         if r == 0:
             ax.xaxis.tick_top()
             ax.set_xticks([c * (w + pad) + w / 2 for c in range(n_stages)], stage_names, rotation=60, ha="left",
                           rotation_mode="anchor")
             ax.tick_params(axis="x", length=0)
-        colour_bar = fig.colorbar(shown, cax=axes_at(r, n_stages + 1, 0.06), ticks=[-limit, 0, limit])
+        colour_bar = self.fig.colorbar(shown, cax=self.axes(r, n_stages + 1, 0.06), ticks=[-limit, 0, limit])
         colour_bar.ax.set_yticklabels([f"{-limit:.2g}", "0", f"{limit:.2g}"])
         colour_bar.ax.tick_params(labelsize=4.5, length=1.5, pad=1)
-    scales = ("each map on its own symmetric colour scale (its 99.5th percentile of |value| at the ends of the "
-              "bar: structure shows, magnitudes do not compare across stages)" if scale == "map" else
-              "one symmetric colour scale per method row (magnitudes compare across stages)")
-    return Figure(f"heatmaps_{model}_image{image}" + ("" if order == "cascading" else f"_{order}"), fig,
-                  f"Maps of image {image} on {model} "
-                  f"{columns or f'as layers are randomized ({order}, left to right)'}, one row per "
-                  f"method, {scales}; red positive, blue negative.")
 
 
 def _percentile_scale(values: np.ndarray) -> float:

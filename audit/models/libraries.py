@@ -235,17 +235,7 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
                 raise ModelError(f"torchvision has no model {name!r}{_nearest(name, known)}")
             model = library.models.get_model(name, weights=None, **classes)
         else:
-            folder = _hf_folder(name)
-            refuse_remote_code(folder, spec)
-            labels = {} if num_classes is None else {"num_labels": int(num_classes), "ignore_mismatched_sizes": True}
-            refuse_oversized(library, folder, spec, labels)
-            # trust_remote_code=False: never run a folder's code, and never ask on stdin whether to
-            model, info = library.AutoModelForImageClassification.from_pretrained(
-                str(folder), local_files_only=True, trust_remote_code=False, output_loading_info=True, **labels)
-            files = sorted(f for pattern in HF_WEIGHTS for f in folder.glob(pattern))
-            report = {"missing": list(info.get("missing_keys", [])), "unexpected": list(info.get("unexpected_keys", [])),
-                      "mismatched": [str(k[0]) if isinstance(k, tuple) else str(k)
-                                     for k in info.get("mismatched_keys", [])], "warnings": []}
+            model, files, report = _hugging_face(library, name, spec, num_classes)
     except ModelError:
         raise
     except Exception as exc:  # the library's own error: a bad folder, an option the model does not take
@@ -265,6 +255,22 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
     if report and any(report.values()):
         model.metadata["partial_weights"] = report
     return model
+
+
+def _hugging_face(library: Any, name: str, spec: str, num_classes: int | None) -> tuple[nn.Module, list[Path], dict]:
+    """A Hugging Face folder's model (never its code), its weight files, and what its weights left out."""
+    folder = _hf_folder(name)
+    refuse_remote_code(folder, spec)
+    labels = {} if num_classes is None else {"num_labels": int(num_classes), "ignore_mismatched_sizes": True}
+    refuse_oversized(library, folder, spec, labels)
+    # trust_remote_code=False: never run a folder's code, and never ask on stdin whether to
+    model, info = library.AutoModelForImageClassification.from_pretrained(
+        str(folder), local_files_only=True, trust_remote_code=False, output_loading_info=True, **labels)
+    files = sorted(f for pattern in HF_WEIGHTS for f in folder.glob(pattern))
+    report = {"missing": list(info.get("missing_keys", [])), "unexpected": list(info.get("unexpected_keys", [])),
+              "mismatched": [str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys", [])],
+              "warnings": []}
+    return model, files, report
 
 
 def library_files(spec: str, weights: str | None = None) -> list[Path]:

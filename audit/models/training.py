@@ -188,6 +188,49 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
         raise ConfigError(f"{Path(out).with_suffix('.pt')} exists; pass force=True (--force) to overwrite it, or "
                           "choose another path")
     start = time.perf_counter()
+    data = _training_data(cfg)
+    run = _TrainingRun.start(cfg, data)
+    state_file = _resume_path(out)
+    if resume and state_file is not None and state_file.exists():
+        run.restore(state_file, log)
+    while run.epoch < cfg.epochs:
+        record = run.one_epoch(progress)
+        if state_file is not None:  # before the epoch's line: a run stopped there resumes after this epoch
+            atomic_write(state_file, lambda f: torch.save(run.state(), f))
+        log(f"epoch {run.epoch}/{cfg.epochs}: loss {record['loss']:.4f}, "
+            f"train accuracy {record['train_accuracy']:.4f} ({record['seconds']:.1f} s)")
+    model = run.model.eval()
+    accuracy = evaluate(model, data.x_test, data.y_test)
+    log(f"test accuracy {accuracy:.4f} on {len(data.x_test)} {cfg.data} test images")
+    # on the labels it was trained on, in eval mode: how far a permuted-label twin fits its random labels
+    fitted = evaluate(model, data.x_train, data.y_train)
+    log(f"training accuracy {fitted:.4f} on its {len(data.x_train)} training images"
+        + (" (permuted labels)" if cfg.permute_labels is not None else ""))
+    meta = _metadata(cfg, data, run.history, accuracy=accuracy, fitted=fitted, seconds=time.perf_counter() - start)
+    model.metadata = meta  # type: ignore[assignment]  # a plain attribute; torch types Module attributes as Tensor | Module
+    if out is not None:
+        path = save_checkpoint(model, meta, out)
+        if state_file is not None and state_file.exists():
+            state_file.unlink()
+        log(f"saved {path} and {path.with_suffix('.json')}")
+    return model, meta
+
+
+@dataclass(frozen=True)
+class _Data:
+    """The training images and labels (a seeded subset, labels permuted for a twin) and the test split."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    @property
+    def num_classes(self) -> int:
+        return int(max(self.y_train.max(), self.y_test.max())) + 1
+
+
+def _training_data(cfg: TrainConfig) -> _Data:
     x_train, y_train = load_dataset(cfg.data, "train", cfg.data_root, download=cfg.download)
     x_test, y_test = load_dataset(cfg.data, "test", cfg.data_root, download=cfg.download)
     order = np.random.default_rng(cfg.seed).permutation(len(x_train))
@@ -196,95 +239,107 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
     x_train, y_train = x_train[order], y_train[order]
     if cfg.permute_labels is not None:  # once, before training: every epoch sees the same wrong labels
         y_train = y_train[np.random.default_rng(cfg.permute_labels).permutation(len(y_train))]
-    num_classes = int(max(y_train.max(), y_test.max())) + 1
+    return _Data(x_train, y_train, x_test, y_test)
 
-    torch.manual_seed(cfg.seed)
-    model = build(cfg.arch, tuple(x_train.shape[1:]), num_classes, **cfg.arch_options)
-    optimizer = OPTIMIZERS[cfg.optimizer].factory(model, cfg)
-    shuffle = torch.Generator().manual_seed(cfg.seed)
-    factor = (lambda e: 0.5 * (1 + np.cos(np.pi * e / cfg.epochs))) if cfg.schedule == "cosine" else (lambda e: 1.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    history: list[dict] = []
-    first_epoch = 0
-    state_file = _resume_path(out)
-    if resume and state_file is not None and state_file.exists():
+
+@dataclass
+class _TrainingRun:
+    """What a training run carries from epoch to epoch (and into its per-epoch resume state)."""
+
+    cfg: TrainConfig
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    shuffle: torch.Generator
+    x: torch.Tensor
+    y: torch.Tensor
+    history: list[dict]
+    epoch: int = 0
+
+    @classmethod
+    def start(cls, cfg: TrainConfig, data: _Data) -> _TrainingRun:
+        torch.manual_seed(cfg.seed)
+        model = build(cfg.arch, tuple(data.x_train.shape[1:]), data.num_classes, **cfg.arch_options)
+        optimizer = OPTIMIZERS[cfg.optimizer].factory(model, cfg)
+        shuffle = torch.Generator().manual_seed(cfg.seed)
+        factor = (lambda e: 0.5 * (1 + np.cos(np.pi * e / cfg.epochs))) if cfg.schedule == "cosine" else (lambda e: 1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return cls(cfg, model, optimizer, scheduler, shuffle, torch.from_numpy(data.x_train),
+                   torch.from_numpy(data.y_train), [])
+
+    def restore(self, state_file: Path, log: Callable[[str], None]) -> None:
+        """Continue from the per-epoch state in ``state_file``, refused when another configuration wrote it."""
         try:  # tensors, numbers, strings and containers only: a planted file cannot run code
             state = torch.load(state_file, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises UnpicklingError, RuntimeError or EOFError for foreign files
             raise ConfigError(f"{state_file} is not a resume state written by the trainer ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'}); delete it to start over"
                               ) from None
-        if state.get("config") != asdict(cfg):
+        if state.get("config") != asdict(self.cfg):
             raise ConfigError(f"{state_file} was written by a run with another configuration; "
                               "delete it or rerun with that configuration")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        shuffle.set_state(state["shuffle"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.shuffle.set_state(state["shuffle"])
         torch.set_rng_state(state["torch_rng"])
-        history, first_epoch = state["history"], state["epoch"]
-        log(f"resuming from {state_file} after epoch {first_epoch}")
+        self.history, self.epoch = state["history"], state["epoch"]
+        log(f"resuming from {state_file} after epoch {self.epoch}")
 
-    xt, yt = torch.from_numpy(x_train), torch.from_numpy(y_train)
-    for epoch in range(first_epoch, cfg.epochs):
+    def state(self) -> dict:
+        """The state after the current epoch, as :meth:`restore` reads it."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "shuffle": self.shuffle.get_state(),
+                "torch_rng": torch.get_rng_state(), "history": self.history, "epoch": self.epoch,
+                "config": asdict(self.cfg)}
+
+    def one_epoch(self, progress: bool) -> dict:
+        """Train one epoch; its record (epoch, loss, train_accuracy, seconds), also appended to the history."""
+        cfg, model, xt, yt = self.cfg, self.model, self.x, self.y
         model.train()
         t0 = time.perf_counter()
-        perm = torch.randperm(len(xt), generator=shuffle)
+        perm = torch.randperm(len(xt), generator=self.shuffle)
         total_loss, correct = 0.0, 0
         batches = range(0, len(perm), cfg.batch_size)
-        for i in tqdm(batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
+        for i in tqdm(batches, desc=f"epoch {self.epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
             idx = perm[i:i + cfg.batch_size]
             xb, yb = xt[idx], yt[idx]
             logits = model(xb)
             loss = F.cross_entropy(logits, yb)
             if cfg.dbort:
                 loss = loss + dbort_loss(logits)
-            optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            optimizer.step()
+            self.optimizer.step()
             total_loss += float(loss.detach()) * len(idx)
             correct += int((logits.argmax(1) == yb).sum())
-        scheduler.step()
-        record = {"epoch": epoch + 1, "loss": total_loss / len(xt), "train_accuracy": correct / len(xt),
+        self.scheduler.step()
+        self.epoch += 1
+        record = {"epoch": self.epoch, "loss": total_loss / len(xt), "train_accuracy": correct / len(xt),
                   "seconds": time.perf_counter() - t0}
-        history.append(record)
-        if state_file is not None:
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict(), "shuffle": shuffle.get_state(),
-                     "torch_rng": torch.get_rng_state(), "history": history, "epoch": epoch + 1,
-                     "config": asdict(cfg)}
-            atomic_write(state_file, lambda f: torch.save(state, f))
-        log(f"epoch {epoch + 1}/{cfg.epochs}: loss {record['loss']:.4f}, "
-            f"train accuracy {record['train_accuracy']:.4f} ({record['seconds']:.1f} s)")
+        self.history.append(record)
+        return record
 
-    model.eval()
-    accuracy = evaluate(model, x_test, y_test)
-    log(f"test accuracy {accuracy:.4f} on {len(x_test)} {cfg.data} test images")
-    # on the labels it was trained on, in eval mode: how far a permuted-label twin fits its random labels
-    fitted = evaluate(model, x_train, y_train)
-    log(f"training accuracy {fitted:.4f} on its {len(x_train)} training images"
-        + (" (permuted labels)" if cfg.permute_labels is not None else ""))
-    meta = {
-        "arch": cfg.arch, "arch_options": cfg.arch_options, "in_shape": list(x_train.shape[1:]),
-        "num_classes": num_classes, "optimizer": cfg.optimizer,
+
+def _metadata(cfg: TrainConfig, data: _Data, history: list[dict], *, accuracy: float, fitted: float,
+              seconds: float) -> dict:
+    """The checkpoint's metadata: architecture, hyperparameters, data (and for a twin its labels), accuracies,
+    history, versions."""
+    return {
+        "arch": cfg.arch, "arch_options": cfg.arch_options, "in_shape": list(data.x_train.shape[1:]),
+        "num_classes": data.num_classes, "optimizer": cfg.optimizer,
         "hyperparameters": {k: getattr(cfg, k) for k in ("lr", "momentum", "weight_decay", "batch_size", "epochs",
                                                          "dbort", "schedule")}
         | {"options": {**BORT_DEFAULTS, **cfg.options} if OPTIMIZERS[cfg.optimizer].constrained else cfg.options},
         "seed": cfg.seed, "epochs": cfg.epochs,
-        "data": {"name": cfg.data, "train_size": len(x_train), "test_size": len(x_test),
-                 "train_limit": cfg.train_limit, "sha256": array_sha256(x_train, y_train, x_test, y_test),
+        "data": {"name": cfg.data, "train_size": len(data.x_train), "test_size": len(data.x_test),
+                 "train_limit": cfg.train_limit,
+                 "sha256": array_sha256(data.x_train, data.y_train, data.x_test, data.y_test),
                  "labels": "true" if cfg.permute_labels is None else "permuted",
                  **({"label_seed": cfg.permute_labels} if cfg.permute_labels is not None else {})},
         **({"twin_of": cfg.twin_of} if cfg.twin_of is not None else {}),
         "test_accuracy": accuracy, "train_accuracy": fitted, "history": history,
-        "wall_time_s": round(time.perf_counter() - start, 2),
+        "wall_time_s": round(seconds, 2),
         "torch_version": torch.__version__, "python_version": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
     }
-    model.metadata = meta  # type: ignore[assignment]  # a plain attribute; torch types Module attributes as Tensor | Module
-    if out is not None:
-        path = save_checkpoint(model, meta, out)
-        if state_file is not None and state_file.exists():
-            state_file.unlink()
-        log(f"saved {path} and {path.with_suffix('.json')}")
-    return model, meta

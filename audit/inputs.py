@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -11,8 +12,14 @@ from attributions.explainer import check_input, model_dtype
 from attributions.methods import BUILDERS
 from audit.errors import AuditError, ConfigError
 
+# what the checks take: images and labels as tensors or arrays, methods as names
+Images = torch.Tensor | np.ndarray
+Labels = torch.Tensor | np.ndarray | None
+Methods = str | Sequence[str]
+Reduction = dict[str, str]  # {method: "sum" | "max-abs"}, overrides of the heatmap reduction
 
-def check_inputs(model, x, y=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+
+def check_inputs(model: torch.nn.Module, x: Images, y: Labels = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x as a float tensor (B, ...) and y as an int64 tensor (B,), or a clear error.
 
     ``x`` may be a tensor or an array; the checks on it are the engine's own (finite, floating
@@ -64,7 +71,7 @@ def check_labels(y: torch.Tensor, num_classes: int) -> None:
                          f"{int(y.min())}..{int(y.max())}")
 
 
-def resolve_methods(methods) -> list[str]:
+def resolve_methods(methods: Methods) -> list[str]:
     """A list of method names from a name, a comma-separated string, a list, or "all"."""
     if isinstance(methods, str):
         methods = list(BUILDERS) if methods == "all" else [m.strip() for m in methods.split(",") if m.strip()]

@@ -131,7 +131,7 @@ class MedianScore(VerdictRule):
     def comparison(self) -> str:
         return "<=" if self.fails_below else ">="
 
-    def per_image(self, part):
+    def per_image(self, part: pd.DataFrame) -> pd.Series:
         rows = self.select(part).sort_values("image")
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
@@ -144,7 +144,7 @@ class MedianScore(VerdictRule):
 # the options argument is the check's own Options class
 RunUnit = Callable[[nn.Module, torch.Tensor, torch.Tensor, str, Any, UnitContext], UnitResult]
 Sections = Callable[[pd.DataFrame, ReportContext, Any], list[Section]]
-Coverage = Callable[[nn.Module, torch.Tensor, Any, int], tuple[pd.DataFrame, dict]]
+Coverage = Callable[[nn.Module, torch.Tensor, Any, int], tuple[pd.DataFrame, dict[str, Any]]]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,7 +29,7 @@ from tqdm.auto import tqdm
 from attributions import memory
 from attributions.errors import unknown_name
 from attributions.explainer import Explainer, ForwardPass, shared_forward
-from attributions.graph import LINEAR_KINDS, Graph, trace
+from attributions.graph import LINEAR_KINDS, Graph, Node, trace
 from attributions.methods import build_method
 from attributions.records import Move, Norm
 from audit import style
@@ -36,7 +37,7 @@ from audit.checks.base import NOT_REJECTED, REJECTED, Check, UnitResult, Verdict
 from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import explainer, model_errors
 from audit.errors import AuditError
-from audit.inputs import check_inputs, resolve_methods
+from audit.inputs import Images, Labels, Methods, check_inputs, resolve_methods
 from audit.panels import family_panels, method_legend
 from audit.sections import Figure, ReportContext, Section
 
@@ -48,7 +49,7 @@ COLUMNS = ["method", "inject_at", "is_logits", "layer", "depth", "kind", "channe
            "p90", "mean", "baseline", "sigma2_over_sigma1", "effective_rank", "collapsed"]
 
 
-def _joins(node) -> bool:
+def _joins(node: Node) -> bool:
     """Whether a data-movement node joins branches (a concatenation): CSC records it as a layer."""
     return isinstance(node.record, Move) and node.record.cat
 
@@ -119,7 +120,7 @@ def image_spectra(signal: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return ratio.cpu().numpy(), torch.exp(entropy).cpu().numpy()
 
 
-def channel_axes(graph: Graph, env: dict) -> dict[str, int]:
+def channel_axes(graph: Graph, env: dict[str, Any]) -> dict[str, int]:
     """The channel axis of every signal node's value (B, ...): 1 for convolutional feature maps, -1 for
     token sequences (B, tokens, D).
 
@@ -129,7 +130,7 @@ def channel_axes(graph: Graph, env: dict) -> dict[str, int]:
     """
     axes: dict[str, int | None] = {}
 
-    def own(node) -> int | None:
+    def own(node: Node) -> int | None:
         if node.kind in ("conv", "avgpool", "maxpool", "affine") or (
                 node.kind == "norm" and not isinstance(node.module, nn.LayerNorm)
                 and not (isinstance(node.record, Norm) and node.record.type == "layer")):
@@ -205,8 +206,9 @@ def _vector_seed(seed: int, layer: str) -> int:
     return zlib.crc32(f"{seed}:{layer}".encode())
 
 
-def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", *, inject_at=None, n_vectors: int = 5,
-                      seed: int = 0, threshold: float = 0.99, spectrum_vectors: int = 8,
+def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, methods: Methods = "all", *,
+                      inject_at: str | list[str] | None = None, n_vectors: int = 5, seed: int = 0,
+                      threshold: float = 0.99, spectrum_vectors: int = 8,
                       progress: bool = True) -> pd.DataFrame:
     """Layer-wise cosine-similarity convergence of each method's backward chain.
 
@@ -227,7 +229,7 @@ def chain_convergence(model: torch.nn.Module, x, y=None, methods="all", *, injec
     -------
     DataFrame, one row per method x injection layer x recorded layer (columns: see ``COLUMNS``).
     """
-    x, _ = check_inputs(model, x, y)
+    x, y = check_inputs(model, x, y)
     names = resolve_methods(methods)
     if n_vectors < 2:
         raise AuditError(f"n_vectors must be at least 2 (pairs are compared), got {n_vectors}")
@@ -298,12 +300,12 @@ def _injected(ex: Explainer, graph: Graph, x: torch.Tensor, targets: list[str], 
 
 
 def _pooled_signals(explainers: dict[str, Explainer], graph: Graph, x: torch.Tensor, vectors: dict[str, torch.Tensor],
-                    plan: tuple[int, list[set[str]]], *, n_vectors: int, progress: bool) -> dict[tuple[str, str, str], list]:
+                    plan: tuple[int, list[set[str]]], *, n_vectors: int, progress: bool) -> dict[tuple[str, str, str], list[Any]]:
     """Every method's backward signals of the injected ``vectors`` at its recorded layers, pooled per (method,
     target, layer) (:func:`_pool`); images in chunks and recorded layers in groups as ``plan`` says
     (:func:`signal_plan`), one shared forward pass per chunk."""
     chunk, groups = plan
-    pooled: dict[tuple[str, str, str], list] = {}
+    pooled: dict[tuple[str, str, str], list[Any]] = {}
     jobs = [(m, t) for m in explainers for t in vectors]
     for start, stop in tqdm(memory.spans(len(x), chunk), desc="CSC", disable=not progress or chunk == len(x),
                             leave=False):
@@ -336,7 +338,7 @@ def _statistics(cos: np.ndarray, ratio: np.ndarray, rank: np.ndarray) -> dict[st
             "effective_rank": float(np.median(rank)) if len(rank) else np.nan}
 
 
-def _bytes(value) -> int:
+def _bytes(value: object) -> int:
     return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
 
 
@@ -376,8 +378,8 @@ def signal_plan(images: int, forward: int, recorded: dict[str, int], vectors: in
     return 1, groups
 
 
-def _pool(pooled: dict, method: str, target: str, taps: dict[str, torch.Tensor], axes: dict[str, int],
-          n_vectors: int) -> None:
+def _pool(pooled: dict[tuple[str, str, str], list[Any]], method: str, target: str, taps: dict[str, torch.Tensor],
+          axes: dict[str, int], n_vectors: int) -> None:
     """Add each layer's |cos| and spectra of one pass's signals ``taps`` {layer: (K, B, ...)} to ``pooled``."""
     for layer, signal in taps.items():
         axis = axes.get(layer, 1)
@@ -391,8 +393,8 @@ def _pool(pooled: dict, method: str, target: str, taps: dict[str, torch.Tensor],
         entry[3].append(rank)
 
 
-def _product_rows(method: str, ex: Explainer, graph: Graph, x: torch.Tensor, y, n_vectors: int, k_total: int,
-                  seed: int, threshold: float) -> list[dict]:
+def _product_rows(method: str, ex: Explainer, graph: Graph, x: torch.Tensor, y: torch.Tensor | None, n_vectors: int, k_total: int,
+                  seed: int, threshold: float) -> list[dict[str, Any]]:
     """CSC of a map that is the class token's row of a product of per-block operators M_L ... M_1 (K = 1
     target: ``y``, else the prediction): K Gaussian row vectors over the tokens replace that row and are
     multiplied down, r <- r M_l, recorded after each block at its attention node (depth = the node's)."""

@@ -7,6 +7,7 @@ whether the tensor's values differ from the trained ones afterwards.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -43,7 +44,7 @@ def coverage(model: nn.Module, x: torch.Tensor, order: str = "cascading", *, gra
     return pd.DataFrame(rows, columns=COLUMNS).sort_values(["stage", "tensor"], kind="stable", ignore_index=True)
 
 
-def summary(table: pd.DataFrame, granularity: str) -> dict:
+def summary(table: pd.DataFrame, granularity: str) -> dict[str, Any]:
     """The manifest's record of one model's coverage: stages, the share of parameters re-initialised
     after the last stage, and the tensors left trained or reset to a constant default (by name)."""
     drawn = table[table.how != KEPT]
@@ -55,7 +56,7 @@ def summary(table: pd.DataFrame, granularity: str) -> dict:
 
 
 def record(model: nn.Module, x: torch.Tensor, options: StageOptions, seed: int, *,
-           order: str) -> tuple[pd.DataFrame, dict]:
+           order: str) -> tuple[pd.DataFrame, dict[str, Any]]:
     """A randomization check's record of ``model`` under its ``options`` and ``order``, seeded by the run's
     ``seed``: the :func:`coverage` table and its manifest :func:`summary`."""
     stages = options.stages(order, seed)

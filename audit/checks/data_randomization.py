@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,7 +28,7 @@ from audit.checks.randomization import heatmap_grid
 from audit.checks.stage_options import TARGETS, heatmap_scale
 from audit.data.preprocess import preprocess_from
 from audit.errors import AuditError
-from audit.inputs import check_inputs, check_option, resolve_methods
+from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ReferenceMaps, heatmaps
 from audit.models.twins import same_architecture
 from audit.panels import score_boxes
@@ -36,8 +37,8 @@ from audit.sections import Figure, ReportContext, Section, Table
 COLUMNS = ["method", "image", "ssim", "spearman", "spearman_abs", "hog"]
 
 
-def data_randomization(model: nn.Module, twin: nn.Module, x, y, methods="all", *, target: str = "true",
-                       seed: int = 0, reduction: dict | None = None, progress: bool = True,
+def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, methods: Methods = "all", *, target: str = "true",
+                       seed: int = 0, reduction: Reduction | None = None, progress: bool = True,
                        keep_maps: int = 0) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Similarity of each method's maps on ``model`` and on its permuted-label ``twin``.
 
@@ -107,12 +108,12 @@ def data_figure(table: pd.DataFrame, model: str, threshold: float) -> Figure:
                   "its map does not depend on what the model learned.")
 
 
-def _manifest(context: ReportContext) -> dict:
+def _manifest(context: ReportContext) -> dict[str, Any]:
     path = context.run / "manifest.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _twin_table(manifest: dict, models: list[str]) -> pd.DataFrame:
+def _twin_table(manifest: dict[str, Any], models: list[str]) -> pd.DataFrame:
     """The twins the run compared: which checkpoint, its training subset, label seed and accuracies."""
     twins = manifest.get("twins", {})
     rows = [{"model": m, "twin": twins[m]["spec"], "labels": twins[m].get("labels"),

@@ -27,6 +27,7 @@ from audit.checks.options import UnitContext, option
 from audit.checks.randomization import stage_batches, stage_figure, stage_maps
 from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
 from audit.errors import ConfigError
+from audit.inputs import Images, Labels, Methods, Reduction
 from audit.measures.similarity import degenerate
 from audit.sections import ReportContext, Section
 
@@ -69,8 +70,8 @@ def histograms(rows: np.ndarray, n_bins: int) -> np.ndarray:
     return np.bincount((index + offsets).ravel(), minlength=n * n_bins).reshape(n, n_bins).astype(np.float64)
 
 
-def efficient_mprt(model: torch.nn.Module, x, y, methods="all", *, n_bins: int = 100,
-                   stages: StageSettings | None = None, reduction: dict | None = None, progress: bool = True,
+def efficient_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods = "all", *, n_bins: int = 100,
+                   stages: StageSettings | None = None, reduction: Reduction | None = None, progress: bool = True,
                    curve: bool = True, **settings: Any) -> pd.DataFrame:
     """eMPRT: the relative rise in the maps' entropy as the model's layers are randomized.
 
@@ -92,7 +93,7 @@ def efficient_mprt(model: torch.nn.Module, x, y, methods="all", *, n_bins: int =
     score is the last stage's, every layer randomized), share (of the parameters re-initialised).
     """
     stages = stage_settings(stages, settings, order="bottom-up")
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     first: dict[str, np.ndarray] = {}
     n = len(x)
     for batch in stage_batches(stage_maps(model, x, y, methods, stages, reduction=reduction, progress=progress,
@@ -131,7 +132,7 @@ def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, 
                                      stages=options.stages(options.emprt_order, unit.seed), curve=options.emprt_curve))
 
 
-def _coverage(model: torch.nn.Module, x: torch.Tensor, options: EmprtOptions, seed: int) -> tuple[pd.DataFrame, dict]:
+def _coverage(model: torch.nn.Module, x: torch.Tensor, options: EmprtOptions, seed: int) -> tuple[pd.DataFrame, dict[str, Any]]:
     return coverage_record(model, x, options, seed, order=options.emprt_order)
 
 

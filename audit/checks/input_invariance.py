@@ -32,7 +32,7 @@ from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import prepare
 from audit.errors import AuditError
-from audit.inputs import check_inputs, check_option, resolve_methods
+from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import heatmaps
 from audit.measures.similarity import WINDOW, normalize_map, screen, ssim
 from audit.models.copying import copy_model
@@ -53,7 +53,8 @@ class ShiftPadded(nn.Module):
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         shift = self.get_buffer("shift")
-        return self.conv(F.pad(u - shift, self.pads) + shift)
+        out: torch.Tensor = self.conv(F.pad(u - shift, self.pads) + shift)
+        return out
 
 
 def _shift_tensor(shift: float | Sequence[float], x: torch.Tensor) -> torch.Tensor:
@@ -136,8 +137,9 @@ def _first_layer(model: nn.Module, graph: Graph) -> tuple[Node, str]:
 REFERENCES = ("zero", "shifted")
 
 
-def input_invariance(model: nn.Module, x, y, methods="all", *, shift: float | Sequence[float] = -1.0, seed: int = 0,
-                     reduction: dict | None = None, progress: bool = True, reference: str = "zero") -> pd.DataFrame:
+def input_invariance(model: nn.Module, x: Images, y: Labels, methods: Methods = "all", *,
+                     shift: float | Sequence[float] = -1.0, seed: int = 0, reduction: Reduction | None = None,
+                     progress: bool = True, reference: str = "zero") -> pd.DataFrame:
     """Whether each method's maps survive a constant input shift that the model compensates.
 
     Parameters

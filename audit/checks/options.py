@@ -36,7 +36,7 @@ class Option:
     name: str
     default: Any
     help: str
-    choices: tuple = ()
+    choices: tuple[Any, ...] = ()
     valid: Callable[[Any], bool] | None = None
     rule: str = ""
 
@@ -54,7 +54,7 @@ class Option:
         return value
 
 
-def option(default: Any, help: str, *, choices: tuple = (), valid: Callable[[Any], bool] | None = None,
+def option(default: Any, help: str, *, choices: tuple[Any, ...] = (), valid: Callable[[Any], bool] | None = None,
            rule: str = "") -> Any:
     """A field of an :class:`Options` class: its default and what :class:`Option` says of it."""
     return field(default=default, metadata={"help": help, "choices": tuple(choices), "valid": valid, "rule": rule})

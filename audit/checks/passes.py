@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,11 +28,11 @@ def model_errors() -> Iterator[None]:
 
 
 # methods' parameters that the run gives every explainer of a unit (the pattern methods' data and cache)
-_GIVEN: ContextVar[dict[str, dict] | None] = ContextVar("method_params", default=None)
+_GIVEN: ContextVar[dict[str, dict[str, Any]] | None] = ContextVar("method_params", default=None)
 
 
 @contextmanager
-def given_params(params: dict[str, dict]) -> Iterator[None]:
+def given_params(params: dict[str, dict[str, Any]]) -> Iterator[None]:
     """Within the block, every explainer the checks build for a method takes ``params[method]``."""
     token = _GIVEN.set(params)
     try:
@@ -40,15 +41,15 @@ def given_params(params: dict[str, dict]) -> Iterator[None]:
         _GIVEN.reset(token)
 
 
-def explainer(model: nn.Module, method: str, graph: Graph | None = None, **params) -> Explainer:
+def explainer(model: nn.Module, method: str, graph: Graph | None = None, **params: Any) -> Explainer:
     """``Explainer(model, method, graph=graph)`` with the parameters the run gives ``method``, then ``params``."""
     return Explainer(model, method, graph=graph, **((_GIVEN.get() or {}).get(method, {}) | params))
 
 
 def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tensor | None = None,
-            graph: Graph | None = None, seed: int = 0, params: dict[str, dict] | None = None,
+            graph: Graph | None = None, seed: int = 0, params: dict[str, dict[str, Any]] | None = None,
             reuse: Reuse | None = None, previous: dict[str, Explainer] | None = None
-            ) -> tuple[Graph, dict[str, Explainer], tuple | None, torch.Tensor]:
+            ) -> tuple[Graph, dict[str, Explainer], tuple[Any, ...] | None, torch.Tensor]:
     """(graph, {method: Explainer}, shared forward pass or None, logits (B, classes)) for ``x`` (B, ...).
 
     ``graph``: reuse a trace of ``model``; ``seed``: the random control's; ``params``: methods'

@@ -18,7 +18,7 @@ from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import prepare
 from audit.errors import AuditError
-from audit.inputs import check_inputs, resolve_methods
+from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, resolve_methods
 from audit.measures.heatmaps import heatmaps
 from audit.measures.similarity import WINDOW, normalize_map, screen, spearman, ssim, undefined_where
 from audit.panels import score_boxes
@@ -34,8 +34,8 @@ def random_classes(y: torch.Tensor, num_classes: int, seed: int) -> torch.Tensor
     return (y + torch.from_numpy(offsets)) % num_classes
 
 
-def random_logit_test(model: torch.nn.Module, x, y, methods="all", *, seed: int = 0, reduction: dict | None = None,
-                      progress: bool = True) -> pd.DataFrame:
+def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Methods = "all", *, seed: int = 0,
+                      reduction: Reduction | None = None, progress: bool = True) -> pd.DataFrame:
     """Similarity of each method's maps for the true class and a random other class.
 
     Returns

@@ -42,7 +42,7 @@ from audit.checks.stage_options import GRID_SCALES, ORDERS, StageOptions, StageS
 from audit.checks.stages import Stage, randomization_plan
 from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import AuditError
-from audit.inputs import check_inputs, resolve_methods
+from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, heatmaps
 from audit.measures.similarity import correlation, unit_ranks
 from audit.measures.statistics import bootstrap_ci, summarize
@@ -77,8 +77,9 @@ def randomization_stages(model: nn.Module, stages: StageSettings, *, plan: list[
         yield stage, step.name, target
 
 
-def parameter_randomization(model: nn.Module, x, y, methods="all", *, stages: StageSettings | None = None,
-                            reduction: dict | None = None, progress: bool = True, **settings: Any) -> pd.DataFrame:
+def parameter_randomization(model: nn.Module, x: Images, y: Labels, methods: Methods = "all", *,
+                            stages: StageSettings | None = None, reduction: Reduction | None = None,
+                            progress: bool = True, **settings: Any) -> pd.DataFrame:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps.
 
     Parameters and returns as :func:`randomization_with_maps`, without the maps.
@@ -87,8 +88,9 @@ def parameter_randomization(model: nn.Module, x, y, methods="all", *, stages: St
                                    reduction=reduction, progress=progress)[0]
 
 
-def randomization_with_maps(model: nn.Module, x, y, methods="all", *, stages: StageSettings | None = None,
-                            reduction: dict | None = None, progress: bool = True, keep_maps: int = 0,
+def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Methods = "all", *,
+                            stages: StageSettings | None = None, reduction: Reduction | None = None,
+                            progress: bool = True, keep_maps: int = 0,
                             **settings: Any) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps,
     and the raw heatmaps of the first ``keep_maps`` images at every stage.
@@ -114,7 +116,7 @@ def randomization_with_maps(model: nn.Module, x, y, methods="all", *, stages: St
     """
     stages = stage_settings(stages, settings)
     reference: dict[str, ReferenceMaps] = {}
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     kept: dict[str, list[np.ndarray]] = {}
     n = len(x)
     # the ranks of the input's own magnitude (max |.| over channels): how far a stage's map still follows the input
@@ -161,8 +163,8 @@ def kept_trained(plan: list[Stage], bn: str) -> list[str]:
     return [t for stage in plan for part in stage.parts if part.batchnorm and bn == "keep-stats" for t in part.tensors]
 
 
-def stage_maps(model: nn.Module, x, y, methods, stages: StageSettings, *, reduction: dict | None = None,
-               progress: bool = True, name: str = "randomization", explain: Explain = _plain,
+def stage_maps(model: nn.Module, x: Images, y: Labels, methods: Methods, stages: StageSettings, *,
+               reduction: Reduction | None = None, progress: bool = True, name: str = "randomization", explain: Explain = _plain,
                every_stage: bool = True) -> Iterator[StageMaps]:
     """Yield a :class:`StageMaps` for the trained model (stage 0, layer "original") and each
     randomisation stage: the one loop every randomization-based check runs, as ``stages`` says.
@@ -224,7 +226,7 @@ def stage_batches(stages: Iterator[StageMaps], limit: int = COMPARE_BYTES) -> It
     """The :class:`StageMaps` of :func:`stage_maps` in lists of consecutive
     stages whose maps take about ``limit`` bytes (at least one stage each), so that a check measures
     several stages' maps in one batch: the measures' per-call costs are paid once per batch."""
-    batch: list = []
+    batch: list[Any] = []
     size = 0
     for item in stages:
         batch.append(item)
@@ -292,7 +294,7 @@ class Survival(VerdictRule):
     metric: str = "ssim"
     top: str = "randomization_top"
 
-    def per_image(self, part):
+    def per_image(self, part: pd.DataFrame) -> pd.Series:
         rows = part[part.stage == 1].sort_values("image")  # after the logit layer is randomized
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 

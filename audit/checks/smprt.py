@@ -27,7 +27,7 @@ from audit.checks.options import UnitContext, option
 from audit.checks.randomization import stage_figure, stage_maps
 from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
 from audit.errors import ConfigError
-from audit.inputs import check_inputs
+from audit.inputs import Images, Labels, Methods, Reduction, check_inputs
 from audit.measures.similarity import correlation, screen, unit_ranks
 from audit.sections import ReportContext, Section
 
@@ -48,9 +48,9 @@ def noisy_copies(x: torch.Tensor, n_samples: int, noise: float, seed: int) -> to
     return x[None] + eps
 
 
-def smooth_mprt(model: torch.nn.Module, x, y, methods="all", *, n_samples: int = 50, noise: float = 0.1,
-                stages: StageSettings | None = None, reduction: dict | None = None, progress: bool = True,
-                **settings: Any) -> pd.DataFrame:
+def smooth_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods = "all", *, n_samples: int = 50,
+                noise: float = 0.1, stages: StageSettings | None = None, reduction: Reduction | None = None,
+                progress: bool = True, **settings: Any) -> pd.DataFrame:
     """sMPRT: Spearman correlation of denoised maps' magnitudes before and after each randomization stage.
 
     Parameters
@@ -75,7 +75,7 @@ def smooth_mprt(model: torch.nn.Module, x, y, methods="all", *, n_samples: int =
     copies = noisy_copies(x, n_samples, noise, stages.seed)
     batch = copies.reshape(-1, *x.shape[1:])
 
-    def denoised(explainers: dict[str, Explainer], x: torch.Tensor, t: torch.Tensor, envs) -> dict[str, torch.Tensor]:
+    def denoised(explainers: dict[str, Explainer], x: torch.Tensor, t: torch.Tensor, envs: Any) -> dict[str, torch.Tensor]:
         # the stage's shared forward pass is for x alone: the noisy copies get their own, in chunks
         tt = t.repeat(n_samples)
         total: dict[str, torch.Tensor] = {}
@@ -85,7 +85,7 @@ def smooth_mprt(model: torch.nn.Module, x, y, methods="all", *, n_samples: int =
                 total[m] = torch.cat([total[m], v[0]]) if m in total else v[0]
         return {m: v.reshape(n_samples, *x.shape).mean(0) for m, v in total.items()}
 
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     first: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the trained model's maps, ranked once
     for stage in stage_maps(model, x, y, methods, stages, reduction=reduction, progress=progress, name="smooth_mprt",
                             explain=denoised):
@@ -118,7 +118,7 @@ def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, 
                                   stages=options.stages(options.smprt_order, unit.seed), progress=unit.progress))
 
 
-def _coverage(model: torch.nn.Module, x: torch.Tensor, options: SmprtOptions, seed: int) -> tuple[pd.DataFrame, dict]:
+def _coverage(model: torch.nn.Module, x: torch.Tensor, options: SmprtOptions, seed: int) -> tuple[pd.DataFrame, dict[str, Any]]:
     return coverage_record(model, x, options, seed, order=options.smprt_order)
 
 
@@ -136,7 +136,8 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: SmprtOptions
 
 
 def _last_stage(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df.stage == df.stage.max()]
+    last: pd.DataFrame = df[df.stage == df.stage.max()]
+    return last
 
 
 CHECK = Check(

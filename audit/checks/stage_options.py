@@ -80,7 +80,7 @@ class StageOptions(Options):
                              target=self.target, seed=seed)
 
 
-def stage_settings(stages: StageSettings | None, overrides: dict, *, order: str = "cascading") -> StageSettings:
+def stage_settings(stages: StageSettings | None, overrides: dict[str, Any], *, order: str = "cascading") -> StageSettings:
     """The settings a randomization function runs with: ``stages`` (default: every field's default, in ``order``)
     with the fields a caller gave as keywords (``overrides``: order, bn, init, granularity, target, seed)."""
     base = stages if stages is not None else StageSettings(order=order)

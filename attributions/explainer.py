@@ -18,7 +18,8 @@ from torch.autograd.graph import get_gradient_edge
 from attributions import liveness, memory
 from attributions.derived import Derived
 from attributions.errors import AttributionError, unknown_name
-from attributions.graph import LINEAR_KINDS, SIGNAL_KINDS, Graph, trace
+from attributions.graph import Graph, trace
+from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS
 from attributions.layers import OPS, pool
 from attributions.liveness import Lean
 from attributions.methods import Method, build_method

@@ -1,10 +1,12 @@
 """The traced graph: every op of ``model(x)`` as a node, canonicalised for the rules.
 
 ``trace(model, x)`` captures the model with ``torch.export`` (:mod:`attributions.capture`: the
-model is not changed and none of its hooks runs), maps each exported op to a node *kind* through
-one table (:data:`OPS`), then applies named graph passes (:data:`PASSES`): the pieces of split /
-chunk ops fused into their readers, the gating operands of products marked, eval-mode BatchNorm
-folded into the conv / linear layer before it. In-place ops are computed out-of-place. Weights and
+model is not changed and none of its hooks runs) and maps each exported op to a node *kind*
+(:mod:`attributions.kinds`): through one table (:data:`OPS`) where the op's name decides, through
+:meth:`_Builder.describe` where its arguments do (a convolution, a BatchNorm in eval or training mode, a
+product of two signals). The pieces of split / chunk ops are fused into their readers as they are built; then
+the named graph passes (:data:`PASSES`) run in order: the gating operands of products marked, eval-mode
+BatchNorm folded into the conv / linear layer before it. In-place ops are computed out-of-place. Weights and
 other parameters are read from the live model at call time (:class:`Layer`), so an explainer always
 sees their current values.
 
@@ -32,14 +34,8 @@ from torch import nn
 from attributions import attention
 from attributions.capture import Capture, capture, is_view
 from attributions.errors import AttributionError
-from attributions.records import Activation, Const, LeakyReLU, Mix, Move, Norm, Product, Record, Reduce, Softmax, check, default
-
-# Kinds whose output is linear in the input (plus a bias), with weights: the layers LRP rules act on.
-LINEAR_KINDS = ("dense", "conv", "affine", "avgpool")
-# Every kind that carries the signal, and the kinds that do not.
-SIGNAL_KINDS = LINEAR_KINDS + ("relu", "leaky_relu", "maxpool", "add", "move", "mix", "activation", "product",
-                               "norm", "softmax", "reduce")
-CONSTANT_KINDS = ("input", "value", "const")
+from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS, check, default
+from attributions.records import Activation, Const, LeakyReLU, Mix, Move, Norm, Product, Record, Reduce, Softmax
 
 
 @dataclass
@@ -278,6 +274,28 @@ _LEAF_KINDS = {"Linear": "dense", "Conv1d": "conv", "Conv2d": "conv", "BatchNorm
                    "ReLU6", "ELU", "CELU", "SELU", "GELU", "SiLU", "Mish", "Hardswish", "Hardsigmoid", "Hardtanh",
                    "Sigmoid", "Tanh", "Softplus", "LogSigmoid")}}
 
+@dataclass(frozen=True)
+class OpKind:
+    """What an op is wherever it appears: its node ``kind`` and ``record(op)``; ``single``: only when it acts on
+    one signal (an activation of two signals, x ** y, is no activation)."""
+
+    kind: str
+    record: Callable[[str], Record]
+    single: bool = True
+
+
+# The ops whose kind and record follow from their name alone, keyed by name (the overload packet's, without
+# the in-place underscore); those whose kind depends on their arguments (a convolution, a BatchNorm in eval
+# or training mode, a product of two signals, a residual sum) are told apart in _Builder.describe.
+OPS: dict[str, OpKind] = {
+    **{op: OpKind("mix", lambda op: Mix(elementwise=op in _ELEMENTWISE), single=False) for op in _MIXES},
+    **{op: OpKind("move", lambda op: Move(reshape=op in _RESHAPES, identity=op in _IDENTITIES)) for op in _MOVES},
+    # a concatenation joins branches (CSC records it), of any number of signals
+    **{op: OpKind("move", lambda op: Move(cat=True), single=False) for op in ("cat", "concat", "stack")},
+    **{op: OpKind("activation", Activation) for op in _ACTIVATIONS},
+    "relu": OpKind("relu", lambda op: default("relu")),
+}
+
 SUPPORTED = ("the torch-level ops torch.export records: " + ", ".join(sorted(
     set(_SIMPLE) | _ACTIVATIONS | _MOVES | _MIXES | set(_REDUCTIONS) | {
         "batch_norm", "scaled_dot_product_attention", "maximum", "minimum", "conv_transpose1d", "conv_transpose2d",
@@ -434,10 +452,10 @@ class _Builder:
         name = self.names.get(out) if isinstance(out, torch.fx.Node) else None
         if name is None or name not in self.signal:
             raise AttributionError("the model must return one tensor computed from its input (the logits)")
-        nodes = self.nodes
-        for p in PASSES:
-            nodes = p(nodes)
-        return _fold_batchnorm(Graph(nodes, name, self.c.shape, self.c.dynamic_batch, self.batch_sized()))
+        graph = Graph(self.nodes, name, self.c.shape, self.c.dynamic_batch, self.batch_sized())
+        for graph_pass in PASSES:
+            graph = graph_pass(graph)
+        return graph
 
     def batch_sized(self) -> bool:
         """Whether a size the graph computes depends on the batch size (a symbolic batch), or a value merges
@@ -689,8 +707,6 @@ class _Builder:
             return "norm", self.norm_spec(fx_node, "batch"), None
         if op in ("layer_norm", "group_norm") and on_signal[0] and not any(on_signal[1:]):
             return "norm", self.norm_spec(fx_node, op.split("_")[0]), None
-        if op == "relu" and len(signals) == 1:
-            return "relu", default("relu"), None
         if op == "leaky_relu" and len(signals) == 1:
             return "leaky_relu", LeakyReLU(float(args[1] if len(args) > 1 else kwargs.get("negative_slope", 0.01))), None
         if op in _POOLS and len(signals) == 1:
@@ -716,18 +732,11 @@ class _Builder:
             return "product", Product(operands, pair, quotient=op == "div"), None
         if op == "div" and on_signal == [False, True]:
             return "activation", Activation("div"), None  # c / x: element-wise nonlinear
-        if op == "pow" and len(signals) == 1:
-            return "activation", Activation("pow"), None
-        if op in _ACTIVATIONS and len(signals) == 1:
-            return "activation", Activation(op), None
         if op in _LIKE and on_signal[0]:  # the other tensor gives only a shape or dtype (the caller drops it)
             return "move", Move(reshape=op in ("reshape_as", "view_as")), None
-        if op in _MOVES and (len(signals) == 1 or op in ("cat", "concat", "stack")):
-            # a concatenation is recorded by CSC, as a layer joining branches
-            return "move", Move(reshape=op in _RESHAPES, identity=op in _IDENTITIES,
-                                cat=op in ("cat", "concat", "stack")), None
-        if op in _MIXES:
-            return "mix", Mix(elementwise=op in _ELEMENTWISE), None
+        entry = OPS.get(op)
+        if entry is not None and (len(signals) == 1 or not entry.single):
+            return entry.kind, entry.record(op), None
         if op in ("addcmul", "addcdiv") and sum(on_signal[1:3]) <= 1 and not (op == "addcdiv" and on_signal[2]):
             return "mix", Mix(), None  # self + value * t1 * t2 (or / t2) with one signal factor: linear
         elementwise = op in ("maximum", "minimum") or getattr(fx_node.target, "_overloadname", "") == "other"
@@ -876,24 +885,20 @@ def _pool_module(fx_node: torch.fx.Node, op: str, where: str) -> nn.Module:
     return cls(**bound)
 
 
-# --- graph passes: Graph nodes -> nodes, each with its own test -----------------------------------
+# --- graph passes: Graph -> Graph, in order, each with its own test ---------------------------------
 
-def mark_gates(nodes: list[Node]) -> list[Node]:
+def mark_gates(graph: Graph) -> Graph:
     """For each product, which operands a gating function computed (its record's ``gates``)."""
-    by_name = {n.name: n for n in nodes}
-    for node in nodes:
+    for node in graph.nodes:
         if isinstance(node.record, Product):
-            producers = [by_name[name] for name in node.record.operands]
+            producers = [graph.by_name[name] for name in node.record.operands]
             gates = tuple(p.kind == "softmax" or (isinstance(p.record, Activation) and p.record.function in GATES)
                           for p in producers)
             node.record = replace(node.record, gates=cast(tuple[bool, bool], gates))
-    return nodes
+    return graph
 
 
-PASSES: list[Callable[[list[Node]], list[Node]]] = [mark_gates]
-
-
-def _fold_batchnorm(graph: Graph) -> Graph:
+def fold_batchnorm(graph: Graph) -> Graph:
     """Fold each BatchNorm whose input is a conv / linear used only by it into that layer."""
     drop: dict[str, str] = {}
     for node in graph.nodes:
@@ -918,6 +923,10 @@ def _fold_batchnorm(graph: Graph) -> Graph:
     for bn_name, src_name in drop.items():  # the forward pass also stores the value under the BatchNorm's name
         graph.by_name[src_name].folded += (bn_name,)
     return Graph(nodes, drop.get(graph.output, graph.output), graph.shape, graph.dynamic_batch, graph.batch_sized)
+
+
+# the fusion of split / chunk pieces into their readers happens as the graph is built (_Builder.piece)
+PASSES: tuple[Callable[[Graph], Graph], ...] = (mark_gates, fold_batchnorm)
 
 
 def trace(model: nn.Module, x: torch.Tensor) -> Graph:

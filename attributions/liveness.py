@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from attributions.graph import SIGNAL_KINDS, Graph
+from attributions.graph import Graph
+from attributions.kinds import RECOMPUTED_KINDS, SIGNAL_KINDS
 
 # cheap to recompute from their inputs: one or a few element-wise passes
-REMAT_KINDS = ("activation", "norm", "softmax", "move")
 MAX_CHAIN = 3  # ops recomputed in a row for one value, at most
 
 
@@ -43,7 +43,7 @@ class Lean:
 
 
 def _cheap(node: Any) -> bool:
-    return node.kind in REMAT_KINDS or node.is_elementwise_mix
+    return node.kind in RECOMPUTED_KINDS or node.is_elementwise_mix
 
 
 def plan(graph: Graph, rules: dict, keep: frozenset[str]) -> Lean:

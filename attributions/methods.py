@@ -20,6 +20,7 @@ from attributions.cam import GradCam
 from attributions.controls import EdgeControl, NoiseControl
 from attributions.engines import CHAIN, Engine, IntegratedGradientsEngine, SmoothGradEngine
 from attributions.errors import AttributionError, unknown_name
+from attributions.kinds import SIGNAL_KINDS
 from attributions.patterns import PatternChain, PatternRule, PatternSource
 
 
@@ -57,6 +58,11 @@ class Method:
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise AttributionError(f"method {self.name!r}: family {self.family!r} is not one of {', '.join(FAMILIES)}")
+        missing = [k for k in SIGNAL_KINDS if k not in self.rules] if self.chain else []
+        if missing:  # else the first graph holding such a node would find no rule for it
+            raise AttributionError(f"method {self.name!r}: its rule table has no rule for the node kind"
+                                   f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}; every kind that carries "
+                                   "the signal needs one (attributions.kinds)")
 
     @property
     def chain(self) -> bool:

@@ -2,8 +2,7 @@
 
 The graph builder fills them from the exported op's arguments; the graph passes replace them (records
 are frozen, so a pass that changes one makes a new one); the rules read them. A kind with nothing to
-record takes :class:`Plain`. ``RECORDS`` says which record each kind takes, and :func:`check` holds
-a node to it.
+record takes :class:`Plain`. Which record each kind takes is the kind's (:mod:`attributions.kinds`).
 """
 from __future__ import annotations
 
@@ -106,28 +105,3 @@ class Product(Record):
     pair: Callable[[dict, Any, Any], Any]
     quotient: bool = False
     gates: tuple[bool, bool] = (False, False)
-
-
-RECORDS: dict[str, type[Record]] = {
-    **{k: Plain for k in ("input", "value", "dense", "conv", "affine", "avgpool", "maxpool", "relu", "add")},
-    "const": Const, "move": Move, "mix": Mix, "activation": Activation, "leaky_relu": LeakyReLU,
-    "softmax": Softmax, "reduce": Reduce, "norm": Norm, "product": Product,
-}
-
-
-def default(kind: str) -> Record:
-    """The record of a ``kind`` node with nothing to say (a TypeError for kinds whose record has required
-    fields, and for unknown kinds)."""
-    if kind not in RECORDS:
-        raise TypeError(f"unknown kind {kind!r}: the kinds are {', '.join(RECORDS)}")
-    return RECORDS[kind]()
-
-
-def check(name: str, kind: str, record: Record) -> None:
-    """Raise TypeError unless ``record`` is the record type ``kind`` takes."""
-    expected = RECORDS.get(kind)
-    if expected is None:
-        raise TypeError(f"node {name!r}: unknown kind {kind!r}")
-    if type(record) is not expected:
-        raise TypeError(f"node {name!r} of kind {kind!r} takes a {expected.__name__} record, "
-                        f"got {type(record).__name__}")

@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from attributions.errors import AttributionError, unknown_name
-from attributions.graph import LINEAR_KINDS
+from attributions.kinds import LINEAR_KINDS
 from attributions.layers import LinearOp, per_dimension
 from attributions.records import LeakyReLU, Norm, Product, Record, Reduce, Softmax
 

@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 from attributions import memory
 from attributions.errors import unknown_name
 from attributions.explainer import Explainer, ForwardPass, shared_forward
-from attributions.graph import LINEAR_KINDS, Graph, Node, trace
+from attributions.graph import Graph, Node, trace
+from attributions.kinds import ELEMENTWISE_KINDS, RECORDED_KINDS
 from attributions.methods import build_method
 from attributions.records import Move, Norm
 from audit import style
@@ -41,10 +42,6 @@ from audit.inputs import Images, Labels, Methods, check_inputs, resolve_methods
 from audit.panels import family_panels, method_legend
 from audit.sections import Figure, ReportContext, Section
 
-RECORDED_KINDS = LINEAR_KINDS + ("relu", "leaky_relu", "maxpool", "add", "input", "activation", "norm", "mix", "product",
-                                 "softmax")
-# Kinds whose output keeps its input's layout (the channel axis stays where it was).
-_ELEMENTWISE = ("relu", "leaky_relu", "activation", "add", "mix", "product", "softmax")
 COLUMNS = ["method", "inject_at", "is_logits", "layer", "depth", "kind", "channels", "median", "p10", "p25", "p75",
            "p90", "mean", "baseline", "sigma2_over_sigma1", "effective_rank", "collapsed"]
 
@@ -147,12 +144,12 @@ def channel_axes(graph: Graph, env: dict[str, Any]) -> dict[str, int]:
             if axes[node.name] is not None:
                 continue
             known = []
-            if node.kind in _ELEMENTWISE:  # keeps the layout of any input whose layout is known
+            if node.kind in ELEMENTWISE_KINDS:  # keeps the layout of any input whose layout is known
                 known += [axes[i] for i in node.inputs if axes.get(i) is not None]
             for c in graph.consumers[node.name]:  # else the layout a consumer reads
                 consumer = graph.by_name[c]
                 known += [own(consumer)] if own(consumer) is not None else (
-                    [axes[c]] if consumer.kind in _ELEMENTWISE and axes.get(c) is not None else [])
+                    [axes[c]] if consumer.kind in ELEMENTWISE_KINDS and axes.get(c) is not None else [])
             if known:
                 axes[node.name], changed = known[0], True
         if not changed:

@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 
 from attributions import memory
 from attributions.explainer import Explainer, attribute_many
-from attributions.graph import SIGNAL_KINDS, Graph, trace
+from attributions.graph import Graph, trace
+from attributions.kinds import SIGNAL_KINDS
 from attributions.records import Const
 from audit import style
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, Check, UnitResult, VerdictCell, VerdictRule, too_few

@@ -565,3 +565,48 @@ def test_no_gradient_flows_through_detach_or_a_no_grad_region(mode):
     # the cut branch is a constant: a gate of the product, not a second path of the signal
     graph = trace(model, x.detach())
     assert all(n.kind in ("const", "value") for n in graph.nodes if "sigmoid" in n.name or "detach" in n.name)
+
+
+class _GatedConv(nn.Module):
+    """conv -> BatchNorm (eval) -> x * sigmoid(x); a second conv whose output two BatchNorms read."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)
+        self.shared, self.bn_a, self.bn_b = nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2), nn.BatchNorm2d(2)
+        self.fc = nn.Linear(2 * 2 * 2, 3)
+
+    def forward(self, x):
+        h = self.bn(self.conv(x))
+        h = h * torch.sigmoid(h)
+        s = self.shared(h)
+        return self.fc(F.max_pool2d(self.bn_a(s) + self.bn_b(s), 2).flatten(1))
+
+
+def test_the_passes_run_in_order_and_each_does_its_part():
+    from attributions.graph import PASSES, fold_batchnorm, mark_gates
+    from attributions.records import Product
+
+    assert PASSES == (mark_gates, fold_batchnorm)
+    model = _GatedConv().eval()
+    graph = trace(model, torch.rand(2, 1, 6, 6))
+    product = next(n for n in graph.nodes if isinstance(n.record, Product))
+    assert product.record.gates == (False, True)  # the sigmoid's operand is the gate
+    kinds = {n.name: n.kind for n in graph.nodes}
+    # the BatchNorm after a conv used only by it is folded into the conv; two BatchNorms reading one conv are not
+    assert "bn" not in kinds and graph.by_name["conv"].folded == ("bn",) and graph.by_name["conv"].bn is not None
+    assert kinds["bn_a"] == kinds["bn_b"] == "affine" and graph.by_name["shared"].bn is None
+    assert product.record.operands[0] == "conv"  # the product's operand renamed to the node that computes it
+    _exact(model.double(), torch.rand(2, 1, 6, 6, dtype=torch.float64))
+
+
+def test_the_op_table_maps_an_op_by_its_name_alone():
+    from attributions.graph import OPS
+    from attributions.records import Activation, Mix, Move
+
+    assert (OPS["gelu"].kind, OPS["gelu"].record("gelu")) == ("activation", Activation("gelu"))
+    assert OPS["view"].record("view") == Move(reshape=True) and OPS["dropout"].record("dropout") == Move(identity=True)
+    assert OPS["cat"].record("cat") == Move(cat=True) and not OPS["cat"].single  # joins any number of signals
+    assert OPS["add"].record("add") == Mix(elementwise=True) and OPS["mean"].record("mean") == Mix()
+    assert OPS["relu"].kind == "relu" and OPS["gelu"].single
+    assert "conv2d" not in OPS and "batch_norm" not in OPS  # their kind depends on their arguments

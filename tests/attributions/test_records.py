@@ -8,11 +8,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from attributions import records as rec
-from attributions.graph import CONSTANT_KINDS, SIGNAL_KINDS, Node, trace
+from attributions.graph import Node, trace
+from attributions.kinds import CONSTANT_KINDS, RECORDS, SIGNAL_KINDS
 
 
 def test_every_kind_has_a_record_and_a_node_holds_its_own():
-    assert set(rec.RECORDS) == set(SIGNAL_KINDS) | set(CONSTANT_KINDS)
+    assert set(RECORDS) == set(SIGNAL_KINDS) | set(CONSTANT_KINDS)
     assert Node("r", "relu", ("x",)).record == rec.Plain()
     assert Node("m", "move", ("x",)).record == rec.Move()
     with pytest.raises(TypeError, match="takes a Softmax record, got Move"):

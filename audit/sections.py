@@ -9,15 +9,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure as MplFigure
 
-if TYPE_CHECKING:  # the configuration imports the checks, which import this module
-    from audit.run.config import AuditConfig
+
+class RunSettings(Protocol):
+    """What a check's report reads of the run's configuration (:class:`audit.run.config.AuditConfig` is one;
+    named here, since the configuration imports the checks, which import this module)."""
+
+    @property
+    def preprocess(self) -> str | dict: ...
 
 
 @dataclass
@@ -58,7 +63,7 @@ class ReportContext:
     or None; ``run``: the run folder.
     """
 
-    config: AuditConfig
+    config: RunSettings
     run: Path
     examples: Callable[[str, str, list], tuple[dict[str, np.ndarray], np.ndarray | None]]
 

@@ -6,8 +6,17 @@ import pytest
 
 from attributions import records as rec
 from attributions.errors import AttributionError
-from attributions.kinds import (CONSTANT_KINDS, ELEMENTWISE_KINDS, KINDS, LINEAR_KINDS, RECOMPUTED_KINDS,
-                                RECORDED_KINDS, RECORDS, SIGNAL_KINDS, Kind)
+from attributions.kinds import (
+    CONSTANT_KINDS,
+    ELEMENTWISE_KINDS,
+    KINDS,
+    LINEAR_KINDS,
+    RECOMPUTED_KINDS,
+    RECORDED_KINDS,
+    RECORDS,
+    SIGNAL_KINDS,
+    Kind,
+)
 from attributions.methods import BUILDERS, build_method
 
 

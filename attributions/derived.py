@@ -1,6 +1,6 @@
 """Values derived from tensors that may change in place: kept until one of their sources changes.
 
-The sign-split weights of a layer and the forward pass of the zero reference depend only on the
+The sign-split weights of a layer and the forward pass of the reference input depend only on the
 model's tensors, not on the explained inputs; recomputing them per call doubles the cost of the
 rules that need them. A source counts as changed when its identity, storage, version counter or a
 strided sample of its values differs (``p.data.copy_(...)`` does not bump the version counter, so

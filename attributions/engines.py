@@ -87,7 +87,8 @@ CHAIN = RuleChain()
 
 
 class IntegratedGradientsEngine(Engine):
-    """captum's IntegratedGradients from a zero baseline over the graph's forward (Riemann trapezoid)."""
+    """captum's IntegratedGradients from the method's baseline over the graph's forward (captum's default
+    Gauss-Legendre quadrature, ``n_steps`` points)."""
 
     times_input = True  # (x - baseline) times the path-averaged gradient
 

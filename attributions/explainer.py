@@ -192,7 +192,7 @@ class Explainer(Attribution):
         """How far each map's sum is from what the method promises, (B,).
 
         DeepLIFT and integrated gradients: sum - (f(x) - f(x0)) for the explained output, x0 the
-        method's baseline (completeness; exact for DeepLIFT, a Riemann error for IG). LRP from the
+        method's baseline (completeness; exact for DeepLIFT, the quadrature's error for IG). LRP from the
         logit: sum - f(x) (conservation; biases, stabilisers and constants absorb part of it, so it
         is exact only on bias-free models).
         """
@@ -348,7 +348,7 @@ class Explainer(Attribution):
                 ctx = Context(node, [value(i) if "inputs" in reads else env[i] for i in node.inputs],
                               value(node.name) if "output" in reads else env[node.name], self._ops.get(node.name),
                               [ref[i] for i in node.inputs] if ref else None, ref[node.name] if ref else None,
-                              env.get(key), ref.get(key) if ref else None, env, ref, self._g)
+                              env.get(key), ref.get(key) if ref else None, env, self._g)
                 outs = rule.backward(ctx, s)
                 for name, o in zip(node.inputs, outs):
                     pending[name] = o if name not in pending else pending[name] + o
@@ -360,8 +360,8 @@ class Explainer(Attribution):
     def _forward_envs(self, x: torch.Tensor, with_ref: bool | None = None, record: frozenset[str] | None = None,
                       batch: torch.Size | None = None, reuse: Reuse | None = None,
                       lean: Lean | None = None) -> tuple[dict, dict | None]:
-        """Every node's output for x and (DeepLIFT, or ``with_ref``) for the zero reference: one image,
-        broadcast against the batch. ``record``: nodes whose autograd graph to keep (default: those
+        """Every node's output for x and (DeepLIFT, or ``with_ref``) for the reference (the method's baseline):
+        one image, broadcast against the batch. ``record``: nodes whose autograd graph to keep (default: those
         this method's rules differentiate); ``batch``: the shape of the inputs ``x`` was taken from, which
         an error names (the user's, not a probe's); ``reuse``: as :meth:`_run`; ``lean``: the plan of a
         pass for one backward, which holds only what that backward reads (:meth:`_lean`)."""

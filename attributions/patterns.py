@@ -177,31 +177,30 @@ class PatternSource:
         self.estimator, self.given, self.data, self.batch = estimator, patterns, data, batch
         self.cache, self.cache_for = (Path(cache) if cache is not None else None), cache_for
         self.source = source or (f"{len(data)} given images" if data is not None else "the explained images")
-        self._fitted: Derived[tuple[dict[str, torch.Tensor], str]] = Derived()
+        self._fitted: Derived[dict[str, torch.Tensor]] = Derived()
         self.current: dict[str, torch.Tensor] | None = None
-        self.fitted_on = self.source
 
     def prepare(self, ex: Any, x: torch.Tensor) -> None:
         """Make the patterns for the explainer's model as it is now, fitted on ``data`` or on ``x`` (B, ...)."""
         if self.given is not None and self.data is None:  # nothing to refit on: the given ones or an error
             self.given.check(ex.model)
-            self.current, self.fitted_on = self.given.patterns, self.given.source
+            self.current = self.given.patterns
             return
         data = self.data if self.data is not None else x
         model = ex.model
         with torch.no_grad():
-            self.current, self.fitted_on = self._fitted.get(
+            self.current = self._fitted.get(
                 [*model.parameters(), *model.buffers(), data], lambda: self._make(ex, data),
                 key=(id(ex.graph), tuple(data.shape)))
 
-    def _make(self, ex: Any, data: torch.Tensor) -> tuple[dict[str, torch.Tensor], str]:
-        """(patterns, what they were fitted on) for the model's current weights: given or cached ones when they
-        belong to these weights, else fitted on ``data`` (and cached, when the cache file is still missing)."""
+    def _make(self, ex: Any, data: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The patterns for the model's current weights: given or cached ones when they belong to these weights,
+        else fitted on ``data`` (and cached, when the cache file is still missing)."""
         if self.given is None and self.cache is None:
-            return fit_nodes(ex, data, self.estimator, self.batch), self.source
+            return fit_nodes(ex, data, self.estimator, self.batch)
         current = fingerprint(ex.model)
         if self.given is not None and self.given.fingerprint == current:
-            return self.given.patterns, self.given.source
+            return self.given.patterns
         cache = self.cache if current == self.cache_for else None  # a randomized model's are never cached
         if cache is not None and cache.exists():
             kept = Patterns.load(cache)
@@ -212,11 +211,11 @@ class PatternSource:
                 if bad:
                     raise AttributionError(f"{cache} holds patterns that are not finite tensors ({', '.join(bad[:3])}); "
                                            "the file is damaged: delete it and the patterns are fitted again")
-                return kept.patterns, self.source
+                return kept.patterns
         fitted = fit_nodes(ex, data, self.estimator, self.batch)
         if cache is not None:
             Patterns(fitted, self.estimator, len(data), self.source, current).save(cache)
-        return fitted, self.source
+        return fitted
 
     def pattern(self, node: str) -> torch.Tensor:
         if self.current is None or node not in self.current:

@@ -43,7 +43,6 @@ class Context:
     indices: torch.Tensor | None = None  # max pooling: the winners of the forward pass
     ref_indices: torch.Tensor | None = None
     env: dict | None = None  # every node's value: the generic rules re-run the node's operation on it
-    ref_env: dict | None = None
     graph: Any = None  # the traced graph, for rules that look at a node's neighbours (RevealCancel)
 
     @property

@@ -87,15 +87,6 @@ def pairwise_abs_cos(signal: torch.Tensor, k: int | None = None, channel_axis: i
     return cos[keep].numpy()
 
 
-def spectrum(signal: torch.Tensor) -> tuple[float, float]:
-    """Median over images of sigma2 / sigma1 and of the effective rank (exp of the entropy of the
-    normalised singular values, Roy & Vetterli 2007) of each image's K x D signal matrix."""
-    ratio, rank = image_spectra(signal)
-    if not len(ratio):
-        return float("nan"), float("nan")
-    return float(torch.from_numpy(ratio).median()), float(torch.from_numpy(rank).median())
-
-
 def image_spectra(signal: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """sigma2 / sigma1 and the effective rank of each image's K x D signal matrix (images with a zero or
     non-finite signal left out): two arrays of at most B values.

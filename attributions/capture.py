@@ -169,7 +169,8 @@ def logits_of(out: Any) -> torch.Tensor:
     if isinstance(logits, torch.Tensor):
         return logits
     if isinstance(out, Mapping) and isinstance(out.get("logits"), torch.Tensor):
-        return out["logits"]
+        found: torch.Tensor = out["logits"]
+        return found
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
     raise AttributionError(f"the model returns a {type(out).__name__}, not the logits; return a tensor (B, classes), "

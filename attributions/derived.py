@@ -9,7 +9,7 @@ the sample catches a re-initialisation written that way).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -22,12 +22,12 @@ def _sample(t: torch.Tensor) -> torch.Tensor:
     return flat[:: max(1, flat.numel() // _SAMPLES)].clone()
 
 
-def snapshot(tensors: Iterable[torch.Tensor]) -> list[tuple]:
+def snapshot(tensors: Iterable[torch.Tensor]) -> list[tuple[Any, ...]]:
     """What :class:`Derived` compares: (tensor, storage, version, value sample) per tensor."""
     return [(t, t.data_ptr(), t._version, _sample(t)) for t in tensors]
 
 
-def _same(before: list[tuple], now: list[tuple]) -> bool:
+def _same(before: list[tuple[Any, ...]], now: list[tuple[Any, ...]]) -> bool:
     return len(before) == len(now) and all(
         a[0] is b[0] and a[1:3] == b[1:3] and torch.equal(a[3], b[3]) for a, b in zip(before, now))
 
@@ -36,7 +36,7 @@ class Derived(Generic[T]):
     """One cached value, recomputed when its sources or its key change."""
 
     def __init__(self) -> None:
-        self._state: tuple[Hashable, list[tuple], T] | None = None
+        self._state: tuple[Hashable, list[tuple[Any, ...]], T] | None = None
 
     def get(self, sources: Iterable[torch.Tensor], make: Callable[[], T], key: Hashable = None) -> T:
         """The value ``make()`` returned for these sources, recomputed if any of them (or ``key``) changed."""

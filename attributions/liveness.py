@@ -46,7 +46,7 @@ def _cheap(node: Any) -> bool:
     return node.kind in RECOMPUTED_KINDS or node.is_elementwise_mix
 
 
-def plan(graph: Graph, rules: dict, keep: frozenset[str]) -> Lean:
+def plan(graph: Graph, rules: dict[str, Any], keep: frozenset[str]) -> Lean:
     """The plan for ``graph`` under ``rules`` ({node: rule}) when the backward returns the signals at
     ``keep``."""
     protected = set(keep) | {graph.output, "input"}  # read after the backward: never freed

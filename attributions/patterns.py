@@ -41,7 +41,7 @@ from attributions.derived import Derived
 from attributions.engines import RuleChain
 from attributions.errors import AttributionError
 from attributions.layers import OPS
-from attributions.rules import Rule
+from attributions.rules import Context, Rule
 
 ESTIMATORS = ("relu", "linear", "two-component")
 FITTED_KINDS = ("dense", "conv")
@@ -67,7 +67,7 @@ class Patterns:
     n: int
     source: str
     fingerprint: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict[str, Any])
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write to ``path`` atomically (a partial file never stands in for a finished one)."""
@@ -240,14 +240,17 @@ class PatternRule(Rule):
             raise AttributionError(f"pattern rule mode must be net or attribution, got {mode!r}")
         self.source, self.mode = source, mode
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         a = self.source.pattern(ctx.node.name).to(signal.dtype)
-        w, _ = ctx.op.weights()
+        op = ctx.layer
+        w, _ = op.weights()
+        assert w is not None, "the pattern rules act on layers with weights"
         if a.ndim == w.ndim:
-            return [ctx.op.transpose(signal, a if self.mode == "net" else w * a, ctx.x.shape)]
-        positive = (ctx.op.forward(ctx.x, w) > 0).to(signal.dtype)  # each unit's regime, per image
-        parts = [(signal * positive, a[0]), (signal * (1 - positive), a[1])]
-        return [sum(ctx.op.transpose(s, p if self.mode == "net" else w * p, ctx.x.shape) for s, p in parts)]
+            return [op.transpose(signal, a if self.mode == "net" else w * a, ctx.x.shape)]
+        positive = (op.forward(ctx.x, w) > 0).to(signal.dtype)  # each unit's regime, per image
+        on, off = (op.transpose(s, p if self.mode == "net" else w * p, ctx.x.shape)
+                            for s, p in ((signal * positive, a[0]), (signal * (1 - positive), a[1])))
+        return [on + off]
 
     def __repr__(self) -> str:
         return f"PatternRule(mode={self.mode}, estimator={self.source.estimator})"

@@ -102,6 +102,6 @@ class Product(Record):
     """
 
     operands: tuple[str, str]
-    pair: Callable[[dict, Any, Any], Any]
+    pair: Callable[[dict[str, Any], Any, Any], Any]
     quotient: bool = False
     gates: tuple[bool, bool] = (False, False)

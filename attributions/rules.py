@@ -42,12 +42,40 @@ class Context:
     ref_output: torch.Tensor | None = None
     indices: torch.Tensor | None = None  # max pooling: the winners of the forward pass
     ref_indices: torch.Tensor | None = None
-    env: dict | None = None  # every node's value: the generic rules re-run the node's operation on it
+    env: dict[Any, Any] | None = None  # every node's value: the generic rules re-run the node's operation on it
     graph: Any = None  # the traced graph, for rules that look at a node's neighbours (RevealCancel)
 
     @property
     def x(self) -> torch.Tensor:
         return self.inputs[0]
+
+    @property
+    def layer(self) -> LinearOp:
+        """The weighted layer's operator (the rules of weighted kinds only get nodes that have one)."""
+        if self.op is None:
+            raise AttributionError(f"node {self.node.name!r} has no weighted layer for its rule")
+        return self.op
+
+    @property
+    def values(self) -> dict[Any, Any]:
+        """Every node's forward value (the generic rules re-run a node's operation on them)."""
+        if self.env is None:
+            raise AttributionError(f"the rule of node {self.node.name!r} needs the forward pass's values")
+        return self.env
+
+    @property
+    def winners(self) -> torch.Tensor:
+        """Max pooling's winners in the forward pass."""
+        if self.indices is None:
+            raise AttributionError(f"node {self.node.name!r}: max pooling's winners were not recorded")
+        return self.indices
+
+    @property
+    def references(self) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The inputs and output of the node on the reference (DeepLIFT's rules only run with one)."""
+        if self.ref_inputs is None or self.ref_output is None:
+            raise AttributionError(f"the rule of node {self.node.name!r} needs the reference's forward pass")
+        return self.ref_inputs, self.ref_output
 
     @property
     def recorded(self) -> bool:
@@ -56,7 +84,8 @@ class Context:
 
     def apply(self, *inputs: torch.Tensor) -> torch.Tensor:
         """The node's operation with its signal inputs set to ``inputs`` (the rest from the forward pass)."""
-        return self.node.evaluate(self.env, dict(zip(self.node.inputs, inputs)))
+        out: torch.Tensor = self.node.evaluate(self.env, dict(zip(self.node.inputs, inputs)))
+        return out
 
     def vjp(self, signal: torch.Tensor, at: list[torch.Tensor] | None = None,
             function: Callable[..., torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -156,9 +185,9 @@ class Gradient(Rule):
     kinds = LINEAR_KINDS
     reads = ()
 
-    def backward(self, ctx, signal):
-        w, _ = ctx.op.weights()
-        return [ctx.op.transpose(signal, w, ctx.x.shape)]
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        w, _ = ctx.layer.weights()
+        return [ctx.layer.transpose(signal, w, ctx.x.shape)]
 
 
 class Epsilon(Rule):
@@ -170,9 +199,9 @@ class Epsilon(Rule):
     def __init__(self, epsilon: float = 1e-6):
         self.epsilon = epsilon
 
-    def backward(self, ctx, signal):
-        w, _ = ctx.op.weights()
-        return [ctx.op.transpose(ratio(signal, ctx.output, self.epsilon), w, ctx.x.shape).mul_(ctx.x)]
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        w, _ = ctx.layer.weights()
+        return [ctx.layer.transpose(ratio(signal, ctx.output, self.epsilon), w, ctx.x.shape).mul_(ctx.x)]
 
 
 class AlphaBeta(Rule):
@@ -191,12 +220,12 @@ class AlphaBeta(Rule):
             raise ValueError(f"alpha - beta must be 1, got alpha={alpha}, beta={beta}")
         self.alpha, self.beta, self.bias, self.stabilizer = alpha, beta, bias, stabilizer
 
-    def backward(self, ctx, signal):
-        op, x = ctx.op, ctx.x
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        op, x = ctx.layer, ctx.x
         _, b = op.weights()
         wp, wn = op.signed()
-        bp = b.clamp(min=0) if self.bias else None
-        bn = b.clamp(max=0) if self.bias else None
+        bp = b.clamp(min=0) if self.bias and b is not None else None
+        bn = b.clamp(max=0) if self.bias and b is not None else None
         if float(x.min()) >= 0:
             # Inputs after a ReLU: x- = 0, so z+ = W+ x + b+ >= 0 and z- = z - z+ <= 0 have known signs
             # (stabilised away from 0 without a sign pass), and z- needs no second forward.
@@ -238,9 +267,10 @@ class Gamma(Rule):
     def __init__(self, gamma: float = 0.25, epsilon: float = 1e-6):
         self.gamma, self.epsilon = gamma, epsilon
 
-    def backward(self, ctx, signal):
-        op, x, g = ctx.op, ctx.x, self.gamma
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        op, x, g = ctx.layer, ctx.x, self.gamma
         w, b = op.weights()
+        assert w is not None and b is not None, "Gamma acts on conv and dense layers (a zero bias where none)"
         wp, wn = op.signed()
         up, down = w + g * wp, w + g * wn
         xp, xn = x.clamp(min=0), x.clamp(max=0)
@@ -261,27 +291,28 @@ class _InputFree(Rule):
     kinds = WEIGHTED_KINDS
     reads = ()
 
-    def _weights(self, w):
+    def _weights(self, w: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def backward(self, ctx, signal):
-        w, _ = ctx.op.weights()
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        w, _ = ctx.layer.weights()
+        assert w is not None, "the input-free rules act on layers with weights"
         v = self._weights(w)
-        z = ctx.op.forward(torch.ones_like(ctx.x), v)
-        return [ctx.op.transpose(signal / stabilize(z, 1e-12), v, ctx.x.shape)]
+        z = ctx.layer.forward(torch.ones_like(ctx.x), v)
+        return [ctx.layer.transpose(signal / stabilize(z, 1e-12), v, ctx.x.shape)]
 
 
 class WSquare(_InputFree):
     """LRP-w^2: relevance shared in proportion to the squared weights (input-independent)."""
 
-    def _weights(self, w):
+    def _weights(self, w: torch.Tensor) -> torch.Tensor:
         return w * w
 
 
 class Flat(_InputFree):
     """LRP-flat: relevance shared uniformly over each output's receptive field."""
 
-    def _weights(self, w):
+    def _weights(self, w: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(w)
 
 
@@ -304,8 +335,8 @@ class ZB(Rule):
         flat = x.reshape(len(x), -1)
         return (flat.amax(1) if largest else flat.amin(1)).reshape(-1, *[1] * (x.ndim - 1))
 
-    def backward(self, ctx, signal):
-        op, x = ctx.op, ctx.x
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        op, x = ctx.layer, ctx.x
         w, _ = op.weights()
         wp, wn = op.signed()
         lo, hi = self._bound(x, self.low, False), self._bound(x, self.high, True)
@@ -332,10 +363,10 @@ class DeepLiftAblation(Rule):
     kinds = LINEAR_KINDS
     reads = ()
 
-    def backward(self, ctx, signal):
-        w, _ = ctx.op.weights()
-        wp = ctx.op.signed()[0] if ctx.op.has_negative_weights else w
-        return [ctx.op.transpose(signal, wp, ctx.x.shape)]
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        w, _ = ctx.layer.weights()
+        wp = ctx.layer.signed()[0] if ctx.layer.has_negative_weights else w
+        return [ctx.layer.transpose(signal, wp, ctx.x.shape)]
 
 
 # --- nonlinearities, pooling, residual adds ----------------------------------------------------------
@@ -347,7 +378,7 @@ class Pass(Rule):
     kinds = ACTIVATION_KINDS + ("norm", "softmax")
     reads = ()
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         return [signal]
 
 
@@ -365,7 +396,7 @@ class ReLUGradient(Rule):
     def linear_in_signal(self) -> bool:  # type: ignore[override]  # guided and deconv clip the signal
         return self.mode == "gradient"
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         if self.mode == "deconv":
             return [signal.clamp(min=0)]
         slope = ctx.node.record.negative_slope if isinstance(ctx.node.record, LeakyReLU) else 0.0
@@ -404,7 +435,7 @@ class RectGrad(Rule):
             raise AttributionError(f"RectGrad's percentile q must lie in [0, 100], got {q}")
         self.q = q
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         importance = signal * ctx.output  # (K, B, ...)
         flat = importance.reshape(signal.shape[0] * signal.shape[1], -1)
         tau = percentile(flat, self.q).reshape(signal.shape[0], signal.shape[1], *[1] * (signal.ndim - 2))
@@ -424,8 +455,8 @@ class Rescale(Rule):
 
     kinds = ("relu", "leaky_relu")
 
-    def backward(self, ctx, signal):
-        multiplier = (ctx.output - ctx.ref_output).div_(ctx.x - ctx.ref_inputs[0]).nan_to_num_(nan=0.0)
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        multiplier = (ctx.output - ctx.references[1]).div_(ctx.x - ctx.references[0][0]).nan_to_num_(nan=0.0)
         return [signal * multiplier]
 
 
@@ -442,7 +473,7 @@ class RevealCancelReLU(Rescale):
     a dense or conv layer read by nothing else, the multiplier passes unchanged and that layer's rule
     (:class:`RevealCancelLinear`) splits it into its positive and negative parts; elsewhere Rescale."""
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         if _feeds_relu(ctx, ctx.node.inputs[0]) == ctx.node.name:
             return [signal]
         return super().backward(ctx, signal)
@@ -460,17 +491,17 @@ class RevealCancelLinear(Rule):
 
     kinds = ("dense", "conv")
 
-    def backward(self, ctx, signal):
-        op, x = ctx.op, ctx.x
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        op, x = ctx.layer, ctx.x
         w, _ = op.weights()
         relu = _feeds_relu(ctx, ctx.node.name)
         if relu is None:
             return [op.transpose(signal, w, x.shape)]
         wp, wn = op.signed()
-        dx = x - ctx.ref_inputs[0]
+        dx = x - ctx.references[0][0]
         up, down = dx.clamp(min=0), dx.clamp(max=0)
         dz_pos, dz_neg = op.forward(up, wp) + op.forward(down, wn), op.forward(down, wp) + op.forward(up, wn)
-        z0 = ctx.ref_output.expand_as(dz_pos)
+        z0 = ctx.references[1].expand_as(dz_pos)
         f = torch.relu
         dy_pos = (f(z0 + dz_pos) - f(z0) + f(z0 + dz_neg + dz_pos) - f(z0 + dz_neg)) / 2
         dy_neg = (f(z0 + dz_neg) - f(z0) + f(z0 + dz_pos + dz_neg) - f(z0 + dz_pos)) / 2
@@ -497,14 +528,14 @@ class WinnerTakeAll(Rule):
     kinds = ("maxpool",)
     reads = ("inputs",)
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         m = ctx.node.module
         if signal.shape[0] == 1 and ctx.x.ndim == 4:  # torch's own kernel for a single signal
             grad = torch.ops.aten.max_pool2d_with_indices_backward(
                 signal[0], ctx.x, per_dimension(m.kernel_size, 2), per_dimension(m.stride or m.kernel_size, 2),
-                per_dimension(m.padding, 2), per_dimension(m.dilation, 2), m.ceil_mode, ctx.indices)
+                per_dimension(m.padding, 2), per_dimension(m.dilation, 2), m.ceil_mode, ctx.winners)
             return [grad[None]]
-        return [_unpool(signal, ctx.indices, ctx.x.shape)]
+        return [_unpool(signal, ctx.winners, ctx.x.shape)]
 
 
 class DeepLiftMaxPool(Rule):
@@ -521,10 +552,10 @@ class DeepLiftMaxPool(Rule):
     def __init__(self, eps: float = 1e-10):
         self.eps = eps
 
-    def backward(self, ctx, signal):
-        x, ref = ctx.x, ctx.ref_inputs[0]
-        out, out_ref = ctx.output, ctx.ref_output
-        idx = ctx.indices
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        x, ref = ctx.x, ctx.references[0][0]
+        out, out_ref = ctx.output, ctx.references[1]
+        idx = ctx.winners
         b, c = idx.shape[:2]
         flat_x = x.reshape(b, c, -1)
         flat_ref = ref.reshape(ref.shape[0], c, -1).expand(b, -1, -1)
@@ -534,6 +565,7 @@ class DeepLiftMaxPool(Rule):
         q = torch.where(small, 1.0, (cross - out_ref) / torch.where(small, 1.0, dx))
         grad = _unpool(signal * q, idx, x.shape)
         if bool((out < out_ref).any()):  # windows where the reference's maximum is the larger one
+            assert ctx.ref_indices is not None, "DeepLIFT's max pooling records the reference's winners"
             idx_ref = ctx.ref_indices.expand_as(idx)
             dx_ref = torch.gather(flat_x, 2, idx_ref.reshape(b, c, -1)).reshape(out.shape) - out_ref
             small_ref = dx_ref.abs() < self.eps
@@ -550,7 +582,7 @@ class ProportionalSplit(Rule):
     def __init__(self, epsilon: float = 1e-6):
         self.epsilon = epsilon
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         s = ratio(signal, ctx.output, self.epsilon)
         return [s * x for x in ctx.inputs]
 
@@ -565,7 +597,7 @@ class NormalisedSplit(Rule):
     def __init__(self, epsilon: float = 1e-9):
         self.epsilon = epsilon
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         s = ratio(signal, ctx.output, self.epsilon)
         parts = [s * x for x in ctx.inputs]
         axes = tuple(range(2, signal.ndim))
@@ -586,7 +618,7 @@ class Copy(Rule):
     kinds = ("add",)
     reads = ()
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         return [signal for _ in ctx.inputs]
 
 
@@ -601,11 +633,11 @@ class VJP(Rule):
     records = True
     reads = ("inputs",)
 
-    def reads_for(self, node):
+    def reads_for(self, node: Any) -> tuple[str, ...]:
         linear = node.kind in LINEAR_TRACED or node.is_identity or node.is_reshape
         return () if linear else self.reads
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         if ctx.node.is_identity:
             return [signal]
         if ctx.node.is_reshape:  # a plain reshape: its adjoint is the inverse reshape
@@ -629,7 +661,7 @@ class ActivationGradient(Rule):
     def __init__(self, mode: str = "guided"):
         self.mode = mode
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         if self.mode == "deconv":
             return [signal.clamp(min=0)]
         return [ctx.vjp(signal)[0].clamp(min=0)]
@@ -648,7 +680,7 @@ class LinearZ(Rule):
     def __init__(self, epsilon: float = 1e-6):
         self.epsilon = epsilon
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         s = signal / stabilize(ctx.output, self.epsilon)
         return [x * g for x, g in zip(ctx.inputs, ctx.vjp(s))]
 
@@ -662,13 +694,13 @@ class RescaleAny(Rule):
     def __init__(self, tolerance: float = 1e-10):
         self.tolerance = tolerance
 
-    def backward(self, ctx, signal):
-        dx = ctx.x - ctx.ref_inputs[0]
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        dx = ctx.x - ctx.references[0][0]
         small = dx.abs() <= self.tolerance
         if not bool(small.any()):  # the common case, in as few element-wise passes as it takes
-            return [signal * (ctx.output - ctx.ref_output).div_(dx)]
+            return [signal * (ctx.output - ctx.references[1]).div_(dx)]
         slope = ctx.vjp(torch.ones_like(ctx.output)[None])[0][0]  # f'(x), element-wise
-        ratio = torch.where(small, slope, (ctx.output - ctx.ref_output) / torch.where(small, 1.0, dx))
+        ratio = torch.where(small, slope, (ctx.output - ctx.references[1]) / torch.where(small, 1.0, dx))
         return [signal * ratio]
 
 
@@ -682,12 +714,11 @@ def _secant(ctx: Context, signal: torch.Tensor, dims: tuple[int, ...] | None, ro
     so that sum_i mult_ij dx_i = dy_j exactly, for any function of the group; it tends to the gradient as
     x0 -> x. One output per group (a reduction), or with ``rows`` one output per input of the group (a
     softmax). A group with dx = 0 has dy = 0 and gets the gradient. signal (K, B, ...) -> (K, B, ...)."""
-    assert ctx.ref_inputs is not None and ctx.ref_output is not None, "DeepLIFT rules run with a reference"
-    x, dx = ctx.x, ctx.x - ctx.ref_inputs[0]
+    x, dx = ctx.x, ctx.x - ctx.references[0][0]
     mid = x - dx / 2
     along = torch.func.jvp(ctx.apply, (mid,), (dx,))[1]
     squares = (dx * dx).sum(dim=dims, keepdim=True) if dims is not None else (dx * dx).sum().reshape([1] * x.ndim)
-    residual = ctx.output - ctx.ref_output - along
+    residual = ctx.output - ctx.references[1] - along
     coefficient = torch.where(squares > 0, residual.reshape(residual.shape if rows else squares.shape)
                               / torch.where(squares > 0, squares, 1.0), 0.0)
     weighted = signal.reshape(signal.shape[0], *coefficient.shape) * coefficient
@@ -702,7 +733,7 @@ class SecantReduce(Rule):
 
     kinds = ("reduce",)
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         return [_secant(ctx, signal, _record(ctx, Reduce).dims)]
 
 
@@ -752,7 +783,7 @@ class GateProduct(Rule):
     def __init__(self, epsilon: float = 1e-6, gates: bool = True):
         self.epsilon, self.gates = epsilon, gates
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         a, b = _operand_values(ctx)
         gates = _record(ctx, Product).gates if self.gates else (False, False)
         s = signal / stabilize(ctx.output, self.epsilon)
@@ -777,7 +808,7 @@ class DeepLiftProduct(Rule):
     def __init__(self, tolerance: float = 1e-10):
         self.tolerance = tolerance
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         a, b = _operand_values(ctx)
         a0, b0 = _operand_values(ctx, reference=True)
         pair = _product_of(ctx)
@@ -802,7 +833,7 @@ def _norm_axes(ctx: Context) -> tuple[Callable[[torch.Tensor], torch.Tensor], tu
     x, norm, env = ctx.x, _record(ctx, Norm), ctx.env or {}
     spec = norm.arguments
 
-    def value(v):
+    def value(v: Any) -> Any:
         return env[v.name] if hasattr(v, "name") and not isinstance(v, str) else v
 
     weight, bias, eps = value(spec.get("weight")), value(spec.get("bias")), float(spec["eps"])
@@ -816,10 +847,10 @@ def _norm_axes(ctx: Context) -> tuple[Callable[[torch.Tensor], torch.Tensor], tu
         groups = int(value(spec["num_groups"]))
         nd, rest = x.ndim, tuple(x.shape[1:])
 
-        def group(t):
+        def group(t: torch.Tensor) -> torch.Tensor:
             return t.reshape(*t.shape[:t.ndim - nd], t.shape[t.ndim - nd], groups, -1)
 
-        def ungroup(t):
+        def ungroup(t: torch.Tensor) -> torch.Tensor:
             return t.reshape(*t.shape[:-2], *rest)
 
         return group, (-1,), weight, bias, eps, ungroup
@@ -841,12 +872,12 @@ class NormLRP(Rule):
     def __init__(self, epsilon: float = 1e-6):
         self.epsilon = epsilon
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
         g = group(ctx.x)
         std = torch.sqrt(g.var(dim=dims, keepdim=True, unbiased=False) + eps)
 
-        def linear(t):
+        def linear(t: torch.Tensor) -> torch.Tensor:
             u = group(t)
             return _affine(ungroup((u - u.mean(dim=dims, keepdim=True)) / std), weight)
 
@@ -860,20 +891,19 @@ def _norm_secant(ctx: Context, signal: torch.Tensor) -> torch.Tensor:
     affine weight; J is symmetric, so one function gives both the tangent along dx and the transpose.
     About a third of the element-wise passes of the generic forward- and reverse-mode products.
     signal (K, B, ...) -> (K, B, ...)."""
-    assert ctx.ref_inputs is not None and ctx.ref_output is not None, "DeepLIFT rules run with a reference"
     group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
     kdims = tuple(d - ctx.x.ndim if d >= 0 else d for d in dims)  # counted from the end: a K axis may lead
-    x, dx = group(ctx.x), group(ctx.x - ctx.ref_inputs[0])
+    x, dx = group(ctx.x), group(ctx.x - ctx.references[0][0])
     um = x - dx / 2
     um = um - um.mean(dim=kdims, keepdim=True)
     rm = torch.rsqrt((um * um).mean(dim=kdims, keepdim=True) + eps)
     nm = um * rm
 
-    def jacobian(t):
+    def jacobian(t: torch.Tensor) -> torch.Tensor:
         t = t - t.mean(dim=kdims, keepdim=True)
         return (t - nm * (nm * t).mean(dim=kdims, keepdim=True)).mul_(rm)
 
-    residual = group(ctx.output - ctx.ref_output - _affine(ungroup(jacobian(dx)), weight))
+    residual = group(ctx.output - ctx.references[1] - _affine(ungroup(jacobian(dx)), weight))
     squares = (dx * dx).sum(dim=kdims, keepdim=True)
     coefficient = torch.where(squares > 0, residual / torch.where(squares > 0, squares, 1.0), 0.0)
     weighted = (group(signal) * coefficient).sum(dim=kdims, keepdim=True)
@@ -891,9 +921,9 @@ class NormDeepLift(Rule):
     def __init__(self, tolerance: float = 1e-10, conditioning: float = 4.0):
         self.tolerance, self.conditioning = tolerance, conditioning
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
-        x, x0 = group(ctx.x), group(ctx.ref_inputs[0])
+        x, x0 = group(ctx.x), group(ctx.references[0][0])
         u, u0 = x - x.mean(dim=dims, keepdim=True), x0 - x0.mean(dim=dims, keepdim=True)
         v, v0 = (u * u).mean(dim=dims, keepdim=True), (u0 * u0).mean(dim=dims, keepdim=True)
         r, r0 = torch.rsqrt(v + eps), torch.rsqrt(v0 + eps)
@@ -926,7 +956,7 @@ class SoftmaxGradient(Rule):
     kinds = ("softmax",)
     reads = ("output",)
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         dim = _record(ctx, Softmax).dim % ctx.output.ndim + 1
         out = ctx.output.expand_as(signal)
         return [torch.ops.aten._softmax_backward_data(signal, out, dim, out.dtype)]
@@ -938,7 +968,7 @@ class SoftmaxLRP(Rule):
 
     kinds = ("softmax",)
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         dim = _record(ctx, Softmax).dim % ctx.output.ndim + 1
         return [ctx.x * (signal - ctx.output * signal.sum(dim=dim, keepdim=True))]
 
@@ -952,9 +982,9 @@ class SoftmaxDeepLift(Rule):
     def __init__(self, tolerance: float = 1e-10, underflow: float = 1e-4):
         self.tolerance, self.underflow = tolerance, underflow
 
-    def backward(self, ctx, signal):
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         d = _record(ctx, Softmax).dim % ctx.output.ndim
-        x, x0 = ctx.x, ctx.ref_inputs[0].expand_as(ctx.x)
+        x, x0 = ctx.x, ctx.references[0][0].expand_as(ctx.x)
         c = torch.maximum(x.amax(dim=d, keepdim=True), x0.amax(dim=d, keepdim=True))
         e, e0 = torch.exp(x - c), torch.exp(x0 - c)
         big_s, big_s0 = e.sum(dim=d, keepdim=True), e0.sum(dim=d, keepdim=True)

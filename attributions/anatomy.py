@@ -18,7 +18,7 @@ from attributions.records import Move
 _KEEPING = ("relu", "leaky_relu", "activation", "affine", "norm", "add", "product")
 
 
-def _permutation(node: Any, values: dict) -> tuple[int, ...] | None:
+def _permutation(node: Any, values: dict[str, Any]) -> tuple[int, ...] | None:
     """The axes ``node`` (a move of one signal) permutes, found by running it on a probe of distinct
     integers shaped like its input: p with output = input.permute(p), or None for any other move
     (a reshape, a flatten, an index)."""
@@ -36,7 +36,7 @@ def _permutation(node: Any, values: dict) -> tuple[int, ...] | None:
     return None
 
 
-def feature_maps(graph: Any, values: dict, ndim: int, positions: int = 2) -> list[str]:
+def feature_maps(graph: Any, values: dict[str, Any], ndim: int, positions: int = 2) -> list[str]:
     """The nodes whose outputs are channels-first feature maps (B, C, *spatial) with at least ``positions``
     positions, in forward order; ``values`` a forward pass's {node: value}, ``ndim`` the input's axes.
 
@@ -74,7 +74,7 @@ def feature_maps(graph: Any, values: dict, ndim: int, positions: int = 2) -> lis
             and math.prod(values[n].shape[2:]) >= positions]
 
 
-def cam_layer(graph: Any, values: dict, layer: str | None, ndim: int) -> str:
+def cam_layer(graph: Any, values: dict[str, Any], layer: str | None, ndim: int) -> str:
     """The node whose output Grad-CAM weighs: ``layer`` as a node name, else the last node of the module
     path ``layer`` (its output), else (``auto`` or None) the last feature map (:func:`feature_maps`);
     ``values`` is a forward pass's {node: value}, ``ndim`` the input's number of axes."""
@@ -106,10 +106,11 @@ def _resolve(graph: Any, layer: str, what: str) -> str:
         paths = sorted({graph.by_name[n].path for n in layers if graph.by_name[n].path})
         raise AttributionError(f"{what} layer {layer!r} is neither a node nor a module of the model; "
                                f"modules: {', '.join(paths[:40])}{' ...' if len(paths) > 40 else ''}")
-    return inside[-1]
+    found: str = inside[-1]
+    return found
 
 
-def attention_nodes(graph: Any, values: dict) -> list[str]:
+def attention_nodes(graph: Any, values: dict[str, Any]) -> list[str]:
     """The softmax nodes that put out attention weights (B, heads, T, T) which then weigh the values (a
     product), in forward order: one per attention layer, whether traced from
     ``scaled_dot_product_attention`` or written out."""
@@ -135,7 +136,7 @@ class TokenLayout:
 MAX_PREFIX = 16  # class, distillation and register tokens: a few; more means the tokens are not the patch grid
 
 
-def token_layout(graph: Any, values: dict, tokens: int, ndim: int) -> TokenLayout:
+def token_layout(graph: Any, values: dict[str, Any], tokens: int, ndim: int) -> TokenLayout:
     """The layout of ``tokens`` tokens: the patch grid is the last feature map before the tokens (the patch
     embedding's output), the prefix whatever precedes it. An error names what does not fit (windowed
     attention, a token count unrelated to the grid)."""
@@ -159,7 +160,7 @@ def on_grid(tokens: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     return cells.reshape(k, b, *layout.grid, d).movedim(-1, 2)
 
 
-def token_node(graph: Any, values: dict, layer: str | None, ndim: int) -> str:
+def token_node(graph: Any, values: dict[str, Any], layer: str | None, ndim: int) -> str:
     """The node of token activations (B, T, D) a token Grad-CAM weighs: ``layer`` (a node or a module path),
     or by default (``auto``) the last block's first norm, i.e. the last norm that feeds the last attention."""
     if layer in (None, "auto"):
@@ -179,7 +180,7 @@ def token_node(graph: Any, values: dict, layer: str | None, ndim: int) -> str:
         raise AttributionError(f"token layer {layer!r} (node {chosen!r}) has output shape "
                                f"{tuple(value.shape) if isinstance(value, torch.Tensor) else None}, not tokens (B, T, D)")
     token_layout(graph, values, value.shape[1], ndim)  # the tokens must lie on the patch grid
-    return chosen
+    return str(chosen)
 
 
 def _ancestors(graph: Any, name: str) -> set[str]:

@@ -21,18 +21,18 @@ SDPA_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal"
 
 # A node description for the graph builder: (suffix, kind, inputs, run, record). Every node marks its
 # value's last axis as the channel axis (``tokens``): per head and token, a vector of the head's width.
-Spec = tuple[str, str, tuple[str, ...], Callable[[dict, dict], Any], Record]
+Spec = tuple[str, str, tuple[str, ...], Callable[[dict[str, Any], dict[str, Any]], Any], Record]
 
 
-def _value(env: dict, replace: dict, name: str) -> Any:
+def _value(env: dict[str, Any], replace: dict[str, Any], name: str) -> Any:
     return replace[name] if name in replace else env[name]
 
 
 def _product(a: str, b: str, function: Callable[[Any, Any], Any], signal: set[str]) -> tuple[
-        str, Callable[[dict, dict], Any], Record]:
+        str, Callable[[dict[str, Any], dict[str, Any]], Any], Record]:
     """The kind, run function and record of a node computing ``function(a, b)``: a product of two signals,
     or a linear mix when one of them is constant."""
-    def run(env, replace):
+    def run(env: dict[Any, Any], replace: dict[Any, Any]) -> Any:
         return function(_value(env, replace, a), _value(env, replace, b))
 
     if a in signal and b in signal:
@@ -52,7 +52,7 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
     specs.append(("scores", kind, tuple(n for n in (q, kt) if n in signal), run, record))
     scores, scaled, weights = f"{prefix}.scores", f"{prefix}.scaled", f"{prefix}.weights"
 
-    def scale_scores(env, r):
+    def scale_scores(env: dict[Any, Any], r: dict[Any, Any]) -> Any:
         s = _value(env, r, scores)
         return s * (scale if scale is not None else _value(env, r, q).shape[-1] ** -0.5)
 
@@ -60,7 +60,7 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
     if mask is not None:
         masked = f"{prefix}.masked"
 
-        def apply_mask(env, r, source=scaled):
+        def apply_mask(env: dict[Any, Any], r: dict[Any, Any], source: str = scaled) -> Any:
             s, m = _value(env, r, source), env[mask]
             return s + m if m.is_floating_point() else s.masked_fill(~m, float("-inf"))
 
@@ -75,7 +75,7 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
     return specs
 
 
-def sdpa_specs(prefix: str, bound: dict, names: dict[str, str], signal: set[str]) -> list[Spec]:
+def sdpa_specs(prefix: str, bound: dict[str, Any], names: dict[str, str], signal: set[str]) -> list[Spec]:
     """F.scaled_dot_product_attention with a constant mask or none, without dropout or causal masking
     (else an error)."""
     unsupported = [k for k, default in (("dropout_p", 0.0), ("is_causal", False), ("enable_gqa", False))

@@ -21,11 +21,13 @@ predicts that such a product converges to rank 1, whatever the weights.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from attributions.anatomy import TokenLayout, attention_nodes, token_layout
 from attributions.cam import UPSAMPLING, PerGraph, target_signals, upsampled
-from attributions.engines import Engine
+from attributions.engines import Engine, Explaining
 from attributions.errors import AttributionError
 
 FUSIONS = ("mean", "max", "min")
@@ -62,7 +64,7 @@ def _row(joint: torch.Tensor, layout: TokenLayout, patches: bool = False) -> tor
     return row[..., layout.prefix:].reshape(*row.shape[:-1], 1, *layout.grid)
 
 
-def _located(graph, values: dict, ndim: int) -> tuple[list[str], TokenLayout]:
+def _located(graph: Any, values: dict[str, Any], ndim: int) -> tuple[list[str], TokenLayout]:
     """(the attention nodes in forward order, the token layout) of a graph, from one forward pass's values."""
     nodes = attention_nodes(graph, values)
     if not nodes:
@@ -84,7 +86,7 @@ class _OnAttention(Engine):
     def __init__(self) -> None:
         self._attention = PerGraph(_located)
 
-    def fits(self, ex, x):
+    def fits(self, ex: Any, x: torch.Tensor) -> str | None:
         try:
             self._attention.get(ex, x)
         except AttributionError as exc:
@@ -114,7 +116,7 @@ class AttentionFlow(_OnAttention):
         self.weighting, self.accumulate, self.fusion = weighting, accumulate, fusion
         self.discard_ratio, self.upsample = discard_ratio, upsample
 
-    def operators(self, ex, x: torch.Tensor, targets: list) -> tuple[list[str], list[torch.Tensor], TokenLayout]:
+    def operators(self, ex: Any, x: torch.Tensor, targets: list[Any]) -> tuple[list[str], list[torch.Tensor], TokenLayout]:
         """(the attention nodes in forward order, each block's operator (K, B, T, T), the token layout): the map
         is the class token's row of their product, the last block's on the left. Rollout's operator is the
         fused, discarded, (A + I) row-normalised matrix; generic attention's I + mean_h[(grad A * A)+], Chefer
@@ -142,7 +144,7 @@ class AttentionFlow(_OnAttention):
                 out.append(fused / fused.sum(-1, keepdim=True))
             return nodes, out, layout
 
-    def maps(self, ex, x, targets, envs=None, **kwargs):
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
         _, operators, layout = self.operators(ex, x, targets)
         with torch.no_grad():
             joint = operators[0]
@@ -161,7 +163,7 @@ class AttentionGradCam(_OnAttention):
         super().__init__()
         self.upsample = upsample
 
-    def maps(self, ex, x, targets, envs=None, **kwargs):
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
         _, (nodes, layout) = self._attention.get(ex, x)
         last = nodes[-1]
         forward, grads = target_signals(ex, x, targets, {last})

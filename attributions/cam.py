@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from attributions.anatomy import cam_layer, on_grid, token_layout, token_node
-from attributions.engines import Engine
+from attributions.engines import Engine, Explaining
 from attributions.errors import AttributionError
 
 UPSAMPLING = ("nearest", "bilinear")
@@ -47,7 +47,7 @@ def _minmax(maps: torch.Tensor) -> torch.Tensor:
     return ((flat - low) / span).reshape(maps.shape)
 
 
-def target_signals(ex: Any, x: torch.Tensor, targets: list, nodes: set[str], method: str = "gradient"
+def target_signals(ex: Any, x: torch.Tensor, targets: list[Any], nodes: set[str], method: str = "gradient"
                    ) -> tuple[Any, dict[str, torch.Tensor]]:
     """The forward pass of ``method`` (a chain method, on the explainer's model) on ``x`` (B, ...) and its
     backward signals at ``nodes`` for the K explained outputs, started as that method starts its maps
@@ -83,7 +83,7 @@ class PerGraph:
 
     def __init__(self, find: Any):
         self.find = find
-        self._found: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._found: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def get(self, ex: Any, x: torch.Tensor) -> tuple[Any, Any]:
         """(the explainer's graph for inputs like ``x`` (B, ...), what ``find`` found in it)."""
@@ -131,12 +131,12 @@ class GradCam(Engine):
             return str(exc)
         return None
 
-    def conventions(self, ex: Any, x: torch.Tensor) -> dict:
+    def conventions(self, ex: Any, x: torch.Tensor) -> dict[str, Any]:
         graph, node = self._locate(ex, x)
         return {"layer": node, "module": graph.by_name[node].path, "relu": self.relu or self.guided,
                 "upsample": self.upsample, "normalise": self.normalise}
 
-    def maps(self, ex, x, targets, envs=None, **kwargs):
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
         layer = self.layer_of(ex, x)
         forward, grads = target_signals(ex, x, targets, {layer})
         grad, acts = grads[layer], forward.values[layer]
@@ -150,7 +150,8 @@ class GradCam(Engine):
                 cam = cam.clamp(min=0)
             cam = upsampled(cam, x, self.upsample, self.normalise)
         if self.guided:
-            return ex.sibling("guided-backprop").maps_for_targets(x, targets) * cam[:, :, :1]
+            guided: torch.Tensor = ex.sibling("guided-backprop").maps_for_targets(x, targets)
+            return guided * cam[:, :, :1]
         return cam.clone()
 def _mode(upsample: str, axes: int) -> str:
     """torch's name of the ``upsample`` interpolation over ``axes`` spatial axes (bilinear in 2-D)."""

@@ -2,10 +2,12 @@
 the model entirely (the Sobel edge map) or everything (seeded noise)."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-from attributions.engines import Engine
+from attributions.engines import Engine, Explaining
 
 _SOBEL = torch.tensor([[1.0, 0.0, -1.0], [2.0, 0.0, -2.0], [1.0, 0.0, -1.0]])
 
@@ -27,7 +29,7 @@ class EdgeControl(Engine):
 
     needs_graph = False
 
-    def maps(self, ex, x, targets, envs=None, **kwargs):
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
         return torch.stack([sobel_magnitude(x) for _ in targets])
 
 
@@ -40,5 +42,5 @@ class NoiseControl(Engine):
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
 
-    def maps(self, ex, x, targets, envs=None, **kwargs):
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
         return torch.stack([torch.randn(x.shape, generator=self.generator).to(x) for _ in targets])

@@ -20,7 +20,7 @@ class Explaining(Protocol):
 
     def targets(self, logits: torch.Tensor, target: Any) -> torch.Tensor: ...
 
-    def chain_maps(self, x: torch.Tensor, targets: list, envs: Any = None) -> torch.Tensor: ...
+    def chain_maps(self, x: torch.Tensor, targets: list[Any], envs: Any = None) -> torch.Tensor: ...
 
     def sibling(self, method: str, **params: Any) -> Attribution: ...
 
@@ -47,14 +47,14 @@ class Engine:
     times_input = False  # whether the maps are (x - baseline) times a model-dependent factor
     rectifies = False  # whether a ReLU or threshold acts on the backward signal (Guided Grad-CAM's guided factor)
 
-    def maps(self, ex: Explaining, x: torch.Tensor, targets: list, envs: Any = None, **kwargs) -> torch.Tensor:
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
         raise NotImplementedError
 
     def prepare(self, ex: Any, x: torch.Tensor) -> None:
         """Make what the maps of the whole batch ``x`` (B, ...) depend on besides the weights, before any chunk
         of it is explained (PatternNet's patterns); nothing for most engines."""
 
-    def operators(self, ex: Any, x: torch.Tensor, targets: list) -> tuple[list[str], list[torch.Tensor], Any]:
+    def operators(self, ex: Any, x: torch.Tensor, targets: list[Any]) -> tuple[list[str], list[torch.Tensor], Any]:
         """For a ``product`` engine: (the nodes of the blocks, each block's operator (K, B, T, T), the token
         layout), the maps being a row of the operators' product."""
         raise NotImplementedError(f"{type(self).__name__} is not a product of per-block operators")
@@ -64,7 +64,7 @@ class Engine:
         without a feature map, attention maps of a CNN), or None where it can."""
         return None
 
-    def conventions(self, ex: Any, x: torch.Tensor) -> dict:
+    def conventions(self, ex: Any, x: torch.Tensor) -> dict[str, Any]:
         """The choices this engine makes on the explainer's model for inputs like ``x`` (B, ...) that its
         parameters leave open (Grad-CAM's layer), for the run's manifest; {} for none."""
         return {}
@@ -79,7 +79,7 @@ class RuleChain(Engine):
     chain = True
     chunked = True
 
-    def maps(self, ex, x, targets, envs=None, **kwargs):
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
         return ex.chain_maps(x, targets, envs)
 
 
@@ -95,7 +95,7 @@ class IntegratedGradientsEngine(Engine):
     def __init__(self, n_steps: int = 50):
         self.n_steps = n_steps
 
-    def maps(self, ex, x, targets, envs=None, **kwargs):
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
         logits = ex.forward(x).detach()
         n_steps = kwargs.pop("n_steps", self.n_steps)
         ig = IntegratedGradients(ex.forward)
@@ -120,7 +120,7 @@ class SmoothGradEngine(Engine):
         self.noise, self.samples, self.base, self.n_steps = noise, samples, base, n_steps
         self.times_input = base == "integrated-gradients"
 
-    def maps(self, ex, x, targets, envs=None, **kwargs):
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
         logits = ex.forward(x).detach()
         sigma = self.noise * float(x.max() - x.min())
         if self.base == "gradient":

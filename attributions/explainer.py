@@ -7,6 +7,8 @@ pass over one forward pass. The user's model is only read: no hooks, no mode swi
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -27,16 +29,16 @@ from attributions.records import Const
 from attributions.rules import Context, Rule, resolve
 
 # (an earlier forward pass's values, the names of the nodes whose values may be taken from it)
-Reuse = tuple[dict, frozenset[str]]
+Reuse = tuple[dict[Any, Any], frozenset[str]]
 
 
-def _entries(node) -> tuple:
+def _entries(node: Any) -> tuple[Any, ...]:
     """The keys under which a forward pass holds a node's values: its output, max pooling's winners,
     its recorded autograd graph, and the names of the folded BatchNorm calls that read its output."""
     return (node.name, (node.name, "indices"), (node.name, "graph"), *node.folded)
 
 
-class Releasable(tuple):
+class Releasable(tuple[Any, ...]):
     """A shared forward pass (env, ref) handed to its last reader: its backward pass drops each value
     once passed (as autograd frees what it saved), so memory freed early is reused by the next
     allocations instead of being returned to the system and faulted in again."""
@@ -53,7 +55,7 @@ class ForwardPass:
     reference : the same for the method's reference input (DeepLIFT), else None
     """
 
-    def __init__(self, explainer: Explainer, x: torch.Tensor, values: dict, reference: dict | None = None):
+    def __init__(self, explainer: Explainer, x: torch.Tensor, values: dict[Any, Any], reference: dict[Any, Any] | None = None):
         self.explainer, self.x, self.values, self.reference = explainer, x, values, reference
 
     def signals(self, start: str, vectors: torch.Tensor, keep: set[str] | None = None) -> dict[str, torch.Tensor]:
@@ -94,8 +96,8 @@ class Explainer(Attribution):
     >>> zennit_like = Explainer(model, "lrp-epsilon", rules={"conv": "zplus", "first": "flat"})
     """
 
-    def __init__(self, model: nn.Module, method: str, graph: Graph | None = None, rules: dict | None = None,
-                 **params):
+    def __init__(self, model: nn.Module, method: str, graph: Graph | None = None, rules: dict[Any, Any] | None = None,
+                 **params: Any) -> None:
         if not isinstance(model, nn.Module):
             raise AttributionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
@@ -107,15 +109,15 @@ class Explainer(Attribution):
         for value in self._overrides.values():  # rule names are checked at once; node names once captured
             resolve(value)
         self.graph: Graph | None = None
-        self._graphs: dict[tuple, Graph] = {}  # captured graphs by input shape (sizes are specialised)
-        self._ops: dict = {}
+        self._graphs: dict[tuple[Any, ...], Graph] = {}  # captured graphs by input shape (sizes are specialised)
+        self._ops: dict[Any, Any] = {}
         self._rules: dict[str, Rule] = {}
         self.recorded: frozenset[str] = frozenset()
         self._plans: dict[frozenset[str], Lean] = {}
         if self.method.engine.needs_graph and graph is not None:
             self._bind(graph)
-        self._reference: Derived[dict] = Derived()
-        self._image_bytes: dict[tuple, int] = {}
+        self._reference: Derived[dict[Any, Any]] = Derived()
+        self._image_bytes: dict[tuple[Any, ...], int] = {}
         Attribution.__init__(self, self.forward)
 
     def _bind(self, graph: Graph) -> None:
@@ -136,7 +138,7 @@ class Explainer(Attribution):
         graph = self._graphs.get(_shape_key(x.shape, True)) or self._graphs.get(_shape_key(x.shape, False))
         self._bind(graph if graph is not None else trace(self.model, x))
 
-    def _rule_table(self, overrides: dict) -> dict[str, Rule]:
+    def _rule_table(self, overrides: dict[Any, Any]) -> dict[str, Rule]:
         """The rule of every rule-driven node, by precedence: the user's rule for its name, the user's
         ``first`` rule (layers reading the input), the user's rule for its kind, then the method's
         ``first`` rule and the method's rule for its kind."""
@@ -172,7 +174,7 @@ class Explainer(Attribution):
             raise unknown_name("rule-driven node", node, self._rules, AttributionError)
         return self._rules[node]
 
-    def sibling(self, method: str, **params) -> Explainer:
+    def sibling(self, method: str, **params: Any) -> Explainer:
         """An explainer of another method on the same model and traced graph."""
         return Explainer(self.model, method, graph=self.graph, **params)
 
@@ -187,7 +189,7 @@ class Explainer(Attribution):
         """Whether the method promises what its maps sum to (captum's API); see :meth:`compute_convergence_delta`."""
         return self.method.completeness is not None
 
-    def compute_convergence_delta(self, attributions: torch.Tensor, inputs: torch.Tensor, target=None
+    def compute_convergence_delta(self, attributions: torch.Tensor, inputs: torch.Tensor, target: Any = None
                                   ) -> torch.Tensor:
         """How far each map's sum is from what the method promises, (B,).
 
@@ -222,7 +224,8 @@ class Explainer(Attribution):
         graph = self._need_graph("forward")
         n = len(x) if torch.is_grad_enabled() else memory.fitting(len(x), lambda: self.bytes_per_image(x))
         # logits only (no autograd graph to keep): one chunk's values at a time
-        return memory.joined([self._run(x[i:j])[graph.output] for i, j in memory.spans(len(x), n)], 0)
+        parts: list[torch.Tensor] = [self._run(x[i:j])[graph.output] for i, j in memory.spans(len(x), n)]
+        return memory.joined(parts, 0)
 
     def bytes_per_image(self, x: torch.Tensor) -> int:
         """Bytes one image of ``x`` (B, ...) takes in this method's forward pass (its values and the
@@ -249,7 +252,7 @@ class Explainer(Attribution):
         return self._plans[keep]
 
     def _run(self, x: torch.Tensor, record: frozenset[str] = frozenset(), reuse: Reuse | None = None,
-             lean: Lean | None = None) -> dict:
+             lean: Lean | None = None) -> dict[Any, Any]:
         """Every node's value; for the nodes in ``record`` also their autograd graph, (leaves, the output's
         gradient edge) under ``(name, "graph")``, so that the backward pass need not re-run them.
         ``reuse``: (an earlier pass's values for the same ``x``, the nodes whose values it may give), for
@@ -258,10 +261,10 @@ class Explainer(Attribution):
         shape once their last consumer has run, unless smaller than :data:`memory.SMALL`, and a graph is
         recorded only where it keeps no value alive that the pass frees."""
         self._graph_for(x)
-        env: dict = {"input": x}
+        env: dict[Any, Any] = {"input": x}
         freed = lean.freed if lean is not None else frozenset()
 
-        def held(name):
+        def held(name: str) -> Any:
             return name not in freed or memory.is_small(env[name])
 
         for position, node in enumerate(self._g.nodes[1:], start=1):
@@ -290,7 +293,7 @@ class Explainer(Attribution):
                         env[key] = stand_in
         return env
 
-    def _eval(self, node, env):
+    def _eval(self, node: Any, env: dict[Any, Any]) -> Any:
         kind = node.kind
         if kind in LINEAR_KINDS:
             op = self._ops[node.name]
@@ -309,7 +312,7 @@ class Explainer(Attribution):
 
     # --- backward ----------------------------------------------------------------------------------
 
-    def _backward(self, env: dict, ref: dict | None, start: str, signal: torch.Tensor,
+    def _backward(self, env: dict[Any, Any], ref: dict[Any, Any] | None, start: str, signal: torch.Tensor,
                   keep: set[str] | None = None, release: bool = False, remat: frozenset[str] = frozenset()
                   ) -> dict[str, torch.Tensor]:
         """Propagate ``signal`` (K, B, ...) from node ``start`` down to the input; every node's signal
@@ -321,7 +324,7 @@ class Explainer(Attribution):
 
         recomputed: set[str] = set()
 
-        def value(name):
+        def value(name: str) -> Any:
             if name not in remat or name in recomputed or not memory.is_stand_in(env[name]):
                 return env[name]
             node = self._g.by_name[name]
@@ -359,7 +362,7 @@ class Explainer(Attribution):
 
     def _forward_envs(self, x: torch.Tensor, with_ref: bool | None = None, record: frozenset[str] | None = None,
                       batch: torch.Size | None = None, reuse: Reuse | None = None,
-                      lean: Lean | None = None) -> tuple[dict, dict | None]:
+                      lean: Lean | None = None) -> tuple[dict[Any, Any], dict[Any, Any] | None]:
         """Every node's output for x and (DeepLIFT, or ``with_ref``) for the reference (the method's baseline):
         one image, broadcast against the batch. ``record``: nodes whose autograd graph to keep (default: those
         this method's rules differentiate); ``batch``: the shape of the inputs ``x`` was taken from, which
@@ -391,7 +394,7 @@ class Explainer(Attribution):
         per_channel = torch.tensor(value, dtype=x.dtype, device=x.device).reshape(1, -1, *([1] * (x.ndim - 2)))
         return per_channel.expand_as(x[:1]).clone()
 
-    def _reference_env(self, x: torch.Tensor) -> dict:
+    def _reference_env(self, x: torch.Tensor) -> dict[Any, Any]:
         """The forward pass of the reference input (1, ...): it depends on the model's tensors only, so it
         is kept until one of them changes (:mod:`attributions.derived`)."""
         graph = self._g
@@ -403,7 +406,8 @@ class Explainer(Attribution):
                                    key=(tuple(x.shape[1:]), x.dtype, x.device, self.method.baseline,
                                         len(x) if self._g.batch_sized else 1))
 
-    def _signals(self, x: torch.Tensor, start: str, make_signal, envs=None, keep=None) -> dict:
+    def _signals(self, x: torch.Tensor, start: str, make_signal: Any, envs: Any = None, keep: Any = None
+                 ) -> dict[Any, Any]:
         """Every node's signal (or only those named in ``keep``) for the signal ``make_signal(env)`` at
         ``start``. A forward pass made here (no ``envs``), or handed over as :class:`Releasable`, is
         released during the backward."""
@@ -438,7 +442,7 @@ class Explainer(Attribution):
         values, ref = self._forward_envs(x, with_ref=reference, batch=batch)
         return ForwardPass(self, x, values, ref)
 
-    def maps_for_targets(self, x: torch.Tensor, targets: list, envs=None, **kwargs) -> torch.Tensor:
+    def maps_for_targets(self, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
         """Maps for several targets at once: (K, B, ...) for K target specifications.
 
         For the graph methods the K explained outputs travel down in ONE batched backward pass
@@ -455,24 +459,24 @@ class Explainer(Attribution):
         # under autocast (mixed precision) the passes run at half width; maps keep the inputs' dtype
         return self.method.engine.maps(self, x, targets, envs, **kwargs).to(x.dtype)
 
-    def chain_maps(self, x: torch.Tensor, targets: list, envs=None) -> torch.Tensor:
+    def chain_maps(self, x: torch.Tensor, targets: list[Any], envs: Any = None) -> torch.Tensor:
         """The rule chain's maps for K targets (K, B, ...): one forward, one batched backward."""
         m = self.method
 
-        def start(env):
+        def start(env: dict[Any, Any]) -> torch.Tensor:
             logits = env[self._g.output]
             onehots = torch.stack([torch.zeros_like(logits).scatter_(1, self.targets(logits, t)[:, None], 1.0)
                                    for t in targets])
             return onehots * logits if m.output == "logit" else onehots
 
         taps = self._signals(x, self._g.output, start, envs, keep={"input"})
-        out = taps["input"]
+        out: torch.Tensor = taps["input"]
         return out * x if m.times_input else out
 
     # captum's NoiseTunnel calls ``attribute.__wrapped__``, which captum's own decorator provides:
     # without it NoiseTunnel(Explainer(...)) fails. Its usage logging is inert outside captum.
-    @log_usage()
-    def attribute(self, inputs, target=None, **kwargs) -> torch.Tensor | tuple[torch.Tensor]:
+    @log_usage()  # type: ignore[untyped-decorator]  # captum's decorator is untyped
+    def attribute(self, inputs: Any, target: Any = None, **kwargs: Any) -> torch.Tensor | tuple[torch.Tensor]:
         """Attribution maps for ``inputs`` (B, ...), shaped like the inputs.
 
         Parameters
@@ -516,7 +520,7 @@ class Explainer(Attribution):
             return memory.joined([self.propagate(x[i:j], inject_at, vectors[:, i:j], _prepared=True)
                                   for i, j in memory.spans(len(x), n)], 1)
 
-        def start(env):
+        def start(env: dict[Any, Any]) -> torch.Tensor:
             expected = (env[inject_at].shape[0],) + tuple(env[inject_at].shape[1:])
             if vectors.ndim < 2 or tuple(vectors.shape[1:]) != expected:
                 raise AttributionError(f"vectors must be (K, {', '.join(map(str, expected))}) for layer "
@@ -543,8 +547,8 @@ class Explainer(Attribution):
         assert self.graph is not None
         return self.graph
 
-    def _check_input(self, x) -> torch.Tensor:
-        x = check_input(x)
+    def _check_input(self, given: Any) -> torch.Tensor:
+        x = check_input(given)
         dtype = model_dtype(self.model)
         if dtype is not None and x.dtype != dtype:  # else torch's own "expected scalar type" error, deep inside
             raise AttributionError(f"inputs are {x.dtype} but the model computes in {dtype}; convert them with "
@@ -553,7 +557,7 @@ class Explainer(Attribution):
         return x
 
     @staticmethod
-    def targets(logits: torch.Tensor, target) -> torch.Tensor:
+    def targets(logits: torch.Tensor, target: Any) -> torch.Tensor:
         """The explained class per sample (B,): ``target`` as an int, a (B,) sequence, or None (argmax)."""
         if logits.ndim != 2:
             raise AttributionError(f"the model's output must be (B, classes) logits, got shape {tuple(logits.shape)}; "
@@ -575,12 +579,12 @@ class Explainer(Attribution):
         return t
 
 
-def _shape_key(shape: tuple | torch.Size, dynamic: bool) -> tuple:
+def _shape_key(shape: tuple[Any, ...] | torch.Size, dynamic: bool) -> tuple[Any, ...]:
     """The key of a graph captured at ``shape``: sizes other than the batch, and the batch if fixed."""
     return (tuple(shape[1:]), None if dynamic else shape[0])
 
 
-def _rows(target, start: int, stop: int, batch: int):
+def _rows(target: Any, start: int, stop: int, batch: int) -> Any:
     """The part of a target specification for the images [start, stop) of a batch of ``batch``."""
     if target is None or isinstance(target, int) or (isinstance(target, torch.Tensor) and target.ndim == 0):
         return target
@@ -594,7 +598,7 @@ def model_dtype(model: nn.Module) -> torch.dtype | None:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
 
 
-def check_input(x) -> torch.Tensor:
+def check_input(x: Any) -> torch.Tensor:
     """``x`` detached, after checking it is a finite floating-point tensor (B, ...) with B >= 1."""
     if not isinstance(x, torch.Tensor):
         hint = " (torch.from_numpy(x) makes one of a numpy array)" if type(x).__module__ == "numpy" else ""
@@ -611,7 +615,7 @@ def check_input(x) -> torch.Tensor:
 
 
 def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor, reuse: Reuse | None = None
-                   ) -> tuple[dict, dict | None] | None:
+                   ) -> tuple[dict[Any, Any], dict[Any, Any] | None] | None:
     """One forward pass (and one reference pass, if a DeepLIFT method needs it) for all the graph
     methods among ``explainers``, which must share one traced graph (build them with ``graph=``).
 
@@ -631,7 +635,7 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor, reuse: Reu
                                    frozenset().union(*(e.recorded for e in chains)), reuse=reuse)
 
 
-def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: list, envs=None
+def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: list[Any], envs: Any = None
                    ) -> dict[str, torch.Tensor]:
     """Maps of several methods on ONE model for K targets: {label: (K, B, ...)}.
 

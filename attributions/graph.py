@@ -83,7 +83,7 @@ class Node:
     def is_elementwise_mix(self) -> bool:
         return isinstance(self.record, Mix) and self.record.elementwise
 
-    def evaluate(self, env: dict, replace: dict | None = None) -> Any:
+    def evaluate(self, env: dict[str, Any], replace: dict[str, Any] | None = None) -> Any:
         """The node's value from ``env`` (and ``replace``, which wins over it)."""
         assert self.run is not None, f"node {self.name!r} of kind {self.kind!r} has no traced operation"
         replace = replace or {}
@@ -103,7 +103,7 @@ class Graph:
         every batch size
     """
 
-    def __init__(self, nodes: list[Node], output: str, shape: tuple = (), dynamic_batch: bool = True,
+    def __init__(self, nodes: list[Node], output: str, shape: tuple[Any, ...] = (), dynamic_batch: bool = True,
                  batch_sized: bool = False):
         self.nodes = nodes
         # whether the graph computes sizes from the batch (attention merging batch and heads): a
@@ -123,7 +123,7 @@ class Graph:
         """Names of the signal-carrying nodes, in forward order (the input excluded)."""
         return [n.name for n in self.nodes if n.kind in SIGNAL_KINDS]
 
-    def accepts(self, shape: torch.Size | tuple) -> bool:
+    def accepts(self, shape: torch.Size | tuple[Any, ...]) -> bool:
         """Whether inputs of ``shape`` (B, ...) run on this graph (sizes other than the batch are specialised)."""
         shape = tuple(shape)
         return shape[1:] == self.shape[1:] and (self.dynamic_batch or shape[0] == self.shape[0])
@@ -337,7 +337,7 @@ class _Ref:
     name: str
 
 
-def _resolve(value: Any, env: dict, replace: dict) -> Any:
+def _resolve(value: Any, env: dict[str, Any], replace: dict[str, Any]) -> Any:
     """``value`` (an op's arguments) with its node references replaced by their values."""
     if isinstance(value, _Ref):
         return replace[value.name] if value.name in replace else env[value.name]
@@ -359,14 +359,16 @@ def _under_views(value: Any) -> tuple[list[torch.fx.Node], Any]:
     return chain, value
 
 
-def _through(tensor: torch.Tensor, steps: list[tuple[Any, Any, Any]], env: dict, replace: dict) -> torch.Tensor:
+def _through(tensor: torch.Tensor, steps: list[tuple[Any, Any, Any]], env: dict[Any, Any],
+             replace: dict[Any, Any]) -> torch.Tensor:
     """``tensor`` taken through the views ``steps`` ((op, args, kwargs), innermost first)."""
     for target, args, kwargs in steps:
         tensor = target(tensor, *_resolve(args, env, replace), **_resolve(kwargs, env, replace))
     return tensor
 
 
-def _runner(function: Callable, args: tuple, kwargs: dict) -> Callable[[dict, dict], Any]:
+def _runner(function: Callable[..., Any], args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> Callable[[dict[Any, Any], dict[Any, Any]], Any]:
     """``function(*args, **kwargs)`` with node references resolved from env / replace."""
     return lambda env, replace: function(*_resolve(args, env, replace), **_resolve(kwargs, env, replace))
 
@@ -382,10 +384,10 @@ class _Builder:
         self.taken: dict[str, int] = {}
         # split-like ops and max / min along an axis, fused into their getitems: (run, signals, record of
         # the floating piece: None for a move, a reduction's otherwise)
-        self.tuples: dict[torch.fx.Node, tuple[Callable, tuple[str, ...], Reduce | None]] = {}
+        self.tuples: dict[torch.fx.Node, tuple[Callable[..., Any], tuple[str, ...], Reduce | None]] = {}
         self.by_name: dict[str, Node] = {}
         self.order: dict[torch.fx.Node, float] = {n: i for i, n in enumerate(captured.graph.nodes)}
-        self.regions: dict[torch.fx.Node, list] = {}  # an inlined region's outputs, read by its getitems
+        self.regions: dict[torch.fx.Node, list[Any]] = {}  # an inlined region's outputs, read by its getitems
         self.no_grad = 0  # inside a torch.no_grad() region: its ops' values are constants of the backward pass
         self.writers: dict[str, list[str]] = {}  # const node -> the in-place ops on it (or on its views)
 
@@ -421,7 +423,7 @@ class _Builder:
             if n not in need:
                 need.add(n)
                 stack += [*self.by_name[n].reads, *self.writers.get(n, ())]
-        env: dict = {}
+        env: dict[str, Any] = {}
         for node in self.nodes:
             if node.name in need:
                 env[node.name] = node.evaluate(env)
@@ -545,7 +547,7 @@ class _Builder:
         if isinstance(record, Move) and record.identity:
             source = signals[0]
 
-            def run(env: dict, replace: dict) -> Any:
+            def run(env: dict[str, Any], replace: dict[str, Any]) -> Any:
                 return replace.get(source, env[source])
         constants = tuple(r for r in reads if r not in self.signal)  # the constants it reads (parameters)
         self.add(Node(name, kind, signals, module=module, run=run, record=record, reads=constants), fx_node)
@@ -627,7 +629,7 @@ class _Builder:
         steps: list[tuple[Any, Any, Any]] = [(v.target, self.ref(v.args[1:]), self.ref(v.kwargs)) for v in reversed(chain)]
         base_ref, args, kwargs, function = _Ref(self.names[base]), self.ref(rest), self.ref(fx_node.kwargs), fx_node.target
 
-        def run(env: dict, replace: dict) -> Any:
+        def run(env: dict[str, Any], replace: dict[str, Any]) -> Any:
             out = _resolve(base_ref, env, replace).clone()
             cast(Any, function)(_through(out, steps, env, replace), *_resolve(args, env, replace),
                                 **_resolve(kwargs, env, replace))
@@ -639,7 +641,7 @@ class _Builder:
         self.add(Node(name, kind, inputs, run=run, record=record, reads=tuple(reads), path=self.c.module_path(fx_node)))
         self.names[base] = name  # later readers of the tensor see it written
 
-        def view(env: dict, replace: dict) -> Any:  # the op's own result: the view, as written
+        def view(env: dict[str, Any], replace: dict[str, Any]) -> Any:  # the op's own result: the view, as written
             return _through(_resolve(_Ref(name), env, replace), steps, env, replace)
         self.add(Node(self.unique(f"{name}.view"), "move", (name,), run=view, reads=tuple(reads)), fx_node)
 
@@ -724,7 +726,7 @@ class _Builder:
             ref_args = self.ref(args)
             ref_kwargs = self.ref(kwargs)
 
-            def pair(env, a, b, slots=slots):
+            def pair(env: dict[Any, Any], a: Any, b: Any, slots: list[tuple[int, ...]] = slots) -> Any:
                 values = _resolve(ref_args, env, {})
                 for slot, operand in zip(slots, (a, b)):
                     values = _put(values, slot, operand)
@@ -749,7 +751,7 @@ class _Builder:
                                f"Supported: {SUPPORTED}. Rewrite this part of the model with supported operations, "
                                "or explain a sub-model")
 
-    def slots(self, args: tuple) -> list[tuple[int, ...]]:
+    def slots(self, args: tuple[Any, ...]) -> list[tuple[int, ...]]:
         """Where the arguments hold signals: (i,) for args[i], (i, j) for args[i][j] (einsum's operands).
         A signal passed twice (x * x) counts twice."""
         out: list[tuple[int, ...]] = []
@@ -842,11 +844,11 @@ def _same_shape(*nodes: torch.fx.Node) -> bool:
     return shapes[0] is not None and all(s == shapes[0] for s in shapes)
 
 
-def _at(args: tuple, slot: tuple[int, ...]) -> Any:
+def _at(args: tuple[Any, ...], slot: tuple[int, ...]) -> Any:
     return args[slot[0]] if len(slot) == 1 else args[slot[0]][slot[1]]
 
 
-def _put(args: Any, slot: tuple[int, ...], value: Any) -> tuple:
+def _put(args: Any, slot: tuple[int, ...], value: Any) -> tuple[Any, ...]:
     """``args`` with the argument at ``slot`` replaced by ``value``."""
     out = list(args)
     if len(slot) == 1:
@@ -882,7 +884,8 @@ def _pool_module(fx_node: torch.fx.Node, op: str, where: str) -> nn.Module:
     if "stride" in bound and not bound["stride"]:  # aten's empty stride means the kernel size
         bound.pop("stride")
     bound = {k: tuple(v) if isinstance(v, list) else v for k, v in bound.items()}
-    return cls(**bound)
+    module: nn.Module = cls(**bound)
+    return module
 
 
 # --- graph passes: Graph -> Graph, in order, each with its own test ---------------------------------

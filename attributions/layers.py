@@ -7,6 +7,7 @@ are (B, ...), so K injected vectors share one forward pass.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attributions.derived import Derived
+from attributions.errors import AttributionError
 from attributions.graph import Node
 
 
@@ -97,6 +99,13 @@ def per_dimension(value: int | tuple[int, ...] | str, d: int) -> list[int]:
     return list(value) if isinstance(value, tuple | list) else [value] * d
 
 
+def _weight(w: torch.Tensor | None) -> torch.Tensor:
+    """A weighted layer's weight (only average pooling, which has none, is called with None)."""
+    if w is None:
+        raise AttributionError("a weighted layer was given no weight")
+    return w
+
+
 def _bias(module: Any, out: int, like: torch.Tensor) -> torch.Tensor:
     return module.bias if module.bias is not None else torch.zeros(out, dtype=like.dtype, device=like.device)
 
@@ -123,26 +132,27 @@ def bn_affine(bn: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class DenseOp(LinearOp):
-    def weights(self):
+    def weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         m = self.node.module
         return _fold(self.node, m.weight, _bias(m, m.out_features, m.weight))
 
-    def forward(self, x, w, b=None):
-        return F.linear(x, w, b)
+    def forward(self, x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, _weight(w), b)
 
-    def _transpose(self, s, w, in_shape):
+    def _transpose(self, s: torch.Tensor, w: torch.Tensor | None, in_shape: torch.Size) -> torch.Tensor:
         # one matrix product over all leading axes, as autograd's: a strided signal (after a permute)
         # would otherwise go through a batched product against an expanded weight, twice as slow
+        w = _weight(w)
         return (s.reshape(-1, s.shape[-1]) @ w).view(*s.shape[:-1], w.shape[-1])
 
     out_axis = -1
 
-    def transpose_stacked(self, buffer, in_shape):
+    def transpose_stacked(self, buffer: torch.Tensor, in_shape: torch.Size) -> torch.Tensor:
         return self.transpose(buffer, self.stacked(), in_shape)
 
 
 class ConvOp(LinearOp):
-    def weights(self):
+    def weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         m = self.node.module
         return _fold(self.node, m.weight, _bias(m, m.out_channels, m.weight))
 
@@ -150,26 +160,30 @@ class ConvOp(LinearOp):
         super().__init__(node)
         self._padding = explicit_padding(node.module)
 
-    def forward(self, x, w, b=None):
+    def forward(self, x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None = None) -> torch.Tensor:
         m = self.node.module
         pads, mode, padding = self._padding
         if pads is not None:
             x = F.pad(x, pads, mode=mode)
+        w = _weight(w)
         fn = F.conv2d if w.ndim == 4 else F.conv1d
-        return fn(x, w, b, m.stride, padding, m.dilation, m.groups)
+        out: torch.Tensor = fn(x, w, b, m.stride, padding, m.dilation, m.groups)
+        return out
 
-    def _input_grad(self, s, w, in_shape, padding):
+    def _input_grad(self, s: torch.Tensor, w: torch.Tensor, in_shape: Sequence[int], padding: Any) -> torch.Tensor:
         m = self.node.module
         d = w.ndim - 2
         # the input's values are not read for its gradient, only its layout: a contiguous buffer lets the
         # convolution take its fast path, where torch.nn.grad's stride-0 stand-in costs about 10 %
         like = s.new_empty(in_shape)
-        return torch.ops.aten.convolution_backward(
+        grad: torch.Tensor = torch.ops.aten.convolution_backward(
             s, like, w, None, per_dimension(m.stride, d), per_dimension(padding, d), per_dimension(m.dilation, d),
             False, [0] * d, m.groups, (True, False, False))[0]
+        return grad
 
-    def _transpose(self, s, w, in_shape):
+    def _transpose(self, s: torch.Tensor, w: torch.Tensor | None, in_shape: torch.Size) -> torch.Tensor:
         pads, mode, padding = self._padding
+        w = _weight(w)
         if pads is None:
             return self._input_grad(s, w, in_shape, padding)
         padded = list(in_shape)
@@ -178,9 +192,10 @@ class ConvOp(LinearOp):
         grad = self._input_grad(s, w, padded, padding)
         # the padding's own adjoint: a crop for zeros, folding the copied borders back for the other modes
         probe = torch.zeros(in_shape, dtype=s.dtype, device=s.device)
-        return torch.func.vjp(lambda t: F.pad(t, pads, mode=mode), probe)[1](grad)[0]
+        cropped: torch.Tensor = torch.func.vjp(lambda t: F.pad(t, pads, mode=mode), probe)[1](grad)[0]
+        return cropped
 
-    def transpose_stacked(self, buffer, in_shape):
+    def transpose_stacked(self, buffer: torch.Tensor, in_shape: torch.Size) -> torch.Tensor:
         if self.node.module.groups != 1:  # grouped weights cannot be stacked along the output channels
             return super().transpose_stacked(buffer, in_shape)
         return self.transpose(buffer, self.stacked(), in_shape)
@@ -206,19 +221,19 @@ def explicit_padding(module: Any) -> tuple[tuple[int, ...] | None, str, Any]:
 class AffineOp(LinearOp):
     """A BatchNorm that could not be folded: y = scale * x + shift per channel (axis 1)."""
 
-    def weights(self):
+    def weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return bn_affine(self.node.module)
 
     @staticmethod
-    def _shape(w, x):
+    def _shape(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return w.reshape(1, -1, *([1] * (x.ndim - 2)))
 
-    def forward(self, x, w, b=None):
-        out = x * self._shape(w, x)
+    def forward(self, x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None = None) -> torch.Tensor:
+        out = x * self._shape(_weight(w), x)
         return out if b is None else out + self._shape(b, x)
 
-    def _transpose(self, s, w, in_shape):
-        return s * self._shape(w, s)
+    def _transpose(self, s: torch.Tensor, w: torch.Tensor | None, in_shape: torch.Size) -> torch.Tensor:
+        return s * self._shape(_weight(w), s)
 
 
 class PoolOp(LinearOp):
@@ -226,19 +241,21 @@ class PoolOp(LinearOp):
 
     has_negative_weights = False
 
-    def weights(self):
+    def weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return None, None
 
-    def forward(self, x, w=None, b=None):
-        return pool(self.node, x)
+    def forward(self, x: torch.Tensor, w: torch.Tensor | None = None, b: torch.Tensor | None = None) -> torch.Tensor:
+        pooled: torch.Tensor = pool(self.node, x)
+        return pooled
 
-    def _transpose(self, s, w, in_shape):
+    def _transpose(self, s: torch.Tensor, w: torch.Tensor | None, in_shape: torch.Size) -> torch.Tensor:
         with torch.enable_grad():
             probe = torch.zeros(in_shape, dtype=s.dtype, device=s.device, requires_grad=True)
-            return torch.autograd.grad(self.forward(probe), probe, s)[0]
+            grad: torch.Tensor = torch.autograd.grad(self.forward(probe), probe, s)[0]
+            return grad
 
 
-def pool(node: Node, x: torch.Tensor, return_indices: bool = False):
+def pool(node: Node, x: torch.Tensor, return_indices: bool = False) -> Any:
     """Run a pooling node functionally (a module's own hooks are never triggered)."""
     m = node.module
     if m is None:

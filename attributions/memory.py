@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -37,7 +38,7 @@ def budget() -> int | None:
     return _BUDGET.get()
 
 
-def tensor_bytes(values) -> int:
+def tensor_bytes(values: Any) -> int:
     """Bytes of every tensor in ``values`` (a forward pass's dict, with tuples and lists inside), each
     storage counted once."""
     seen: set[int] = set()
@@ -68,13 +69,17 @@ def fitting(total: int, per_item: int | Callable[[], int], fixed: int = 0) -> in
     return total if cost <= 0 else max(1, min(total, (nbytes - fixed) // cost))
 
 
-def joined(parts: list, dim: int):
+Joined = TypeVar("Joined", torch.Tensor, dict[Any, torch.Tensor])
+
+
+def joined(parts: list[Joined], dim: int) -> Joined:
     """Chunk results joined along ``dim``: tensors, or dicts of tensors with the same keys."""
     if len(parts) == 1:
         return parts[0]
     if isinstance(parts[0], dict):
-        return {k: torch.cat([p[k] for p in parts], dim) for k in parts[0]}
-    return torch.cat(parts, dim)
+        return cast(Joined, {k: torch.cat([p[k] for p in cast(list[dict[Any, torch.Tensor]], parts)], dim)
+                             for k in parts[0]})
+    return cast(Joined, torch.cat(cast(list[torch.Tensor], parts), dim))
 
 
 def spans(total: int, size: int) -> list[tuple[int, int]]:
@@ -88,7 +93,7 @@ def stand_in(value: torch.Tensor) -> torch.Tensor:
     return value.new_zeros(()).expand(value.shape)
 
 
-def is_stand_in(value) -> bool:
+def is_stand_in(value: Any) -> bool:
     """Whether ``value`` is a :func:`stand_in` (a tensor of several elements on one of memory)."""
     return isinstance(value, torch.Tensor) and value.numel() > 1 and all(s == 0 for s in value.stride())
 
@@ -98,6 +103,6 @@ def is_stand_in(value) -> bool:
 SMALL = 1 << 20
 
 
-def is_small(value) -> bool:
+def is_small(value: Any) -> bool:
     """Whether ``value`` holds less than :data:`SMALL` bytes (anything but a tensor counts as small)."""
     return not isinstance(value, torch.Tensor) or value.numel() * value.element_size() < SMALL

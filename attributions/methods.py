@@ -13,6 +13,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from attributions import rules as R
 from attributions.attention_maps import AttentionFlow, AttentionGradCam
@@ -44,11 +45,11 @@ class Method:
     description: str
     reference: str
     signal: str = "gradient"
-    rules: dict = field(default_factory=dict)
+    rules: dict[str, Any] = field(default_factory=dict[str, Any])
     output: str = "onehot"
     times_input: bool = False
     engine: Engine = CHAIN
-    params: dict = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict[str, Any])
     heatmap: str = "sum"
     completeness: str | None = None
     family: str = "gradient-based"
@@ -96,13 +97,13 @@ class Method:
 
 # Data movement takes its exact adjoint in every method; the other traced kinds get each family's rule.
 def _traced(mix: R.Rule, activation: R.Rule, product: R.Rule, norm: R.Rule, softmax: R.Rule,
-            reduce: R.Rule | None = None) -> dict:
+            reduce: R.Rule | None = None) -> dict[str, Any]:
     """``reduce`` defaults to the ``mix`` rule: the gradient's VJP, LRP's z rule (exact on a norm or a max)."""
     return {"move": R.VJP(), "mix": mix, "activation": activation, "product": product, "norm": norm,
             "softmax": softmax, "reduce": reduce or mix}
 
 
-def _gradient_rules(relu: R.Rule, activation: R.Rule | None = None) -> dict:
+def _gradient_rules(relu: R.Rule, activation: R.Rule | None = None) -> dict[str, Any]:
     g, exact = R.Gradient(), R.VJP()
     return {"dense": g, "conv": g, "affine": g, "avgpool": g, "relu": relu, "leaky_relu": relu,
             "maxpool": R.WinnerTakeAll(), "add": R.Copy(),
@@ -110,7 +111,7 @@ def _gradient_rules(relu: R.Rule, activation: R.Rule | None = None) -> dict:
 
 
 def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabilizer: float = 1e-6,
-               gates: bool = True) -> dict:
+               gates: bool = True) -> dict[str, Any]:
     """``gates``: products hold a gate (attention weights, SE gates) constant (CP-LRP), else every product
     splits in halves and relevance reaches the attention weights and their softmax rule (AttnLRP)."""
     rules = {"dense": dense, "conv": conv, "affine": R.Epsilon(stabilizer), "avgpool": R.Epsilon(stabilizer),
@@ -123,7 +124,7 @@ def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabili
     return rules
 
 
-def _deeplift_rules(linear: R.Rule, eps: float) -> dict:
+def _deeplift_rules(linear: R.Rule, eps: float) -> dict[str, Any]:
     return {"dense": linear, "conv": linear, "affine": linear, "avgpool": linear, "relu": R.Rescale(),
             "leaky_relu": R.Rescale(), "maxpool": R.DeepLiftMaxPool(eps), "add": R.Copy(),
             **_traced(R.VJP(), R.RescaleAny(), R.DeepLiftProduct(), R.NormDeepLift(), R.SoftmaxDeepLift(),
@@ -140,36 +141,37 @@ MONTAVON = "Montavon et al. 2019, Layer-Wise Relevance Propagation: An Overview"
 KOHLBRENNER = "Kohlbrenner et al. 2020, Towards Best Practice in Explaining Neural Network Decisions with LRP"
 
 
-def _gradient():
+def _gradient() -> Method:
     return Method("gradient", "plain input gradient (saliency)", "Simonyan et al. 2014",
                   rules=_gradient_rules(R.ReLUGradient("gradient")), heatmap="max-abs", cite=("simonyan2014",))
 
 
-def _input_x_gradient():
+def _input_x_gradient() -> Method:
     return Method("input-x-gradient", "gradient times input", "Shrikumar et al. 2016",
                   rules=_gradient_rules(R.ReLUGradient("gradient")), times_input=True, cite=("shrikumar2016",))
 
 
-def _guided_backprop():
+def _guided_backprop() -> Method:
     return Method("guided-backprop", "gradient with negative signals removed at every ReLU",
                   "Springenberg et al. 2015", rules=_gradient_rules(R.ReLUGradient("guided"), R.ActivationGradient("guided")),
                   heatmap="max-abs", cite=("springenberg2015",))
 
 
-def _deconvnet():
+def _deconvnet() -> Method:
     return Method("deconvnet", "ReLU applied to the backward signal, forward mask ignored",
                   "Zeiler & Fergus 2014", rules=_gradient_rules(R.ReLUGradient("deconv"), R.ActivationGradient("deconv")),
                   heatmap="max-abs", cite=("zeiler2014",))
 
 
-def _rectgrad(q: float = 98.0):
+def _rectgrad(q: float = 98.0) -> Method:
     return Method("rectgrad", "RectGrad: at every ReLU the gradient passes only where activation x gradient exceeds "
                   "its q-th percentile over the layer, per sample", "Kim et al. 2019",
                   rules=_gradient_rules(R.RectGrad(q)), params={"q": q}, heatmap="max-abs", cite=("kim2019",))
 
 
-def _pattern_method(name: str, mode: str, description: str, family: str):
-    def build(estimator: str = "relu", patterns=None, data=None, cache=None, cache_for: str = "", source: str = ""):
+def _pattern_method(name: str, mode: str, description: str, family: str) -> Callable[..., Method]:
+    def build(estimator: str = "relu", patterns: Any = None, data: Any = None, cache: Any = None, cache_for: str = "",
+              source: str = "") -> Method:
         fitted = PatternSource(estimator, patterns, data, cache=cache, cache_for=cache_for, source=source)
         rule = PatternRule(fitted, mode)
         return Method(name, description, "Kindermans et al. 2018 (ICLR)",
@@ -179,43 +181,44 @@ def _pattern_method(name: str, mode: str, description: str, family: str):
     return build
 
 
-def _lrp(name, description, reference, dense, conv, first=None, output="logit", stabilizer=1e-6,
-         family="other LRP", cite=("bach2015",), gates=True):
+def _lrp(name: str, description: str, reference: str, dense: R.Rule, conv: R.Rule, first: R.Rule | None = None,
+         output: str = "logit", stabilizer: float = 1e-6, family: str = "other LRP",
+         cite: tuple[str, ...] = ("bach2015",), gates: bool = True) -> Method:
     return Method(name, description, reference, signal="relevance", output=output,
                   rules=_lrp_rules(dense, conv, first, stabilizer, gates), completeness="output" if output == "logit" else None,
                   family=family, cite=cite)
 
 
-def _lrp_z(stabilizer: float = 1e-9):
+def _lrp_z(stabilizer: float = 1e-9) -> Method:
     return _lrp("lrp-z", "LRP-z: relevance in proportion to each input's contribution z_ij", BACH,
                 R.Epsilon(stabilizer), R.Epsilon(stabilizer), stabilizer=stabilizer)
 
 
-def _lrp_epsilon(epsilon: float = 1e-6):
+def _lrp_epsilon(epsilon: float = 1e-6) -> Method:
     return _lrp("lrp-epsilon", "LRP-epsilon: the z rule with a stabiliser epsilon", BACH,
                 R.Epsilon(epsilon), R.Epsilon(epsilon), stabilizer=epsilon)
 
 
-def _cp_lrp(epsilon: float = 1e-6):
+def _cp_lrp(epsilon: float = 1e-6) -> Method:
     return _lrp("cp-lrp", "CP-LRP for transformers: epsilon on linear layers, attention weights (and every gate) held "
                 "constant, the LN rule through norms", "Ali et al. 2022 (ICML)", R.Epsilon(epsilon), R.Epsilon(epsilon),
                 stabilizer=epsilon, cite=("ali2022",))
 
 
-def _attnlrp(epsilon: float = 1e-6):
+def _attnlrp(epsilon: float = 1e-6) -> Method:
     return _lrp("attnlrp", "AttnLRP: epsilon on linear layers, both products of attention split in halves, AttnLRP's "
                 "softmax rule, the LN rule through norms", "Achtibat et al. 2024 (ICML)", R.Epsilon(epsilon),
                 R.Epsilon(epsilon), stabilizer=epsilon, cite=("achtibat2024",), gates=False)
 
 
-def _zplus(stabilizer: float = 1e-6):
+def _zplus(stabilizer: float = 1e-6) -> Method:
     rule = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
     return _lrp("lrp-zplus", "LRP-z+: positive contributions only, bias ignored", MONTAVON, rule, rule,
                 stabilizer=stabilizer, family=ZPLUS, cite=("montavon2019",))
 
 
-def _alpha_beta(alpha: float, beta: float):
-    def build(stabilizer: float = 1e-6):
+def _alpha_beta(alpha: float, beta: float) -> Callable[..., Method]:
+    def build(stabilizer: float = 1e-6) -> Method:
         rule = R.AlphaBeta(alpha, beta, bias=True, stabilizer=stabilizer)
         return _lrp(f"lrp-alpha{alpha:g}beta{beta:g}",
                     f"LRP-alpha{alpha:g}beta{beta:g}: positive contributions x{alpha:g}, negative x{beta:g}",
@@ -223,14 +226,14 @@ def _alpha_beta(alpha: float, beta: float):
     return build
 
 
-def _cmp_alpha1beta0(epsilon: float = 0.1, stabilizer: float = 1e-6):
+def _cmp_alpha1beta0(epsilon: float = 0.1, stabilizer: float = 1e-6) -> Method:
     return _lrp("lrp-cmp-alpha1beta0", "LRP-CMP: epsilon on dense layers, alpha1beta0 (bias kept) on convolutions "
                 "(iNNvestigate's sequential preset A)", KOHLBRENNER, R.Epsilon(epsilon),
                 R.AlphaBeta(1.0, 0.0, bias=True, stabilizer=stabilizer), stabilizer=stabilizer, family=ZPLUS,
                 cite=("kohlbrenner2020", "alber2019"))
 
 
-def _chefer_lrp(stabilizer: float = 1e-9):
+def _chefer_lrp(stabilizer: float = 1e-9) -> Method:
     zplus = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
     rules = {"dense": zplus, "conv": zplus, "first": R.ZB(None, None, stabilizer), "affine": R.Epsilon(stabilizer),
              "avgpool": R.Epsilon(stabilizer), "relu": R.Pass(), "leaky_relu": R.Pass(), "maxpool": R.WinnerTakeAll(),
@@ -243,25 +246,25 @@ def _chefer_lrp(stabilizer: float = 1e-9):
                   cite=("chefer2021", "montavon2017"))
 
 
-def _lrp_gamma(gamma: float = 0.25, epsilon: float = 1e-6):
+def _lrp_gamma(gamma: float = 0.25, epsilon: float = 1e-6) -> Method:
     rule = R.Gamma(gamma, epsilon)
     return _lrp("lrp-gamma", "LRP-gamma: positive weights favoured by gamma", MONTAVON, rule, rule,
                 stabilizer=epsilon, cite=("montavon2019",))
 
 
-def _epsilon_plus(epsilon: float = 1e-6, stabilizer: float = 1e-6):
+def _epsilon_plus(epsilon: float = 1e-6, stabilizer: float = 1e-6) -> Method:
     return _lrp("lrp-epsilon-plus", "LRP-epsilon on dense layers, z+ on convolutions", KOHLBRENNER,
                 R.Epsilon(epsilon), R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer), stabilizer=stabilizer,
                 family=ZPLUS, cite=("kohlbrenner2020",))
 
 
-def _epsilon_alpha2beta1(epsilon: float = 1e-6, stabilizer: float = 1e-6):
+def _epsilon_alpha2beta1(epsilon: float = 1e-6, stabilizer: float = 1e-6) -> Method:
     return _lrp("lrp-epsilon-alpha2beta1", "LRP-epsilon on dense layers, alpha2beta1 on convolutions",
                 KOHLBRENNER, R.Epsilon(epsilon), R.AlphaBeta(2.0, 1.0, stabilizer=stabilizer), stabilizer=stabilizer,
                 cite=("kohlbrenner2020",))
 
 
-def _deep_taylor(low: float = 0.0, high: float = 1.0, stabilizer: float = 1e-6):
+def _deep_taylor(low: float = 0.0, high: float = 1.0, stabilizer: float = 1e-6) -> Method:
     zplus = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
     return _lrp("deep-taylor", "Deep Taylor decomposition: z+ on hidden layers, zB on the input layer",
                 "Montavon et al. 2017, Explaining Nonlinear Classification Decisions with Deep Taylor "
@@ -269,14 +272,14 @@ def _deep_taylor(low: float = 0.0, high: float = 1.0, stabilizer: float = 1e-6):
                 family=ZPLUS, cite=("montavon2017",))
 
 
-def _excitation_backprop(stabilizer: float = 1e-6):
+def _excitation_backprop(stabilizer: float = 1e-6) -> Method:
     rule = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
     return _lrp("excitation-backprop", "Excitation Backprop: marginal winning probabilities via positive "
                 "weights, starting from a one-hot probability", "Zhang et al. 2016 (ECCV)", rule, rule,
                 output="onehot", stabilizer=stabilizer, family=ZPLUS, cite=("zhang2016",))
 
 
-def _baseline(value) -> float | tuple[float, ...]:
+def _baseline(value: Any) -> float | tuple[float, ...]:
     """A reference input: one number, or one per channel."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
@@ -286,19 +289,19 @@ def _baseline(value) -> float | tuple[float, ...]:
     raise AttributionError(f"baseline must be a number or one number per input channel, got {value!r}")
 
 
-def _deeplift(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0):
+def _deeplift(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0) -> Method:
     return Method("deeplift", "DeepLIFT Rescale from a reference input (zero by default, as captum's DeepLift)",
                   "Shrikumar et al. 2017 (ICML)", signal="multiplier", rules=_deeplift_rules(R.Gradient(), eps),
                   completeness="difference", family="DeepLIFT", cite=("shrikumar2017",), baseline=_baseline(baseline))
 
 
-def _deeplift_ablation(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0):
+def _deeplift_ablation(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0) -> Method:
     return Method("deeplift-ablation", "DeepLIFT without positive/negative intermixing (non-negative chain)",
                   SIXT, signal="multiplier", rules=_deeplift_rules(R.DeepLiftAblation(), eps), family="DeepLIFT",
                   cite=("shrikumar2017", "sixt2020"), baseline=_baseline(baseline))
 
 
-def _deeplift_revealcancel(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0):
+def _deeplift_revealcancel(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0) -> Method:
     reveal = R.RevealCancelLinear()
     return Method("deeplift-revealcancel", "DeepLIFT RevealCancel: at each ReLU after a dense or conv layer the "
                   "positive and negative parts of the difference get their own multipliers (Rescale elsewhere)",
@@ -308,14 +311,14 @@ def _deeplift_revealcancel(eps: float = 1e-10, baseline: float | tuple[float, ..
                   completeness="difference", family="DeepLIFT", cite=("shrikumar2017",), baseline=_baseline(baseline))
 
 
-def _integrated_gradients(n_steps: int = 50, baseline: float | tuple[float, ...] = 0.0):
+def _integrated_gradients(n_steps: int = 50, baseline: float | tuple[float, ...] = 0.0) -> Method:
     return Method("integrated-gradients", "integrated gradients from a baseline input (zero by default; captum)",
                   "Sundararajan et al. 2017 (ICML)", engine=IntegratedGradientsEngine(n_steps),
                   params={"n_steps": n_steps}, completeness="difference", cite=("sundararajan2017",),
                   baseline=_baseline(baseline))
 
 
-def _smoothgrad(noise: float = 0.15, samples: int = 50):
+def _smoothgrad(noise: float = 0.15, samples: int = 50) -> Method:
     return Method("smoothgrad", "gradient averaged over Gaussian-noised inputs (captum NoiseTunnel); noise "
                   "is sigma as a fraction of the input range", "Smilkov et al. 2017",
                   engine=SmoothGradEngine(noise, samples), params={"noise": noise, "samples": samples},
@@ -323,7 +326,7 @@ def _smoothgrad(noise: float = 0.15, samples: int = 50):
 
 
 def _smoothgrad_ig(noise: float = 0.15, samples: int = 50, n_steps: int = 50,
-                   baseline: float | tuple[float, ...] = 0.0):
+                   baseline: float | tuple[float, ...] = 0.0) -> Method:
     return Method("smoothgrad-ig", "integrated gradients averaged over Gaussian-noised inputs (captum NoiseTunnel "
                   "over IntegratedGradients); noise is sigma as a fraction of the input range",
                   "Smilkov et al. 2017; Adebayo et al. 2018", engine=SmoothGradEngine(noise, samples, "integrated-gradients",
@@ -332,7 +335,7 @@ def _smoothgrad_ig(noise: float = 0.15, samples: int = 50, n_steps: int = 50,
                   baseline=_baseline(baseline))
 
 
-def _grad_cam(layer: str = "auto", relu: bool = True, upsample: str = "bilinear", normalise: str = "none"):
+def _grad_cam(layer: str = "auto", relu: bool = True, upsample: str = "bilinear", normalise: str = "none") -> Method:
     return Method("grad-cam", "Grad-CAM: a layer's activations weighted by their spatially averaged gradient, "
                   "summed over channels, upsampled to the input (every channel carries the map)",
                   "Selvaraju et al. 2017 (ICCV)", engine=GradCam(layer, relu, upsample, normalise),
@@ -340,14 +343,14 @@ def _grad_cam(layer: str = "auto", relu: bool = True, upsample: str = "bilinear"
                   family=CAM, cite=("selvaraju2017",))
 
 
-def _guided_grad_cam(layer: str = "auto", upsample: str = "bilinear"):
+def _guided_grad_cam(layer: str = "auto", upsample: str = "bilinear") -> Method:
     return Method("guided-grad-cam", "Guided Grad-CAM: guided backprop times the upsampled ReLU'd Grad-CAM map",
                   "Selvaraju et al. 2017 (ICCV)", engine=GradCam(layer, True, upsample, "none", guided=True),
                   params={"layer": layer, "upsample": upsample}, heatmap="max-abs", family=CAM,
                   cite=("selvaraju2017", "springenberg2015"))
 
 
-def _vit_grad_cam(layer: str = "auto", relu: bool = True, upsample: str = "bilinear", normalise: str = "none"):
+def _vit_grad_cam(layer: str = "auto", relu: bool = True, upsample: str = "bilinear", normalise: str = "none") -> Method:
     return Method("vit-grad-cam", "Grad-CAM on a vision transformer's token activations (by default the last block's "
                   "first norm, as pytorch-grad-cam), laid out on the patch grid", "Selvaraju et al. 2017; Gildenblat 2021",
                   engine=GradCam(layer, relu, upsample, normalise, tokens=True),
@@ -355,7 +358,7 @@ def _vit_grad_cam(layer: str = "auto", relu: bool = True, upsample: str = "bilin
                   cite=("selvaraju2017", "gildenblat2021"))
 
 
-def _attention_rollout(head_fusion: str = "mean", discard_ratio: float = 0.0, upsample: str = "bilinear"):
+def _attention_rollout(head_fusion: str = "mean", discard_ratio: float = 0.0, upsample: str = "bilinear") -> Method:
     return Method("attention-rollout", "attention rollout: heads fused, (A + I) row-normalised, multiplied through "
                   "the blocks; the class token's row (class-agnostic)", "Abnar & Zuidema 2020 (ACL)",
                   engine=AttentionFlow("attention", "rollout", head_fusion, discard_ratio, upsample),
@@ -363,34 +366,34 @@ def _attention_rollout(head_fusion: str = "mean", discard_ratio: float = 0.0, up
                   family=ATTENTION, cite=("abnar2020",))
 
 
-def _generic_attention(upsample: str = "bilinear"):
+def _generic_attention(upsample: str = "bilinear") -> Method:
     return Method("generic-attention", "generic attention explainability: R <- R + mean_h[(grad A * A)+] R from R = I, "
                   "the class token's row", "Chefer, Gur & Wolf 2021 (ICCV)",
                   engine=AttentionFlow("gradient", "generic", "mean", 0.0, upsample), params={"upsample": upsample},
                   family=ATTENTION, cite=("chefer2021generic",))
 
 
-def _transformer_attribution(upsample: str = "bilinear"):
+def _transformer_attribution(upsample: str = "bilinear") -> Method:
     return Method("transformer-attribution", "Chefer et al.'s transformer attribution: C <- (I + mean_h[(grad A * R_A)+]) C "
                   "from C = I, R_A the chefer-lrp relevance at each block's attention weights; the class token's row",
                   "Chefer, Gur & Wolf 2021 (CVPR)", engine=AttentionFlow("relevance", "generic", "mean", 0.0, upsample),
                   params={"upsample": upsample}, family=ATTENTION, cite=("chefer2021",))
 
 
-def _attention_grad_cam(upsample: str = "bilinear"):
+def _attention_grad_cam(upsample: str = "bilinear") -> Method:
     return Method("attention-grad-cam", "Grad-CAM on the last block's attention: the class token's attention per head "
                   "weighted by its mean gradient (Chefer et al.'s baseline)", "Chefer, Gur & Wolf 2021 (CVPR)",
                   engine=AttentionGradCam(upsample), params={"upsample": upsample}, family=ATTENTION,
                   cite=("chefer2021", "selvaraju2017"))
 
 
-def _edge():
+def _edge() -> Method:
     return Method("edge", "control: Sobel gradient magnitude of the input, model-independent",
                   "Adebayo et al. 2018 (NeurIPS)", engine=EdgeControl(), heatmap="max-abs", family=CONTROLS,
                   cite=("adebayo2018",))
 
 
-def _random(seed: int = 0):
+def _random(seed: int = 0) -> Method:
     return Method("random", "control: seeded Gaussian noise, a fresh draw per call",
                   "Adebayo et al. 2018 (NeurIPS)", engine=NoiseControl(seed), params={"seed": seed},
                   family=CONTROLS, cite=("adebayo2018",))
@@ -447,7 +450,7 @@ def _parameters(builder: Callable[..., Method]) -> tuple[str, ...]:
     return tuple(inspect.signature(builder).parameters)
 
 
-def build_method(name: str, **params) -> Method:
+def build_method(name: str, **params: Any) -> Method:
     """The method ``name`` with its parameters (e.g. ``epsilon=1e-6``); errors name the valid ones."""
     builder = BUILDERS.get(name)
     if builder is None:

@@ -69,7 +69,7 @@ class Patterns:
     fingerprint: str = ""
     extra: dict[str, Any] = field(default_factory=dict[str, Any])
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike[str]) -> Path:
         """Write to ``path`` atomically (a partial file never stands in for a finished one)."""
         path = Path(path)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")  # ranks of one run may write the same file
@@ -79,7 +79,7 @@ class Patterns:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Patterns:
+    def load(cls, path: str | os.PathLike[str]) -> Patterns:
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True)
             return cls(saved["patterns"], saved["estimator"], int(saved["n"]), saved["source"], saved["fingerprint"])
@@ -166,7 +166,7 @@ class PatternSource:
     """
 
     def __init__(self, estimator: str = "relu", patterns: Patterns | None = None, data: torch.Tensor | None = None,
-                 batch: int = 64, cache: str | os.PathLike | None = None, cache_for: str = "", source: str = ""):
+                 batch: int = 64, cache: str | os.PathLike[str] | None = None, cache_for: str = "", source: str = ""):
         if estimator not in ESTIMATORS:
             raise AttributionError(f"pattern estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
         if patterns is not None and not isinstance(patterns, Patterns):
@@ -232,7 +232,7 @@ class PatternRule(Rule):
     kinds = FITTED_KINDS
     reads = ()
 
-    def reads_for(self, node):
+    def reads_for(self, node: Any) -> tuple[str, ...]:
         return ("inputs",) if self.source.estimator == "two-component" else ()
 
     def __init__(self, source: PatternSource, mode: str = "attribution"):
@@ -263,7 +263,7 @@ class PatternChain(RuleChain):
     def __init__(self, source: PatternSource):
         self.source = source
 
-    def prepare(self, ex, x):
+    def prepare(self, ex: Any, x: torch.Tensor) -> None:
         self.source.prepare(ex, x)
 
     def __repr__(self) -> str:

@@ -27,7 +27,7 @@ from audit.checks.options import UnitContext, option
 from audit.checks.randomization import stage_batches, stage_figure, stage_maps
 from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
 from audit.errors import ConfigError
-from audit.inputs import Images, Labels, Methods, Reduction
+from audit.inputs import Images, Labels, Methods, Reduction, check_inputs
 from audit.measures.similarity import degenerate
 from audit.sections import ReportContext, Section
 
@@ -93,6 +93,7 @@ def efficient_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Method
     score is the last stage's, every layer randomized), share (of the parameters re-initialised).
     """
     stages = stage_settings(stages, settings, order="bottom-up")
+    x, y = check_inputs(model, x, y)
     rows: list[dict[str, Any]] = []
     first: dict[str, np.ndarray] = {}
     n = len(x)

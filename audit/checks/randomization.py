@@ -116,12 +116,13 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     and {method: (stages, keep_maps, H, W) array} (empty arrays when ``keep_maps`` is 0).
     """
     stages = stage_settings(stages, settings)
+    x, y = check_inputs(model, x, y)
     reference: dict[str, ReferenceMaps] = {}
     rows: list[dict[str, Any]] = []
     kept: dict[str, list[np.ndarray]] = {}
     n = len(x)
     # the ranks of the input's own magnitude (max |.| over channels): how far a stage's map still follows the input
-    structure = unit_ranks(torch.as_tensor(x).detach().abs().amax(1).double().cpu())
+    structure = unit_ranks(x.detach().abs().amax(1).double().cpu())
     for batch in stage_batches(stage_maps(model, x, y, methods, stages, reduction=reduction, progress=progress,
                                           name="parameter_randomization")):
         stacked = {m: ComparableMaps(torch.cat([s.maps[m] for s in batch])) for m in batch[0].maps}
@@ -164,7 +165,7 @@ def kept_trained(plan: list[Stage], bn: str) -> list[str]:
     return [t for stage in plan for part in stage.parts if part.batchnorm and bn == "keep-stats" for t in part.tensors]
 
 
-def stage_maps(model: nn.Module, x: Images, y: Labels, methods: Methods, stages: StageSettings, *,
+def stage_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, methods: Methods, stages: StageSettings, *,
                reduction: Reduction | None = None, progress: bool = True, name: str = "randomization", explain: Explain = _plain,
                every_stage: bool = True) -> Iterator[StageMaps]:
     """Yield a :class:`StageMaps` for the trained model (stage 0, layer "original") and each
@@ -176,8 +177,8 @@ def stage_maps(model: nn.Module, x: Images, y: Labels, methods: Methods, stages:
     model's maps and the last stage's (the intermediate stages are still applied, not explained).
     Each stage's forward pass is shared by the methods; the model is never modified (stages are copies).
     A tensor no stage re-initialises (a BatchNorm's under ``bn="keep-stats"``) is named in a warning.
+    ``x`` and ``y`` are the caller's, checked (:func:`~audit.inputs.check_inputs`) once by it.
     """
-    x, y = check_inputs(model, x, y)
     if y is None:
         raise AuditError(f"{name} needs the labels y")
     names = resolve_methods(methods)

@@ -6,6 +6,7 @@ whether the tensor's values differ from the trained ones afterwards.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from attributions.graph import trace
+from audit.checks.base import Coverage
 from audit.checks.reinit import CONSTANT, KEPT, reinitialise_part
 from audit.checks.stage_options import StageOptions
 from audit.checks.stages import randomization_plan, resolve_granularity
@@ -53,6 +55,11 @@ def summary(table: pd.DataFrame, granularity: str) -> dict[str, Any]:
             "kept_trained": table[table.how == KEPT].tensor.tolist(),
             "constant_default": table[table.how.str.endswith(CONSTANT)].tensor.tolist(),
             "unchanged": table[~table.changed].tensor.tolist()}
+
+
+def recorded_in(order: Callable[[Any], str]) -> Coverage:
+    """The coverage of a check whose order is an option of its own (``order(options)``, e.g. eMPRT's)."""
+    return lambda model, x, options, seed: record(model, x, options, seed, order=order(options))
 
 
 def record(model: nn.Module, x: torch.Tensor, options: StageOptions, seed: int, *,

@@ -22,7 +22,7 @@ from scipy import special
 
 from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.coverage import paragraph as coverage_paragraph
-from audit.checks.coverage import record as coverage_record
+from audit.checks.coverage import recorded_in
 from audit.checks.options import UnitContext, option
 from audit.checks.randomization import stage_batches, stage_figure, stage_maps
 from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
@@ -133,10 +133,6 @@ def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, 
                                      stages=options.stages(options.emprt_order, unit.seed), curve=options.emprt_curve))
 
 
-def _coverage(model: torch.nn.Module, x: torch.Tensor, options: EmprtOptions, seed: int) -> tuple[pd.DataFrame, dict[str, Any]]:
-    return coverage_record(model, x, options, seed, order=options.emprt_order)
-
-
 def _sections(table: pd.DataFrame, context: ReportContext, options: EmprtOptions) -> list[Section]:
     threshold = options.emprt_threshold
     figures = [stage_figure(table, m, "score", "entropy rise (H - H_0) / H_0", f"emprt_{m}",
@@ -154,7 +150,7 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: EmprtOptions
 
 
 CHECK = Check(
-    coverage=_coverage, options=EmprtOptions,
+    coverage=recorded_in(lambda options: options.emprt_order), options=EmprtOptions,
     name="emprt", cite=("hedstrom2024",), title="Efficient MPRT (eMPRT)", reference="Hedstroem et al. 2023, 2024",
     result_file="emprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=40,

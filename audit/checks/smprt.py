@@ -22,7 +22,7 @@ import torch
 from attributions.explainer import Explainer, attribute_many
 from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.coverage import paragraph as coverage_paragraph
-from audit.checks.coverage import record as coverage_record
+from audit.checks.coverage import recorded_in
 from audit.checks.options import UnitContext, option
 from audit.checks.randomization import stage_figure, stage_maps
 from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
@@ -118,10 +118,6 @@ def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, 
                                   stages=options.stages(options.smprt_order, unit.seed), progress=unit.progress))
 
 
-def _coverage(model: torch.nn.Module, x: torch.Tensor, options: SmprtOptions, seed: int) -> tuple[pd.DataFrame, dict[str, Any]]:
-    return coverage_record(model, x, options, seed, order=options.smprt_order)
-
-
 def _sections(table: pd.DataFrame, context: ReportContext, options: SmprtOptions) -> list[Section]:
     threshold = options.smprt_threshold
     figures = [stage_figure(table, m, "spearman", "Spearman of |denoised map|", f"smprt_{m}",
@@ -141,7 +137,7 @@ def _last_stage(df: pd.DataFrame) -> pd.DataFrame:
 
 
 CHECK = Check(
-    coverage=_coverage, options=SmprtOptions,
+    coverage=recorded_in(lambda options: options.smprt_order), options=SmprtOptions,
     name="smprt", cite=("hedstrom2024",), title="Smooth MPRT (sMPRT)", reference="Hedstroem et al. 2023", result_file="smprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=41,
     summary=lambda df: f"median Spearman at full randomization {_last_stage(df).spearman.median():.3f}",

@@ -30,7 +30,7 @@ import torch.fx
 from torch import nn
 
 from attributions.errors import AttributionError
-from attributions.hooks import forward_changing_hooks
+from attributions.hooks import refuse_changing_hooks
 
 _WRAPPED = "model"  # the user's model inside the capture's wrapper: stripped from every name
 
@@ -253,14 +253,7 @@ def capture(model: nn.Module, example: torch.Tensor) -> Capture:
     """
     if not isinstance(model, nn.Module):
         raise AttributionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    changing = forward_changing_hooks(model)
-    if changing:
-        recomputing = any(name in h for h in changing for name in ("SpectralNorm", "WeightNorm"))
-        raise AttributionError(f"the model has hooks that may change what it computes ({'; '.join(changing)}): the "
-                               "engine explains model(x) as its modules compute it and never runs hooks; remove them "
-                               "(handle.remove()) or move what they do into a module's forward"
-                               + ("; for spectral_norm / weight_norm use torch.nn.utils.parametrizations.spectral_norm "
-                                  "/ weight_norm, which the engine follows" if recomputing else ""))
+    refuse_changing_hooks(model)
     wrapper = _Logits(model)
     batch = example.shape[0]
     # export specialises sizes 0 and 1, so a symbolic batch is declared on an example of two

@@ -26,6 +26,8 @@ from torch import nn
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
+from attributions.errors import AttributionError
+
 # pre-hooks that recompute a parameter from others on every call: the engine never runs hooks, so it would read
 # a stale weight and randomizing the parameters behind it would change nothing
 _RECOMPUTING = (SpectralNorm, WeightNorm)
@@ -52,6 +54,19 @@ def forward_changing_hooks(model: nn.Module) -> list[str]:
         found += [f"every module: {_describe(kind, hook)}" for hook in getattr(nn.modules.module, kind).values()
                   if changes(hook)]
     return found
+
+
+def refuse_changing_hooks(model: nn.Module) -> None:
+    """An :class:`AttributionError` naming every hook of ``model`` that may change what it computes
+    (:func:`forward_changing_hooks`) and what to do instead; nothing when there is none."""
+    changing = forward_changing_hooks(model)
+    if changing:
+        recomputing = any(name in h for h in changing for name in ("SpectralNorm", "WeightNorm"))
+        raise AttributionError(f"the model has hooks that may change what it computes ({'; '.join(changing)}): the "
+                               "engine explains model(x) as its modules compute it and never runs hooks; remove them "
+                               "(handle.remove()) or move what they do into a module's forward"
+                               + ("; for spectral_norm / weight_norm use torch.nn.utils.parametrizations.spectral_norm "
+                                  "/ weight_norm, which the engine follows" if recomputing else ""))
 
 
 def _describe(kind: str, hook: Any) -> str:

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from attributions.errors import AttributionError
+from attributions.hooks import refuse_changing_hooks
 from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS, Options
 from audit.data import balanced_sample
@@ -99,6 +101,8 @@ def plan(config: AuditConfig, out: str | os.PathLike, *, resume: bool, shard: Sh
     x, y, images = audit_images(config)
     loaded = {spec: load_model(spec, config) for spec in config.models}
     twin_specs, twin_models = _twins(config, loaded)
+    for spec, model in [*loaded.items(), *((f"the twin of {s}", m) for s, m in twin_models.items())]:
+        _explainable(spec, model)
     patterns = pattern_images(config.pattern_data, config.data, config.pattern_images, config.seed, config.data_root) \
         if set(PATTERN_METHODS) & set(config.methods) else None
     prints = fingerprints(config, x, y, list(twin_specs.values()))
@@ -219,6 +223,15 @@ def load_twin(spec: str, twin: str, model: nn.Module) -> nn.Module:
         raise ConfigError(f"the twin of {spec}: {exc}") from None
     same_architecture(model, loaded, spec, twin)
     return loaded
+
+
+def _explainable(spec: str, model: nn.Module) -> None:
+    """Refuse, before the run starts, a model whose hooks may change what it computes (the engine would refuse
+    it at its first unit, after the run's folder was made)."""
+    try:
+        refuse_changing_hooks(model)
+    except AttributionError as exc:
+        raise ModelError(f"{spec}: {exc}") from None
 
 
 def _device(name: str) -> torch.device:

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from attributions import Explainer
-from attributions.capture import capture, forward_changing_hooks, logits_of
+from attributions.capture import capture, logits_of
 from attributions.errors import AttributionError
+from attributions.hooks import forward_changing_hooks
 from audit.models import load_checkpoint
 from tests.engine_zoo import ZOO, zoo_model
 

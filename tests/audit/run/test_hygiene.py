@@ -1,5 +1,6 @@
 """A library call to the audit leaves the caller's process as it found it."""
 import os
+import textwrap
 import threading
 
 import pytest
@@ -64,3 +65,26 @@ def test_bad_options_are_refused_before_any_model_is_loaded(tmp_path, monkeypatc
     assert not (tmp_path / "run").exists()
     with pytest.raises(SystemExit):  # an abbreviated option is not taken for --methods
         main(["run", "--models", "timm:resnet18", "--method", "gradient", "--out", str(tmp_path / "run")])
+
+
+def test_a_model_whose_hooks_change_its_output_is_refused_before_the_folder_is_made(tmp_path, monkeypatch):
+    """The engine refuses such a model at its first unit; the run refuses it first, leaving no "running" manifest."""
+    (tmp_path / "hooked_factory.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def _clip(t):
+            t.clamp_(min=-1, max=1)
+
+        def build():
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))
+            model[0].register_forward_hook(lambda module, args, out: _clip(out))
+            return model.eval()
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    with pytest.raises(ModelError, match="hooked_factory:build: the model has hooks that may change what it computes"):
+        run_audit(load_config(models=["hooked_factory:build"], methods="gradient", tests="random-logit", n_images=4),
+                  out, progress=False, log=lambda s: None)
+    assert not out.exists()

@@ -191,7 +191,13 @@ class Gradient(Rule):
 
 
 class Epsilon(Rule):
-    """LRP-epsilon: R_in = x * W^T (R / stab(z)), z = W x + b. With a tiny epsilon: LRP-z."""
+    """LRP-epsilon: R_in = x * W^T (R / stab(z)), z = W x + b. With a tiny epsilon: LRP-z.
+
+    Parameters
+    ----------
+    epsilon : float
+        added to each denominator with its sign (1e-6; a tiny value gives LRP-z)
+    """
 
     kinds = LINEAR_KINDS
     proportional_to_input = True
@@ -210,6 +216,17 @@ class AlphaBeta(Rule):
     z+ = x+ w+ + x- w- (+ b+), z- = x+ w- + x- w+ (+ b-); positive relevance flows along z+
     scaled by alpha, negative along z- scaled by beta. ``bias=False`` drops the bias (the
     classic z+ rule). alpha = 1, beta = 0 is z+.
+
+    Parameters
+    ----------
+    alpha : float
+        weight of the positive relevance (alpha - beta must be 1)
+    beta : float
+        weight of the negative relevance
+    bias : bool
+        whether the bias takes part in z+ and z- (False: the classic z+ rule)
+    stabilizer : float
+        added to each denominator, away from 0
     """
 
     kinds = WEIGHTED_KINDS
@@ -258,6 +275,13 @@ class Gamma(Rule):
     z_down = (W + gW-) x+ + (b + gb-) + (W + gW+) x-; an output of exactly 0 passes none. Each denominator is
     stabilised by epsilon. The classic form, W + gW+ for every output and input, explodes on signed inputs
     (transformer activations), where its denominator crosses zero.
+
+    Parameters
+    ----------
+    gamma : float
+        how much the favouring contributions are boosted (0: LRP-epsilon)
+    epsilon : float
+        added to each denominator with its sign
     """
 
     kinds = WEIGHTED_KINDS
@@ -319,7 +343,15 @@ class Flat(_InputFree):
 class ZB(Rule):
     """Deep Taylor zB for inputs bounded in [low, high]:
     z = W x - W+ low - W- high, R_in = x W^T s - low W+^T s - high W-^T s, s = R / stab(z).
-    ``low`` / ``high`` None: each image's own minimum / maximum (Chefer et al.'s code for RGB inputs)."""
+    ``low`` / ``high`` None: each image's own minimum / maximum (Chefer et al.'s code for RGB inputs).
+
+    Parameters
+    ----------
+    low, high : float or None
+        the input's bounds; None: each image's own minimum / maximum
+    stabilizer : float
+        added to each denominator with its sign
+    """
 
     kinds = WEIGHTED_KINDS
     reads = ("inputs",)
@@ -384,7 +416,13 @@ class Pass(Rule):
 
 class ReLUGradient(Rule):
     """Gradient of ReLU / LeakyReLU; ``guided`` keeps only positive results (Guided Backprop),
-    ``deconv`` ignores the forward mask and keeps positive signals (DeconvNet)."""
+    ``deconv`` ignores the forward mask and keeps positive signals (DeconvNet).
+
+    Parameters
+    ----------
+    mode : str
+        "gradient" (the plain derivative), "guided" or "deconv"
+    """
 
     kinds = ("relu", "leaky_relu")
     reads = ("inputs",)
@@ -424,7 +462,13 @@ class RectGrad(Rule):
     activation x signal exceeds its ``q``-th percentile over the layer's units, per sample and per signal:
     s_in = 1[a * s > tau] s, a the ReLU's output, tau the percentile of a * s. The ReLU's own mask is part
     of the rule: an inactive unit has a * s = 0, which passes only when tau < 0 (fewer than 100 - q percent
-    of the products positive), as the rule is written."""
+    of the products positive), as the rule is written.
+
+    Parameters
+    ----------
+    q : float
+        the percentile (0-100) of activation x signal over the layer that a unit must exceed
+    """
 
     kinds = ("relu", "leaky_relu")
     reads = ("output",)
@@ -545,6 +589,11 @@ class DeepLiftMaxPool(Rule):
     Computed per pooling window (on the pooled grid, then scattered to the winners), which is the
     same as captum's unpool-then-divide: every numerator sits at a winner, so dividing by that
     winner's delta_x before or after scattering gives the same sums.
+
+    Parameters
+    ----------
+    eps : float
+        |delta_x| below which the gradient replaces the difference quotient
     """
 
     kinds = ("maxpool",)
@@ -575,7 +624,13 @@ class DeepLiftMaxPool(Rule):
 
 
 class ProportionalSplit(Rule):
-    """A residual add a + b: relevance split in proportion to each branch's value (stabilised)."""
+    """A residual add a + b: relevance split in proportion to each branch's value (stabilised).
+
+    Parameters
+    ----------
+    epsilon : float
+        added to the sum a + b with its sign
+    """
 
     kinds = ("add",)
 
@@ -590,7 +645,13 @@ class ProportionalSplit(Rule):
 class NormalisedSplit(Rule):
     """A residual add a + b as Chefer et al. 2021 split it: the z rule's shares R_a = a R / z, R_b = b R / z,
     each rescaled so that per sample the branches keep the relevance total R in proportion |sum R_a| :
-    |sum R_b| (conservative whatever the signs: R_a sums to |sum R_a| / (|sum R_a| + |sum R_b|) sum R)."""
+    |sum R_b| (conservative whatever the signs: R_a sums to |sum R_a| / (|sum R_a| + |sum R_b|) sum R).
+
+    Parameters
+    ----------
+    epsilon : float
+        added to the sum a + b with its sign
+    """
 
     kinds = ("add",)
 
@@ -650,7 +711,13 @@ class VJP(Rule):
 class ActivationGradient(Rule):
     """An element-wise activation's backward for the modified-gradient methods, applied at every
     activation as zennit does for ReLU: ``guided`` clips the gradient below at 0 (Springenberg et al.),
-    ``deconv`` clips the incoming signal and ignores the forward derivative (Zeiler & Fergus)."""
+    ``deconv`` clips the incoming signal and ignores the forward derivative (Zeiler & Fergus).
+
+    Parameters
+    ----------
+    mode : str
+        "guided" or "deconv"
+    """
 
     kinds = ("activation",)
     records = True
@@ -672,7 +739,13 @@ class LinearZ(Rule):
     with a constant): R_i = x_i * (J_i^T (R / stab(z)))[i], z the node's output. Constants the operation
     adds (a position embedding, a bias) absorb their share; on data movement it equals the adjoint.
     On a reduction that is positively homogeneous of degree one (a p-norm, a max) it conserves too, by
-    Euler's theorem: sum_i x_i df/dx_i = f."""
+    Euler's theorem: sum_i x_i df/dx_i = f.
+
+    Parameters
+    ----------
+    epsilon : float
+        added to the node's output with its sign
+    """
 
     kinds = ("mix", "reduce")
     records = True
@@ -687,7 +760,13 @@ class LinearZ(Rule):
 
 class RescaleAny(Rule):
     """DeepLIFT's Rescale for any element-wise activation: (f(x) - f(x0)) / (x - x0), and the derivative
-    f'(x) where x = x0 (Shrikumar et al. 2017). Keeps completeness."""
+    f'(x) where x = x0 (Shrikumar et al. 2017). Keeps completeness.
+
+    Parameters
+    ----------
+    tolerance : float
+        |x - x0| at or below which the derivative replaces the secant
+    """
 
     kinds = ("activation",)
 
@@ -776,7 +855,15 @@ class GateProduct(Rule):
     weights) is held constant and the relevance goes to the other operand by the z rule; when neither
     or both are gates, each operand gets half (AttnLRP's uniform rule for bilinear products).
     ``gates=False``: every product splits in halves, attention weights included (Chefer et al. 2021,
-    whose attention relevance is what reaches the weights)."""
+    whose attention relevance is what reaches the weights).
+
+    Parameters
+    ----------
+    epsilon : float
+        added to the product with its sign
+    gates : bool
+        hold gating operands constant (False: every product splits in halves)
+    """
 
     kinds = ("product",)
 
@@ -801,7 +888,13 @@ class DeepLiftProduct(Rule):
     """DeepLIFT through a product of two signals, exact: for a bilinear f, f(a, b) - f(a0, b0) =
     f(da, (b + b0) / 2) + f((a + a0) / 2, db), so the multipliers are those of the two linear maps
     (Shrikumar et al. 2017, section 3.5). A quotient a / b is bilinear in a and r = 1 / b, with
-    Rescale on r(b). Keeps completeness."""
+    Rescale on r(b). Keeps completeness.
+
+    Parameters
+    ----------
+    tolerance : float
+        |b - b0| at or below which a quotient's 1 / b takes its derivative
+    """
 
     kinds = ("product",)
 
@@ -865,7 +958,13 @@ def _affine(t: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | N
 class NormLRP(Rule):
     """The LN rule (Ali et al. 2022) for LayerNorm, GroupNorm and BatchNorm without running statistics:
     the standard deviation is held constant, so the normalisation is the linear map x -> (x - mean(x)) /
-    std * weight; the z rule through it conserves the relevance up to what the bias absorbs."""
+    std * weight; the z rule through it conserves the relevance up to what the bias absorbs.
+
+    Parameters
+    ----------
+    epsilon : float
+        added to the normalised output with its sign
+    """
 
     kinds = ("norm",)
 
@@ -914,7 +1013,15 @@ class NormDeepLift(Rule):
     """DeepLIFT through a normalisation, exact: with u = x - mean(x), v = mean(u^2) and r = (v + eps)^-1/2,
     y = u r weight + bias; the product u r takes the bilinear rule, v = mean(u u) too, and r(v) Rescale,
     so the multipliers are linear in the differences and sum to y - y0. Where r and r0 differ by more than
-    ``conditioning`` times (LayerNorm), the secant rule (:func:`_secant`), complete too."""
+    ``conditioning`` times (LayerNorm), the secant rule (:func:`_secant`), complete too.
+
+    Parameters
+    ----------
+    tolerance : float
+        |v - v0| at or below which r(v) takes its derivative
+    conditioning : float
+        the ratio of r to r0 above which the secant rule replaces the exact one
+    """
 
     kinds = ("norm",)
 
@@ -975,7 +1082,15 @@ class SoftmaxLRP(Rule):
 
 class SoftmaxDeepLift(Rule):
     """DeepLIFT through a softmax, exact: with e = exp(x - c) (c one constant per row for x and the
-    reference), S = sum(e) and q = 1 / S, y = e q takes the bilinear rule, q(S) and e(x) Rescale."""
+    reference), S = sum(e) and q = 1 / S, y = e q takes the bilinear rule, q(S) and e(x) Rescale.
+
+    Parameters
+    ----------
+    tolerance : float
+        differences at or below which Rescale takes the derivative
+    underflow : float
+        a row's sum of shifted exponentials below which the secant rule replaces the exact one (the exact terms would cancel)
+    """
 
     kinds = ("softmax",)
 

@@ -26,10 +26,21 @@ COLUMNS = ["stage", "name", "tensor", "elements", "share", "how", "changed"]
 
 def coverage(model: nn.Module, x: torch.Tensor, order: str = "cascading", *, granularity: str = "auto", seed: int = 0,
              init: str = "reset", bn: str = "reset") -> pd.DataFrame:
-    """One row per parameter tensor of ``model`` (traced at inputs shaped like ``x``, (B, ...)): the
-    ``stage`` that re-initialises it under ``order`` (1 = the first randomized), the stage's ``name``,
-    the ``tensor``'s name, its ``elements``, their ``share`` of all parameters, ``how`` it was drawn
-    (:mod:`audit.checks.reinit`) and whether it ``changed``. ``model`` is not modified."""
+    """What a randomization check re-initialises in ``model``, tensor by tensor; ``model`` is not modified.
+
+    Parameters
+    ----------
+    model : nn.Module
+    x : (B, ...) inputs, traced at their shape
+    order : cascading | independent | bottom-up
+    granularity, seed, init, bn : as :class:`~audit.checks.stage_options.StageSettings`
+
+    Returns
+    -------
+    DataFrame, one row per parameter tensor: the ``stage`` that re-initialises it under ``order`` (1 = the first
+    randomized), the stage's ``name``, the ``tensor``'s name, its ``elements``, their ``share`` of all
+    parameters, ``how`` it was drawn (:mod:`audit.checks.reinit`) and whether it ``changed``.
+    """
     twin = copy_model(model)
     plan = randomization_plan(twin, trace(twin, x[:1].detach()), granularity)
     sizes = {n: p.numel() for n, p in twin.named_parameters()}

@@ -38,6 +38,15 @@ def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Met
                       reduction: Reduction | None = None, progress: bool = True) -> pd.DataFrame:
     """Similarity of each method's maps for the true class and a random other class.
 
+    Parameters
+    ----------
+    model : nn.Module (B, C, H, W) -> (B, classes); never modified
+    x : (B, C, H, W) images; y : (B,) labels
+    methods : names, "all" or a comma-separated string
+    seed : seeds the random other class of each image
+    reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
+    progress : show a progress bar
+
     Returns
     -------
     DataFrame, one row per method x image: method, image, true_class, random_class, ssim

@@ -25,9 +25,23 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
               progress: bool = True, log: Callable[[str], None] = print, shard: Shard = SINGLE) -> AuditResult:
     """Run every unit of ``config`` into ``out`` and join the results (see the module docstring).
 
-    ``shard``: this process's share of a run over several (:mod:`audit.run.distributed`); the
-    files are the same as one process's. The caller's process is left as it was: its global RNG state, its
-    environment, no thread left running (:func:`audit.run.hygiene.untouched`).
+    Parameters
+    ----------
+    config : the audit's configuration (:func:`audit.run.config.load_config`)
+    out : the run's folder; refused when it holds anything but this run's files
+    resume : continue the run in ``out``: the units already written are kept (same configuration, inputs and
+        software, else a :class:`~audit.errors.ConfigError`)
+    progress : show progress bars (else one line per unit goes to ``log``)
+    log : where the run's lines go
+    shard : this process's share of a run over several (:mod:`audit.run.distributed`); the files are the same
+        as one process's
+
+    Returns
+    -------
+    AuditResult : the joined tables, the configuration and the manifest
+
+    The caller's process is left as it was: its global RNG state, its environment, no thread left running
+    (:func:`audit.run.hygiene.untouched`).
     """
     with untouched():
         run = plan(config, out, resume=resume, shard=shard, log=log)

@@ -1,0 +1,53 @@
+"""A check's options declared once: the declarations, the parsed and checked values, and a verdict that names a
+field its options lack."""
+from dataclasses import FrozenInstanceError, dataclass
+
+import pytest
+
+from audit.checks import Check, MedianScore, Options, UnitContext, option
+from audit.checks.randomization import CascadingOptions
+from audit.checks.stage_options import StageSettings
+from audit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class _Toy(Options):
+    level: float = option(0.5, "how high", valid=lambda v: 0 < v <= 1, rule="in (0, 1]")
+    mode: str = option("a", "which way", choices=("a", "b"))
+
+
+def test_declarations_come_from_the_fields_in_order():
+    declared = _Toy.declared()
+    assert [(o.name, o.default, o.help) for o in declared] == [("level", 0.5, "how high"), ("mode", "a", "which way")]
+    assert declared[1].choices == ("a", "b")
+    # a subclass's fields follow its base's: the stage keys, then the cascading check's own
+    assert [o.name for o in CascadingOptions.declared()] == ["bn", "target", "init", "granularity", "heatmap_scale",
+                                                             "randomization_threshold", "randomization_top"]
+
+
+def test_parse_takes_its_own_keys_checks_them_and_widens_ints():
+    options = _Toy.parse({"level": 1, "mode": "b", "someone_elses": 3})
+    assert options == _Toy(level=1.0, mode="b") and isinstance(options.level, float)
+    assert _Toy.parse({}) == _Toy()
+    with pytest.raises(ConfigError, match=r"invalid level=2.0: it must be in \(0, 1\]"):
+        _Toy.parse({"level": 2})
+    with pytest.raises(ConfigError, match="invalid mode='c'; valid: a, b"):
+        _Toy.parse({"mode": "c"})
+    with pytest.raises(FrozenInstanceError):
+        options.level = 0.2  # type: ignore[misc]
+
+
+def test_stage_settings_are_one_checked_value():
+    stages = CascadingOptions.parse({"bn": "keep-stats"}).stages("bottom-up", seed=3)
+    assert stages == StageSettings(order="bottom-up", bn="keep-stats", seed=3)
+    with pytest.raises(ConfigError, match="granularity"):
+        StageSettings(granularity="module")
+
+
+def test_a_verdict_reading_a_field_its_options_lack_is_refused_when_the_check_is_defined():
+    with pytest.raises(TypeError, match="its verdict reads 'toy_threshold', not a field of _Toy"):
+        Check(name="toy", title="t", reference="", result_file="toy.csv", columns=["method"],
+              run=lambda model, x, y, method, options, unit: None, summary=str,
+              sections=lambda table, context, options: [], options=_Toy,
+              verdict=MedianScore("toy_score", "toy", "bad", "toy_threshold"))
+    assert UnitContext().twin is None and UnitContext(seed=2).seed == 2

@@ -17,11 +17,12 @@ from attributions import available_methods
 from attributions.errors import ToolkitError, unknown_name
 from attributions.methods import ATTENTION, BUILDERS, build_method
 from audit import style
-from audit.checks import CHECKS, check_options
+from audit.checks import check_options
 from audit.errors import ConfigError
 from audit.models import ARCHS, OPTIMIZERS, SHIPPED, TrainConfig, available_checkpoints, train, twin_architecture
 from audit.models.recipes import RECIPES
 from audit.run import load_config, run_audit
+from audit.run.config import general_keys
 from audit.run.distributed import launch, sharded
 from audit.run.resources import keep_freed_memory
 from reports import build_report, verdict_table
@@ -118,14 +119,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.workers != 1 and "WORLD_SIZE" not in os.environ:  # start the ranks; each runs this command
         return launch(args.workers, _without_workers(args.argv))
     options = {name: getattr(args, name) for name in check_options()}
-    config = load_config(args.config, models=args.models, methods=args.methods, tests=args.tests,
-                         n_images=args.n_images, seed=args.seed, device=args.device, data=args.data,
-                         data_root=args.data_root, preprocess=args.preprocess, weights=args.weights,
-                         num_classes=args.num_classes,
-                         max_memory=args.max_memory, mixed_precision=args.mixed_precision,
-                         image_block=args.image_block, pattern_data=args.pattern_data,
-                         pattern_images=args.pattern_images, twins=args.twins,
-                         allow_partial_weights=args.allow_partial_weights, **options)
+    general = {f.name: getattr(args, f.name) for f in general_keys()}
+    config = load_config(args.config, **general, **options)
     with sharded(config.device) as shard:
         result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet, shard=shard)
     if shard.lead:
@@ -229,42 +224,10 @@ def _listing_parsers(sub: Any) -> None:
 def _run_parser(sub: Any) -> None:
     a = sub.add_parser("run", allow_abbrev=False, help="audit models: CSC, random-logit, parameter and data "
                        "randomization, with a report")
-    a.add_argument("--models", default=None, help="comma-separated: shipped names, checkpoint paths, timm:NAME, "
-                   "torchvision:NAME, hf:FOLDER (saved by save_pretrained, or a hub id in the local cache), "
-                   "module:factory")
-    a.add_argument("--weights", default=None, help="state_dict (torch.save or .safetensors) for a timm:, torchvision: "
-                   "or module:factory model")
-    a.add_argument("--num-classes", type=int, default=None, help="the classifier's outputs of a timm:, torchvision: "
-                   "or hf: model (default: the library's)")
-    a.add_argument("--allow-partial-weights", default=None, action="store_true",
-                   help="load a library model whose weights leave tensors missing, unexpected or of another shape "
-                   "(e.g. a head of another size), keeping those freshly initialised; recorded in the manifest "
-                   "(default: an error)")
-    a.add_argument("--methods", default=None, help='comma-separated method names, or "all"')
-    a.add_argument("--tests", default=None, help="comma-separated: " + "; ".join(
-        f"{c.name} ({c.description})" for c in CHECKS.values()))
-    a.add_argument("--n-images", type=int, default=None)
-    a.add_argument("--data", default=None, help='"embedded" (default) or a data set name')
-    a.add_argument("--data-root", default=None, help="the data's folder; for imagefolder one sub-folder per class")
-    a.add_argument("--preprocess", default=None, help="imagefolder: none (default) or imagenet (resize 256, centre "
-                   "crop 224, ImageNet mean/std); a table with resize, crop, mean, std in --config")
+    for general in general_keys():  # every general key, as in the TOML file
+        a.add_argument(f"--{general.name.replace('_', '-')}", dest=general.name, default=None,
+                       help=general.metadata["help"].replace("%", "%%"), **general.metadata["flag"])
     a.add_argument("--config", default=None, help="a TOML file with the same keys (underscores)")
-    a.add_argument("--seed", type=int, default=None)
-    a.add_argument("--device", default=None, choices=["cpu", "cuda"])
-    a.add_argument("--max-memory", default=None, help="the memory the passes are held to, e.g. 4GB (default: half "
-                   "of the free RAM, or GPU memory, when the run starts); images and vectors go in chunks to fit")
-    a.add_argument("--image-block", type=int, default=None, help="images per work item of the checks scored per "
-                   "image (default 0: a unit's images together); smaller blocks share a unit's images among ranks")
-    a.add_argument("--mixed-precision", default=None, action=argparse.BooleanOptionalAction,
-                   help="compute the maps under autocast (bfloat16 on CPU, float16 on GPU; default off); the "
-                   "manifest records each method's agreement with float32")
-    a.add_argument("--pattern-data", default=None, help="what PatternNet / PatternAttribution fit their patterns on: "
-                   "explained (default: the images each check explains), train (the data set's training split) or "
-                   "DATASET:SPLIT; the trained model's patterns are kept beside its checkpoint")
-    a.add_argument("--pattern-images", type=int, default=None, help="images the patterns are fitted on (default 256)")
-    a.add_argument("--twins", default=None, metavar="MODEL=TWIN,...", help="the permuted-label twin of each model "
-                   "for the data-randomization test (a checkpoint path, shipped name or module:factory); the shipped "
-                   "models' twins are found without it")
     a.add_argument("--out", required=True, help="the run folder (results, manifest, report)")
     a.add_argument("--workers", type=int, default=1, help="processes to shard the units over (torch.distributed, "
                    "gloo on CPU, nccl on GPU); several nodes: torchrun --nnodes ... -m audit run ...")

@@ -8,13 +8,15 @@ TOML, on the command line and in the manifest. A check receives its own typed op
 """
 from __future__ import annotations
 
+import argparse
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from attributions.errors import unknown_name
-from audit.checks import check_options, get_check
+from audit.checks import CHECKS, check_options, get_check
 from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError
 from audit.inputs import resolve_methods
@@ -22,6 +24,20 @@ from audit.run.patterns import pattern_source
 from audit.run.resources import parse_size
 
 DEVICES = ("cpu", "cuda")
+
+
+def key(default: Any = None, *, help: str, factory: Callable[[], Any] | None = None, **flag: Any) -> Any:
+    """A general key of :class:`AuditConfig`: its default and, in one place, its command-line flag (``help`` and
+    argparse's ``type``, ``choices``, ``action``, ``metavar``); :func:`general_keys` lists them."""
+    metadata = {"help": help, "flag": flag}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def general_keys() -> list[Field[Any]]:
+    """The general keys, in order: the fields of :class:`AuditConfig` besides the checks' ``options``."""
+    return [f for f in fields(AuditConfig) if "help" in f.metadata]
 
 
 @dataclass
@@ -58,25 +74,41 @@ class AuditConfig:
     options : the checks' own keys (defaults from the registry), also readable as attributes
     """
 
-    models: list = field(default_factory=lambda: ["cnn-sgd", "cnn-bort"])
-    methods: list | str = "all"
-    tests: list = field(default_factory=lambda: ["csc", "random-logit", "cascading"])
-    n_images: int = 32
-    seed: int = 0
-    device: str = "cpu"
-    data: str = "embedded"
-    data_root: str | None = None
-    preprocess: str | dict = "none"
-    weights: str | None = None
-    num_classes: int | None = None
-    heatmap_examples: int = 2
-    max_memory: str | None = None
-    image_block: int = 0
-    mixed_precision: bool = False
-    pattern_data: str = "explained"
-    pattern_images: int = 256
-    twins: dict = field(default_factory=dict)
-    allow_partial_weights: bool = False
+    models: list = key(factory=lambda: ["cnn-sgd", "cnn-bort"], help="comma-separated: shipped names, checkpoint "
+                       "paths, timm:NAME, torchvision:NAME, hf:FOLDER (saved by save_pretrained, or a hub id in the local "
+                       "cache), module:factory")
+    methods: list | str = key("all", help='comma-separated method names, or "all"')
+    tests: list = key(factory=lambda: ["csc", "random-logit", "cascading"], help="comma-separated: " + "; ".join(
+        f"{c.name} ({c.description})" for c in CHECKS.values()))
+    n_images: int = key(32, help="images audited per model", type=int)
+    seed: int = key(0, help="the run's seed", type=int)
+    device: str = key("cpu", help="where the maps are computed", choices=list(DEVICES))
+    data: str = key("embedded", help='"embedded" (default) or a data set name')
+    data_root: str | None = key(None, help="the data's folder; for imagefolder one sub-folder per class")
+    preprocess: str | dict = key("none", help="imagefolder: none (default) or imagenet (resize 256, centre crop 224, "
+                                 "ImageNet mean/std); a table with resize, crop, mean, std in --config")
+    weights: str | None = key(None, help="state_dict (torch.save or .safetensors) for a timm:, torchvision: or "
+                              "module:factory model")
+    num_classes: int | None = key(None, help="the classifier's outputs of a timm:, torchvision: or hf: model "
+                                  "(default: the library's)", type=int)
+    heatmap_examples: int = key(2, help="images whose heatmaps the randomization checks keep for the report", type=int)
+    max_memory: str | None = key(None, help="the memory the passes are held to, e.g. 4GB (default: half of the free "
+                                 "RAM, or GPU memory, when the run starts); images and vectors go in chunks to fit")
+    image_block: int = key(0, help="images per work item of the checks scored per image (default 0: a unit's images "
+                           "together); smaller blocks share a unit's images among ranks", type=int)
+    mixed_precision: bool = key(False, help="compute the maps under autocast (bfloat16 on CPU, float16 on GPU; default "
+                                "off); the manifest records each method's agreement with float32",
+                                action=argparse.BooleanOptionalAction)
+    pattern_data: str = key("explained", help="what PatternNet / PatternAttribution fit their patterns on: explained "
+                            "(default: the images each check explains), train (the data set's training split) or "
+                            "DATASET:SPLIT; the trained model's patterns are kept beside its checkpoint")
+    pattern_images: int = key(256, help="images the patterns are fitted on (default 256)", type=int)
+    twins: dict = key(factory=dict, help="the permuted-label twin of each model for the data-randomization test (a "
+                      "checkpoint path, shipped name or module:factory); the shipped models' twins are found without it",
+                      metavar="MODEL=TWIN,...")
+    allow_partial_weights: bool = key(False, help="load a library model whose weights leave tensors missing, unexpected "
+                                      "or of another shape (e.g. a head of another size), keeping those freshly "
+                                      "initialised; recorded in the manifest (default: an error)", action="store_true")
     options: dict = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:

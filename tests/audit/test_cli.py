@@ -1,7 +1,7 @@
 """The command line: bad configurations are our own clear errors, exit code 2."""
 import pytest
 
-from audit.cli import main
+from audit.cli import main, parser
 from audit.errors import ConfigError, ModelError
 from audit.run.config import load_config
 from audit.run.runner import run_audit
@@ -71,3 +71,29 @@ def test_methods_are_listed_by_family_with_their_bibtex_keys(capsys):
     for name in BUILDERS:
         line = next(line for line in out.splitlines() if line.split()[:1] == [name])
         assert all(f"[{key}]" in line for key in build_method(name).cite), line
+
+
+def test_every_configuration_key_has_its_flag_from_its_declaration(tmp_path, monkeypatch):
+    """The run's flags come from the keys' declarations: each general key and each check option has one, and a
+    value given on the command line reaches the configuration."""
+    from audit.checks import check_options
+    from audit.run.config import general_keys
+
+    run = parser()._subparsers._group_actions[0].choices["run"]
+    flags = {a.dest for a in run._actions}
+    assert {f.name for f in general_keys()} | set(check_options()) <= flags
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def stop_before_running(config, out, **kwargs):
+        seen["config"] = config
+        raise Stop
+
+    monkeypatch.setattr("audit.cli.run_audit", stop_before_running)
+    with pytest.raises(Stop):  # --debug: an unexpected error is raised as it is
+        main(["--debug", "run", "--models", "cnn-sgd", "--heatmap-examples", "1", "--n-images", "4",
+              "--no-mixed-precision", "--bn", "keep-stats", "--out", str(tmp_path / "r")])
+    config = seen["config"]
+    assert (config.heatmap_examples, config.n_images, config.mixed_precision, config.bn) == (1, 4, False, "keep-stats")

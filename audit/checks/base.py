@@ -91,6 +91,11 @@ class VerdictRule:
     score_name: str = "SSIM"
 
     @property
+    def reads(self) -> tuple[str, ...]:
+        """The fields of the check's options the rule reads."""
+        return (self.threshold,)
+
+    @property
     def better(self) -> str:
         """Which scores are the better ones, for the report: "lower" or "higher"."""
         return "higher" if self.comparison == "<=" else "lower"
@@ -206,8 +211,7 @@ class Check:
     def __post_init__(self) -> None:
         fields = {o.name for o in self.options.declared()}
         for rule in (self.verdict, *self.side_rules):
-            named = [rule.threshold, getattr(rule, "top", None)] if rule is not None else []
-            missing = [n for n in named if n is not None and n not in fields]
+            missing = [n for n in (rule.reads if rule is not None else ()) if n not in fields]
             if missing:
                 raise TypeError(f"check {self.name}: its verdict reads {missing[0]!r}, not a field of "
                                 f"{self.options.__name__}")

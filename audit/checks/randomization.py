@@ -296,6 +296,10 @@ class Survival(VerdictRule):
     metric: str = "ssim"
     top: str = "randomization_top"
 
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return (self.threshold, self.top)
+
     def per_image(self, part: pd.DataFrame) -> pd.Series:
         rows = part[part.stage == 1].sort_values("image")  # after the logit layer is randomized
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())

@@ -77,15 +77,22 @@ def _models_for(run: Run, item: WorkItem) -> tuple[nn.Module, nn.Module | None]:
     """The item's model on the run's device (and its twin where the check needs one), moved there and given its
     methods' parameters the first time a unit needs them."""
     spec = item.spec
-    if spec not in run.models:
-        run.models[spec] = run.loaded[spec].to(run.device)
-        run.given[spec] = given_to(run, spec)
+    on_device(run, spec)
     if item.check.needs_twin and spec in run.twin_specs and spec not in run.twins:
         run.twins[spec] = run.twin_models[spec].to(run.device)
     return run.models[spec], run.twins.get(spec)
 
 
-def given_to(run: Run, spec: str) -> dict[str, dict]:
+def on_device(run: Run, spec: str) -> nn.Module:
+    """Model ``spec`` on the run's device, with the parameters the run gives its methods (the pattern methods'
+    patterns), the first time this process needs it."""
+    if spec not in run.models:
+        run.models[spec] = run.loaded[spec].to(run.device)
+        run.given[spec] = _given_to(run, spec)
+    return run.models[spec]
+
+
+def _given_to(run: Run, spec: str) -> dict[str, dict]:
     """The parameters the run gives the methods of model ``spec`` (the pattern methods' patterns)."""
     return pattern_params(list(run.config.methods), spec, run.models[spec], run.labels[spec], run.patterns,
                           run.config.pattern_data, run.config.weights, run.out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from audit.atomic import atomic_write_bytes
-from audit.run.execute import given_to
+from audit.run.execute import on_device
 from audit.run.manifest import CONTRIBUTORS, model_table
 from audit.run.plan import Run
 from audit.run.results import MODELS_FILE, AuditResult, load_results
@@ -25,7 +25,8 @@ def finish(run: Run) -> AuditResult:
     config = run.config
     assemble(run.items, run.out, run.labels)
     tables = join(run.out, tests=config.tests, models=config.models, methods=list(config.methods), labels=run.labels)
-    _every_model(run)
+    for spec in config.models:  # a resumed run or another process may have computed all of a model's units
+        on_device(run, spec)
     # in the run's order, whichever process loaded which model first
     tables["models"] = model_table({spec: run.models[spec] for spec in config.models}, run.labels, run.x, run.y)
     atomic_write_bytes(run.out / "results" / MODELS_FILE, csv_bytes(tables["models"]))
@@ -37,12 +38,3 @@ def finish(run: Run) -> AuditResult:
     shard.barrier()
     return AuditResult(run.out, config, tables, json.loads(json.dumps(manifest)))
 
-
-def _every_model(run: Run) -> None:
-    """Every model on the device with its methods' parameters: a resumed run or another process may have
-    computed all of a model's units, and the contributors read every model."""
-    for spec in run.config.models:
-        if spec not in run.models:
-            run.models[spec] = run.loaded[spec].to(run.device)
-        if spec not in run.given:
-            run.given[spec] = given_to(run, spec)

@@ -144,9 +144,10 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
                 "rejected, not rejected or inconclusive (an interval that contains the threshold, or fewer than half "
                 "of the images, or fewer than three, with a defined score). "
                 "Scores are medians over images with 99 % bootstrap confidence intervals (10,000 "
-                f"resamples) {_cite(['efron1993'])}. SSIM {_cite(['wang2004'])} is the toolkit's batched implementation of "
-                f"scikit-image's {_cite(['vanderwalt2014'])} (uniform 5 x 5 window, data range 1; equal to it in the "
-                "toolkit's tests), on maps normalised to [0, 1]"
+                f"resamples) {_cite(['efron1993'])}. SSIM {_cite(['wang2004'])} is computed on maps normalised to [0, 1] by "
+                "the toolkit's batched port of scikit-image's structural_similarity "
+                f"{_cite(['vanderwalt2014'])}, with a uniform 5 x 5 window and data range 1, equal to it in the "
+                "toolkit's tests"
                 + (f"; baselines and their Bort twins are compared per image with the paired Wilcoxon signed-rank "
                    f"test {_cite(['wilcoxon1945'])}." if bort else ".")))
     versions = manifest.get("versions", {})

@@ -22,7 +22,7 @@ from attributions.derived import Derived
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import Graph, trace
 from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS
-from attributions.layers import OPS, pool
+from attributions.linear_ops import OPS, pool
 from attributions.liveness import Lean
 from attributions.methods import Method, build_method
 from attributions.records import Const

@@ -7,7 +7,7 @@ model is not changed and none of its hooks runs) and maps each exported op to a 
 product of two signals). The pieces of split / chunk ops are fused into their readers as they are built; then
 the named graph passes (:data:`PASSES`) run in order: the gating operands of products marked, eval-mode
 BatchNorm folded into the conv / linear layer before it. In-place ops are computed out-of-place. Weights and
-other parameters are read from the live model at call time (:class:`Layer`), so an explainer always
+other parameters are read from the live model at call time (:class:`OpTensors`), so an explainer always
 sees their current values.
 
 Only nodes that carry the signal (floating tensors computed from the input) get a kind that a rule
@@ -19,6 +19,11 @@ Node names are the module paths users know: an op that is what its module comput
 convolution of an ``nn.Conv2d``, the ReLU of an ``nn.ReLU``) takes the module's name
 (``layer4.1.conv2``); any other op ``<module path>.<op>`` (``layer1.0.add``); a repeated name gets
 ``#1``, ``#2``...
+
+Words, one meaning each: a *layer* is a signal-carrying node (what :attr:`Graph.layers` lists, CSC records
+and ``propagate`` injects at); the tensors a weighted op reads are its :class:`OpTensors`; the interface the
+rules see a weighted op through is a :class:`~attributions.linear_ops.LinearOp`; a randomization *stage*
+(:mod:`audit.checks.stages`) is the set of modules re-initialised together.
 """
 from __future__ import annotations
 
@@ -54,8 +59,8 @@ class Node:
     name: str
     kind: str
     inputs: tuple[str, ...]
-    module: Any = None  # a Layer (conv, dense, affine) or a pooling module (maxpool, avgpool)
-    bn: Any = None  # the Layer of an eval-mode BatchNorm folded after this conv / linear
+    module: Any = None  # the OpTensors (conv, dense, affine) or a pooling module (maxpool, avgpool)
+    bn: Any = None  # the OpTensors of an eval-mode BatchNorm folded after this conv / linear
     run: Callable[..., Any] | None = None
     record: Record | None = None  # None: the kind's default record
     reads: tuple[str, ...] = ()
@@ -166,10 +171,10 @@ class Graph:
             if node.kind not in SIGNAL_KINDS:
                 sources[node.name] = frozenset(names)
                 continue
-            for layer in (node.module, node.bn):  # a folded BatchNorm's tensors are read through its layer
-                if isinstance(layer, Layer) and layer.module is not None:
-                    names |= {f"{layer.path}.{n}" if layer.path else n
-                              for n, _ in layer.module.named_parameters(recurse=False)}
+            for tensors in (node.module, node.bn):  # a folded BatchNorm's tensors are read through its own
+                if isinstance(tensors, OpTensors) and tensors.module is not None:
+                    names |= {f"{tensors.path}.{n}" if tensors.path else n
+                              for n, _ in tensors.module.named_parameters(recurse=False)}
             for n in names:
                 first.setdefault(n, k)
         return first
@@ -177,7 +182,7 @@ class Graph:
 
 # --- live views of a weighted op's tensors ---------------------------------------------------------
 
-class Layer:
+class OpTensors:
     """The tensors one conv / linear / BatchNorm op reads, looked up in the live model at every use.
 
     ``tensor(role)`` gives "weight", "bias" (and for BatchNorm "running_mean", "running_var") or
@@ -701,11 +706,11 @@ class _Builder:
             return "mix", Mix(), None
         if op in ("conv2d", "conv1d", "convolution", "linear") and on_signal[0] and not any(on_signal[1:]):
             kind = "dense" if op == "linear" else "conv"
-            return kind, default(kind), self.layer(fx_node, op)
+            return kind, default(kind), self.op_tensors(fx_node, op)
         if op == "batch_norm" and on_signal[0] and not any(on_signal[1:]):
             training = args[5] if len(args) > 5 else kwargs.get("training", False)
             if not training and args[3] is not None and args[4] is not None:
-                return "affine", default("affine"), self.layer(fx_node, op)
+                return "affine", default("affine"), self.op_tensors(fx_node, op)
             return "norm", self.norm_spec(fx_node, "batch"), None
         if op in ("layer_norm", "group_norm") and on_signal[0] and not any(on_signal[1:]):
             return "norm", self.norm_spec(fx_node, op.split("_")[0]), None
@@ -772,7 +777,7 @@ class _Builder:
         const = self.names[value]
         return lambda: self.constant(const)
 
-    def layer(self, fx_node: torch.fx.Node, op: str) -> Layer:
+    def op_tensors(self, fx_node: torch.fx.Node, op: str) -> OpTensors:
         args: Any = list(fx_node.args)
         names = {"conv2d": ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
                  "convolution": ("input", "weight", "bias", "stride", "padding", "dilation", "transposed",
@@ -798,7 +803,7 @@ class _Builder:
                       else _ints(bound.get("padding", 0), d)}
         if op == "batch_norm":
             static = {"eps": float(bound.get("eps", 1e-5))}
-        return Layer(getters, lambda: [live(p) for p in tensors], module, owner, **static)
+        return OpTensors(getters, lambda: [live(p) for p in tensors], module, owner, **static)
 
     def norm_spec(self, fx_node: torch.fx.Node, kind: str) -> Norm:
         names = {"layer": ("input", "normalized_shape", "weight", "bias", "eps"),

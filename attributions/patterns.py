@@ -40,7 +40,7 @@ from torch import nn
 from attributions.derived import Derived
 from attributions.engines import RuleChain
 from attributions.errors import AttributionError
-from attributions.layers import OPS
+from attributions.linear_ops import OPS
 from attributions.rules import Context, Rule
 
 ESTIMATORS = ("relu", "linear", "two-component")

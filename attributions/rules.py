@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from attributions.errors import AttributionError, unknown_name
 from attributions.kinds import LINEAR_KINDS
-from attributions.layers import LinearOp, per_dimension
+from attributions.linear_ops import LinearOp, per_dimension
 from attributions.records import LeakyReLU, Norm, Product, Record, Reduce, Softmax
 
 R = TypeVar("R", bound=Record)

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from attributions.explainer import Explainer, attribute_many
 from attributions.graph import Graph, Node, trace
-from attributions.layers import explicit_padding
+from attributions.linear_ops import explicit_padding
 from attributions.methods import takes_baseline
 from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.options import Options, UnitContext, option

@@ -51,7 +51,7 @@ def test_single_layer_flat_and_wsquare_and_zb():
     # w^2 rule: shares 4 : 1 : 9 of z; flat: thirds; zB with bounds [-1, 2]:
     # z = x.w - l.w+ - h.w- = (2 - 2 - 3) - (-1)(2 + 3) - 2(-1) = 4, shares x w - l w+ - h w- per input.
     from attributions.graph import trace
-    from attributions.layers import DenseOp
+    from attributions.linear_ops import DenseOp
     from attributions.rules import Context
 
     node = next(n for n in trace(nn.Sequential(LAYER), X).nodes if n.kind == "dense")
@@ -134,7 +134,7 @@ def test_cmp_composite_is_epsilon_on_dense_and_alpha1beta0_with_bias_on_convolut
 
 def test_zb_with_each_images_own_bounds_and_the_normalised_residual_split_by_hand():
     from attributions.graph import trace
-    from attributions.layers import DenseOp
+    from attributions.linear_ops import DenseOp
     from attributions.rules import Context
 
     node = next(n for n in trace(nn.Sequential(LAYER), X).nodes if n.kind == "dense")

@@ -5,7 +5,7 @@ from torch import nn
 
 from attributions.explainer import Explainer
 from attributions.graph import trace
-from attributions.layers import OPS
+from attributions.linear_ops import OPS
 
 
 @pytest.mark.parametrize("conv,shape", [

@@ -97,3 +97,23 @@ def test_every_configuration_key_has_its_flag_from_its_declaration(tmp_path, mon
               "--no-mixed-precision", "--bn", "keep-stats", "--out", str(tmp_path / "r")])
     config = seen["config"]
     assert (config.heatmap_examples, config.n_images, config.mixed_precision, config.bn) == (1, 4, False, "keep-stats")
+
+
+def test_the_demo_covers_each_family_each_mechanism_and_the_source_papers_checks():
+    from attributions.methods import ATTENTION, BUILDERS, build_method
+    from audit.cli import DEMO, DEMO_METHODS, demo_methods
+    specs = {m: build_method(m) for m in DEMO_METHODS}
+    cnn_families = {build_method(m).family for m in BUILDERS} - {ATTENTION}
+    assert {s.family for s in specs.values()} == cnn_families
+    # one method for each mechanism the verdict can name: a rank-1 chain, a rectified signal, an input multiplier,
+    # and one with none of them (the gradient)
+    assert any(s.linear_in_signal and s.family == "LRP z+ family" for s in specs.values())
+    assert any(s.rectifies_signal for s in specs.values())
+    assert any(s.input_multiplier for s in specs.values())
+    assert set(DEMO["tests"]) == {"csc", "random-logit", "cascading", "independent", "data-randomization"}
+    everything = demo_methods("all")
+    assert set(DEMO_METHODS) < set(everything) and "attention-rollout" not in everything
+    with pytest.raises(ConfigError, match="--methods takes 'all'"):
+        demo_methods("gradient")
+    with pytest.raises(SystemExit):
+        parser().parse_args(["demo", "--methods", "some"])

@@ -10,7 +10,7 @@ LIBS     := .venv-libraries
 LIBSTAMP := $(LIBS)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: demo test bench atlas checkpoints data syslibs reportdeps clean
+.PHONY: demo test docs bench atlas checkpoints data syslibs reportdeps clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -57,13 +57,19 @@ demo: $(STAMP)
 # Lint and type checks first (seconds), then the suite, then the engine on the model libraries (their own
 # venv; MODEL_LIBRARIES=required makes a missing library a failure, not a skip).
 test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
-	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests
+	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests docs
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 	MODEL_LIBRARIES=required $(LIBS)/bin/python -m pytest -q tests/test_model_libraries.py tests/audit/models/test_libraries.py \
 	  tests/attributions/test_cam.py "tests/test_notebooks.py::test_notebook_executes[collapse_atlas]" \
 	  tests/attributions/test_rules.py::test_generalized_gamma_matches_zennit_on_signed_inputs \
 	  tests/attributions/test_attention_maps.py::test_attention_grad_cam_reads_the_patch_rows_where_the_head_never_reads_the_class_token
+
+# The documentation site (Sphinx: the guides in docs/, the API from the docstrings, the notebooks with their
+# outputs), with warnings as errors; open docs/_build/html/index.html.
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs: $(CURDIR)/docs/_build/html/index.html"
 
 bench: $(STAMP)
 	$(PY) -m pip install -c constraints.txt -e '.[bench]'
@@ -78,4 +84,4 @@ checkpoints: $(STAMP) data
 	$(PY) -m audit retrain-shipped
 
 clean:
-	rm -rf $(VENV) $(LIBS) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(LIBS) *.egg-info .pytest_cache docs/_build docs/_generated docs/tutorials

@@ -51,7 +51,7 @@ def target_signals(ex: Any, x: torch.Tensor, targets: list[Any], nodes: set[str]
                    ) -> tuple[Any, dict[str, torch.Tensor]]:
     """The forward pass of ``method`` (a chain method, on the explainer's model) on ``x`` (B, ...) and its
     backward signals at ``nodes`` for the K explained outputs, started as that method starts its maps
-    (one-hot, or one-hot times the logit): (the pass, {node: (K, B, *its shape)}), in one batched backward.
+    (one-hot, or one-hot times the logit): (the pass, {node: (K, B, ...)}), in one batched backward.
     For ``gradient`` these are the exact gradients."""
     chain = ex.sibling(method)
     forward = chain.forward_pass(x, reference=False)

@@ -59,8 +59,8 @@ class ForwardPass:
         self.explainer, self.x, self.values, self.reference = explainer, x, values, reference
 
     def signals(self, start: str, vectors: torch.Tensor, keep: set[str] | None = None) -> dict[str, torch.Tensor]:
-        """The method's backward of K signals ``vectors`` (K, B, *shape of ``start``'s output) injected at
-        node ``start``: {node: (K, B, *its shape)} for ``start`` and every node below it (or those in ``keep``); for
+        """The method's backward of K signals ``vectors`` (K, B, ...) shaped like ``start``'s output injected at
+        node ``start``: {node: (K, B, ...)} for ``start`` and every node below it (or those in ``keep``); for
         DeepLIFT the multipliers times each node's difference from the reference."""
         self.explainer.method.engine.prepare(self.explainer, self.x)
         return self.explainer._signals(self.x, start, lambda env: vectors, envs=(self.values, self.reference),
@@ -175,7 +175,22 @@ class Explainer(Attribution):
         return self._rules[node]
 
     def sibling(self, method: str, **params: Any) -> Explainer:
-        """An explainer of another method on the same model and traced graph."""
+        """An explainer of another method on the same model and traced graph.
+
+        Parameters
+        ----------
+        method : str
+            A name from :func:`attributions.available_methods`.
+        **params
+            The other method's parameters, e.g. ``epsilon=1e-6``. This explainer's ``rules`` overrides
+            are not passed on.
+
+        Returns
+        -------
+        Explainer
+            On ``self.model``, sharing this explainer's traced graph (None before the first call: the
+            sibling then captures its own).
+        """
         return Explainer(self.model, method, graph=self.graph, **params)
 
     # --- introspection -----------------------------------------------------------------------------
@@ -197,6 +212,26 @@ class Explainer(Attribution):
         method's baseline (completeness; exact for DeepLIFT, the quadrature's error for IG). LRP from the
         logit: sum - f(x) (conservation; biases, stabilisers and constants absorb part of it, so it
         is exact only on bias-free models).
+
+        Parameters
+        ----------
+        attributions : Tensor
+            (B, ...) maps of ``inputs``, e.g. from :meth:`attribute` with the same ``target``; each
+            image's map is summed over all its entries.
+        inputs : Tensor
+            (B, ...) the explained inputs.
+        target : int, (B,) tensor or sequence, or None, default None
+            The explained class per image, as in :meth:`attribute`; None: the predicted class.
+
+        Returns
+        -------
+        Tensor
+            (B,) the sum of each map minus what the method promises, in the logits' dtype.
+
+        Raises
+        ------
+        AttributionError
+            When the method promises nothing (:meth:`has_convergence_delta` is False).
         """
         if not self.has_convergence_delta():
             raise AttributionError(f"{self.method.name!r} promises no completeness or conservation")
@@ -241,7 +276,20 @@ class Explainer(Attribution):
     def images_per_pass(self, x: torch.Tensor, vectors: int) -> int:
         """How many images of ``x`` one forward and backward pass with ``vectors`` signals may take under
         the memory budget (:mod:`attributions.memory`): each costs its forward values and one signal as
-        large per vector."""
+        large per vector.
+
+        Parameters
+        ----------
+        x : Tensor
+            (B, ...) inputs; an image's cost is measured on ``x[:1]`` (:meth:`bytes_per_image`).
+        vectors : int
+            K, the number of signals each backward pass carries.
+
+        Returns
+        -------
+        int
+            Between 1 (an image that does not fit alone still goes alone) and B; B without a budget.
+        """
         return memory.fitting(len(x), lambda: self.bytes_per_image(x) * (1 + vectors))
 
     def _lean(self, keep: frozenset[str]) -> Lean:
@@ -436,8 +484,25 @@ class Explainer(Attribution):
 
     def forward_pass(self, x: torch.Tensor, reference: bool | None = None, batch: torch.Size | None = None
                      ) -> ForwardPass:
-        """Every node's value for ``x`` (B, ...), and with ``reference`` (default: the method has one) the
-        reference input's; ``batch``: the shape of the inputs ``x`` was taken from, for error messages."""
+        """Every node's value for ``x`` (B, ...), and with ``reference`` the reference input's.
+
+        Parameters
+        ----------
+        x : Tensor
+            (B, ...) inputs.
+        reference : bool or None, default None
+            Also run the method's reference input (:meth:`baseline_like`); None: when the method has
+            one (DeepLIFT's multiplier signal).
+        batch : torch.Size, optional
+            The shape of the inputs ``x`` was taken from, named in the error when the forward pass fails
+            (the user's inputs, not a probe's); default ``x.shape``.
+
+        Returns
+        -------
+        ForwardPass
+            ``values`` {node name: its output (B, ...)}, with the autograd graphs this method's rules
+            read; ``reference`` the same for the reference input, else None.
+        """
         self._graph_for(x)
         values, ref = self._forward_envs(x, with_ref=reference, batch=batch)
         return ForwardPass(self, x, values, ref)
@@ -447,6 +512,28 @@ class Explainer(Attribution):
 
         For the graph methods the K explained outputs travel down in ONE batched backward pass
         over one forward pass; the method's engine decides for the others.
+
+        Parameters
+        ----------
+        x : Tensor
+            (B, ...) inputs, in the model's floating-point dtype.
+        targets : list
+            K target specifications, each as :meth:`attribute`'s ``target``: an int, a (B,) tensor or
+            sequence, or None for the predicted class.
+        envs : tuple, optional
+            A forward pass of the graph methods made beforehand, (values, reference values or None), as
+            :func:`shared_forward` returns it (a :class:`Releasable` one is freed during the backward);
+            read by the rule-chain engines only. With it ``x`` is not checked again and the images are not
+            split into chunks; None: the passes are made here, in chunks of images under a memory budget.
+        **kwargs
+            Passed to the method's engine; only integrated gradients reads them (captum's
+            ``IntegratedGradients.attribute`` keywords, e.g. ``n_steps``, ``baselines``,
+            ``internal_batch_size``).
+
+        Returns
+        -------
+        Tensor
+            (K, B, ...) the maps, shaped like ``x`` for each target, in ``x``'s dtype.
         """
         x = self._check_input(x) if envs is None else x  # else checked when its forward pass was made
         if not kwargs.pop("_prepared", False):  # a chunk's call: prepared for the whole batch
@@ -460,7 +547,29 @@ class Explainer(Attribution):
         return self.method.engine.maps(self, x, targets, envs, **kwargs).to(x.dtype)
 
     def chain_maps(self, x: torch.Tensor, targets: list[Any], envs: Any = None) -> torch.Tensor:
-        """The rule chain's maps for K targets (K, B, ...): one forward, one batched backward."""
+        """The rule chain's maps for K targets (K, B, ...): one forward, one batched backward.
+
+        The engine's step behind :meth:`maps_for_targets` (which checks ``x``, prepares the method and
+        splits the images under a memory budget; this does none of these). Each target's signal starts
+        at the logits as its one-hot vector, times the logits where the method starts from the logit
+        (``Method.output``); the input's signal is multiplied by ``x`` for ``times_input`` methods, and
+        for DeepLIFT is the multiplier times the difference from the reference.
+
+        Parameters
+        ----------
+        x : Tensor
+            (B, ...) inputs, already checked.
+        targets : list
+            K target specifications, as in :meth:`maps_for_targets`.
+        envs : tuple, optional
+            A forward pass made beforehand, as in :meth:`maps_for_targets`; None: one is made here,
+            holding only what the backward reads, and released during it.
+
+        Returns
+        -------
+        Tensor
+            (K, B, ...) the maps, shaped like ``x`` for each target.
+        """
         m = self.method
 
         def start(env: dict[Any, Any]) -> torch.Tensor:
@@ -500,11 +609,11 @@ class Explainer(Attribution):
         ----------
         x : (B, ...) inputs
         inject_at : a name from :attr:`layers`
-        vectors : (K, B, *shape of that node's output)
+        vectors : (K, B, ...) shaped like that node's output
 
         Returns
         -------
-        dict : {node name: (K, B, *node shape)} for every node below ``inject_at`` that the signal
+        dict : {node name: (K, B, ...)} for every node below ``inject_at`` that the signal
             reaches, plus ``"input"``. One forward pass and one batched backward pass.
         """
         if not self.method.chain:

@@ -29,16 +29,53 @@ from attributions.patterns import PatternChain, PatternRule, PatternSource
 class Method:
     """One attribution method.
 
-    ``signal``: ``relevance`` (LRP / DTD: starts as the explained logit, or one-hot), ``gradient``
-    (starts one-hot), ``multiplier`` (DeepLIFT: starts one-hot; the recorded signal is the
-    multiplier times the difference from the reference). ``engine``: the rule chain, a captum
-    method or a model-independent control. ``heatmap``: how maps become heatmaps for the
-    similarity checks (``sum`` of channels for relevance and contributions, ``max-abs`` for
-    gradient-like maps). ``completeness``: what a map's sum equals where the method promises it
-    (``difference``: f(x) - f(0) for the explained output; ``output``: f(x); None: no promise).
-    ``family``: one of :data:`FAMILIES`, the group the report draws and colours the method in.
-    ``cite``: BibTeX keys of the method's references (``reports.references``). ``baseline``: the
-    reference input of DeepLIFT and integrated gradients, a constant or one value per channel.
+    Built by :func:`build_method`; checked on creation (a known ``family``; for a rule chain, a rule
+    for every node kind that carries the signal, :data:`attributions.kinds.SIGNAL_KINDS`).
+
+    Parameters
+    ----------
+    name : str
+        The method's name, as :func:`build_method` takes it.
+    description : str
+        One line on what it computes (:func:`available_methods`).
+    reference : str
+        The paper it follows, in words.
+    signal : str, default "gradient"
+        What the backward chain carries: ``relevance`` (LRP / DTD: starts as the explained logit, or
+        one-hot), ``gradient`` (starts one-hot), ``multiplier`` (DeepLIFT: starts one-hot; the recorded
+        signal is the multiplier times the difference from the reference).
+    rules : dict, default {}
+        The rule table of a rule chain: node kind (or ``"first"``, the linear layers reading the input)
+        -> :class:`~attributions.rules.Rule`; empty for the methods with an engine of their own.
+    output : str, default "onehot"
+        Where the chain starts: ``onehot`` (the one-hot vector of the explained class) or ``logit``
+        (that vector times the logits).
+    times_input : bool, default False
+        Multiply the chain's signal at the input by the input (input x gradient).
+    engine : Engine, default CHAIN
+        What computes the maps: the rule chain (:data:`attributions.engines.CHAIN`, PatternNet's
+        :class:`~attributions.patterns.PatternChain`), captum (integrated gradients, SmoothGrad),
+        Grad-CAM and the attention maps, or a model-independent control.
+    params : dict, default {}
+        Parameters the method was built with, stated in the report's methods text (e.g. ``{"q": 98.0}``).
+    heatmap : str, default "sum"
+        How maps become heatmaps for the similarity checks (:func:`audit.measures.similarity.reduce_map`):
+        ``sum`` of channels for relevance and contributions, ``max-abs`` for gradient-like maps.
+    completeness : str or None, default None
+        What a map's sum equals where the method promises it: ``difference``: f(x) - f(x0) for the
+        explained output, x0 the ``baseline`` input; ``output``: f(x); None: no promise
+        (:meth:`Explainer.compute_convergence_delta <attributions.explainer.Explainer.compute_convergence_delta>`).
+    family : str, default "gradient-based"
+        One of :data:`FAMILIES`, the group the report draws and colours the method in.
+    cite : tuple of str, default ()
+        BibTeX keys of the method's references (``reports.references``).
+    baseline : float or tuple of float, default 0.0
+        The reference input of DeepLIFT and integrated gradients, a constant or one value per channel.
+
+    Raises
+    ------
+    AttributionError
+        For an unknown ``family``, or a rule chain whose table misses a signal-carrying node kind.
     """
 
     name: str
@@ -451,7 +488,27 @@ def _parameters(builder: Callable[..., Method]) -> tuple[str, ...]:
 
 
 def build_method(name: str, **params: Any) -> Method:
-    """The method ``name`` with its parameters (e.g. ``epsilon=1e-6``); errors name the valid ones."""
+    """The method ``name`` with its parameters (e.g. ``epsilon=1e-6``); errors name the valid ones.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`BUILDERS` (:func:`available_methods` lists them with their descriptions).
+    **params
+        Keyword arguments of that method's builder (``epsilon`` for ``lrp-epsilon``, ``n_steps`` and
+        ``baseline`` for ``integrated-gradients``, ...); omitted ones take the builder's defaults.
+
+    Returns
+    -------
+    Method
+        A new method object on every call.
+
+    Raises
+    ------
+    AttributionError
+        For an unknown name (naming the closest valid one) or a parameter the builder does not take
+        (listing those it does).
+    """
     builder = BUILDERS.get(name)
     if builder is None:
         raise unknown_name("attribution method", name, BUILDERS, AttributionError)

@@ -489,7 +489,7 @@ class RectGrad(Rule):
 class Rescale(Rule):
     """DeepLIFT's Rescale rule: the multiplier delta_y / delta_x.
 
-    For a ReLU or LeakyReLU |delta_y| <= |delta_x| holds exactly in floating point, so the quotient
+    For a ReLU or LeakyReLU ``|delta_y|`` <= ``|delta_x|`` holds exactly in floating point, so the quotient
     never blows up; only delta_x = 0 exactly is undefined (0 / 0). There the multiplier is set to
     0 where captum falls back to the gradient: such a unit contributes multiplier x 0 = 0, and its
     multiplier could only travel on to units whose difference is zero as well (delta_x = 0 arises
@@ -584,7 +584,7 @@ class WinnerTakeAll(Rule):
 
 class DeepLiftMaxPool(Rule):
     """Max pooling as captum's DeepLift treats it: multipliers from the change of the cross
-    maximum of input and reference outputs, the gradient where |delta_x| < eps.
+    maximum of input and reference outputs, the gradient where ``|delta_x|`` < eps.
 
     Computed per pooling window (on the pooled grid, then scattered to the winners), which is the
     same as captum's unpool-then-divide: every numerator sits at a winner, so dividing by that
@@ -593,7 +593,7 @@ class DeepLiftMaxPool(Rule):
     Parameters
     ----------
     eps : float
-        |delta_x| below which the gradient replaces the difference quotient
+        ``|delta_x|`` below which the gradient replaces the difference quotient
     """
 
     kinds = ("maxpool",)
@@ -644,8 +644,8 @@ class ProportionalSplit(Rule):
 
 class NormalisedSplit(Rule):
     """A residual add a + b as Chefer et al. 2021 split it: the z rule's shares R_a = a R / z, R_b = b R / z,
-    each rescaled so that per sample the branches keep the relevance total R in proportion |sum R_a| :
-    |sum R_b| (conservative whatever the signs: R_a sums to |sum R_a| / (|sum R_a| + |sum R_b|) sum R).
+    each rescaled so that per sample the branches keep the relevance total R in proportion ``|sum R_a|`` :
+    ``|sum R_b|`` (conservative whatever the signs: R_a sums to ``|sum R_a|`` / (``|sum R_a|`` + ``|sum R_b|``) sum R).
 
     Parameters
     ----------
@@ -765,7 +765,7 @@ class RescaleAny(Rule):
     Parameters
     ----------
     tolerance : float
-        |x - x0| at or below which the derivative replaces the secant
+        ``|x - x0|`` at or below which the derivative replaces the secant
     """
 
     kinds = ("activation",)
@@ -893,7 +893,7 @@ class DeepLiftProduct(Rule):
     Parameters
     ----------
     tolerance : float
-        |b - b0| at or below which a quotient's 1 / b takes its derivative
+        ``|b - b0|`` at or below which a quotient's 1 / b takes its derivative
     """
 
     kinds = ("product",)
@@ -1018,7 +1018,7 @@ class NormDeepLift(Rule):
     Parameters
     ----------
     tolerance : float
-        |v - v0| at or below which r(v) takes its derivative
+        ``|v - v0|`` at or below which r(v) takes its derivative
     conditioning : float
         the ratio of r to r0 above which the secant rule replaces the exact one
     """

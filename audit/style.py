@@ -61,7 +61,7 @@ def members(name: str) -> list[str]:
 
 
 def _shade(hue: str, position: float) -> str:
-    """``hue`` darkened (position < 0) or lightened (> 0) toward black / white by |position|."""
+    """``hue`` darkened (position < 0) or lightened (> 0) toward black / white by ``|position|``."""
     r, g, b = to_rgb(hue)
     target = 1.0 if position > 0 else 0.0
     return to_hex((r + abs(position) * (target - r), g + abs(position) * (target - g), b + abs(position) * (target - b)))

@@ -65,7 +65,25 @@ def amplitude_value(w: torch.Tensor, mode: str, amplitude: float | str) -> float
 
 
 def correction(w: torch.Tensor, mode: str, amplitude: float | str = 1.0) -> torch.Tensor:
-    """Delta(W) for a matrix ``w`` of shape (out, n); returns the same shape."""
+    """Delta(W) for a matrix ``w`` of shape (out, n); returns the same shape.
+
+    Parameters
+    ----------
+    w : Tensor
+        (out, n) the weight viewed as a matrix (one row per output unit, n = in * k * k).
+    mode : str
+        One of :data:`MODES` (see the module docstring's table), applied as given: the row modes are not
+        switched to their column twins here (:func:`feasible_mode` does that), and the name is not checked
+        (:func:`check_mode`).
+    amplitude : float or "adaptive", default 1.0
+        c; ``"adaptive"``: the squared mean norm of the rows, or of the columns for a column mode
+        (:func:`amplitude_value`).
+
+    Returns
+    -------
+    Tensor
+        (out, n) Delta(W), the (sub)gradient of the mode's penalty.
+    """
     c = amplitude_value(w, mode, amplitude)
     if mode == "l2-full":
         return w @ (w.T @ w) - c * w if w.shape[0] > w.shape[1] else (w @ w.T) @ w - c * w
@@ -85,7 +103,22 @@ def correction(w: torch.Tensor, mode: str, amplitude: float | str = 1.0) -> torc
 
 
 def penalty(w: torch.Tensor, mode: str, amplitude: float = 1.0) -> torch.Tensor:
-    """The scalar penalty whose (sub)gradient is ``correction`` (fixed amplitude); for tests and logs."""
+    """The scalar penalty whose (sub)gradient is ``correction`` (fixed amplitude); for tests and logs.
+
+    Parameters
+    ----------
+    w : Tensor
+        (out, n) the weight viewed as a matrix.
+    mode : str
+        One of :data:`MODES` (see the module docstring's table), applied as given.
+    amplitude : float, default 1.0
+        c, fixed (no ``"adaptive"`` form).
+
+    Returns
+    -------
+    Tensor
+        The penalty, a 0-dim tensor.
+    """
     c = amplitude
     if mode == "l2-full":
         return 0.25 * ((w @ w.T) - c * torch.eye(w.shape[0], dtype=w.dtype)).pow(2).sum()

@@ -93,7 +93,32 @@ def reconstruct(model: nn.Module, x: torch.Tensor, layer: str) -> torch.Tensor:
     """Reconstruct the input ``x`` (B, C, H, W) from the output of module ``layer``.
 
     Every module from the input up to ``layer`` is inverted in turn (see the module docstring).
-    The model is not changed. Returns a tensor shaped like ``x``.
+    The model is not changed when in eval mode (see ``model``). Returns a tensor shaped like ``x``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Run once on ``x`` as it is (put it in eval mode first: in training mode the pass updates
+        BatchNorm's running statistics and applies dropout), with forward hooks on its leaf modules that
+        are removed afterwards. Its leaf modules up to ``layer`` must form a plain chain, each reading the
+        previous one's output, of Conv2d (ungrouped, numeric padding), Linear, BatchNorm, pooling, Flatten,
+        ReLU, LeakyReLU, Dropout and Identity.
+    x : Tensor
+        (B, C, H, W) inputs.
+    layer : str
+        The name (as ``model.named_modules()`` gives it) of the leaf module whose output is inverted. A
+        module with submodules is never matched: the chain then runs through every leaf module to the
+        model's output.
+
+    Returns
+    -------
+    Tensor
+        (B, C, H, W) the reconstruction.
+
+    Raises
+    ------
+    BortError
+        For an unknown ``layer``, a model that is not a chain up to it, or a module that cannot be inverted.
     """
     with torch.no_grad():
         chain = _chain(model, x, layer)
@@ -107,6 +132,19 @@ def reconstruction_quality(model: nn.Module, x: torch.Tensor, layer: str) -> pd.
     """SSIM between each image and its reconstruction from ``layer`` (min-max scaled to [0, 1]).
 
     Returns a DataFrame with columns image, layer, ssim (scikit-image, data_range 1).
+
+    Parameters
+    ----------
+    model, layer
+        As :func:`reconstruct`.
+    x : Tensor
+        (B, C, H, W) images in [0, 1], compared as they are; only the reconstruction is min-max scaled.
+        scikit-image's default 7 x 7 window needs H, W >= 7.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per image: image (its index), layer, ssim (over the channels, ``channel_axis=0``).
     """
     rec = reconstruct(model, x, layer)
     rows = []

@@ -19,9 +19,20 @@ def constraint_error(model: nn.Module, amplitude: float | None = None) -> pd.Dat
     * ``orth_error`` = ||G - cI||_F / ||cI||_F
     * ``bound_error`` = RMS over rows (columns) of (||w_i|| - sqrt(c)) / sqrt(c)
 
+    Parameters
+    ----------
+    model : nn.Module
+        Read only: its conv and linear weights and its ``nn.MultiheadAttention`` projections
+        (:func:`bort.optim.constrained_parameters`), each viewed as (out, n), n = in * k * k.
+    amplitude : float, optional
+        The c of every layer's errors; None: each layer's own best-fitting c, tr(G) / dim.
+
     Returns
     -------
-    pandas.DataFrame with columns layer, out, n, side, c, orth_error, bound_error.
+    pandas.DataFrame
+        One row per layer (a packed query / key / value projection as three rows, ``<name>.q``, ``.k``,
+        ``.v``), with columns layer (the weight's name without ``.weight`` / ``_weight``), out, n, side
+        (``rows`` or ``columns``), c, orth_error, bound_error.
     """
     rows = []
     maps = []

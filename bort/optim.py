@@ -186,6 +186,22 @@ def param_groups(model: nn.Module, gamma: float, weight_decay: float = 0.0) -> l
     in a group of their own, ``maps`` 3); everything else (biases, norms, tokens) gamma 0.
 
     Every group gets ``weight_decay``, so with gamma = 0 training equals the plain optimizer's.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Its parameters are sorted into the groups (:func:`constrained_parameters` names the constrained ones).
+    gamma : float
+        The correction strength of the constrained weights' groups.
+    weight_decay : float, default 0.0
+        The weight decay of every group.
+
+    Returns
+    -------
+    list of dict
+        Param groups for :class:`Bort` / :class:`BortAdamW`: the constrained weights (``gamma``), the packed
+        projections (``gamma``, ``maps`` 3), the other parameters (gamma 0), each with ``weight_decay``;
+        empty groups are left out.
     """
     weights = {id(c.parameter): c.maps for c in constrained_parameters(model)}
     groups = [{"params": [p for p in model.parameters() if weights.get(id(p)) == 1], "gamma": gamma,

@@ -39,7 +39,27 @@ TITLE = "Attribution audit"
 
 def report_sections(run: str | Path, score: str | None = None) -> list[Section]:
     """Every section of the report of the run in ``run``; ``score``: the verdict's score column
-    drawn across models (default: the first one with a value)."""
+    drawn across models (default: the first one with a value).
+
+    Parameters
+    ----------
+    run : str or Path
+        The folder of a finished run (:func:`audit.run.results.load_results`).
+    score : str, optional
+        A score column of the verdict table (e.g. ``random_logit_ssim``), drawn across models when the run
+        has more than two; default: the first of :func:`reports.verdict.score_columns`.
+
+    Returns
+    -------
+    list of Section
+        In the report's order: the reproduction sections, the verdict, each check's sections, the Bort vs
+        baseline comparison (when the run has such pairs), the models, the configuration and versions.
+
+    Raises
+    ------
+    ConfigError
+        When the run did not finish, or ``score`` is not a score column of this run.
+    """
     return _sections(load_results(run), score)
 
 
@@ -103,8 +123,28 @@ def _across_models(verdict, score: str | None) -> list:
 def build_report(run: str | Path, out: str | Path | None = None, pdf: bool = False, score: str | None = None) -> Path:
     """Write the report of the run in ``run`` to ``out`` (default: the same folder); returns index.html.
 
-    ``pdf``: also compile ``standalone.tex`` to ``report.pdf`` (needs pdflatex and bibtex);
-    ``score``: the verdict score drawn across models (see :func:`report_sections`).
+    Parameters
+    ----------
+    run : str or Path
+        The folder of a finished run.
+    out : str or Path, optional
+        Where the report goes; default ``run``. Written there: ``index.html``, ``report.md``,
+        ``methods.md``, ``methods.tex``, ``references.bib``, ``tables.tex``, ``figures.tex``,
+        ``standalone.tex`` and ``figures/`` (figures of an earlier build that this one lacks are removed).
+    pdf : bool, default False
+        Also compile ``standalone.tex`` to ``report.pdf`` (needs pdflatex and bibtex).
+    score : str, optional
+        The verdict score drawn across models (see :func:`report_sections`).
+
+    Returns
+    -------
+    Path
+        ``out / "index.html"``.
+
+    Raises
+    ------
+    ConfigError
+        As :func:`report_sections`.
     """
     with fonts_released():
         return _build(Path(run), Path(out) if out else Path(run), pdf, score)

@@ -40,7 +40,26 @@ def verdict_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
     else "inconclusive: " and the checks that could not conclude, else "not rejected"; ``mechanism``: for a
     rejected method, the failure mechanism the measurements support (:func:`mechanism`); ``control_check``: for a
     control, whether each check gave the outcome it must have. A sanity check can reject a method, never
-    certify it: no outcome says "pass"."""
+    certify it: no outcome says "pass".
+
+    Parameters
+    ----------
+    tables : dict
+        Check name -> its result table (columns ``model``, ``method`` and the check's own), as
+        ``tables`` of :class:`~audit.run.results.AuditResult`; keys that are not registered checks
+        (``"models"``) are ignored. The rows are the model x method pairs found in the non-empty tables.
+    config : AuditConfig
+        The run's configuration: the checks' options (thresholds), ``tests`` (a check that was run but has
+        no table gives ``n/a``) and ``methods`` (the order of the rows within each model; models keep their
+        order of first appearance).
+
+    Returns
+    -------
+    DataFrame
+        One row per model x method, with the columns above. The verdict is ``"n/a"`` where no check has an
+        outcome. With no non-empty table: no rows, columns model, method, role, verdict, mechanism,
+        control_check.
+    """
     rules = _rules(tables, config)
     present = [t for name, t in tables.items() if name in CHECKS and t is not None and not t.empty]
     if not present:
@@ -122,7 +141,7 @@ def _at_last_stage(table: pd.DataFrame | None, model: str, method: str) -> pd.Da
 
 
 def csc_at_input(table: pd.DataFrame | None, model: str, method: str) -> float:
-    """The median |cos| at the input of the chain injected at the logits (NaN where CSC has no row)."""
+    """The median ``|cos|`` at the input of the chain injected at the logits (NaN where CSC has no row)."""
     if table is None or table.empty:
         return float("nan")
     part = table[(table.model == model) & (table.method == method) & table.is_logits.astype(bool)]
@@ -138,7 +157,7 @@ def mechanism(model: str, method: str, tables: dict, config: AuditConfig) -> str
       map of the fully randomized model (last cascading stage) still follows the input: the median Spearman of
       its magnitude with the input's reaches the randomization threshold;
     * input multiplier (Adebayo et al. 2018; Kindermans et al. 2019): the map is the input times a factor, and at
-      full randomization both the Spearman of |map| with the trained map's and with |input| reach the
+      full randomization both the Spearman of ``|map|`` with the trained map's and with ``|input|`` reach the
       randomization threshold (the surviving magnitudes are the input's).
 
     Each needs its measurement (CSC; cascading randomization): where it is missing the text says so. A nonlinear

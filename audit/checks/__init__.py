@@ -30,7 +30,27 @@ _SUPPORT = {"base", "passes", "stages", "reinit", "coverage", "options", "stage_
 
 
 def discover(package: str, path: list[str]) -> dict[str, Check]:
-    """The checks defined by the modules of ``package`` (found on ``path``), in registry order."""
+    """The checks defined by the modules of ``package`` (found on ``path``), in registry order.
+
+    Parameters
+    ----------
+    package : str
+        The dotted name the modules are imported under (``audit.checks``).
+    path : list of str
+        The folders holding its modules (the package's ``__path__``). Every module found there is
+        imported except the support modules (``base``, ``passes``, ``stages``, ...); each contributes its
+        ``CHECK``, or the checks in its ``CHECKS``, or none.
+
+    Returns
+    -------
+    dict
+        Check name -> :class:`~audit.checks.base.Check`, ordered by ``(order, name)``.
+
+    Raises
+    ------
+    RuntimeError
+        When two checks share a name.
+    """
     found: list[Check] = []
     for info in pkgutil.iter_modules(path):
         if info.name in _SUPPORT:

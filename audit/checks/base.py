@@ -20,7 +20,16 @@ from audit.sections import ReportContext, Section
 @dataclass(frozen=True)
 class UnitResult:
     """What one unit of work (one model, one method) returns: its tidy rows, and optionally example
-    heatmaps to show in the report, (stages, images, H, W)."""
+    heatmaps to show in the report, (stages, images, H, W).
+
+    Attributes
+    ----------
+    table : DataFrame
+        The unit's rows, with the check's ``columns`` (the runner adds ``model`` when it joins the units).
+    maps : numpy.ndarray or None, default None
+        (stages, images, H, W) example heatmaps for the report, saved beside the unit's table; None: none
+        kept.
+    """
 
     table: pd.DataFrame
     maps: np.ndarray | None = None
@@ -37,7 +46,19 @@ MIN_DEFINED = 3  # fewer images with a defined score than this (or than half of 
 class VerdictCell:
     """A check's verdict for one model x method: a score, its display text, its outcome (one of
     :data:`OUTCOMES`; None when the check says nothing, e.g. no rows) and how many images gave no
-    defined score (constant or non-finite maps)."""
+    defined score (constant or non-finite maps).
+
+    Attributes
+    ----------
+    score : float
+        The score the verdict is read from (e.g. the median over images); NaN when there is none.
+    text : str
+        The verdict table's text, e.g. ``"rejected (0.912 [0.880, 0.934])"``, or ``"n/a"``.
+    outcome : str or None
+        :data:`REJECTED`, :data:`NOT_REJECTED` or :data:`INCONCLUSIVE`; None when the check says nothing.
+    undefined : int, default 0
+        Images without a defined score (constant or non-finite maps).
+    """
 
     score: float
     text: str
@@ -79,9 +100,21 @@ def scored_cell(values: np.ndarray, threshold: float, rejects_at_or_above: bool 
 class VerdictRule:
     """How a check's table becomes a verdict for one model x method: one of :data:`OUTCOMES`.
 
-    ``score_column`` / ``text_column`` name the two columns it adds to the verdict table;
-    ``failure`` is the reason given when it rejects; ``threshold`` names the field of the check's options
-    compared with the score; ``score_name`` what the score measures, as the report labels it.
+    Subclasses implement :meth:`evaluate` (and override :attr:`comparison`, :attr:`reads` and
+    :meth:`per_image` where they differ).
+
+    Parameters
+    ----------
+    score_column : str
+        The verdict table's column for the score (e.g. ``random_logit_ssim``).
+    text_column : str
+        The verdict table's column for the verdict's text.
+    failure : str
+        The reason given when it rejects.
+    threshold : str
+        The name of the field of the check's options compared with the score.
+    score_name : str, default "SSIM"
+        What the score measures, as the report labels it.
     """
 
     score_column: str
@@ -101,7 +134,20 @@ class VerdictRule:
         return "higher" if self.comparison == "<=" else "lower"
 
     def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
-        """The verdict on one model x method's rows ``part``, under the check's ``options``."""
+        """The verdict on one model x method's rows ``part``, under the check's ``options``.
+
+        Parameters
+        ----------
+        part : DataFrame
+            The rows of the check's result table for one model and one method (not empty).
+        options : Options
+            The check's own options; the rule reads the fields it names in :attr:`reads`.
+
+        Returns
+        -------
+        VerdictCell
+            The score, its text and the outcome.
+        """
         raise NotImplementedError
 
     @property
@@ -126,7 +172,20 @@ class MedianScore(VerdictRule):
     """Rejects when the 99 % bootstrap interval of the median over images of ``metric`` (in the rows
     ``select`` keeps) lies at or above the threshold (the maps did not change enough), or with
     ``fails_below`` at or below it (a score where higher is better); inconclusive when the interval
-    contains the threshold or too few images give a defined score (:func:`scored_cell`)."""
+    contains the threshold or too few images give a defined score (:func:`scored_cell`).
+
+    Parameters
+    ----------
+    score_column, text_column, failure, threshold, score_name
+        As :class:`VerdictRule`.
+    metric : str, default "ssim"
+        The column of per-image scores (NaN: undefined).
+    select : callable, default identity
+        ``select(part) -> rows``: the rows the score is read from (e.g. one stage's), one per image
+        (column ``image``).
+    fails_below : bool, default False
+        Reject at or below the threshold instead of at or above it.
+    """
 
     metric: str = "ssim"
     select: Callable[[pd.DataFrame], pd.DataFrame] = lambda df: df
@@ -141,6 +200,22 @@ class MedianScore(VerdictRule):
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
     def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
+        """The median of ``metric`` over the images ``select`` keeps, against the threshold (:func:`scored_cell`).
+
+        Parameters
+        ----------
+        part : DataFrame
+            The rows of the check's result table for one model and one method.
+        options : Options
+            The check's own options; ``getattr(options, threshold)`` is the threshold.
+
+        Returns
+        -------
+        VerdictCell
+            The median, its text with the 99 % interval and the undefined count, and the outcome; score NaN,
+            text ``"n/a"`` and outcome None when the table has no ``metric`` column (written before the
+            check measured it).
+        """
         if self.metric not in part:  # a table written before the check measured it
             return VerdictCell(float("nan"), "n/a", None)
         return scored_cell(self.per_image(part).to_numpy(), getattr(options, self.threshold), not self.fails_below)

@@ -2,12 +2,12 @@
 
 For each method and injection layer L, K Gaussian vectors replace the backward signal at L's
 output and are propagated down in one batched pass. At every recorded layer, per image and
-position, the channel vectors of the K signals are compared pairwise by |cos|; a chain that
-converges to rank 1 maps every vector to the same direction, so |cos| -> 1. The spectrum of the
+position, the channel vectors of the K signals are compared pairwise by ``|cos|``; a chain that
+converges to rank 1 maps every vector to the same direction, so ``|cos|`` -> 1. The spectrum of the
 K x D matrix of one image's flattened signals (K >= 8) estimates the chain's top singular values.
 
 Signals are recorded at every node's output. Right before a max-pooling layer only the winning
-positions of each channel carry signal, so channel vectors there are sparse and their |cos| is
+positions of each channel carry signal, so channel vectors there are sparse and their ``|cos|`` is
 inflated whatever the method; the chain is best read where it enters each conv / dense layer
 (e.g. at the pooling outputs), which :func:`layer_inputs` names.
 """
@@ -52,9 +52,9 @@ def _joins(node: Node) -> bool:
 
 
 def random_cosine_median(d: int) -> float:
-    """Median |cos| between two independent isotropic Gaussian vectors in dimension d (exact).
+    """Median ``|cos|`` between two independent isotropic Gaussian vectors in dimension d (exact).
 
-    cos^2 follows Beta(1/2, (d - 1) / 2), so the median |cos| is the square root of that law's median.
+    cos^2 follows Beta(1/2, (d - 1) / 2), so the median ``|cos|`` is the square root of that law's median.
     """
     if d <= 1:
         return 1.0
@@ -62,7 +62,7 @@ def random_cosine_median(d: int) -> float:
 
 
 def pairwise_abs_cos(signal: torch.Tensor, k: int | None = None, channel_axis: int = 1) -> np.ndarray:
-    """|cos| of all k(k-1)/2 pairs of channel vectors, pooled over images and positions.
+    """``|cos|`` of all k(k-1)/2 pairs of channel vectors, pooled over images and positions.
 
     signal : (K, B, C, *spatial), (K, B, tokens, D) with ``channel_axis=-1`` (a token's vector plays a
     pixel's part), or (K, B, D) for dense layers; the first ``k`` (default all K) vectors are compared.
@@ -93,7 +93,7 @@ def image_spectra(signal: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
 
     The singular values are the square roots of the eigenvalues of the K x K Gram matrix (D is up to
     millions, K about 8): exact in float64 for ratios above about 1e-7. Each image's matrix is divided by
-    its largest |value| first (both measures are scale-free), so that a signal of 1e200 does not overflow
+    its largest ``|value|`` first (both measures are scale-free), so that a signal of 1e200 does not overflow
     the Gram matrix."""
     k, b = signal.shape[:2]
     mats = signal.double().reshape(k, b, -1).transpose(0, 1)  # (B, K, D)
@@ -209,9 +209,9 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
     inject_at : layer name(s); None = the logits plus a few deeper layers
     n_vectors : K, the Gaussian vectors compared pairwise (Sixt et al.: 5)
     seed : seeds the vectors (the same vectors for every method)
-    threshold : a layer is ``collapsed`` when its median |cos| reaches it
+    threshold : a layer is ``collapsed`` when its median ``|cos|`` reaches it
     spectrum_vectors : vectors used for the spectrum estimate (at least 8; the first ``n_vectors``
-        of them give the |cos| statistics)
+        of them give the ``|cos|`` statistics)
 
     Returns
     -------
@@ -266,7 +266,7 @@ def _targets(ex: Explainer, inject_at: str | list[str] | None) -> list[str]:
 
 def _injected(ex: Explainer, graph: Graph, x: torch.Tensor, targets: list[str], seed: int,
               k_total: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Size], dict[str, int]]:
-    """The Gaussian vectors injected at each target, (K, B, *shape) (drawn for every image at once, so the
+    """The Gaussian vectors injected at each target, (K, B, ...) (drawn for every image at once, so the
     draw does not depend on how the images are chunked; a token's vector is zero at the other tokens), the
     shapes of the injection nodes, and the bytes per image of every recorded node's signal."""
     with model_errors():
@@ -318,7 +318,7 @@ def _pooled_signals(explainers: dict[str, Explainer], graph: Graph, x: torch.Ten
 
 
 def _statistics(cos: np.ndarray, ratio: np.ndarray, rank: np.ndarray) -> dict[str, float]:
-    """The |cos| quantiles and mean of one layer's pooled pairs, and the median spectrum ratio and rank."""
+    """The ``|cos|`` quantiles and mean of one layer's pooled pairs, and the median spectrum ratio and rank."""
     q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
     return {"median": q[2], "p10": q[0], "p25": q[1], "p75": q[3], "p90": q[4],
             "mean": float(cos.mean()) if cos.size else np.nan,
@@ -368,7 +368,7 @@ def signal_plan(images: int, forward: int, recorded: dict[str, int], vectors: in
 
 def _pool(pooled: dict[tuple[str, str, str], list[Any]], method: str, target: str, taps: dict[str, torch.Tensor],
           axes: dict[str, int], n_vectors: int) -> None:
-    """Add each layer's |cos| and spectra of one pass's signals ``taps`` {layer: (K, B, ...)} to ``pooled``."""
+    """Add each layer's ``|cos|`` and spectra of one pass's signals ``taps`` {layer: (K, B, ...)} to ``pooled``."""
     for layer, signal in taps.items():
         axis = axes.get(layer, 1)
         channels = signal.shape[2] if signal.ndim == 3 else signal.shape[axis % (signal.ndim - 1) + 1]
@@ -411,7 +411,7 @@ def _product_rows(method: str, ex: Explainer, graph: Graph, x: torch.Tensor, y: 
 class Collapse(VerdictRule):
     """Rejects when the chain injected at the logits reaches the collapse threshold at some layer (the
     map's direction no longer depends on the signal from above: Sixt et al.'s working threshold); shows
-    the layer nearest the logits where it does, with its median |cos|, and the median |cos| at the input.
+    the layer nearest the logits where it does, with its median ``|cos|``, and the median ``|cos|`` at the input.
     The median pools images, vector pairs and positions: a descriptive statistic without an interval, so
     the outcome is rejected or not rejected. Whether the convergence is a rank-1 collapse depends on the
     method's backward pass (linear in the signal or not): the verdict's mechanism column says."""
@@ -460,7 +460,7 @@ def _summary(df: pd.DataFrame) -> str:
 
 
 def csc_figure(csc: pd.DataFrame, models: list[str] | None = None) -> Figure:
-    """1 - median |cos| per layer (log axis): one row per model, one panel per method family.
+    """1 - median ``|cos|`` per layer (log axis): one row per model, one panel per method family.
 
     Solid: the chain injected at the logits, with the 25-75 % band over vector pairs; dashed: the
     deepest hidden injection point; black: the exact random-vector baseline. A collapsed chain

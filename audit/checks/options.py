@@ -56,7 +56,28 @@ class Option:
 
 def option(default: Any, help: str, *, choices: tuple[Any, ...] = (), valid: Callable[[Any], bool] | None = None,
            rule: str = "") -> Any:
-    """A field of an :class:`Options` class: its default and what :class:`Option` says of it."""
+    """A field of an :class:`Options` class: its default and what :class:`Option` says of it.
+
+    Parameters
+    ----------
+    default : Any
+        The key's value when not given; its type is the key's type (an int given for a float default is
+        widened).
+    help : str
+        What the key sets, for the command line and the methods text.
+    choices : tuple, default ()
+        The allowed values, when they are a fixed set (also the command line's choices).
+    valid : callable, optional
+        A predicate the value must satisfy (e.g. ``lambda v: 0 < v <= 1``).
+    rule : str, default ""
+        ``valid`` in words, for the error message (e.g. ``"in (0, 1]"``).
+
+    Returns
+    -------
+    dataclasses.Field
+        A field with ``default`` and, in its metadata, ``help``, ``choices``, ``valid`` and ``rule``;
+        :meth:`Options.declared` turns it into an :class:`Option`.
+    """
     return field(default=default, metadata={"help": help, "choices": tuple(choices), "valid": valid, "rule": rule})
 
 

@@ -110,7 +110,7 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     -------
     DataFrame, one row per method x stage x image: method, stage, layer (the layer or block
     re-initialised at that stage; "original" for stage 0), image, ssim (flip-invariant), spearman,
-    spearman_abs, hog, input_spearman_abs (Spearman of the map's magnitude with the input's, max |.| over
+    spearman_abs, hog, input_spearman_abs (Spearman of the map's magnitude with the input's, max ``|.|`` over
     channels: how far the map follows the input's structure), share (of the parameters re-initialised in that
     stage's model);
     and {method: (stages, keep_maps, H, W) array} (empty arrays when ``keep_maps`` is 0).
@@ -401,7 +401,7 @@ def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str
                  columns: str | None = None) -> Figure:
     """Adebayo-style grid: the input image first, then one row per method (grouped by family) and
     one column per randomization stage, each row with its colour bar. Colour scales, symmetric
-    around 0 at the 99.5th percentile of |map|: ``scale="map"`` each map its own (as Adebayo et al.'s
+    around 0 at the 99.5th percentile of ``|map|``: ``scale="map"`` each map its own (as Adebayo et al.'s
     figures: whether a late stage's map keeps its structure shows, however small its values);
     ``"row"`` one per method across the stages (magnitudes compare; late stages may look blank).
 
@@ -490,7 +490,7 @@ class _Grid:
 
 
 def _percentile_scale(values: np.ndarray) -> float:
-    """The 99.5th percentile of |values| (NaN ignored): one hot pixel does not wash a map out."""
+    """The 99.5th percentile of ``|values|`` (NaN ignored): one hot pixel does not wash a map out."""
     return float(np.nanpercentile(np.abs(values), 99.5))
 
 

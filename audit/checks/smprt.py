@@ -67,7 +67,7 @@ def smooth_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods =
     Returns
     -------
     DataFrame, one row per method x stage x image: method, stage (0 = trained), layer, image,
-    spearman (of |denoised map| with the trained model's; 1 at stage 0), share (of the parameters
+    spearman (of ``|denoised map|`` with the trained model's; 1 at stage 0), share (of the parameters
     re-initialised in that stage's model).
     """
     stages = stage_settings(stages, settings, order="bottom-up")

@@ -179,8 +179,32 @@ def resolve_granularity(model: nn.Module, granularity: str) -> str:
 
 
 def randomization_plan(model: nn.Module, graph: Graph, granularity: str = "auto") -> list[Stage]:
-    """The stages of ``model`` (traced as ``graph``) at ``granularity`` (layer | block | auto), in
-    forward order; together they hold every parameter tensor once."""
+    """The stages of ``model`` (traced as ``graph``) at ``granularity`` (layer ``| block |`` auto), in
+    forward order; together they hold every parameter tensor once.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model whose parameters the stages re-initialise; only read.
+    graph : Graph
+        ``model`` traced (:func:`attributions.graph.trace`): it names the weighted layers and the
+        BatchNorms folded after them (which join their layer's stage), and gives the order in which the
+        tensors are first read.
+    granularity : str, default "auto"
+        ``layer`` (one weighted layer per stage), ``block`` (the model's own blocks, :func:`blocks`) or
+        ``auto`` (``block`` when the model has blocks, else ``layer``); see the module docstring.
+
+    Returns
+    -------
+    list of Stage
+        In forward order (tensors the forward pass never reads last); each stage is named by its
+        layer's or block's module path, or by a tensor's name for a tensor standing alone.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown ``granularity``.
+    """
     granularity = resolve_granularity(model, granularity)
     found = blocks(model) if granularity == "block" else []
 

@@ -107,10 +107,28 @@ def _find(folder: Path, stem: str) -> Path | None:
 def locate(name: str, split: str, root: str | os.PathLike | None = None) -> list[Path]:
     """Paths of the files holding ``split`` of ``name``, all from the first folder that has them all.
 
+    Parameters
+    ----------
+    name : str
+        A downloadable data set, a key of :data:`SOURCES`: ``fashion-mnist``, ``mnist`` or ``cifar10``.
+    split : str
+        ``train`` or ``test``.
+    root : str or PathLike, optional
+        The folder searched first (:func:`search_dirs` gives the order). When given but not an existing
+        folder, only the folders under it are searched, so that a mistyped root never falls back to another
+        copy.
+
+    Returns
+    -------
+    list of Path
+        Each file raw or gzipped: the images and the labels (MNIST formats), or the CIFAR batches of the
+        split.
+
     Raises
     ------
     DataError
-        Naming the missing file, every folder searched, and how to obtain the data.
+        Naming the missing file, every folder searched, and how to obtain the data; or when a folder
+        under ``root`` holds only part of the split (copies are never mixed).
     """
     stems = _IDX_NAMES[split] if name in ("fashion-mnist", "mnist") else _CIFAR_NAMES[split]
     dirs = search_dirs(name, root)
@@ -295,7 +313,31 @@ def array_sha256(*arrays: np.ndarray) -> str:
 
 def balanced_sample(name: str, n: int, root: str | os.PathLike | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``n`` class-balanced test images of data set ``name`` ("embedded": the shipped sample): the first
-    of each class in order, round-robin. Returns x (n, C, H, W) float32 and y (n,) int64."""
+    of each class in order, round-robin. Returns x (n, C, H, W) float32 and y (n,) int64.
+
+    Parameters
+    ----------
+    name : str
+        ``"embedded"`` (the shipped 1,000-image sample, :func:`embedded_sample`), or a data set name for
+        :func:`load_dataset`, whose ``test`` split is sampled.
+    n : int
+        How many images, from 1 to the split's size. Each round takes the next image of every class, in
+        the order of the labels, until ``n`` are taken; a class that runs out drops out of the rounds.
+    root : str or PathLike, optional
+        The folder looked in first for the data's files (:func:`load_dataset`).
+
+    Returns
+    -------
+    x : numpy.ndarray
+        (n, C, H, W) float32 images in [0, 1].
+    y : numpy.ndarray
+        (n,) int64 labels.
+
+    Raises
+    ------
+    DataError
+        When ``n`` is not a positive integer or exceeds the split's size (and as :func:`load_dataset`).
+    """
     x, y = embedded_sample() if name == "embedded" else load_dataset(name, "test", root)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise DataError(f"the number of images must be a positive integer, got {n!r}")

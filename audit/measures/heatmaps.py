@@ -26,6 +26,20 @@ def heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> di
     Each method's own reduction (:attr:`attributions.Method.heatmap`: the signed channel sum for
     relevance and contributions, the largest magnitude for gradient-like maps) unless
     ``reduction`` names another for it.
+
+    Parameters
+    ----------
+    maps : dict
+        Method name -> its (N, C, H, W) attribution maps; the names must be method names
+        (:func:`attributions.methods.build_method` gives their default reduction).
+    reduction : dict, optional
+        Method name -> ``"sum"`` or ``"max-abs"`` (:func:`~audit.measures.similarity.reduce_map`),
+        overriding the method's own reduction.
+
+    Returns
+    -------
+    dict
+        Method name -> (N, H, W) float64 heatmaps on the CPU, detached.
     """
     reduction = reduction or {}
     return {m: reduce_map(v.detach().cpu().double(), reduction.get(m, build_method(m).heatmap))
@@ -62,7 +76,37 @@ class ComparableMaps:
 
 class ReferenceMaps(ComparableMaps):
     """The maps (N, H, W) that later sets of maps are compared with: raw heatmaps, or the first N of
-    a :class:`ComparableMaps` (a batch whose first set is the reference, prepared with the others)."""
+    a :class:`ComparableMaps` (a batch whose first set is the reference, prepared with the others).
+
+    Parameters
+    ----------
+    raw : Tensor or ComparableMaps
+        (N, H, W) raw heatmaps, or a :class:`ComparableMaps` whose first ``n`` maps are the reference
+        (their measures are taken as views, nothing recomputed).
+    win_size : int, default WINDOW
+        The side of SSIM's uniform window (odd, at most the map side), used by :meth:`compare`.
+    n : int, optional
+        How many leading maps of a :class:`ComparableMaps` are the reference; default all of them.
+        Ignored for raw heatmaps.
+
+    Attributes
+    ----------
+    bad : numpy.ndarray
+        (N,) bool, the :func:`~audit.measures.similarity.degenerate` maps (constant or non-finite).
+    raw : Tensor
+        (N, H, W) the heatmaps, NaN / inf set to 0.
+    ranks, abs_ranks : numpy.ndarray
+        (N, H * W) unit-length centred ranks of the maps and of their magnitudes.
+    normalized : Tensor
+        (N, H, W) the maps clipped at their 0.5 / 99.5 percentiles and scaled to [0, 1].
+    hog_ranks : numpy.ndarray
+        (N, F) unit-length centred ranks of the normalised maps' HOG descriptors.
+    win_size : int
+        As given.
+    means : Tensor
+        (2, N, H - w + 1, W - w + 1) float64, SSIM's local means of the normalised maps and of their
+        squares (:func:`~audit.measures.similarity.local_means`), computed once.
+    """
 
     def __init__(self, raw: torch.Tensor | ComparableMaps, win_size: int = WINDOW, n: int | None = None):
         if isinstance(raw, ComparableMaps):
@@ -74,7 +118,7 @@ class ReferenceMaps(ComparableMaps):
 
     def compare(self, other: torch.Tensor | ComparableMaps) -> dict[str, np.ndarray]:
         """Flip-invariant SSIM of the normalised maps, Spearman of the raw maps (signed and of
-        |.|), and Spearman of the normalised maps' HOG descriptors; each (M,), NaN where either map
+        ``|.|``), and Spearman of the normalised maps' HOG descriptors; each (M,), NaN where either map
         is :func:`~audit.measures.similarity.degenerate`.
 
         ``other``: raw heatmaps (M, H, W), or their :class:`ComparableMaps`; M may be any multiple

@@ -27,6 +27,23 @@ def reduce_map(maps: torch.Tensor, mode: str) -> torch.Tensor:
 
     ``sum``: signed sum over channels (relevance, contributions); ``max-abs``: the largest
     magnitude over channels (gradient-like maps).
+
+    Parameters
+    ----------
+    maps : Tensor
+        (N, C, H, W) attribution maps.
+    mode : str
+        ``"sum"`` or ``"max-abs"`` (:data:`REDUCTIONS`).
+
+    Returns
+    -------
+    Tensor
+        (N, H, W) heatmaps, in the maps' dtype.
+
+    Raises
+    ------
+    ConfigError
+        For another ``mode``.
     """
     if mode == "sum":
         return maps.sum(1)
@@ -64,6 +81,20 @@ def normalize_map(maps: torch.Tensor, low: float = 0.5, high: float = 99.5) -> t
     """Clip each (H, W) map of (N, H, W) at its ``low`` / ``high`` percentiles, then min-max to [0, 1].
 
     The percentiles are ``torch.quantile``'s (linear interpolation). A constant map becomes all zeros.
+
+    Parameters
+    ----------
+    maps : Tensor
+        (N, H, W) maps (any (N, ...) shape: each map is normalised over all its entries).
+    low : float, default 0.5
+        The lower clipping percentile, in [0, 100].
+    high : float, default 99.5
+        The upper clipping percentile, in [0, 100].
+
+    Returns
+    -------
+    Tensor
+        Shaped like ``maps``, in their dtype, values in [0, 1] (computed in float64).
     """
     flat = maps.reshape(maps.shape[0], -1).double()
     return normalized_from_sorted(flat, flat.sort(1).values, low, high).reshape(maps.shape).to(maps.dtype)
@@ -251,7 +282,18 @@ def correlation(ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
 
 def spearman(a, b) -> np.ndarray:
     """Spearman rank correlation of each pair of flattened maps (N, ...) -> (N,) (average ranks for
-    ties, as scipy; NaN where either map is constant)."""
+    ties, as scipy; NaN where either map is constant).
+
+    Parameters
+    ----------
+    a, b : Tensor or numpy.ndarray
+        (N, ...) maps, each flattened; pairs are ``a[i]``, ``b[i]``.
+
+    Returns
+    -------
+    numpy.ndarray
+        (N,) float64 correlations; NaN where either map is constant or holds NaN.
+    """
     return correlation(unit_ranks(a), unit_ranks(b))
 
 
@@ -263,6 +305,24 @@ def hog_features(maps: torch.Tensor, orientations: int = 9) -> np.ndarray:
     degrees in equal bins, each cell's magnitudes per bin summed in single precision and divided by
     the cell's area, blocks normalised by L2-Hys (eps 1e-5, clipped at 0.2). Agrees with it to
     single-precision rounding of the cell sums (scikit-image adds pixel by pixel into a float).
+
+    Parameters
+    ----------
+    maps : Tensor
+        (N, H, W) maps (computed in float64). The cell side is ``max(2, min(H, W) // 4)``; the maps
+        must hold at least 2 x 2 cells.
+    orientations : int, default 9
+        Orientation bins over [0, 180) degrees.
+
+    Returns
+    -------
+    numpy.ndarray
+        (N, F) float64 descriptors, F = (rows - 1) (cols - 1) 4 ``orientations`` for rows x cols cells.
+
+    Raises
+    ------
+    AuditError
+        When the maps are too small for 2 x 2 cells.
     """
     x = maps.double()
     n, h, w = x.shape
@@ -302,7 +362,16 @@ def hog_features(maps: torch.Tensor, orientations: int = 9) -> np.ndarray:
 def hog_similarity(a, b) -> np.ndarray:
     """Spearman correlation of the HOG descriptors of each pair of maps -> (N,).
 
-    a, b : (N, H, W) maps, or descriptors already computed by :func:`hog_features` (N, F).
+    Parameters
+    ----------
+    a, b : Tensor or numpy.ndarray
+        (N, H, W) maps as a tensor, or descriptors already computed by :func:`hog_features`, (N, F): a
+        numpy array is taken as descriptors, whatever its shape.
+
+    Returns
+    -------
+    numpy.ndarray
+        (N,) :func:`spearman` correlations of the descriptors (NaN where either is constant).
     """
     fa = a if isinstance(a, np.ndarray) else hog_features(a)
     fb = b if isinstance(b, np.ndarray) else hog_features(b)

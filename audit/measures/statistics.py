@@ -18,6 +18,27 @@ def bootstrap_ci(values, level: float = 0.99, n_resamples: int = 10_000, seed: i
 
     NaN values are dropped. Returns (estimate, low, high); all NaN when no value remains.
     Resampling is seeded and vectorised (``n_resamples`` x n indices at once).
+
+    Parameters
+    ----------
+    values : array_like
+        The sample, of any shape (flattened); NaN entries are dropped.
+    level : float, default 0.99
+        The interval's coverage: the ``(1 - level) / 2`` and ``1 - (1 - level) / 2`` quantiles of the
+        resampled statistics.
+    n_resamples : int, default 10000
+        Bootstrap resamples (each of the sample's size, drawn with replacement).
+    seed : int, default 0
+        Seeds the resampling (``numpy.random.default_rng``).
+    statistic : callable, default numpy.median
+        ``statistic(array, axis=1)`` of each resample's row; called without ``axis`` for the estimate.
+
+    Returns
+    -------
+    estimate : float
+        ``statistic`` of the sample itself.
+    low, high : float
+        The percentile interval's bounds.
     """
     v = np.asarray(values, dtype=float)
     v = v[~np.isnan(v)]
@@ -35,6 +56,26 @@ def summarize(df: pd.DataFrame, level: float = 0.99, n_resamples: int = 10_000, 
     layer, injection layer and model where the table has them).
 
     Returns one row per group with columns ``<metric>``, ``<metric>_low``, ``<metric>_high`` and ``n``.
+
+    Parameters
+    ----------
+    df : DataFrame
+        A tidy result table: grouped by those of :data:`ID_COLUMNS` it has (model, method, stage, layer,
+        inject_at, depth), summarising those of :data:`METRICS` it has.
+    level, n_resamples, seed
+        As :func:`bootstrap_ci`, for every metric of every group.
+
+    Returns
+    -------
+    DataFrame
+        One row per group, in order of first appearance: the group's key columns, then for each metric
+        its median ``<metric>`` and interval ``<metric>_low``, ``<metric>_high`` (NaN values dropped; all
+        NaN when none is left), then ``n``, the group's row count (NaN rows included).
+
+    Raises
+    ------
+    AuditError
+        When the table has no key column or no metric column.
     """
     keys = [c for c in ID_COLUMNS if c in df.columns]
     metrics = [c for c in METRICS if c in df.columns]

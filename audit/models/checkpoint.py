@@ -37,7 +37,21 @@ def available_checkpoints() -> dict[str, dict]:
 def save_checkpoint(model: nn.Module, metadata: dict, path: str | os.PathLike) -> Path:
     """Write ``path`` (.pt, the state_dict) and its .json metadata, each atomically.
 
-    Returns the .pt path.
+    Parameters
+    ----------
+    model : nn.Module
+        Its ``state_dict`` is saved (``torch.save``) as detached CPU copies; the model is not changed.
+    metadata : dict
+        JSON-serialisable; written indented, keys sorted (the trainer's metadata: architecture,
+        hyperparameters, data, accuracies, history).
+    path : str or PathLike
+        The checkpoint's path; its suffix is replaced by ``.pt`` (the metadata goes beside it as
+        ``.json``). Missing parent folders are made; existing files are replaced.
+
+    Returns
+    -------
+    Path
+        The ``.pt`` file written.
     """
     pt = Path(path).with_suffix(".pt")
     pt.parent.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,18 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {}
 
 
 def register_optimizer(name: str, spec: OptimizerSpec) -> None:
-    """Make ``--optimizer name`` available to the trainer."""
+    """Make ``--optimizer name`` available to the trainer.
+
+    Parameters
+    ----------
+    name : str
+        The name ``TrainConfig.optimizer`` and ``--optimizer`` take; registering a name again replaces
+        its entry.
+    spec : OptimizerSpec
+        Its factory ``factory(model, config) -> torch.optim.Optimizer`` (called with the resolved
+        :class:`TrainConfig`, ``lr`` and ``weight_decay`` set), default learning rate and weight decay,
+        description, and whether it constrains the weights (``constrained``).
+    """
     OPTIMIZERS[name] = spec
 
 
@@ -98,13 +109,53 @@ SCHEDULES = ("constant", "cosine")
 class TrainConfig:
     """Everything that determines a training run; stored in the checkpoint's metadata.
 
-    ``lr`` and ``weight_decay`` default (None) to the optimizer's own defaults. ``options`` holds
-    optimizer-specific settings (Bort's gamma, amplitude, mode) that registered optimizers read.
-    ``dbort`` adds DBort's auxiliary loss (``bort.dbort.dbort_loss``) to the cross-entropy.
-    ``schedule``: ``constant`` learning rate, or ``cosine`` annealing to zero over the epochs.
-    ``permute_labels``: train on the training labels permuted once by a generator with this seed (the
-    permuted-label twin of Adebayo et al.'s data-randomization test); ``twin_of`` names the model it is the
-    twin of (recorded, and how the audit finds a shipped model's twin).
+    :meth:`resolved` fills in the optimizer's defaults and validates the fields; the trainer works on
+    that copy.
+
+    Attributes
+    ----------
+    arch : str, default "cnn"
+        An architecture of :data:`audit.models.zoo.ARCHS` (``cnn``, ``vgg``, ``resnet``, ``vit``, ``vgg16``,
+        ``resnet50``), built for the data's image shape and number of classes.
+    optimizer : str, default "sgd"
+        A name in :data:`OPTIMIZERS` (``sgd``, ``adamw``, ``bort``, ``bort-adamw`` and those added by
+        :func:`register_optimizer`).
+    epochs : int, default 10
+        Passes over the training images (>= 1).
+    batch_size : int, default 32
+        Images per optimizer step (>= 1).
+    lr : float or None, default None
+        The learning rate (> 0); None: the optimizer's own default.
+    momentum : float, default 0.9
+        SGD momentum, in [0, 1); read by the SGD forms (``sgd``, ``bort``), not by the AdamW forms.
+    weight_decay : float or None, default None
+        Weight decay (>= 0); None: the optimizer's own default.
+    seed : int, default 0
+        Seeds the initial weights, the draw of the ``train_limit`` subset and the order of the batches.
+    data : str, default "fashion-mnist"
+        The data set, a name for :func:`audit.data.datasets.load_dataset`; its ``train`` split is
+        trained on, its ``test`` split gives the test accuracy.
+    data_root : str or None, default None
+        The folder looked in first for the data's files.
+    download : bool, default False
+        Fetch the data set's official files when they are missing.
+    train_limit : int or None, default None
+        Train on a seeded subset of this many training images (kept in their original order); None: all.
+    arch_options : dict, default {}
+        Keyword arguments of the architecture (:func:`audit.models.zoo.build`), e.g. ``{"batch_norm": True}``.
+    options : dict, default {}
+        Optimizer-specific settings that registered optimizers read: Bort's ``gamma``, ``amplitude`` and
+        ``mode`` (:data:`BORT_DEFAULTS` for those not given; another key is an error for the Bort forms).
+    dbort : bool, default False
+        Add DBort's auxiliary loss (``bort.dbort.dbort_loss``) of the logits to the cross-entropy.
+    schedule : str, default "constant"
+        ``constant`` learning rate, or ``cosine`` annealing to zero over the epochs.
+    permute_labels : int or None, default None
+        Train on the training labels permuted once by a generator with this seed (the permuted-label twin
+        of Adebayo et al.'s data-randomization test); None: the true labels.
+    twin_of : str or None, default None
+        The model this one is the permuted-label twin of (recorded in the metadata, and how the audit finds
+        a shipped model's twin).
     """
 
     arch: str = "cnn"
@@ -147,7 +198,25 @@ class TrainConfig:
 
 
 def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 1000) -> float:
-    """Top-1 accuracy of ``model`` on (N, C, H, W) images ``x`` and (N,) labels ``y``."""
+    """Top-1 accuracy of ``model`` on (N, C, H, W) images ``x`` and (N,) labels ``y``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        (B, C, H, W) -> (B, classes) logits, on the CPU; run in eval mode, then put back in the mode it
+        was in.
+    x : numpy.ndarray
+        (N, C, H, W) float32 images.
+    y : numpy.ndarray
+        (N,) integer labels.
+    batch_size : int, default 1000
+        Images per forward pass.
+
+    Returns
+    -------
+    float
+        The fraction of images whose largest logit is their label (0.0 for no image).
+    """
     was_training = model.training
     model.eval()
     correct = 0

@@ -22,7 +22,28 @@ def shipped_twin(spec: str) -> str | None:
 
 
 def twin_spec(spec: str, given: dict[str, str]) -> str | None:
-    """The twin of the model ``spec``: the user's (``given``, model spec -> twin spec), else the shipped one."""
+    """The twin of the model ``spec``: the user's (``given``, model spec -> twin spec), else the shipped one.
+
+    Parameters
+    ----------
+    spec : str
+        The model as the configuration names it (a shipped name, a checkpoint path, a library model or
+        ``module:factory``).
+    given : dict
+        Model spec -> twin spec, the user's pairs (``AuditConfig.twins``).
+
+    Returns
+    -------
+    str or None
+        The twin's spec; None when the user gives none and no shipped checkpoint is ``spec``'s twin
+        (:func:`shipped_twin`).
+
+    Raises
+    ------
+    ConfigError
+        When the user's twin is a library model (``timm:``, ``torchvision:``, ``hf:``), which would load
+        the model's own weights or fresh ones.
+    """
     if spec in given:
         twin = given[spec]
         if is_library_spec(twin):
@@ -35,7 +56,23 @@ def twin_spec(spec: str, given: dict[str, str]) -> str | None:
 
 def same_architecture(model: nn.Module, twin: nn.Module, model_name: str, twin_name: str) -> None:
     """Refuse a pair whose architectures differ: another module class, or another parameter / buffer name or
-    shape (the first difference named)."""
+    shape (the first difference named).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The audited model.
+    twin : nn.Module
+        Its permuted-label twin.
+    model_name, twin_name : str
+        How the error names the two.
+
+    Raises
+    ------
+    ConfigError
+        When the two are of different classes, or their ``state_dict`` entries differ in name or shape
+        (the first in sorted order named).
+    """
     if type(model) is not type(twin):
         raise ConfigError(f"{twin_name} cannot be the twin of {model_name}: it is a {type(twin).__name__}, the model a "
                           f"{type(model).__name__}; the data-randomization test compares one architecture trained on "
@@ -62,7 +99,22 @@ def twin_facts(twin: nn.Module) -> dict:
 
 
 def twin_architecture(config: TrainConfig, twin_of: str) -> None:
-    """Refuse to train the twin of checkpoint ``twin_of`` with another architecture than the checkpoint's."""
+    """Refuse to train the twin of checkpoint ``twin_of`` with another architecture than the checkpoint's.
+
+    Parameters
+    ----------
+    config : TrainConfig
+        The twin's training configuration; its ``arch`` is compared with the checkpoint's metadata
+        (the architecture name only, not ``arch_options``).
+    twin_of : str
+        The checkpoint (shipped name or ``.pt`` path) the twin is trained for; it is loaded.
+
+    Raises
+    ------
+    ConfigError
+        When the architectures differ, or when ``config.permute_labels`` is None (a twin is trained on
+        permuted labels).
+    """
     model = load_checkpoint(twin_of)
     meta = getattr(model, "metadata", {})
     if meta.get("arch") != config.arch:

@@ -44,34 +44,18 @@ def general_keys() -> list[Field[Any]]:
 class AuditConfig:
     """What to audit and how. Every field is recorded in the run's manifest.
 
-    models : shipped checkpoint names, checkpoint paths, library models (``timm:NAME``,
-        ``torchvision:NAME``, ``hf:FOLDER``) or ``module:factory``; ``weights`` (a state_dict file,
-        ``.safetensors`` too) for a library model or a factory; ``num_classes`` for a library model
-    methods : method names or "all"
-    tests : names of registered checks (``attribution-audit run --help`` lists them)
-    data : "embedded" (the shipped Fashion-MNIST sample), a data set name for ``load_dataset``, or
-        "imagefolder" (``data_root``: one sub-folder per class)
-    preprocess : how image files become inputs ("imagefolder" only): a preset ("none", "imagenet")
-        or a table with resize, crop, mean, std (:mod:`audit.data.preprocess`)
-    n_images : images audited per model (class-balanced: the first of each class in order; for
-        "imagefolder" a seeded draw per class)
-    heatmap_examples : images whose heatmaps the randomization checks keep for the report
-    max_memory : the memory the passes are held to ("4GB"; None: half of the free RAM or GPU
-        memory when the run starts), see :mod:`audit.run.resources`
-    image_block : images per work item of the checks scored per image (0: all of a unit's images
-        together); blocks are seeded by the unit and their first image, so the results depend on this
-        value but not on how many processes share the work (:mod:`audit.run.distributed`)
-    mixed_precision : compute the maps under autocast (bfloat16 on the CPU, float16 on the GPU);
-        the manifest records how far each method's maps move from float32
-    pattern_data : what PatternNet and PatternAttribution fit their patterns on: "explained" (the images
-        each check explains), "train" (the audited data set's training split) or "<data set>:<split>";
-        ``pattern_images`` of them, a seeded draw (:mod:`audit.run.patterns`)
-    twins : {model: its permuted-label twin} for the data-randomization test (a checkpoint path, shipped name or
-        module:factory; the shipped models' twins are found without it); "model=twin,..." on the command line
-    allow_partial_weights : load a library model whose weights leave tensors missing, unexpected or of another
-        shape (a head of another size), keeping those freshly initialised; otherwise an error. The manifest's
-        ``model_sources`` records what was left out
-    options : the checks' own keys (defaults from the registry), also readable as attributes
+    The general keys (``models``, ``methods``, ``tests``, ``data``, ``n_images``, ...) are the fields declared
+    with :func:`key`, each declaration holding the key's default, its help text and its command-line flag in one
+    place; :func:`general_keys` returns them. ``attribution-audit run --help`` lists every key with its help (the
+    general keys, then the checks' options), so they are not repeated here. In a TOML file (:func:`load_config`)
+    and in the manifest the keys are flat, with underscores; on the command line with dashes.
+
+    Attributes
+    ----------
+    options : dict
+        The checks' own keys, {key: value}, declared by each check's :class:`~audit.checks.options.Options`
+        class (:func:`audit.checks.check_options`); :meth:`validated` checks every value and fills in the
+        declared defaults. Also readable as attributes of the configuration (``config.csc_threshold``).
     """
 
     models: list = key(factory=lambda: ["cnn-sgd", "cnn-bort"], help="comma-separated: shipped names, checkpoint "
@@ -211,6 +195,26 @@ def load_config(path: str | Path | None = None, **overrides) -> AuditConfig:
     """Defaults, then the TOML file (top-level keys = configuration keys), then ``overrides`` (None skipped).
 
     An unknown key is an error naming the closest valid one.
+
+    Parameters
+    ----------
+    path : str or Path, optional
+        A TOML file whose top-level keys are configuration keys (general keys and the checks' options, with
+        underscores); None: defaults and ``overrides`` only.
+    **overrides
+        Configuration keys given by name (the command line's values), applied over the file's; an override
+        whose value is None is skipped, so that an unset flag leaves the file's value or the default.
+
+    Returns
+    -------
+    AuditConfig
+        The validated configuration (:meth:`AuditConfig.validated`): lists normalised, the checks'
+        option defaults filled in.
+
+    Raises
+    ------
+    ConfigError
+        When the file cannot be read or parsed, a key is unknown, or a value is invalid.
     """
     values: dict = {}
     if path is not None:

@@ -19,7 +19,24 @@ MODELS_FILE = "models.csv"
 
 @dataclass
 class AuditResult:
-    """The tables of a finished audit (``tables``: check name or "models" -> DataFrame) and where they live."""
+    """The tables of a finished audit (``tables``: check name or "models" -> DataFrame) and where they live.
+
+    Made by the run's last step (:func:`audit.run.finish.finish`) and by :func:`load_results`.
+
+    Attributes
+    ----------
+    out : Path
+        The run folder (``results/``, ``units/``, ``manifest.json``, the report).
+    config : AuditConfig
+        The run's validated configuration.
+    tables : dict, default {}
+        Check name -> its joined result table (``results/<result file>``, a ``model`` column first), and
+        ``"models"`` -> the models table (``results/models.csv``). :func:`load_results` leaves out the checks
+        whose table is missing or empty.
+    manifest : dict, default {}
+        The contents of ``manifest.json``: ``config``, ``status``, ``fingerprints``, ``seeds`` and what each
+        contributor (:data:`audit.run.manifest.CONTRIBUTORS`) adds.
+    """
 
     out: Path
     config: AuditConfig

@@ -1,0 +1,78 @@
+"""The documentation's generated pages, written when Sphinx reads ``conf.py``.
+
+What the code declares is read from the code, so the site cannot drift from it: each check's options
+(:meth:`audit.checks.options.Options.declared`), each method family's methods with their rule tables and
+references (:mod:`attributions.methods`), the bibliography (:mod:`reports.references`), and the notebooks, copied
+beside the pages that render them.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def options_table(check: str) -> str:
+    """A Markdown table of one check's options: key, command-line flag, default, allowed values, help."""
+    from audit.checks import CHECKS
+    spec = CHECKS[check]
+    declared = spec.options.declared() if spec.options is not None else []
+    if not declared:
+        return "This check has no options of its own.\n"
+    rows = ["| key (TOML) | flag | default | allowed | what it sets |", "| --- | --- | --- | --- | --- |"]
+    for o in declared:
+        allowed = ", ".join(f"`{c}`" for c in o.choices) if o.choices else (o.rule or "")
+        rows.append(f"| `{o.name}` | `--{o.name.replace('_', '-')}` | `{o.default!r}` | {_cell(allowed)} | "
+                    f"{_cell(o.help)} |")
+    return "\n".join(rows) + "\n"
+
+
+def method_table(family: str) -> str:
+    """One family's methods: a Markdown table (name, what it computes, references), then each method's rule table
+    by node kind (kinds that share a rule listed together) or the engine that computes it."""
+    from attributions.methods import BUILDERS, build_method
+    methods = [m for m in (build_method(name) for name in BUILDERS) if m.family == family]
+    rows = ["| method | what it computes | references |", "| --- | --- | --- |"]
+    for m in methods:
+        cite = ", ".join(f"{{cite:t}}`{key}`" for key in m.cite) or _cell(m.reference)
+        rows.append(f"| `{m.name}` | {_cell(m.description)} | {cite} |")
+    details = ["", "What computes each method's maps:", ""]
+    for m in methods:
+        how = _grouped_rules(m.rules) if m.chain else f"its own engine, `{m.engine!r}`"
+        details.append(f"* `{m.name}`: {how}")
+    return "\n".join(rows + details) + "\n"
+
+
+def _grouped_rules(rules: dict) -> str:
+    """The rule table with the kinds that share a rule listed together: "conv, dense: `AlphaBeta(...)`"."""
+    kinds: dict[str, list[str]] = {}
+    for kind, rule in rules.items():
+        kinds.setdefault(repr(rule), []).append(kind)
+    return "; ".join(f"{', '.join(k)}: `{r}`" for r, k in kinds.items())
+
+
+def write_all(out: Path) -> None:
+    """Write every generated page into ``out`` and copy the notebooks to ``docs/tutorials``."""
+    from attributions.methods import FAMILIES
+    from audit.checks import CHECKS
+    from reports.references import bibtex
+    out.mkdir(exist_ok=True)
+    files = {"references.bib": bibtex()}
+    files |= {f"options-{name}.md": options_table(name) for name in CHECKS}
+    files |= {f"methods-{family.replace(' ', '-').replace('+', 'plus')}.md": method_table(family)
+              for family in FAMILIES}
+    for name, text in files.items():
+        path = out / name
+        if not path.exists() or path.read_text() != text:  # unchanged files keep their time: no needless rebuild
+            path.write_text(text)
+    tutorials = Path(__file__).parent / "tutorials"
+    tutorials.mkdir(exist_ok=True)
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        target = tutorials / notebook.name
+        if not target.exists() or target.read_bytes() != notebook.read_bytes():
+            shutil.copyfile(notebook, target)

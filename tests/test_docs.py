@@ -1,0 +1,41 @@
+"""The documentation site builds with warnings as errors, and its generated pages say what the code declares."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attributions.methods import BUILDERS, FAMILIES, build_method
+from audit.checks import CHECKS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("html")
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-E", "-a", "-q", "-b", "html",
+                           str(ROOT / "docs"), str(out)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return out
+
+
+def test_every_check_has_a_page_listing_its_options(site):
+    for name, check in CHECKS.items():
+        page = (site / "checks" / f"{name}.html").read_text()
+        for option in check.options.declared() if check.options is not None else []:
+            assert f"--{option.name.replace('_', '-')}" in page, (name, option.name)
+
+
+def test_every_method_is_on_its_familys_page(site):
+    pages = {family: (site / "methods" / f"{family.replace(' ', '-').replace('+', 'plus').lower()}.html").read_text()
+             for family in FAMILIES}
+    for name in BUILDERS:
+        assert f">{name}<" in pages[build_method(name).family], name
+
+
+def test_the_notebooks_and_the_bibliography_are_rendered(site):
+    for notebook in (ROOT / "notebooks").glob("*.ipynb"):
+        assert (site / "tutorials" / f"{notebook.stem}.html").exists(), notebook.name
+    references = (site / "references.html").read_text().lower()  # the style sets titles in sentence case
+    assert "when explanations lie" in references and "sanity checks for saliency maps" in references

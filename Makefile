@@ -62,6 +62,7 @@ test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
 	$(PY) -m pytest -q
 	MODEL_LIBRARIES=required $(LIBS)/bin/python -m pytest -q tests/test_model_libraries.py tests/audit/models/test_libraries.py \
 	  tests/attributions/test_cam.py "tests/test_notebooks.py::test_notebook_executes[collapse_atlas]" \
+	  tests/test_examples.py::test_model_library_block_runs \
 	  tests/attributions/test_rules.py::test_generalized_gamma_matches_zennit_on_signed_inputs \
 	  tests/attributions/test_attention_maps.py::test_attention_grad_cam_reads_the_patch_rows_where_the_head_never_reads_the_class_token
 

@@ -73,8 +73,8 @@ def correction(w: torch.Tensor, mode: str, amplitude: float | str = 1.0) -> torc
         (out, n) the weight viewed as a matrix (one row per output unit, n = in * k * k).
     mode : str
         One of :data:`MODES` (see the module docstring's table), applied as given: the row modes are not
-        switched to their column twins here (:func:`feasible_mode` does that), and the name is not checked
-        (:func:`check_mode`).
+        switched to their column twins here (:func:`feasible_mode` does that); another name is a
+        :class:`BortError`.
     amplitude : float or "adaptive", default 1.0
         c; ``"adaptive"``: the squared mean norm of the rows, or of the columns for a column mode
         (:func:`amplitude_value`).
@@ -84,7 +84,7 @@ def correction(w: torch.Tensor, mode: str, amplitude: float | str = 1.0) -> torc
     Tensor
         (out, n) Delta(W), the (sub)gradient of the mode's penalty.
     """
-    c = amplitude_value(w, mode, amplitude)
+    c = amplitude_value(w, check_mode(mode), amplitude)
     if mode == "l2-full":
         return w @ (w.T @ w) - c * w if w.shape[0] > w.shape[1] else (w @ w.T) @ w - c * w
     if _uses_columns(mode):
@@ -110,7 +110,8 @@ def penalty(w: torch.Tensor, mode: str, amplitude: float = 1.0) -> torch.Tensor:
     w : Tensor
         (out, n) the weight viewed as a matrix.
     mode : str
-        One of :data:`MODES` (see the module docstring's table), applied as given.
+        One of :data:`MODES` (see the module docstring's table), applied as given; another name is a
+        :class:`BortError`.
     amplitude : float, default 1.0
         c, fixed (no ``"adaptive"`` form).
 
@@ -120,7 +121,7 @@ def penalty(w: torch.Tensor, mode: str, amplitude: float = 1.0) -> torch.Tensor:
         The penalty, a 0-dim tensor.
     """
     c = amplitude
-    if mode == "l2-full":
+    if check_mode(mode) == "l2-full":
         return 0.25 * ((w @ w.T) - c * torch.eye(w.shape[0], dtype=w.dtype)).pow(2).sum()
     gram = w.T @ w if _uses_columns(mode) else w @ w.T
     eye = torch.eye(gram.shape[0], dtype=w.dtype)

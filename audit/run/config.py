@@ -64,10 +64,11 @@ class AuditConfig:
     methods: list | str = key("all", help='comma-separated method names, or "all"')
     tests: list = key(factory=lambda: ["csc", "random-logit", "cascading"], help="comma-separated: " + "; ".join(
         f"{c.name} ({c.description})" for c in CHECKS.values()))
-    n_images: int = key(32, help="images audited per model", type=int)
+    n_images: int = key(32, help="images audited per model, class-balanced: the first images of each class in order "
+                          "(imagefolder: a seeded draw per class)", type=int)
     seed: int = key(0, help="the run's seed", type=int)
     device: str = key("cpu", help="where the maps are computed", choices=list(DEVICES))
-    data: str = key("embedded", help='"embedded" (default) or a data set name')
+    data: str = key("embedded", help='"embedded" (default), a data set name, or "imagefolder" (with --data-root)')
     data_root: str | None = key(None, help="the data's folder; for imagefolder one sub-folder per class")
     preprocess: str | dict = key("none", help="imagefolder: none (default) or imagenet (resize 256, centre crop 224, "
                                  "ImageNet mean/std); a table with resize, crop, mean, std in --config")
@@ -79,20 +80,22 @@ class AuditConfig:
     max_memory: str | None = key(None, help="the memory the passes are held to, e.g. 4GB (default: half of the free "
                                  "RAM, or GPU memory, when the run starts); images and vectors go in chunks to fit")
     image_block: int = key(0, help="images per work item of the checks scored per image (default 0: a unit's images "
-                           "together); smaller blocks share a unit's images among ranks", type=int)
+                           "together); smaller blocks share a unit's images among ranks; each block is seeded by its unit "
+                           "and first image, so the files depend on the blocks, not on the number of ranks", type=int)
     mixed_precision: bool = key(False, help="compute the maps under autocast (bfloat16 on CPU, float16 on GPU; default "
                                 "off); the manifest records each method's agreement with float32",
                                 action=argparse.BooleanOptionalAction)
     pattern_data: str = key("explained", help="what PatternNet / PatternAttribution fit their patterns on: explained "
                             "(default: the images each check explains), train (the data set's training split) or "
                             "DATASET:SPLIT; the trained model's patterns are kept beside its checkpoint")
-    pattern_images: int = key(256, help="images the patterns are fitted on (default 256)", type=int)
+    pattern_images: int = key(256, help="images the patterns are fitted on (default 256, a seeded draw)", type=int)
     twins: dict = key(factory=dict, help="the permuted-label twin of each model for the data-randomization test (a "
                       "checkpoint path, shipped name or module:factory); the shipped models' twins are found without it",
                       metavar="MODEL=TWIN,...")
     allow_partial_weights: bool = key(False, help="load a library model whose weights leave tensors missing, unexpected "
                                       "or of another shape (e.g. a head of another size), keeping those freshly "
-                                      "initialised; recorded in the manifest (default: an error)", action="store_true")
+                                      "initialised; what was left out is recorded in the manifest's model_sources (default: an "
+                                      "error)", action="store_true")
     options: dict = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:

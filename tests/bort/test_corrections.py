@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from bort.corrections import MODES, correction, feasible_mode, penalty
+from bort.errors import BortError
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -30,3 +31,10 @@ def test_row_modes_fall_back_to_columns_for_tall_weights():
     assert feasible_mode("l1-full-row", (32, 128)) == "l1-full-row"
     assert feasible_mode("l2-full", (128, 32)) == "l2-full"
 
+
+
+def test_an_unknown_mode_is_refused_by_the_correction_and_the_penalty():
+    w = torch.randn(4, 6)
+    for function in (correction, penalty):
+        with pytest.raises(BortError, match="unknown Bort mode 'l1-rows'.*Did you mean 'l1-row'"):
+            function(w, "l1-rows")

@@ -77,7 +77,7 @@ def run_demo(out: str = "demo-output", seed: int = 0, progress: bool = True, met
     settings = DEMO | ({"methods": methods} if methods is not None else {})
     result = run_audit(load_config(seed=seed, **settings), folder, progress=progress)
     tex = shutil.which("pdflatex") is not None and shutil.which("bibtex") is not None
-    index = build_report(result.out, pdf=tex)
+    index = build_report(result.out, pdf=tex, progress=progress)
     verdict = verdict_table(result.tables, result.config)
     print(f"\n{summary_line(verdict)}")
     print(f"demo finished in {time.perf_counter() - start:.0f} s")
@@ -155,7 +155,7 @@ def _run(args: argparse.Namespace) -> int:
     with sharded(config.device) as shard:
         result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet, shard=shard)
     if shard.lead:
-        print(f"report: {build_report(result.out)}")
+        print(f"report: {build_report(result.out, progress=not args.quiet)}")
     return 0
 
 
@@ -172,7 +172,7 @@ def _without_workers(argv: list[str]) -> list[str]:
 
 
 def _report(args: argparse.Namespace) -> int:
-    index = build_report(args.dir, args.out, pdf=args.pdf, score=args.score)
+    index = build_report(args.dir, args.out, pdf=args.pdf, score=args.score, progress=True)
     print(f"report: {index}")
     if args.pdf:
         print(f"pdf: {index.with_name('report.pdf')}")

@@ -10,6 +10,8 @@ renderer turns the same list into its format.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -120,7 +122,8 @@ def _across_models(verdict, score: str | None) -> list:
     return [verdict_matrix(verdict)] + ([score_figure(verdict, chosen)] if chosen else [])
 
 
-def build_report(run: str | Path, out: str | Path | None = None, pdf: bool = False, score: str | None = None) -> Path:
+def build_report(run: str | Path, out: str | Path | None = None, pdf: bool = False, score: str | None = None,
+                 progress: bool = False) -> Path:
     """Write the report of the run in ``run`` to ``out`` (default: the same folder); returns index.html.
 
     Parameters
@@ -135,6 +138,9 @@ def build_report(run: str | Path, out: str | Path | None = None, pdf: bool = Fal
         Also compile ``standalone.tex`` to ``report.pdf`` (needs pdflatex and bibtex).
     score : str, optional
         The verdict score drawn across models (see :func:`report_sections`).
+    progress : bool, default False
+        Print a line as each stage ends: the sections and their figures drawn, the files written, each
+        LaTeX and BibTeX pass of the PDF.
 
     Returns
     -------
@@ -146,15 +152,29 @@ def build_report(run: str | Path, out: str | Path | None = None, pdf: bool = Fal
     ConfigError
         As :func:`report_sections`.
     """
+    log = _stage_log() if progress else (lambda text: None)
     with fonts_released():
-        return _build(Path(run), Path(out) if out else Path(run), pdf, score)
+        return _build(Path(run), Path(out) if out else Path(run), pdf, score, log)
 
 
-def _build(run: Path, out: Path, pdf: bool, score: str | None) -> Path:
+def _stage_log() -> Callable[[str], None]:
+    """A printer of report stages, each with the seconds since the previous one."""
+    last = [time.perf_counter()]
+
+    def log(text: str) -> None:
+        now = time.perf_counter()
+        print(f"report: {text} ({now - last[0]:.1f} s)", flush=True)
+        last[0] = now
+    return log
+
+
+def _build(run: Path, out: Path, pdf: bool, score: str | None, log: Callable[[str], None]) -> Path:
     result = load_results(run)
     sections = _sections(result, score)
+    log(f"{len(sections)} sections with {sum(len(s.figures) for s in sections)} figures drawn")
     remove_partials(out)  # an interrupted build's half-written files
     pngs = {f.name: save(f, out / "figures") for s in sections for f in s.figures}
+    log(f"figures written to {out / 'figures'} (PDF and PNG)")
     for old in (out / "figures").glob("*.*") if pngs else ():  # figures of an earlier build that this one lacks
         if old.suffix in (".pdf", ".png") and old.stem not in pngs:
             old.unlink()
@@ -165,7 +185,8 @@ def _build(run: Path, out: Path, pdf: bool, score: str | None) -> Path:
              "figures.tex": latex.render_figures(sections), "standalone.tex": latex.standalone(TITLE)}
     for name, content in files.items():
         atomic_write_bytes(out / name, content.encode())
+    log(f"{', '.join(files)} written")
     if pdf:
         from reports.pdf import compile_pdf  # runs TeX: only when asked
-        compile_pdf(out)
+        compile_pdf(out, log=log)
     return out / "index.html"

@@ -15,6 +15,7 @@ from audit import style
 from audit.atomic import atomic_write, atomic_write_bytes
 from audit.panels import family_panels, method_legend
 from audit.sections import Figure
+from reports.tables import heading
 
 # rejected / not rejected / inconclusive / not run: Okabe-Ito orange and blue, grey, white; a mark in each cell
 # says the same for grey-scale prints (no tick: a sanity check never certifies a method)
@@ -116,7 +117,7 @@ def score_figure(verdict: pd.DataFrame, column: str) -> Figure:
             ax.plot(x, rows[column].astype(float), color=style.color(method), marker=style.marker(method),
                     linestyle=style.linestyle(method))
         ax.set_xticks(x, models, rotation=60, ha="right", rotation_mode="anchor")
-    axes[0, 0].set_ylabel(column.replace("_", " "))
+    axes[0, 0].set_ylabel(heading(column))
     method_legend(fig, groups)
-    return Figure(f"score_{column}", fig, f"{column.replace('_', ' ')} (the verdict's score) per model and method, "
-                  "one panel per method family.")
+    return Figure(f"score_{column}", fig, f"{heading(column)} (the verdict's score) per model and method, one panel "
+                  "per method family.")

@@ -7,6 +7,8 @@ are ``figure*`` so that they span both columns of a two-column paper.
 """
 from __future__ import annotations
 
+import textwrap
+
 from audit import style
 from audit.sections import Figure, Section, Table
 from reports.tables import rows
@@ -19,6 +21,13 @@ _ESCAPE = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{
            "\u2013": "--", "\u2014": "---", "\u2212": "-", "\u2717": "rejected", "\u00b1": r"$\pm$"}
 
 LONG = 40  # rows from which a table breaks across pages (longtable) instead of floating
+FITS = 100  # characters a row of natural-width (l) columns holds at the floating tables' small size
+# A wider table is set on landscape pages as a longtable at script size (it may run over several) with its text
+# wrapped in p columns, rather than shrunk below print size or run off the page: columns whose cells are at most SHORT
+# characters keep their natural width (CHAR_PT a character at script size, a safe over-estimate), the others share
+# the rest of the line in proportion to their longest cell, capped at CAP characters
+SHORT, CAP, CHAR_PT, SEP_PT = 24, 48, 3.6, 3
+PORTRAIT = 6  # a wide table of more columns than this turns to landscape (the verdict table: one per check)
 
 
 def escape(text: object) -> str:
@@ -26,22 +35,55 @@ def escape(text: object) -> str:
     return "".join(_ESCAPE.get(ch, ch) for ch in str(text))
 
 
+def column_spec(header: list[str], body: list[list[str]]) -> str:
+    """The columns of a table too wide for its line: ``l`` for the short ones, ragged-right ``p`` columns sharing the
+    rest of the line for the others (see :data:`SHORT`)."""
+    longest = [max([len(cell) for cell in column[1:]] + [max(map(len, column[0].split()), default=0)])
+               for column in zip(header, *body)]  # a heading wraps: its longest word counts
+    fixed = sum(n * CHAR_PT + 2 * SEP_PT for n in longest if n <= SHORT)
+    weights = [min(n, CAP) for n in longest if n > SHORT]
+    total = sum(weights)
+    spec, k = [], 0
+    for n in longest:
+        if n <= SHORT:
+            spec.append("l")
+            continue
+        spec.append(rf">{{\raggedright\arraybackslash}}p{{\dimexpr(\linewidth-{fixed:.0f}pt)*{weights[k]}/{total}"
+                    rf"-2\tabcolsep\relax}}")
+        k += 1
+    return "".join(spec)
+
+
+def _stacked(heading: str, width: int) -> str:
+    """A column heading broken into lines no wider than the column's cells (``l`` columns do not wrap)."""
+    lines = textwrap.wrap(heading, max(width, 8)) or [""]
+    if len(lines) == 1:
+        return escape(heading)
+    return r"\begin{tabular}[b]{@{}l@{}}" + r" \\ ".join(escape(line) for line in lines) + r"\end{tabular}"
+
+
 def tabular(table: Table) -> str:
-    """A booktabs table: a floating ``table`` shrunk to the line width when wider, or a
-    ``longtable`` (no shrinking; breaks across pages) from :data:`LONG` rows."""
+    """A booktabs table: a floating ``table`` when it fits its line in :data:`FITS` characters and has fewer than
+    :data:`LONG` rows, else a ``longtable`` at script size that breaks across pages, its long cells wrapped
+    (:func:`column_spec`) where it is wider than :data:`FITS`, on landscape pages where it also has more than
+    :data:`PORTRAIT` columns."""
     header, body = rows(table.frame)
-    head = " & ".join(escape(c) for c in header) + r" \\"
+    widths = [max([len(cell) for cell in column[1:]] + [max(map(len, column[0].split()), default=0)])
+              for column in zip(header, *body)]
+    head = " & ".join(_stacked(c, w) for c, w in zip(header, widths)) + r" \\"
     lines = [" & ".join(escape(v) for v in row) + r" \\" for row in body]
     caption = rf"\caption{{{escape(table.caption)}}}\label{{tab:{table.label}}}"
-    if len(body) >= LONG:
-        return "\n".join([r"{\scriptsize\setlength{\tabcolsep}{3pt}", rf"\begin{{longtable}}{{{'l' * len(header)}}}",
-                          caption + r" \\", r"\toprule", head, r"\midrule", r"\endfirsthead", r"\toprule", head,
-                          r"\midrule", r"\endhead", r"\bottomrule", r"\endlastfoot", *lines,
-                          r"\end{longtable}}", ""])
-    return "\n".join([r"\begin{table}[tbp]", r"\centering", r"\small", caption,
-                      r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%",
-                      rf"\begin{{tabular}}{{{'l' * len(header)}}}", r"\toprule", head, r"\midrule", *lines,
-                      r"\bottomrule", r"\end{tabular}}", r"\end{table}", ""])
+    wide = sum(widths) > FITS
+    if wide or len(body) >= LONG:
+        spec = column_spec(header, body) if wide else "l" * len(header)
+        longtable = [rf"{{\scriptsize\setlength{{\tabcolsep}}{{{SEP_PT}pt}}", rf"\begin{{longtable}}{{{spec}}}",
+                     caption + r" \\", r"\toprule", head, r"\midrule", r"\endfirsthead", r"\toprule", head,
+                     r"\midrule", r"\endhead", r"\bottomrule", r"\endlastfoot", *lines, r"\end{longtable}}"]
+        turned = wide and len(header) > PORTRAIT
+        return "\n".join([r"\begin{landscape}", *longtable, r"\end{landscape}", ""] if turned else [*longtable, ""])
+    return "\n".join([r"\begin{table}[htbp]", r"\centering", r"\small", caption,
+                      rf"\begin{{tabular}}{{{'l' * len(header)}}}", r"\toprule", head,
+                      r"\midrule", *lines, r"\bottomrule", r"\end{tabular}", r"\end{table}", ""])
 
 
 def figure(fig: Figure, directory: str = "figures") -> str:
@@ -51,14 +93,14 @@ def figure(fig: Figure, directory: str = "figures") -> str:
     wide = width > style.ONE_COLUMN + 0.1
     env = "figure*" if wide else "figure"
     size = r"width=\linewidth" if wide else rf"width={width:.2f}in"
-    return "\n".join([rf"\begin{{{env}}}[tbp]", r"\centering",
+    return "\n".join([rf"\begin{{{env}}}[htbp]", r"\centering",
                       rf"\includegraphics[{size},height=0.85\textheight,keepaspectratio]{{{directory}/{fig.name}.pdf}}",
                       rf"\caption{{{escape(fig.caption)}}}\label{{fig:{fig.name}}}", rf"\end{{{env}}}", ""])
 
 
 def render(sections: list[Section]) -> str:
     """``tables.tex``: every table of the report."""
-    return ("% requires \\usepackage{booktabs,longtable,graphicx}\n"
+    return ("% requires \\usepackage{array,booktabs,longtable,graphicx,pdflscape}\n"
             + "\n".join(tabular(t) for s in sections for t in s.tables))
 
 
@@ -74,13 +116,14 @@ def standalone(title: str) -> str:
         r"\documentclass[10pt]{article}",
         r"\usepackage[T1]{fontenc}",
         r"\usepackage[margin=0.9in]{geometry}",
-        r"\usepackage{booktabs,longtable,graphicx}",
+        r"\usepackage{array,booktabs,longtable,graphicx,pdflscape}",
         r"\usepackage[round]{natbib}",
         r"\setcounter{topnumber}{4}\setcounter{totalnumber}{6}",
         r"\renewcommand{\topfraction}{0.95}\renewcommand{\textfraction}{0.05}\renewcommand{\floatpagefraction}{0.8}",
         rf"\title{{{escape(title)}}}", r"\date{}", r"\begin{document}", r"\maketitle",
         r"\section*{Methods}", r"\input{methods.tex}",
-        # \suppressfloats: no float above its section's heading on that page
-        r"\clearpage", r"\section*{Tables}\suppressfloats[t]", r"\input{tables.tex}", r"\clearpage",
-        r"\section*{Figures}\suppressfloats[t]", r"\input{figures.tex}", r"\clearpage",
+        # each part on pages of its own; its floats may stand right below its heading ([h]), so no heading is
+        # left alone on a page when the first float is too tall for the space under it
+        r"\clearpage", r"\section*{Tables}", r"\input{tables.tex}", r"\clearpage",
+        r"\section*{Figures}", r"\input{figures.tex}", r"\clearpage",
         r"\bibliographystyle{plainnat}", r"\bibliography{references}", r"\end{document}", ""])

@@ -77,7 +77,9 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
     rows = []
     for row in models.itertuples(index=False):
         accuracy = getattr(row, "test_accuracy", float("nan"))
-        facts = [f"architecture {row.arch}", f"trained with {row.optimizer}"]
+        facts = [f"architecture {row.arch}"]
+        if str(row.optimizer) not in ("unknown", "", "nan", "None"):  # a library's or the user's own model: unsaid
+            facts.append(f"trained with {row.optimizer}")
         if accuracy == accuracy:
             facts.append(f"test accuracy {100 * float(accuracy):.2f} %")
         rows.append(f"{row.model} ({', '.join(facts)})")

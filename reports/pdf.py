@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from audit.atomic import atomic_write_bytes
@@ -20,10 +21,11 @@ class ReportError(AuditError):
     """The report could not be built as asked (e.g. no TeX installation for ``--pdf``)."""
 
 
-def compile_pdf(folder: Path, timeout: float = 300) -> tuple[Path, str]:
+def compile_pdf(folder: Path, timeout: float = 300, log: Callable[[str], None] = lambda text: None) -> tuple[Path, str]:
     """Compile ``folder/standalone.tex`` to ``folder/report.pdf`` (pdflatex, bibtex, pdflatex x2),
     in a scratch folder so that a failed build leaves no partial file; returns the PDF and the
-    last pdflatex log. Raises :class:`ReportError` naming the first problems of the log."""
+    last pdflatex log; ``log`` is told as each pass ends. Raises :class:`ReportError` naming the first
+    problems of the log."""
     latex, bibtex = shutil.which("pdflatex"), shutil.which("bibtex")
     if latex is None or bibtex is None:
         raise ReportError("--pdf needs pdflatex and bibtex (Debian: apt-get install texlive-latex-recommended); "
@@ -38,20 +40,22 @@ def compile_pdf(folder: Path, timeout: float = 300) -> tuple[Path, str]:
         if (folder / "figures").exists():
             shutil.copytree(folder / "figures", work / "figures")
         latex_run = [latex, "-interaction=nonstopmode", "-halt-on-error", "standalone.tex"]
-        log = ""
-        for step in (latex_run, [bibtex, "standalone"], latex_run, latex_run):
+        steps = (latex_run, [bibtex, "standalone"], latex_run, latex_run)
+        output = ""
+        for k, step in enumerate(steps):
             done = subprocess.run(step, cwd=work, capture_output=True, text=True, timeout=timeout,
                                   errors="replace")
-            log = done.stdout
+            output = done.stdout
             if done.returncode != 0:
                 raise ReportError(f"{Path(step[0]).name} failed on {folder / 'standalone.tex'}: "
                                   + _first_problems(done.stdout + done.stderr))
+            log(f"PDF pass {k + 1} of {len(steps)} ({Path(step[0]).name}) done")
         bibtex_log = (work / "standalone.blg").read_text(errors="replace")
-        problems = _first_problems(log + bibtex_log, strict=True)
+        problems = _first_problems(output + bibtex_log, strict=True)
         if problems:
             raise ReportError(f"report.pdf of {folder} has problems: {problems}")
         atomic_write_bytes(folder / "report.pdf", (work / "standalone.pdf").read_bytes())
-    return folder / "report.pdf", log
+    return folder / "report.pdf", output
 
 
 def _first_problems(log: str, strict: bool = False, limit: int = 3) -> str:

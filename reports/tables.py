@@ -13,6 +13,23 @@ def cell_text(value: object) -> str:
     return str(value)
 
 
+# a reader's name for the columns whose data name says too little; any other column is shown with spaces for
+# underscores (the CSV files keep the data names)
+HEADINGS = {"collapse_layer": "CSC", "random_logit": "random logit", "control_check": "control's check",
+            "cascading_spearman_abs": "cascading (Spearman of |map|)",
+            "data_randomization_spearman_abs": "data randomization (Spearman of |map|)",
+            "csc_max_median": "CSC: largest median |cos|", "random_logit_ssim": "random logit: median SSIM",
+            "cascading_ssim": "cascading: median SSIM at the top stage", "arch": "architecture",
+            "audit_accuracy": "accuracy on the audited images", "orth_error_max": "orthogonality error (max)",
+            "orth_error_mean": "orthogonality error (mean)", "wilcoxon_p": "Wilcoxon p", "n": "images",
+            "median_difference": "median difference (Bort - baseline)", "better": "better values"}
+
+
+def heading(column: object) -> str:
+    """The name a reader sees for ``column``."""
+    return HEADINGS.get(str(column), str(column).replace("_", " "))
+
+
 def rows(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """(header, body) of ``df`` as text cells."""
-    return [str(c) for c in df.columns], [[cell_text(v) for v in row] for row in df.itertuples(index=False)]
+    """(header, body) of ``df`` as text cells, the header in the reader's names (:func:`heading`)."""
+    return [heading(c) for c in df.columns], [[cell_text(v) for v in row] for row in df.itertuples(index=False)]

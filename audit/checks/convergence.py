@@ -459,12 +459,12 @@ def _summary(df: pd.DataFrame) -> str:
     return f"min median |cos| {top['median'].min():.3f}, max {top['median'].max():.3f}"
 
 
-def csc_figure(csc: pd.DataFrame, models: list[str] | None = None) -> Figure:
+def csc_figure(csc: pd.DataFrame, models: list[str] | None = None, threshold: float = 0.99) -> Figure:
     """1 - median ``|cos|`` per layer (log axis): one row per model, one panel per method family.
 
     Solid: the chain injected at the logits, with the 25-75 % band over vector pairs; dashed: the
-    deepest hidden injection point; black: the exact random-vector baseline. A collapsed chain
-    drops toward 0.
+    deepest hidden injection point; black: the exact random-vector baseline; grey: the collapse threshold
+    (``1 - threshold``). A collapsed chain drops toward 0, below the grey line.
     """
     models = list(dict.fromkeys(csc.model)) if models is None else models
     fig, axes, groups = family_panels(list(csc.method), models, panel_height=1.35)
@@ -487,23 +487,26 @@ def csc_figure(csc: pd.DataFrame, models: list[str] | None = None) -> Figure:
                             linestyle=(0, (2, 1.5)), linewidth=0.8)
             base = part[part.is_logits.astype(bool)].drop_duplicates("depth").sort_values("depth")
             ax.plot(base.depth, 1 - base.baseline, color="black", linestyle=(0, (1, 1)), linewidth=0.8)
+            ax.axhline(1 - threshold, color="0.55", linestyle=(0, (5, 2, 1, 2)), linewidth=0.8)
             ax.set_yscale("log")
             ax.set_xlabel("layer depth (input = 0)" if r == len(models) - 1 else "")
-        axes[r, 0].set_ylabel("1 - median |cos|")
+        axes[r, 0].set_ylabel("1 - median\n|cos|")  # two short lines: a row is too low for one long label
     extra = [Line2D([], [], color="0.3", label="injected at the logits (25-75 % band)"),
              Line2D([], [], color="0.3", linestyle=(0, (2, 1.5)), label="injected at a hidden layer"),
-             Line2D([], [], color="black", linestyle=(0, (1, 1)), label="random-vector baseline")]
+             Line2D([], [], color="black", linestyle=(0, (1, 1)), label="random-vector baseline"),
+             Line2D([], [], color="0.55", linestyle=(0, (5, 2, 1, 2)), label=f"collapse threshold (|cos| = {threshold:g})")]
     method_legend(fig, groups, "marker", extra)
     return Figure("csc", fig, "Cosine-similarity convergence of the backward chains: 1 - median |cos| between the "
                   "signals of independent random vectors, per layer, for each model (rows) and method family "
-                  "(panels); a chain that collapses to rank one drops toward 0.")
+                  f"(panels); a chain that collapses to rank one drops toward 0, below the grey line at the collapse "
+                  f"threshold (median |cos| {threshold:g}).")
 
 
 def _sections(table: pd.DataFrame, context: ReportContext, options: ConvergenceOptions) -> list[Section]:
     return [Section("Cosine-similarity convergence", "1 - median |cos| between backward signals of independent "
                     "random vectors injected at the logits (solid, with the 25-75 % band) and at a hidden layer "
                     "(dashed), per layer on a log axis; the dotted line is the exact random-vector baseline.",
-                    figures=[csc_figure(table)])]
+                    figures=[csc_figure(table, threshold=options.csc_threshold)])]
 
 
 CHECK = Check(

@@ -32,7 +32,7 @@ def coverage(model: nn.Module, x: torch.Tensor, order: str = "cascading", *, gra
     ----------
     model : nn.Module
     x : (B, ...) inputs, traced at their shape
-    order : cascading ``| independent |`` bottom-up
+    order : ``cascading``, ``independent`` or ``bottom-up``
     granularity, seed, init, bn : as :class:`~audit.checks.stage_options.StageSettings`
 
     Returns

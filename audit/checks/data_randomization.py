@@ -24,7 +24,7 @@ from attributions.explainer import attribute_many
 from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import prepare
-from audit.checks.randomization import heatmap_grid
+from audit.checks.randomization import heatmap_pages
 from audit.checks.stage_options import TARGETS, heatmap_scale
 from audit.data.preprocess import preprocess_from
 from audit.errors import AuditError
@@ -140,11 +140,9 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: DataRandomiz
     for m in models:
         maps, images = context.examples(m, "data-randomization", list(table[table.model == m].method.unique()))
         if maps:
-            spec = preprocess_from(context.config.preprocess)
-            grids += [heatmap_grid(maps, ["model", "twin"], m, i, "data-randomization", images, spec,
-                                   options.heatmap_scale,
+            grids += heatmap_pages(maps, ["model", "twin"], m, "data-randomization", images,
+                                   preprocess_from(context.config.preprocess), options.heatmap_scale,
                                    columns="on the model and on its permuted-label twin (left to right)")
-                      for i in range(next(iter(maps.values())).shape[1])]
     return [Section("Data randomization", text=text,
                     tables=[Table(twins, "Permuted-label twins: training subset, label seed, training accuracy on the "
                                          "permuted labels and test accuracy on the true ones.", "twins")]

@@ -13,6 +13,7 @@ the fraction of the model's parameters (elements) re-initialised in that stage's
 from __future__ import annotations
 
 import functools
+import textwrap
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -350,7 +351,8 @@ def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name
     part = frame[frame.model == model]
     summary = summarize(part[["method", "stage", "layer", "image", metric]], n_resamples=2000)
     stages = summary.drop_duplicates("stage").sort_values("stage")
-    fig, axes, groups = family_panels(list(part.method), panel_height=1.9)
+    # the stage names under each panel take about half its height: a taller panel keeps its plot and y-label whole
+    fig, axes, groups = family_panels(list(part.method), panel_height=2.3)
     for ax, methods in zip(axes[0], groups.values()):
         for k, method in enumerate(methods):
             rows = summary[summary.method == method].sort_values("stage")
@@ -374,7 +376,7 @@ def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name
         ax.set_xticks(stages.stage, stages.layer, rotation=60, ha="right", rotation_mode="anchor")
     if ylim is not None:
         axes[0, 0].set_ylim(*ylim)
-    axes[0, 0].set_ylabel(ylabel)
+    axes[0, 0].set_ylabel(textwrap.fill(ylabel, 18))  # on two lines where long: the plot is short
     note = f"; dashed: the threshold ({threshold:g}), {meaning}" if threshold is not None else ""
     if mark_stop and threshold is not None:
         note += "; rings: the stage where each method's map stopped surviving"
@@ -396,9 +398,39 @@ def _image_rgb(image: np.ndarray, preprocess: Preprocess | None = None) -> np.nd
 
 
 
+GRID_ROWS = 8  # method rows per heatmap page: at most 85 % of a page tall at full cell size, legible in print
+
+
+def grid_pages(methods: list[str], rows: int = GRID_ROWS) -> list[list[str]]:
+    """``methods`` in family order, split into pages of at most ``rows``: whole families kept together while they
+    fit on a page, a family longer than a page continued on the next."""
+    pages: list[list[str]] = [[]]
+    for group in style.by_family(methods).values():
+        if pages[-1] and len(pages[-1]) + len(group) > rows:
+            pages.append([])
+        for method in group:
+            if len(pages[-1]) == rows:
+                pages.append([])
+            pages[-1].append(method)
+    return [page for page in pages if page]
+
+
+def heatmap_pages(maps: dict[str, np.ndarray], stage_names: list[str], model: str, order: str,
+                  images: np.ndarray | None = None, preprocess: Preprocess | None = None, scale: str = "map",
+                  columns: str | None = None) -> list[Figure]:
+    """:func:`heatmap_grid` for every kept image, each split into pages of methods (:func:`grid_pages`).
+
+    ``maps``: {method: (stages, images, H, W)}; the other parameters as :func:`heatmap_grid`'s.
+    """
+    pages = grid_pages(list(maps))
+    return [heatmap_grid({m: maps[m] for m in page}, stage_names, model, i, order, images, preprocess, scale, columns,
+                         part=(k + 1, len(pages)))
+            for i in range(next(iter(maps.values())).shape[1]) for k, page in enumerate(pages)]
+
+
 def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str, image: int, order: str,
                  images: np.ndarray | None = None, preprocess: Preprocess | None = None, scale: str = "map",
-                 columns: str | None = None) -> Figure:
+                 columns: str | None = None, part: tuple[int, int] = (1, 1)) -> Figure:
     """Adebayo-style grid: the input image first, then one row per method (grouped by family) and
     one column per randomization stage, each row with its colour bar. Colour scales, symmetric
     around 0 at the 99.5th percentile of ``|map|``: ``scale="map"`` each map its own (as Adebayo et al.'s
@@ -407,12 +439,15 @@ def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str
 
     ``maps``: {method: (stages, images, H, W)}; ``images``: (images, C, H, W) model inputs or None,
     shown as they looked before ``preprocess``'s normalisation; ``columns``: what the columns are, for the
-    caption (default: the randomization stages of ``order``).
+    caption (default: the randomization stages of ``order``); ``part``: (k, n), this grid is page k of n of the
+    image's methods (named and captioned so).
     """
     if scale not in GRID_SCALES:
         raise ValueError(f"scale must be one of {GRID_SCALES}, got {scale!r}")
     methods = [m for group in style.by_family(list(maps)).values() for m in group]
-    grid = _Grid.sized(len(stage_names), len(methods))
+    # the column names stand rotated above the grid: a top margin as tall as the longest keeps each one whole
+    # (a library model's stages are long module paths, "vit.embeddings.position_embeddings")
+    grid = _Grid.sized(len(stage_names), len(methods), top=0.3 + 0.045 * max(map(len, [*stage_names, "input"])))
     if images is not None:
         picture = _image_rgb(images[image], preprocess)
         ax = grid.axes(0, 0, grid.cell)
@@ -423,10 +458,13 @@ def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str
     scales = ("each map on its own symmetric colour scale (its 99.5th percentile of |value| at the ends of the "
               "bar: structure shows, magnitudes do not compare across stages)" if scale == "map" else
               "one symmetric colour scale per method row (magnitudes compare across stages)")
-    return Figure(f"heatmaps_{model}_image{image}" + ("" if order == "cascading" else f"_{order}"), grid.fig,
+    k, n = part
+    families = ", ".join(style.by_family(methods))
+    return Figure(f"heatmaps_{model}_image{image}" + ("" if order == "cascading" else f"_{order}")
+                  + (f"_part{k}" if n > 1 else ""), grid.fig,
                   f"Maps of image {image} on {model} "
                   f"{columns or f'as layers are randomized ({order}, left to right)'}, one row per "
-                  f"method, {scales}; red positive, blue negative.")
+                  f"method{f' (part {k} of {n}: {families})' if n > 1 else ''}, {scales}; red positive, blue negative.")
 
 
 @dataclass(frozen=True)
@@ -524,9 +562,8 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: StageOptions
         maps, images = context.examples(m, order, list(table.method.unique()))
         if maps:
             stages = list(table[table.model == m].drop_duplicates("stage").sort_values("stage").layer)
-            spec = preprocess_from(context.config.preprocess)
-            grids += [heatmap_grid(maps, stages, m, i, order, images, spec, options.heatmap_scale)
-                      for i in range(next(iter(maps.values())).shape[1])]
+            grids += heatmap_pages(maps, stages, m, order, images, preprocess_from(context.config.preprocess),
+                                   options.heatmap_scale)
     if grids:
         out.append(Section(f"Heatmaps under {order} randomization", figures=grids))
     return out

@@ -27,11 +27,11 @@ class StageSettings:
 
     Parameters
     ----------
-    order : cascading (from the logits down, cumulatively) ``| independent (one part at a time) |`` bottom-up
+    order : ``cascading`` (from the logits down, cumulatively), ``independent`` (one part at a time) or ``bottom-up``
     bn : reset (a re-initialised BatchNorm gets gamma 1, beta 0, mean 0, var 1, as Sixt) | keep-stats (kept
         trained, as Adebayo)
-    init : reset ``| gaussian |`` permute, the re-initialisation scheme (:mod:`audit.checks.reinit`)
-    granularity : layer ``| block |`` auto (block for a model with blocks), what one stage re-initialises
+    init : ``reset``, ``gaussian`` or ``permute``, the re-initialisation scheme (:mod:`audit.checks.reinit`)
+    granularity : ``layer``, ``block`` or ``auto`` (block for a model with blocks), what one stage re-initialises
     target : true (the label, as Sixt) | predicted (each stage's own prediction, as Adebayo)
     seed : seeds the re-initialisations
     """

@@ -179,7 +179,7 @@ def resolve_granularity(model: nn.Module, granularity: str) -> str:
 
 
 def randomization_plan(model: nn.Module, graph: Graph, granularity: str = "auto") -> list[Stage]:
-    """The stages of ``model`` (traced as ``graph``) at ``granularity`` (layer ``| block |`` auto), in
+    """The stages of ``model`` (traced as ``graph``) at ``granularity`` (``layer``, ``block`` or ``auto``), in
     forward order; together they hold every parameter tensor once.
 
     Parameters

@@ -55,7 +55,7 @@ def test_report_files_and_sections(built, finished):
         assert (out / name).exists(), name
     tex = (out / "tables.tex").read_text()
     # the two papers' tables (Sixt's CSC, Adebayo's cascading), the verdict, Bort vs baseline, the models
-    assert tex.count(r"\toprule") == tex.count(r"\bottomrule") == 5 and r"\begin{tabular}" in tex
+    assert tex.count(r"\label{tab:") == tex.count(r"\bottomrule") == 5 and r"\begin{tabular}" in tex
     csc = pd.read_csv(out / "results" / "csc.csv")
     assert set(csc.model) == {"cnn-sgd", "cnn-bort"} and "edge" not in set(csc.method)
     assert set(result.tables) == {"csc", "random-logit", "cascading", "models"}
@@ -66,7 +66,11 @@ def test_report_is_rebuilt_without_recomputing(finished, capsys):
     units = {p: p.stat().st_mtime_ns for p in (out / "units").rglob("*.csv")}
     (out / "index.html").unlink(missing_ok=True)
     assert main(["report", str(out)]) == 0
-    assert (out / "index.html").exists() and "report:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert (out / "index.html").exists() and "report:" in printed
+    # a line per stage: the sections and figures drawn, the figures and the files written
+    assert re.search(r"report: \d+ sections with \d+ figures drawn \(\d+\.\d s\)", printed)
+    assert "figures written" in printed and "standalone.tex written" in printed
     assert units == {p: p.stat().st_mtime_ns for p in (out / "units").rglob("*.csv")}
 
 

@@ -117,3 +117,32 @@ def test_heatmap_grid_scales_each_map_on_its_own_by_default():
         assert np.allclose(stage, expected)
     with pytest.raises(ValueError, match="scale must be one of"):
         heatmap_grid(maps, ["original", "fc", "conv"], "m", 0, "cascading", scale="column")
+
+
+def test_heatmap_pages_keep_families_together_and_fit_a_page():
+    from attributions.methods import BUILDERS
+    from audit.checks.randomization import GRID_ROWS, grid_pages, heatmap_pages
+    methods = list(BUILDERS)
+    pages = grid_pages(methods)
+    assert sorted(m for p in pages for m in p) == sorted(methods) and all(len(p) <= GRID_ROWS for p in pages)
+    families = style.by_family(methods)
+    for family, members in families.items():  # a family that fits a page is on one page
+        if len(members) <= GRID_ROWS:
+            assert sum(any(m in p for m in members) for p in pages) == 1, family
+    maps = {m: np.random.default_rng(0).normal(size=(3, 2, 6, 6)) for m in ["gradient", "lrp-zplus", "edge"]}
+    figures = heatmap_pages(maps, ["original", "fc", "conv"], "m", "cascading")
+    assert [f.name for f in figures] == ["heatmaps_m_image0", "heatmaps_m_image1"]  # one page: no part suffix
+    many = {m: maps["gradient"] for m in methods[:GRID_ROWS + 1]}  # one more than a page holds
+    split = heatmap_pages(many, ["original", "fc", "conv"], "m", "cascading")
+    assert [f.name for f in split[:2]] == ["heatmaps_m_image0_part1", "heatmaps_m_image0_part2"]
+    assert "part 1 of 2" in split[0].caption and len(split) == 4
+
+
+def test_csc_figure_marks_the_collapse_threshold():
+    from audit.checks.convergence import csc_figure
+    rows = [{"model": "m", "method": "lrp-zplus", "inject_at": "logits", "is_logits": True, "depth": d,
+             "median": 0.9, "p25": 0.8, "p75": 0.95, "baseline": 0.1} for d in range(3)]
+    figure = csc_figure(pd.DataFrame(rows), threshold=0.99)
+    lines = [line for ax in figure.figure.axes for line in ax.get_lines()]
+    assert any(np.allclose(line.get_ydata(), 1 - 0.99) for line in lines)
+    assert "0.99" in figure.caption

@@ -68,3 +68,10 @@ def test_a_randomization_check_says_what_its_stages_re_initialised():
     assert ("vit-sgd: 9 block stages re-initialising 99.4 % of the parameters (2 of its 46 tensors reset to a constant "
             "untrained default (normalisation weights 1, biases 0); 1 BatchNorm tensors kept trained)") in text
     assert "coverage" not in dict(methods_text.paragraphs(manifest(), MODELS))["Parameter randomization (cascading)"]
+
+
+def test_a_model_of_unknown_training_is_not_said_to_be_trained_with_unknown():
+    models = pd.DataFrame([{"model": "timm:resnet18", "arch": "timm:resnet18", "optimizer": "unknown",
+                            "test_accuracy": float("nan")}])
+    text = dict(methods_text.paragraphs(manifest(), models))["Models"]
+    assert "unknown" not in text and "timm:resnet18 (architecture timm:resnet18)" in text

@@ -40,7 +40,8 @@ class NoiseControl(Engine):
 
     def __init__(self, seed: int = 0):
         self.seed = seed
-        self.generator = torch.Generator().manual_seed(seed)
+        # private: state, not a parameter of the method, so its repr (printed in the docs) stays the same
+        self._generator = torch.Generator().manual_seed(seed)
 
     def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
-        return torch.stack([torch.randn(x.shape, generator=self.generator).to(x) for _ in targets])
+        return torch.stack([torch.randn(x.shape, generator=self._generator).to(x) for _ in targets])

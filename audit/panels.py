@@ -89,7 +89,7 @@ def method_boxes(ax: Axes, methods: list[str], values: dict[str, np.ndarray], lo
 
 
 def threshold_line(ax: Axes, value: float, label: str | None = None) -> Line2D:
-    """The pass threshold as a grey dashed line across ``ax``; returns it (for a legend entry)."""
+    """The check's threshold as a grey dashed line across ``ax``; returns it (for a legend entry)."""
     return ax.axhline(value, color="0.35", linestyle=(0, (4, 2)), linewidth=0.8, zorder=1, label=label)
 
 

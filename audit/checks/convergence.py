@@ -463,8 +463,8 @@ def csc_figure(csc: pd.DataFrame, models: list[str] | None = None, threshold: fl
     """1 - median ``|cos|`` per layer (log axis): one row per model, one panel per method family.
 
     Solid: the chain injected at the logits, with the 25-75 % band over vector pairs; dashed: the
-    deepest hidden injection point; black: the exact random-vector baseline; grey: the collapse threshold
-    (``1 - threshold``). A collapsed chain drops toward 0, below the grey line.
+    first hidden injection point the run lists; black: the exact random-vector baseline; grey: the collapse
+    threshold (``1 - threshold``). A collapsed chain drops toward 0, below the grey line.
     """
     models = list(dict.fromkeys(csc.model)) if models is None else models
     fig, axes, groups = family_panels(list(csc.method), models, panel_height=1.35)

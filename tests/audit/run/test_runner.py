@@ -69,7 +69,7 @@ def uninterrupted(tmp_path_factory) -> dict[str, dict[str, bytes]]:
     return tables
 
 
-@pytest.mark.parametrize("after", [1, 5, 9])
+@pytest.mark.parametrize("after", [5])  # a fault at every write, and a kill at one: tests/audit/test_faults.py
 def test_resume_after_sigkill_gives_identical_results(uninterrupted, tmp_path, after):
     killed = tmp_path / "killed"
     _killed_run(killed, after, OMP_NUM_THREADS="2")

@@ -13,22 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attributions import available_methods
 from attributions.errors import ToolkitError, unknown_name
-from attributions.methods import ATTENTION, BUILDERS, build_method
-from audit import style
-from audit.checks import check_options
 from audit.errors import ConfigError
-from audit.models import ARCHS, OPTIMIZERS, SHIPPED, TrainConfig, available_checkpoints, train, twin_architecture
-from audit.models.recipes import RECIPES
-from audit.run import load_config, run_audit
-from audit.run.config import general_keys
-from audit.run.distributed import launch, sharded
-from audit.run.resources import keep_freed_memory
-from reports import build_report, verdict_table
-from reports.references import short
-from reports.verdict import summary_line
 
+# Only light modules are imported here: --help, and the parsers of the commands that compute nothing, answer
+# without importing torch; each command imports what it needs.
 # The main job: cnn-sgd against its Bort twin cnn-bort and (for data randomization) its shipped permuted-label
 # twin, on the embedded Fashion-MNIST sample, with the checks of the source papers (Sixt et al.: CSC, random logit,
 # cascading randomization; Adebayo et al.: cascading, independent and data randomization). The methods are one of
@@ -48,6 +37,7 @@ def demo_methods(choice: str) -> list[str]:
     if choice != "all":
         raise ConfigError(f"--methods takes 'all' (or leave it out for the demo's {len(DEMO_METHODS)} methods), "
                           f"not {choice!r}")
+    from attributions.methods import ATTENTION, BUILDERS, build_method
     return [m for m in BUILDERS if m not in ("smoothgrad-ig", "vit-grad-cam") and build_method(m).family != ATTENTION]
 
 
@@ -70,6 +60,10 @@ def run_demo(out: str = "demo-output", seed: int = 0, progress: bool = True, met
     Path
         The report's ``index.html``.
     """
+    from audit.run import load_config, run_audit
+    from reports import build_report, verdict_table
+    from reports.verdict import summary_line
+
     start = time.perf_counter()
     folder = Path(out)
     if (folder / "manifest.json").exists():
@@ -95,6 +89,7 @@ def _number(text: str) -> float:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from audit.models import OPTIMIZERS, TrainConfig, train, twin_architecture
     arch_options = {"batch_norm": True} if args.batch_norm else {}
     amplitude = args.amplitude if args.amplitude in (None, "adaptive") else _number(args.amplitude)
     options = {k: v for k, v in (("gamma", args.gamma), ("amplitude", amplitude), ("mode", args.bort_mode))
@@ -115,6 +110,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
+    from audit.models import ARCHS, available_checkpoints
     print("architectures (audit.models.build):")
     for name, arch in ARCHS.items():
         print(f"  {name:10s} {arch.description}")
@@ -129,6 +125,8 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _retrain_shipped(args: argparse.Namespace) -> int:
+    from audit.models import SHIPPED, train
+    from audit.models.recipes import RECIPES
     names = args.names or list(RECIPES)
     for name in names:
         if name not in RECIPES:
@@ -147,6 +145,11 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from audit.checks import check_options
+    from audit.run import load_config, run_audit
+    from audit.run.config import general_keys
+    from audit.run.distributed import launch, sharded
+    from reports import build_report
     if args.workers != 1 and "WORLD_SIZE" not in os.environ:  # start the ranks; each runs this command
         return launch(args.workers, _without_workers(args.argv))
     options = {name: getattr(args, name) for name in check_options()}
@@ -172,6 +175,7 @@ def _without_workers(argv: list[str]) -> list[str]:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from reports import build_report
     index = build_report(args.dir, args.out, pdf=args.pdf, score=args.score, progress=True)
     print(f"report: {index}")
     if args.pdf:
@@ -180,6 +184,10 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _methods(args: argparse.Namespace) -> int:
+    from attributions import available_methods
+    from attributions.methods import build_method
+    from audit import style
+    from reports.references import short
     for family, names in style.by_family(list(available_methods())).items():
         print(f"{family}:")
         for name in names:
@@ -189,14 +197,18 @@ def _methods(args: argparse.Namespace) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
+COMPUTING = ("train", "retrain-shipped", "demo", "run", "report")  # the commands that compute (torch imported)
+
+
+def parser(command: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attribution-audit", allow_abbrev=False,
                                 description="Audit attribution methods: rank-1 collapse, random-logit and "
                                             "parameter-randomization sanity checks, Bort-trained models.")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_train_parser, _listing_parsers, _run_parser, _report_parser):
+    for add in (_train_parser, _listing_parsers, _report_parser):
         add(sub)
+    _run_parser(sub, flags=command in (None, "run"))
     return p
 
 
@@ -255,9 +267,15 @@ def _listing_parsers(sub: Any) -> None:
     d.set_defaults(func=_demo)
 
 
-def _run_parser(sub: Any) -> None:
+def _run_parser(sub: Any, flags: bool = True) -> None:
+    """The ``run`` command; its flags (read from the configuration's and the checks' declarations, which import
+    the checks and torch) only when ``flags``: the parser of another command does not need them."""
     a = sub.add_parser("run", allow_abbrev=False, help="audit models: CSC, random-logit, parameter and data "
                        "randomization, with a report")
+    a.set_defaults(func=_run)
+    if not flags:
+        return
+    from audit.run.config import general_keys
     for general in general_keys():  # every general key, as in the TOML file
         a.add_argument(f"--{general.name.replace('_', '-')}", dest=general.name, default=None,
                        help=general.metadata["help"].replace("%", "%%"), **general.metadata["flag"])
@@ -268,11 +286,11 @@ def _run_parser(sub: Any) -> None:
     a.add_argument("--resume", action="store_true", help="skip the units a previous run finished")
     a.add_argument("--quiet", action="store_true")
     _check_flags(a)
-    a.set_defaults(func=_run)
 
 
 def _check_flags(a: argparse.ArgumentParser) -> None:
     """A flag per check option, from its declaration (as in the TOML file)."""
+    from audit.checks import check_options
     for option in check_options().values():
         kind = type(option.default)
         flag = f"--{option.name.replace('_', '-')}"
@@ -297,10 +315,14 @@ def _report_parser(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in given if not a.startswith("-")), None)
+    args = parser(command or "").parse_args(given)  # "": no command given, only the list of commands
+    args.argv = given
     prefix = f"attribution-audit {args.command}"
-    keep_freed_memory()  # passes over the same shapes reuse freed memory instead of faulting it in again
+    if args.command in COMPUTING:
+        from audit.run.resources import keep_freed_memory
+        keep_freed_memory()  # passes over the same shapes reuse freed memory instead of faulting it in again
     try:
         return args.func(args)
     except ToolkitError as exc:

@@ -91,7 +91,7 @@ def test_every_configuration_key_has_its_flag_from_its_declaration(tmp_path, mon
         seen["config"] = config
         raise Stop
 
-    monkeypatch.setattr("audit.cli.run_audit", stop_before_running)
+    monkeypatch.setattr("audit.run.run_audit", stop_before_running)  # the command imports it when it runs
     with pytest.raises(Stop):  # --debug: an unexpected error is raised as it is
         main(["--debug", "run", "--models", "cnn-sgd", "--heatmap-examples", "1", "--n-images", "4",
               "--no-mixed-precision", "--bn", "keep-stats", "--out", str(tmp_path / "r")])
@@ -117,3 +117,15 @@ def test_the_demo_covers_each_family_each_mechanism_and_the_source_papers_checks
         demo_methods("gradient")
     with pytest.raises(SystemExit):
         parser().parse_args(["demo", "--methods", "some"])
+
+
+def test_help_and_a_commands_help_answer_without_importing_torch():
+    import subprocess
+    import sys
+    code = ("import sys\nfrom audit.cli import main\nfor argv in (['--help'], ['demo', '--help'], ['report', '--help']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('torch', 'matplotlib', 'pandas') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert "demo" in done.stdout and "--pdf" in done.stdout

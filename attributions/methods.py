@@ -18,6 +18,7 @@ from typing import Any
 from attributions import rules as R
 from attributions.attention_maps import AttentionFlow, AttentionGradCam
 from attributions.cam import GradCam
+from attributions.catalog import ABOUT, FAMILIES
 from attributions.controls import EdgeControl, NoiseControl
 from attributions.engines import CHAIN, Engine, IntegratedGradientsEngine, SmoothGradEngine
 from attributions.errors import AttributionError, unknown_name
@@ -168,106 +169,81 @@ def _deeplift_rules(linear: R.Rule, eps: float) -> dict[str, Any]:
                       R.SecantReduce())}
 
 
-# The report's method groups, in drawing order: Sixt et al.'s z+ family collapses by construction.
-ZPLUS, CAM, ATTENTION, CONTROLS = "LRP z+ family", "class activation maps", "attention", "controls"
-FAMILIES = ("gradient-based", "DeepLIFT", ZPLUS, "other LRP", CAM, ATTENTION, CONTROLS)
-
-SIXT = "Sixt, Granz, Landgraf 2020, When Explanations Lie (ICML)"
-BACH = "Bach et al. 2015, On Pixel-Wise Explanations by LRP (PLoS ONE)"
-MONTAVON = "Montavon et al. 2019, Layer-Wise Relevance Propagation: An Overview"
-KOHLBRENNER = "Kohlbrenner et al. 2020, Towards Best Practice in Explaining Neural Network Decisions with LRP"
+def _method(name: str, **how: Any) -> Method:
+    """The method ``name`` in the catalog's words (:data:`attributions.catalog.ABOUT`), computed as ``how`` says."""
+    about = ABOUT[name]
+    return Method(name, about.description, about.reference, family=about.family, cite=about.cite, **how)
 
 
 def _gradient() -> Method:
-    return Method("gradient", "plain input gradient (saliency)", "Simonyan et al. 2014",
-                  rules=_gradient_rules(R.ReLUGradient("gradient")), heatmap="max-abs", cite=("simonyan2014",))
+    return _method("gradient", rules=_gradient_rules(R.ReLUGradient("gradient")), heatmap="max-abs")
 
 
 def _input_x_gradient() -> Method:
-    return Method("input-x-gradient", "gradient times input", "Shrikumar et al. 2016",
-                  rules=_gradient_rules(R.ReLUGradient("gradient")), times_input=True, cite=("shrikumar2016",))
+    return _method("input-x-gradient", rules=_gradient_rules(R.ReLUGradient("gradient")), times_input=True)
 
 
 def _guided_backprop() -> Method:
-    return Method("guided-backprop", "gradient with negative signals removed at every ReLU",
-                  "Springenberg et al. 2015", rules=_gradient_rules(R.ReLUGradient("guided"), R.ActivationGradient("guided")),
-                  heatmap="max-abs", cite=("springenberg2015",))
+    return _method("guided-backprop", rules=_gradient_rules(R.ReLUGradient("guided"), R.ActivationGradient("guided")),
+                   heatmap="max-abs")
 
 
 def _deconvnet() -> Method:
-    return Method("deconvnet", "ReLU applied to the backward signal, forward mask ignored",
-                  "Zeiler & Fergus 2014", rules=_gradient_rules(R.ReLUGradient("deconv"), R.ActivationGradient("deconv")),
-                  heatmap="max-abs", cite=("zeiler2014",))
+    return _method("deconvnet", rules=_gradient_rules(R.ReLUGradient("deconv"), R.ActivationGradient("deconv")),
+                   heatmap="max-abs")
 
 
 def _rectgrad(q: float = 98.0) -> Method:
-    return Method("rectgrad", "RectGrad: at every ReLU the gradient passes only where activation x gradient exceeds "
-                  "its q-th percentile over the layer, per sample", "Kim et al. 2019",
-                  rules=_gradient_rules(R.RectGrad(q)), params={"q": q}, heatmap="max-abs", cite=("kim2019",))
+    return _method("rectgrad", rules=_gradient_rules(R.RectGrad(q)), params={"q": q}, heatmap="max-abs")
 
 
-def _pattern_method(name: str, mode: str, description: str, family: str) -> Callable[..., Method]:
+def _pattern_method(name: str, mode: str) -> Callable[..., Method]:
     def build(estimator: str = "relu", patterns: Any = None, data: Any = None, cache: Any = None, cache_for: str = "",
               source: str = "") -> Method:
         fitted = PatternSource(estimator, patterns, data, cache=cache, cache_for=cache_for, source=source)
         rule = PatternRule(fitted, mode)
-        return Method(name, description, "Kindermans et al. 2018 (ICLR)",
-                      rules=_gradient_rules(R.ReLUGradient("gradient")) | {"dense": rule, "conv": rule},
-                      engine=PatternChain(fitted), params={"estimator": estimator}, family=family,
-                      cite=("kindermans2018",))
+        return _method(name, rules=_gradient_rules(R.ReLUGradient("gradient")) | {"dense": rule, "conv": rule},
+                       engine=PatternChain(fitted), params={"estimator": estimator})
     return build
 
 
-def _lrp(name: str, description: str, reference: str, dense: R.Rule, conv: R.Rule, first: R.Rule | None = None,
-         output: str = "logit", stabilizer: float = 1e-6, family: str = "other LRP",
-         cite: tuple[str, ...] = ("bach2015",), gates: bool = True) -> Method:
-    return Method(name, description, reference, signal="relevance", output=output,
-                  rules=_lrp_rules(dense, conv, first, stabilizer, gates), completeness="output" if output == "logit" else None,
-                  family=family, cite=cite)
+def _lrp(name: str, dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, output: str = "logit",
+         stabilizer: float = 1e-6, gates: bool = True) -> Method:
+    return _method(name, signal="relevance", output=output, rules=_lrp_rules(dense, conv, first, stabilizer, gates),
+                   completeness="output" if output == "logit" else None)
 
 
 def _lrp_z(stabilizer: float = 1e-9) -> Method:
-    return _lrp("lrp-z", "LRP-z: relevance in proportion to each input's contribution z_ij", BACH,
-                R.Epsilon(stabilizer), R.Epsilon(stabilizer), stabilizer=stabilizer)
+    return _lrp("lrp-z", R.Epsilon(stabilizer), R.Epsilon(stabilizer), stabilizer=stabilizer)
 
 
 def _lrp_epsilon(epsilon: float = 1e-6) -> Method:
-    return _lrp("lrp-epsilon", "LRP-epsilon: the z rule with a stabiliser epsilon", BACH,
-                R.Epsilon(epsilon), R.Epsilon(epsilon), stabilizer=epsilon)
+    return _lrp("lrp-epsilon", R.Epsilon(epsilon), R.Epsilon(epsilon), stabilizer=epsilon)
 
 
 def _cp_lrp(epsilon: float = 1e-6) -> Method:
-    return _lrp("cp-lrp", "CP-LRP for transformers: epsilon on linear layers, attention weights (and every gate) held "
-                "constant, the LN rule through norms", "Ali et al. 2022 (ICML)", R.Epsilon(epsilon), R.Epsilon(epsilon),
-                stabilizer=epsilon, cite=("ali2022",))
+    return _lrp("cp-lrp", R.Epsilon(epsilon), R.Epsilon(epsilon), stabilizer=epsilon)
 
 
 def _attnlrp(epsilon: float = 1e-6) -> Method:
-    return _lrp("attnlrp", "AttnLRP: epsilon on linear layers, both products of attention split in halves, AttnLRP's "
-                "softmax rule, the LN rule through norms", "Achtibat et al. 2024 (ICML)", R.Epsilon(epsilon),
-                R.Epsilon(epsilon), stabilizer=epsilon, cite=("achtibat2024",), gates=False)
+    return _lrp("attnlrp", R.Epsilon(epsilon), R.Epsilon(epsilon), stabilizer=epsilon, gates=False)
 
 
 def _zplus(stabilizer: float = 1e-6) -> Method:
     rule = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
-    return _lrp("lrp-zplus", "LRP-z+: positive contributions only, bias ignored", MONTAVON, rule, rule,
-                stabilizer=stabilizer, family=ZPLUS, cite=("montavon2019",))
+    return _lrp("lrp-zplus", rule, rule, stabilizer=stabilizer)
 
 
 def _alpha_beta(alpha: float, beta: float) -> Callable[..., Method]:
     def build(stabilizer: float = 1e-6) -> Method:
         rule = R.AlphaBeta(alpha, beta, bias=True, stabilizer=stabilizer)
-        return _lrp(f"lrp-alpha{alpha:g}beta{beta:g}",
-                    f"LRP-alpha{alpha:g}beta{beta:g}: positive contributions x{alpha:g}, negative x{beta:g}",
-                    BACH, rule, rule, stabilizer=stabilizer, family=ZPLUS if beta == 0 else "other LRP")
+        return _lrp(f"lrp-alpha{alpha:g}beta{beta:g}", rule, rule, stabilizer=stabilizer)
     return build
 
 
 def _cmp_alpha1beta0(epsilon: float = 0.1, stabilizer: float = 1e-6) -> Method:
-    return _lrp("lrp-cmp-alpha1beta0", "LRP-CMP: epsilon on dense layers, alpha1beta0 (bias kept) on convolutions "
-                "(iNNvestigate's sequential preset A)", KOHLBRENNER, R.Epsilon(epsilon),
-                R.AlphaBeta(1.0, 0.0, bias=True, stabilizer=stabilizer), stabilizer=stabilizer, family=ZPLUS,
-                cite=("kohlbrenner2020", "alber2019"))
+    return _lrp("lrp-cmp-alpha1beta0", R.Epsilon(epsilon), R.AlphaBeta(1.0, 0.0, bias=True, stabilizer=stabilizer),
+                stabilizer=stabilizer)
 
 
 def _chefer_lrp(stabilizer: float = 1e-9) -> Method:
@@ -276,44 +252,32 @@ def _chefer_lrp(stabilizer: float = 1e-9) -> Method:
              "avgpool": R.Epsilon(stabilizer), "relu": R.Pass(), "leaky_relu": R.Pass(), "maxpool": R.WinnerTakeAll(),
              "add": R.NormalisedSplit(stabilizer),
              **_traced(R.LinearZ(stabilizer), R.Pass(), R.GateProduct(stabilizer, gates=False), R.Pass(), R.Pass())}
-    return Method("chefer-lrp", "Chefer et al.'s LRP for transformers: alpha1beta0 (no bias) on linear layers, zB with "
-                  "each image's bounds on the first, identity through norms, activations and softmax, halves through "
-                  "both attention products, normalised residual splits; from a one-hot relevance",
-                  "Chefer, Gur & Wolf 2021 (CVPR)", signal="relevance", rules=rules, family=ZPLUS,
-                  cite=("chefer2021", "montavon2017"))
+    return _method("chefer-lrp", signal="relevance", rules=rules)
 
 
 def _lrp_gamma(gamma: float = 0.25, epsilon: float = 1e-6) -> Method:
     rule = R.Gamma(gamma, epsilon)
-    return _lrp("lrp-gamma", "LRP-gamma: positive weights favoured by gamma", MONTAVON, rule, rule,
-                stabilizer=epsilon, cite=("montavon2019",))
+    return _lrp("lrp-gamma", rule, rule, stabilizer=epsilon)
 
 
 def _epsilon_plus(epsilon: float = 1e-6, stabilizer: float = 1e-6) -> Method:
-    return _lrp("lrp-epsilon-plus", "LRP-epsilon on dense layers, z+ on convolutions", KOHLBRENNER,
-                R.Epsilon(epsilon), R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer), stabilizer=stabilizer,
-                family=ZPLUS, cite=("kohlbrenner2020",))
+    return _lrp("lrp-epsilon-plus", R.Epsilon(epsilon), R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer),
+                stabilizer=stabilizer)
 
 
 def _epsilon_alpha2beta1(epsilon: float = 1e-6, stabilizer: float = 1e-6) -> Method:
-    return _lrp("lrp-epsilon-alpha2beta1", "LRP-epsilon on dense layers, alpha2beta1 on convolutions",
-                KOHLBRENNER, R.Epsilon(epsilon), R.AlphaBeta(2.0, 1.0, stabilizer=stabilizer), stabilizer=stabilizer,
-                cite=("kohlbrenner2020",))
+    return _lrp("lrp-epsilon-alpha2beta1", R.Epsilon(epsilon), R.AlphaBeta(2.0, 1.0, stabilizer=stabilizer),
+                stabilizer=stabilizer)
 
 
 def _deep_taylor(low: float = 0.0, high: float = 1.0, stabilizer: float = 1e-6) -> Method:
     zplus = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
-    return _lrp("deep-taylor", "Deep Taylor decomposition: z+ on hidden layers, zB on the input layer",
-                "Montavon et al. 2017, Explaining Nonlinear Classification Decisions with Deep Taylor "
-                "Decomposition", zplus, zplus, first=R.ZB(low, high, stabilizer), stabilizer=stabilizer,
-                family=ZPLUS, cite=("montavon2017",))
+    return _lrp("deep-taylor", zplus, zplus, first=R.ZB(low, high, stabilizer), stabilizer=stabilizer)
 
 
 def _excitation_backprop(stabilizer: float = 1e-6) -> Method:
     rule = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
-    return _lrp("excitation-backprop", "Excitation Backprop: marginal winning probabilities via positive "
-                "weights, starting from a one-hot probability", "Zhang et al. 2016 (ECCV)", rule, rule,
-                output="onehot", stabilizer=stabilizer, family=ZPLUS, cite=("zhang2016",))
+    return _lrp("excitation-backprop", rule, rule, output="onehot", stabilizer=stabilizer)
 
 
 def _baseline(value: Any) -> float | tuple[float, ...]:
@@ -327,113 +291,79 @@ def _baseline(value: Any) -> float | tuple[float, ...]:
 
 
 def _deeplift(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0) -> Method:
-    return Method("deeplift", "DeepLIFT Rescale from a reference input (zero by default, as captum's DeepLift)",
-                  "Shrikumar et al. 2017 (ICML)", signal="multiplier", rules=_deeplift_rules(R.Gradient(), eps),
-                  completeness="difference", family="DeepLIFT", cite=("shrikumar2017",), baseline=_baseline(baseline))
+    return _method("deeplift", signal="multiplier", rules=_deeplift_rules(R.Gradient(), eps), completeness="difference",
+                   baseline=_baseline(baseline))
 
 
 def _deeplift_ablation(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0) -> Method:
-    return Method("deeplift-ablation", "DeepLIFT without positive/negative intermixing (non-negative chain)",
-                  SIXT, signal="multiplier", rules=_deeplift_rules(R.DeepLiftAblation(), eps), family="DeepLIFT",
-                  cite=("shrikumar2017", "sixt2020"), baseline=_baseline(baseline))
+    return _method("deeplift-ablation", signal="multiplier", rules=_deeplift_rules(R.DeepLiftAblation(), eps),
+                   baseline=_baseline(baseline))
 
 
 def _deeplift_revealcancel(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0) -> Method:
     reveal = R.RevealCancelLinear()
-    return Method("deeplift-revealcancel", "DeepLIFT RevealCancel: at each ReLU after a dense or conv layer the "
-                  "positive and negative parts of the difference get their own multipliers (Rescale elsewhere)",
-                  "Shrikumar et al. 2017 (ICML)", signal="multiplier",
-                  rules=_deeplift_rules(R.Gradient(), eps) | {"dense": reveal, "conv": reveal,
-                                                              "relu": R.RevealCancelReLU()},
-                  completeness="difference", family="DeepLIFT", cite=("shrikumar2017",), baseline=_baseline(baseline))
+    return _method("deeplift-revealcancel", signal="multiplier",
+                   rules=_deeplift_rules(R.Gradient(), eps) | {"dense": reveal, "conv": reveal, "relu": R.RevealCancelReLU()},
+                   completeness="difference", baseline=_baseline(baseline))
 
 
 def _integrated_gradients(n_steps: int = 50, baseline: float | tuple[float, ...] = 0.0) -> Method:
-    return Method("integrated-gradients", "integrated gradients from a baseline input (zero by default; captum)",
-                  "Sundararajan et al. 2017 (ICML)", engine=IntegratedGradientsEngine(n_steps),
-                  params={"n_steps": n_steps}, completeness="difference", cite=("sundararajan2017",),
-                  baseline=_baseline(baseline))
+    return _method("integrated-gradients", engine=IntegratedGradientsEngine(n_steps), params={"n_steps": n_steps},
+                   completeness="difference", baseline=_baseline(baseline))
 
 
 def _smoothgrad(noise: float = 0.15, samples: int = 50) -> Method:
-    return Method("smoothgrad", "gradient averaged over Gaussian-noised inputs (captum NoiseTunnel); noise "
-                  "is sigma as a fraction of the input range", "Smilkov et al. 2017",
-                  engine=SmoothGradEngine(noise, samples), params={"noise": noise, "samples": samples},
-                  heatmap="max-abs", cite=("smilkov2017",))
+    return _method("smoothgrad", engine=SmoothGradEngine(noise, samples), params={"noise": noise, "samples": samples},
+                   heatmap="max-abs")
 
 
 def _smoothgrad_ig(noise: float = 0.15, samples: int = 50, n_steps: int = 50,
                    baseline: float | tuple[float, ...] = 0.0) -> Method:
-    return Method("smoothgrad-ig", "integrated gradients averaged over Gaussian-noised inputs (captum NoiseTunnel "
-                  "over IntegratedGradients); noise is sigma as a fraction of the input range",
-                  "Smilkov et al. 2017; Adebayo et al. 2018", engine=SmoothGradEngine(noise, samples, "integrated-gradients",
-                                                                        n_steps),
-                  params={"noise": noise, "samples": samples, "n_steps": n_steps}, cite=("smilkov2017", "sundararajan2017"),
-                  baseline=_baseline(baseline))
+    return _method("smoothgrad-ig", engine=SmoothGradEngine(noise, samples, "integrated-gradients", n_steps),
+                   params={"noise": noise, "samples": samples, "n_steps": n_steps}, baseline=_baseline(baseline))
 
 
 def _grad_cam(layer: str = "auto", relu: bool = True, upsample: str = "bilinear", normalise: str = "none") -> Method:
-    return Method("grad-cam", "Grad-CAM: a layer's activations weighted by their spatially averaged gradient, "
-                  "summed over channels, upsampled to the input (every channel carries the map)",
-                  "Selvaraju et al. 2017 (ICCV)", engine=GradCam(layer, relu, upsample, normalise),
-                  params={"layer": layer, "relu": relu, "upsample": upsample, "normalise": normalise},
-                  family=CAM, cite=("selvaraju2017",))
+    return _method("grad-cam", engine=GradCam(layer, relu, upsample, normalise),
+                   params={"layer": layer, "relu": relu, "upsample": upsample, "normalise": normalise})
 
 
 def _guided_grad_cam(layer: str = "auto", upsample: str = "bilinear") -> Method:
-    return Method("guided-grad-cam", "Guided Grad-CAM: guided backprop times the upsampled ReLU'd Grad-CAM map",
-                  "Selvaraju et al. 2017 (ICCV)", engine=GradCam(layer, True, upsample, "none", guided=True),
-                  params={"layer": layer, "upsample": upsample}, heatmap="max-abs", family=CAM,
-                  cite=("selvaraju2017", "springenberg2015"))
+    return _method("guided-grad-cam", engine=GradCam(layer, True, upsample, "none", guided=True),
+                   params={"layer": layer, "upsample": upsample}, heatmap="max-abs")
 
 
 def _vit_grad_cam(layer: str = "auto", relu: bool = True, upsample: str = "bilinear", normalise: str = "none") -> Method:
-    return Method("vit-grad-cam", "Grad-CAM on a vision transformer's token activations (by default the last block's "
-                  "first norm, as pytorch-grad-cam), laid out on the patch grid", "Selvaraju et al. 2017; Gildenblat 2021",
-                  engine=GradCam(layer, relu, upsample, normalise, tokens=True),
-                  params={"layer": layer, "relu": relu, "upsample": upsample, "normalise": normalise}, family=CAM,
-                  cite=("selvaraju2017", "gildenblat2021"))
+    return _method("vit-grad-cam", engine=GradCam(layer, relu, upsample, normalise, tokens=True),
+                   params={"layer": layer, "relu": relu, "upsample": upsample, "normalise": normalise})
 
 
 def _attention_rollout(head_fusion: str = "mean", discard_ratio: float = 0.0, upsample: str = "bilinear") -> Method:
-    return Method("attention-rollout", "attention rollout: heads fused, (A + I) row-normalised, multiplied through "
-                  "the blocks; the class token's row (class-agnostic)", "Abnar & Zuidema 2020 (ACL)",
-                  engine=AttentionFlow("attention", "rollout", head_fusion, discard_ratio, upsample),
-                  params={"head_fusion": head_fusion, "discard_ratio": discard_ratio, "upsample": upsample},
-                  family=ATTENTION, cite=("abnar2020",))
+    return _method("attention-rollout",
+                   engine=AttentionFlow("attention", "rollout", head_fusion, discard_ratio, upsample),
+                   params={"head_fusion": head_fusion, "discard_ratio": discard_ratio, "upsample": upsample})
 
 
 def _generic_attention(upsample: str = "bilinear") -> Method:
-    return Method("generic-attention", "generic attention explainability: R <- R + mean_h[(grad A * A)+] R from R = I, "
-                  "the class token's row", "Chefer, Gur & Wolf 2021 (ICCV)",
-                  engine=AttentionFlow("gradient", "generic", "mean", 0.0, upsample), params={"upsample": upsample},
-                  family=ATTENTION, cite=("chefer2021generic",))
+    return _method("generic-attention", engine=AttentionFlow("gradient", "generic", "mean", 0.0, upsample),
+                   params={"upsample": upsample})
 
 
 def _transformer_attribution(upsample: str = "bilinear") -> Method:
-    return Method("transformer-attribution", "Chefer et al.'s transformer attribution: C <- (I + mean_h[(grad A * R_A)+]) C "
-                  "from C = I, R_A the chefer-lrp relevance at each block's attention weights; the class token's row",
-                  "Chefer, Gur & Wolf 2021 (CVPR)", engine=AttentionFlow("relevance", "generic", "mean", 0.0, upsample),
-                  params={"upsample": upsample}, family=ATTENTION, cite=("chefer2021",))
+    return _method("transformer-attribution", engine=AttentionFlow("relevance", "generic", "mean", 0.0, upsample),
+                   params={"upsample": upsample})
 
 
 def _attention_grad_cam(upsample: str = "bilinear") -> Method:
-    return Method("attention-grad-cam", "Grad-CAM on the last block's attention: the class token's attention per head "
-                  "weighted by its mean gradient (Chefer et al.'s baseline)", "Chefer, Gur & Wolf 2021 (CVPR)",
-                  engine=AttentionGradCam(upsample), params={"upsample": upsample}, family=ATTENTION,
-                  cite=("chefer2021", "selvaraju2017"))
+    return _method("attention-grad-cam", engine=AttentionGradCam(upsample), params={"upsample": upsample})
 
 
 def _edge() -> Method:
-    return Method("edge", "control: Sobel gradient magnitude of the input, model-independent",
-                  "Adebayo et al. 2018 (NeurIPS)", engine=EdgeControl(), heatmap="max-abs", family=CONTROLS,
-                  cite=("adebayo2018",))
+    return _method("edge", engine=EdgeControl(), heatmap="max-abs")
 
 
 def _random(seed: int = 0) -> Method:
-    return Method("random", "control: seeded Gaussian noise, a fresh draw per call",
-                  "Adebayo et al. 2018 (NeurIPS)", engine=NoiseControl(seed), params={"seed": seed},
-                  family=CONTROLS, cite=("adebayo2018",))
+    return _method("random", engine=NoiseControl(seed), params={"seed": seed})
 
 
 BUILDERS: dict[str, Callable[..., Method]] = {
@@ -445,12 +375,8 @@ BUILDERS: dict[str, Callable[..., Method]] = {
     "guided-backprop": _guided_backprop,
     "deconvnet": _deconvnet,
     "rectgrad": _rectgrad,
-    "patternnet": _pattern_method("patternnet", "net", "PatternNet: the signal estimate, patterns A in place of the "
-                                  "weights through every linear layer (fitted on the explained images, refitted when "
-                                  "the weights change)", "gradient-based"),
-    "patternattribution": _pattern_method("patternattribution", "attribution", "PatternAttribution: W * A through "
-                                          "every linear layer, A the layer's signal pattern (fitted as PatternNet's)",
-                                          "other LRP"),
+    "patternnet": _pattern_method("patternnet", "net"),
+    "patternattribution": _pattern_method("patternattribution", "attribution"),
     "lrp-z": _lrp_z,
     "lrp-epsilon": _lrp_epsilon,
     "cp-lrp": _cp_lrp,

@@ -37,8 +37,8 @@ def demo_methods(choice: str) -> list[str]:
     if choice != "all":
         raise ConfigError(f"--methods takes 'all' (or leave it out for the demo's {len(DEMO_METHODS)} methods), "
                           f"not {choice!r}")
-    from attributions.methods import ATTENTION, BUILDERS, build_method
-    return [m for m in BUILDERS if m not in ("smoothgrad-ig", "vit-grad-cam") and build_method(m).family != ATTENTION]
+    from attributions.catalog import ABOUT, ATTENTION
+    return [m for m, about in ABOUT.items() if m not in ("smoothgrad-ig", "vit-grad-cam") and about.family != ATTENTION]
 
 
 def run_demo(out: str = "demo-output", seed: int = 0, progress: bool = True, methods: list[str] | None = None) -> Path:
@@ -110,10 +110,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from audit.models import ARCHS, available_checkpoints
+    from audit.models.catalog import ARCHITECTURES, available_checkpoints
     print("architectures (audit.models.build):")
-    for name, arch in ARCHS.items():
-        print(f"  {name:10s} {arch.description}")
+    for name, description in ARCHITECTURES.items():
+        print(f"  {name:10s} {description}")
     print("shipped checkpoints (audit.models.load_checkpoint):")
     shipped = available_checkpoints()
     for name, meta in shipped.items():
@@ -184,16 +184,14 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _methods(args: argparse.Namespace) -> int:
-    from attributions import available_methods
-    from attributions.methods import build_method
-    from audit import style
+    from attributions.catalog import ABOUT, FAMILIES
     from reports.references import short
-    for family, names in style.by_family(list(available_methods())).items():
+    for family in FAMILIES:  # the catalog's words: listing needs no rule built, and no torch
         print(f"{family}:")
-        for name in names:
-            method = build_method(name)
-            cites = "; ".join(f"{short(k)} [{k}]" for k in method.cite)
-            print(f"  {name:24s} {method.description} ({cites})")
+        for name, about in ABOUT.items():
+            if about.family == family:
+                cites = "; ".join(f"{short(k)} [{k}]" for k in about.cite)
+                print(f"  {name:24s} {about.description} ({cites})")
     return 0
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import matplotlib as mpl
 from matplotlib.colors import to_hex, to_rgb
 
-from attributions.methods import BUILDERS, FAMILIES, build_method
+from attributions.catalog import FAMILIES
+from attributions.methods import BUILDERS, build_method
 
 ONE_COLUMN = 3.3  # inches: the text width of one column of a two-column paper
 TWO_COLUMN = 6.9  # inches: the full text width of a two-column paper

@@ -58,7 +58,7 @@ def _grouped_rules(rules: dict) -> str:
 
 def write_all(out: Path) -> None:
     """Write every generated page into ``out`` and copy the notebooks to ``docs/tutorials``."""
-    from attributions.methods import FAMILIES
+    from attributions.catalog import FAMILIES
     from audit.checks import CHECKS
     from reports.references import bibtex
     out.mkdir(exist_ok=True)

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from attributions.methods import CONTROLS, build_method
+from attributions.catalog import CONTROLS
+from attributions.methods import build_method
 from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, VerdictRule
 from audit.checks.convergence import ConvergenceOptions

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from attributions.methods import BUILDERS, FAMILIES, build_method
+from attributions.catalog import FAMILIES
+from attributions.methods import BUILDERS, build_method
 from audit.checks import CHECKS
 
 ROOT = Path(__file__).resolve().parents[1]

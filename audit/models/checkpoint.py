@@ -17,21 +17,9 @@ from torch import nn
 from attributions.errors import unknown_name
 from audit.atomic import atomic_write, atomic_write_bytes
 from audit.errors import ModelError
+from audit.models.catalog import SHIPPED, available_checkpoints
 from audit.models.libraries import is_library_spec, library_files, load_library_model, read_state, weights_file
 from audit.models.zoo import build
-
-SHIPPED = resources.files("audit.models").joinpath("checkpoints")
-
-
-def available_checkpoints() -> dict[str, dict]:
-    """Shipped checkpoint names -> their metadata."""
-    out: dict[str, dict] = {}
-    if not SHIPPED.is_dir():
-        return out
-    for entry in sorted(SHIPPED.iterdir(), key=lambda p: p.name):
-        if entry.name.endswith(".json"):
-            out[entry.name[:-5]] = json.loads(entry.read_text())
-    return out
 
 
 def save_checkpoint(model: nn.Module, metadata: dict, path: str | os.PathLike) -> Path:

@@ -9,6 +9,7 @@ from torch import nn
 
 from attributions.errors import unknown_name
 from audit.errors import ModelError
+from audit.models.catalog import ARCHITECTURES
 from audit.models.imagenet import VGG16, ResNet50
 from audit.models.small import SmallCNN, SmallResNet, SmallVGG
 from audit.models.vit import SmallViT
@@ -23,14 +24,9 @@ class Arch:
     description: str
 
 
-ARCHS: dict[str, Arch] = {
-    "cnn": Arch(SmallCNN, 8, "Sixt et al. small CNN: 4 conv + 2 dense, max-pooling"),
-    "vgg": Arch(SmallVGG, 8, "VGG-11 style, 8 conv + 3 dense; batch_norm=True adds BatchNorm"),
-    "resnet": Arch(SmallResNet, 4, "ResNet-20: 3x3 basic blocks with BatchNorm and residual adds"),
-    "vit": Arch(SmallViT, 4, "ViT: 4x4 patches, class token, 4 pre-LN blocks of multi-head attention, dim 64"),
-    "vgg16": Arch(VGG16, 32, "VGG-16, torchvision state_dict layout"),
-    "resnet50": Arch(ResNet50, 32, "ResNet-50, torchvision state_dict layout"),
-}
+ARCHS: dict[str, Arch] = {name: Arch(factory, min_size, ARCHITECTURES[name]) for name, (factory, min_size) in {
+    "cnn": (SmallCNN, 8), "vgg": (SmallVGG, 8), "resnet": (SmallResNet, 4), "vit": (SmallViT, 4), "vgg16": (VGG16, 32),
+    "resnet50": (ResNet50, 32)}.items()}
 
 
 def build(name: str, in_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10, **options) -> nn.Module:

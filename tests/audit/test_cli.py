@@ -63,7 +63,8 @@ def test_no_traceback_reaches_a_cli_user_unless_debug(tmp_path, capsys, monkeypa
 
 
 def test_methods_are_listed_by_family_with_their_bibtex_keys(capsys):
-    from attributions.methods import BUILDERS, FAMILIES, build_method
+    from attributions.catalog import FAMILIES
+    from attributions.methods import BUILDERS, build_method
 
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
@@ -100,7 +101,8 @@ def test_every_configuration_key_has_its_flag_from_its_declaration(tmp_path, mon
 
 
 def test_the_demo_covers_each_family_each_mechanism_and_the_source_papers_checks():
-    from attributions.methods import ATTENTION, BUILDERS, build_method
+    from attributions.catalog import ATTENTION
+    from attributions.methods import BUILDERS, build_method
     from audit.cli import DEMO, DEMO_METHODS, demo_methods
     specs = {m: build_method(m) for m in DEMO_METHODS}
     cnn_families = {build_method(m).family for m in BUILDERS} - {ATTENTION}
@@ -119,13 +121,15 @@ def test_the_demo_covers_each_family_each_mechanism_and_the_source_papers_checks
         parser().parse_args(["demo", "--methods", "some"])
 
 
-def test_help_and_a_commands_help_answer_without_importing_torch():
+def test_help_and_the_listings_answer_without_importing_torch():
     import subprocess
     import sys
-    code = ("import sys\nfrom audit.cli import main\nfor argv in (['--help'], ['demo', '--help'], ['report', '--help']):\n"
+    code = ("import sys\nfrom audit.cli import main\nfor argv in (['--help'], ['demo', '--help'], ['report', '--help'], "
+            "['methods'], ['models']):\n"
             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
             "print(sorted(m for m in ('torch', 'matplotlib', 'pandas') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
     assert "demo" in done.stdout and "--pdf" in done.stdout
+    assert "lrp-zplus" in done.stdout and "Sixt et al. small CNN" in done.stdout and "cnn-sgd" in done.stdout

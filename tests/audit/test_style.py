@@ -1,7 +1,8 @@
 """Method colours and families: one colour per method, the same everywhere; families complete."""
 from matplotlib.colors import to_rgb
 
-from attributions.methods import BUILDERS, FAMILIES, build_method
+from attributions.catalog import FAMILIES
+from attributions.methods import BUILDERS, build_method
 from audit import style
 
 

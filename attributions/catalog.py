@@ -6,6 +6,7 @@ here (a test checks that both name the same methods).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # The report's method groups, in drawing order: Sixt et al.'s z+ family collapses by construction.
@@ -230,3 +231,24 @@ ABOUT: dict[str, About] = {
         family=CONTROLS,
         cite=("adebayo2018",)),
 }
+
+
+def family(method: str) -> str:
+    """The family a method is drawn in (``controls`` for a name the catalog does not know)."""
+    about = ABOUT.get(method)
+    return about.family if about is not None else CONTROLS
+
+
+def members(name: str) -> list[str]:
+    """The methods of family ``name``, in catalog order."""
+    return [m for m, about in ABOUT.items() if about.family == name]
+
+
+def by_family(methods: Iterable[str]) -> dict[str, list[str]]:
+    """``methods`` grouped by family, families in :data:`FAMILIES` order, methods in catalog order; families
+    without a method are left out."""
+    order = {m: i for i, m in enumerate(ABOUT)}
+    groups: dict[str, list[str]] = {f: [] for f in FAMILIES}
+    for m in sorted(dict.fromkeys(methods), key=lambda m: order.get(m, len(order))):
+        groups[family(m)].append(m)
+    return {f: ms for f, ms in groups.items() if ms}

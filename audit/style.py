@@ -1,6 +1,6 @@
 """The report's look in one place: matplotlib settings, paper sizes, and each method's colour.
 
-Methods are drawn in their family (:data:`attributions.methods.FAMILIES`); each family has one hue
+Methods are drawn in their family (:data:`attributions.catalog.FAMILIES`); each family has one hue
 of the Okabe-Ito palette (distinguishable with every common colour-vision deficiency) and its
 methods are shades of that hue, from dark to light in registry order. A method's colour depends
 only on its name, so it is the same in every figure of every report.
@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import cache
 from typing import Any
 
 import matplotlib as mpl
 from matplotlib.colors import to_hex, to_rgb
 
-from attributions.catalog import FAMILIES
-from attributions.methods import BUILDERS, build_method
+# the families are the catalog's (no torch): style.family, style.members and style.by_family are its
+from attributions.catalog import FAMILIES, by_family, family, members  # noqa: F401
 
 ONE_COLUMN = 3.3  # inches: the text width of one column of a two-column paper
 TWO_COLUMN = 6.9  # inches: the full text width of a two-column paper
@@ -44,21 +43,6 @@ def styled() -> Iterator[None]:
     """Within the block, figures are made and saved with the report's settings (:data:`RC`)."""
     with mpl.rc_context(RC):  # type: ignore[arg-type]  # matplotlib types the keys as literals
         yield
-
-
-@cache
-def _families() -> dict[str, str]:
-    return {m: build_method(m).family for m in BUILDERS}
-
-
-def family(method: str) -> str:
-    """The family a method is drawn in (``controls``'s grey for a name the registry does not know)."""
-    return _families().get(method, "controls")
-
-
-def members(name: str) -> list[str]:
-    """The registry's methods of family ``name``, in registry order."""
-    return [m for m, f in _families().items() if f == name]
 
 
 def _shade(hue: str, position: float) -> str:
@@ -89,11 +73,3 @@ def linestyle(method: str) -> Any:
     return LINESTYLES[(group.index(method) if method in group else 0) % len(LINESTYLES)]
 
 
-def by_family(methods: list[str]) -> dict[str, list[str]]:
-    """``methods`` grouped by family, families in :data:`FAMILIES` order, methods in registry order;
-    families without a method are left out."""
-    order = {m: i for i, m in enumerate(BUILDERS)}
-    groups: dict[str, list[str]] = {f: [] for f in FAMILIES}
-    for m in sorted(dict.fromkeys(methods), key=lambda m: order.get(m, len(order))):
-        groups[family(m)].append(m)
-    return {f: ms for f, ms in groups.items() if ms}

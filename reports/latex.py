@@ -35,11 +35,15 @@ def escape(text: object) -> str:
     return "".join(_ESCAPE.get(ch, ch) for ch in str(text))
 
 
-def column_spec(header: list[str], body: list[list[str]]) -> str:
-    """The columns of a table too wide for its line: ``l`` for the short ones, ragged-right ``p`` columns sharing the
-    rest of the line for the others (see :data:`SHORT`)."""
-    longest = [max([len(cell) for cell in column[1:]] + [max(map(len, column[0].split()), default=0)])
-               for column in zip(header, *body)]  # a heading wraps: its longest word counts
+def widths(header: list[str], body: list[list[str]]) -> list[int]:
+    """Each column's width in characters: its longest cell, or its heading's longest word (a heading wraps)."""
+    return [max([len(cell) for cell in column[1:]] + [max(map(len, column[0].split()), default=0)])
+            for column in zip(header, *body)]
+
+
+def column_spec(longest: list[int]) -> str:
+    """The columns of a table too wide for its line, from their :func:`widths`: ``l`` for the short ones,
+    ragged-right ``p`` columns sharing the rest of the line for the others (see :data:`SHORT`)."""
     fixed = sum(n * CHAR_PT + 2 * SEP_PT for n in longest if n <= SHORT)
     weights = [min(n, CAP) for n in longest if n > SHORT]
     total = sum(weights)
@@ -68,14 +72,13 @@ def tabular(table: Table) -> str:
     (:func:`column_spec`) where it is wider than :data:`FITS`, on landscape pages where it also has more than
     :data:`PORTRAIT` columns."""
     header, body = rows(table.frame)
-    widths = [max([len(cell) for cell in column[1:]] + [max(map(len, column[0].split()), default=0)])
-              for column in zip(header, *body)]
-    head = " & ".join(_stacked(c, w) for c, w in zip(header, widths)) + r" \\"
+    longest = widths(header, body)
+    head = " & ".join(_stacked(c, w) for c, w in zip(header, longest)) + r" \\"
     lines = [" & ".join(escape(v) for v in row) + r" \\" for row in body]
     caption = rf"\caption{{{escape(table.caption)}}}\label{{tab:{table.label}}}"
-    wide = sum(widths) > FITS
+    wide = sum(longest) > FITS
     if wide or len(body) >= LONG:
-        spec = column_spec(header, body) if wide else "l" * len(header)
+        spec = column_spec(longest) if wide else "l" * len(header)
         longtable = [rf"{{\scriptsize\setlength{{\tabcolsep}}{{{SEP_PT}pt}}", rf"\begin{{longtable}}{{{spec}}}",
                      caption + r" \\", r"\toprule", head, r"\midrule", r"\endfirsthead", r"\toprule", head,
                      r"\midrule", r"\endhead", r"\bottomrule", r"\endlastfoot", *lines, r"\end{longtable}}"]

@@ -5,7 +5,7 @@ import re
 import pandas as pd
 
 from audit.sections import Table
-from reports.latex import FITS, PORTRAIT, SHORT, column_spec, tabular
+from reports.latex import FITS, PORTRAIT, SHORT, column_spec, tabular, widths
 
 
 def test_a_table_that_fits_floats_in_natural_width_columns():
@@ -36,5 +36,5 @@ def test_a_heading_longer_than_its_cells_is_broken_onto_lines():
 
 
 def test_column_spec_counts_a_headings_longest_word_not_its_length():
-    assert column_spec(["a very long heading of short words"], [["x" * (SHORT + 1)]]).count("p{") == 1
-    assert column_spec(["a very long heading of short words"], [["x"]]) == "l"
+    assert column_spec(widths(["a very long heading of short words"], [["x" * (SHORT + 1)]])).count("p{") == 1
+    assert column_spec(widths(["a very long heading of short words"], [["x"]])) == "l"

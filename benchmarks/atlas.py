@@ -12,11 +12,13 @@ checkpoints on 256 images of the sample's training part. Sixt et al.'s theorem s
 the weights (non-negative chains: the z+ family, DeepLIFT-Ablation, rollout); the atlas measures which
 architectures (LayerNorm, attention, gating) break or keep it.
 
-    python -m benchmarks.atlas [--fast] [--out DIR] [--parallel N] [--limit SECONDS] [--redo METHODS] [--fresh]
+    python -m benchmarks.atlas [--fast] [--out DIR] [--parallel N] [--limit SECONDS] [--redo METHODS] [--retry]
+                               [--fresh]
 
 writes DIR/atlas.csv (one row per model x method) and DIR/atlas.png; ``make atlas`` runs it in full. Each
 model's rows are kept in DIR/atlas.rows.csv as it finishes, and a rerun on DIR measures only the models
-not measured or refused in it (``--fresh`` starts over; ``--redo a,b`` measures methods a and b again on
+not measured, refused or over the time limit in it (``--retry`` tries those over it again; ``--fresh`` starts
+over; ``--redo a,b`` measures methods a and b again on
 the models measured): the full atlas takes hours on 2 cores.
 """
 from __future__ import annotations
@@ -184,16 +186,18 @@ def read_rows(path: Path) -> pd.DataFrame:
 
 
 def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=None, keep: Path | None = None,
-          redo: list[str] | None = None) -> pd.DataFrame:
+          redo: list[str] | None = None, retry: bool = False) -> pd.DataFrame:
     """The atlas table: every timm architecture module's smallest model (``fast``: two) and the shipped
     checkpoints, every chain method (``fast``: four). ``keep``: a CSV of the rows measured so far, extended
     as each model finishes; the models already in it are not measured again, except for the methods in
-    ``redo``, whose rows are measured again on every model measured."""
+    ``redo``, whose rows are measured again on every model measured, and, with ``retry``, those that went over
+    the time limit."""
     from tests.model_libraries import enumerate_models, timm_entries, within
 
     kept = read_rows(keep) if keep is not None and keep.exists() else pd.DataFrame(columns=COLUMNS)
-    # measured or refused models are done; one over the time limit, or whose child crashed, is tried again
-    done = set(kept.model[kept.status.isin(["measured", "refused"])])
+    # measured or refused models are done, and one over the time limit unless asked (the same limit would
+    # cost as long again to refuse it again); one whose child crashed is tried again
+    done = set(kept.model[kept.status.isin(["measured", "refused"] + ([] if retry else ["skipped"]))])
     redo = [m for m in redo or [] if m in (FAST_METHODS if fast else chain_methods())]
     again = set(kept.model[kept.status == "measured"]) if redo else set()
     rows: list[dict] = kept[kept.model.isin(done) & ~(kept.model.isin(again) & kept.method.isin(redo))
@@ -260,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=float, default=600.0, help="seconds per model")
     parser.add_argument("--redo", default="", help="comma-separated methods measured again on the models already "
                         "measured (their rows replaced)")
+    parser.add_argument("--retry", action="store_true", help="measure again the models that went over the time "
+                        "limit in DIR/atlas.rows.csv (default: keep them listed as over it)")
     parser.add_argument("--fresh", action="store_true", help="measure every model again (default: keep the rows "
                         "of the models DIR/atlas.rows.csv holds)")
     args = parser.parse_args(argv)
@@ -274,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
 
     try:
-        table = atlas(args.fast, args.parallel, args.limit, report, keep, [m for m in args.redo.split(",") if m])
+        table = atlas(args.fast, args.parallel, args.limit, report, keep, [m for m in args.redo.split(",") if m],
+                      args.retry)
     except RowsError as exc:
         print(f"atlas: error: {exc}", file=sys.stderr)
         return 2

@@ -12,15 +12,15 @@ from benchmarks import atlas as atlas_module
 from benchmarks.atlas import FAST_METHODS, FAST_MODELS, RowsError, read_rows
 
 
-def _fake_measurements(monkeypatch, run: int, crash: set[str] = frozenset()):
-    """Replace the measurements by rows whose csc_at_input is ``run`` / 10 plus the calls so far / 1000; ``calls``
-    logs (model, methods)."""
+def _fake_measurements(monkeypatch, run: int, crash: set[str] = frozenset(), status: str = "crash"):
+    """Replace the measurements by rows whose csc_at_input is ``run`` / 10 plus the calls so far / 1000, one row of
+    ``status`` for the models in ``crash``; ``calls`` logs (model, methods)."""
     calls: list[tuple[str, tuple[str, ...]]] = []
 
     def rows_of(source, name, methods):
         calls.append((name, tuple(methods)))
         if name in crash:
-            return [{"source": source, "model": name, "status": "crash", "reason": "injected"}]
+            return [{"source": source, "model": name, "status": status, "reason": "injected"}]
         value = run / 10 + len(calls) / 1000
         return [{"source": source, "model": name, "method": m, "csc_at_input": value, "csc_max": value, "baseline": 0.2,
                  "collapsed": True, "status": "measured", "reason": ""} for m in methods]
@@ -59,6 +59,18 @@ def test_rows_are_kept_resumed_and_measured_again_for_redo(tmp_path, monkeypatch
     merged = second.merge(third, on=["model", "method"], suffixes=("_before", "_after"))
     changed = merged[merged.csc_at_input_before != merged.csc_at_input_after]
     assert set(changed.method) == {"gradient"} and len(changed) == 4
+
+
+def test_a_model_over_the_time_limit_is_kept_as_such_unless_retried(tmp_path, monkeypatch):
+    keep = tmp_path / "atlas-fast.rows.csv"
+    _fake_measurements(monkeypatch, 1, crash={FAST_MODELS[0]}, status="skipped")
+    atlas_module.atlas(fast=True, keep=keep)
+    calls = _fake_measurements(monkeypatch, 2)
+    second = atlas_module.atlas(fast=True, keep=keep)
+    assert calls == [] and list(second[second.model == FAST_MODELS[0]].status) == ["skipped"]
+    third = atlas_module.atlas(fast=True, keep=keep, retry=True)
+    assert calls == [(FAST_MODELS[0], tuple(FAST_METHODS))]
+    assert set(third[third.model == FAST_MODELS[0]].status) == {"measured"}
 
 
 def test_damaged_kept_rows_are_named_not_resumed_from(tmp_path, monkeypatch, capsys):

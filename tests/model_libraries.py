@@ -1,7 +1,8 @@
 """The image classifiers of torchvision, timm and Hugging Face transformers, enumerated (never hand-picked)
-and built small for CPU checks: every torchvision classification builder, the smallest timm model of each
-architecture module (at most 60 M parameters), every class ``AutoModelForImageClassification`` maps, built
-from its config with few layers and narrow widths. Each entry is built randomly initialised, float64, eval.
+and built small for CPU checks: every torchvision classification builder (:func:`distinct` keeps the
+smallest of each structure), the smallest timm model of each architecture module (at most 60 M
+parameters), every class ``AutoModelForImageClassification`` maps, built from its config with few layers
+and narrow widths. Each entry is built randomly initialised, float64, eval.
 
 Sizes are found on the ``meta`` device (no memory, no arithmetic): a model is "built" with its parameters
 and buffers there and run on a meta input, so shape errors show without the cost of a real forward pass.
@@ -61,7 +62,8 @@ def perturb(model: nn.Module, seed: int = 0, scale: float = 0.5, floor: float = 
 @dataclass(frozen=True)
 class Entry:
     """One classifier: ``build()`` returns it seeded, float64, eval (a Hugging Face model wrapped in
-    :class:`Logits`); ``input_shape`` is (C, H, W); ``params`` was counted at that size."""
+    :class:`Logits`); ``input_shape`` is (C, H, W); ``params`` was counted at that size; ``structure``: what
+    :func:`distinct` compares (empty: not recorded)."""
 
     library: str
     name: str
@@ -70,6 +72,7 @@ class Entry:
     params: int
     note: str = ""
     perturb: Callable[..., nn.Module] = perturb
+    structure: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -191,6 +194,19 @@ def _seeded(make: Callable[[], nn.Module], seed: int = 0) -> Callable[[], nn.Mod
     return build
 
 
+def structure(model: nn.Module) -> frozenset[str]:
+    """The module classes ``model`` is made of, a convolution's grouping (depthwise, grouped) and dilation
+    named with it: what sets the ops the engine sees, not the depth or the widths."""
+    kinds = set()
+    for module in model.modules():
+        kind = type(module).__qualname__
+        if isinstance(module, nn.modules.conv._ConvNd):
+            kind += ("/depthwise" if module.groups == module.in_channels else "/grouped") if module.groups > 1 else ""
+            kind += "/dilated" if any(d > 1 for d in module.dilation) else ""
+        kinds.add(kind)
+    return frozenset(kinds)
+
+
 def _accepts(cls: type, name: str) -> bool:
     return name in inspect.signature(cls.__init__).parameters
 
@@ -204,7 +220,8 @@ def _torchvision() -> Listing:
     listing = Listing("torchvision")
     for name in models.list_models(module=models):
         builder = models.get_model_builder(name)
-        cls = type(meta_build(lambda: builder(num_classes=CLASSES)))
+        default = meta_build(lambda: builder(num_classes=CLASSES))
+        cls = type(default)
         # ViT and MaxViT fix their input size at construction; the others adapt (adaptive pooling)
         key = next((k for k in ("image_size", "input_size") if _accepts(cls, k)), None)
 
@@ -216,7 +233,8 @@ def _torchvision() -> Listing:
             listing.skipped[name] = f"no input size runs: {why}"
             continue
         listing.entries.append(Entry("torchvision", name, _seeded(lambda make=make, size=size: make(size)),
-                                     (3, size, size), params, note=f"module {builder.__module__.rsplit('.', 1)[-1]}"))
+                                     (3, size, size), params, note=f"module {builder.__module__.rsplit('.', 1)[-1]}",
+                                     structure=structure(default)))
     return listing
 
 
@@ -644,6 +662,17 @@ def within(entries: list[Entry], limit: int = MAX_TIMM_PARAMS) -> list[Entry]:
     for note in dict.fromkeys(e.note for e in entries if e.note not in covered):
         kept.append(min((e for e in entries if e.note == note), key=lambda e: (e.params, e.name)))
     return sorted(kept, key=entries.index)
+
+
+def distinct(entries: list[Entry]) -> list[Entry]:
+    """The smallest entry of each architecture module (``note``) and structure: a deeper or wider variant of a
+    structure already checked (ResNet-101 beside ResNet-50) adds its cost, not an op. Entries without a
+    recorded structure are all kept."""
+    firsts: dict[tuple[str, frozenset[str]], Entry] = {}
+    for e in sorted(entries, key=lambda e: (e.params, e.name)):
+        firsts.setdefault((e.note, e.structure) if e.structure else (e.note, frozenset({e.name})), e)
+    kept = set(map(id, firsts.values()))
+    return [e for e in entries if id(e) in kept]
 
 
 def check_all(entries: list[Entry], seed: int = 0, methods: tuple[str, ...] | list[tuple[str, ...]] = (),

@@ -1,8 +1,9 @@
 """The engine on the classifiers researchers load: torchvision, timm and Hugging Face transformers.
 
-The models are enumerated from the libraries at test time (:mod:`tests.model_libraries`: every
-torchvision builder of at most 60 M parameters and the smallest of each family above that, the smallest
-timm model of each architecture module, every Hugging Face image-classification class), built small,
+The models are enumerated from the libraries at test time (:mod:`tests.model_libraries`: the
+smallest torchvision builder of each structure (its module classes and convolution grouping: ResNet-50, not
+ResNet-101 too) among those of at most 60 M parameters and the smallest of each family above that, the
+smallest timm model of each architecture module, every Hugging Face image-classification class), built small,
 randomly initialised, perturbed, float64. On each, in a child process of its own:
 gradient = autograd and DeepLIFT complete to 1e-8, LRP-epsilon and one more method (each method in turn,
 through the list) finite and bit-for-bit deterministic, the model unchanged and none of its hooks called.
@@ -22,7 +23,7 @@ import sys
 import pytest
 
 from attributions.methods import BUILDERS
-from tests.model_libraries import LIBRARIES, ON_ATTENTION, check_all, enumerate_models, within
+from tests.model_libraries import LIBRARIES, ON_ATTENTION, check_all, distinct, enumerate_models, within
 
 REQUIRED = os.environ.get("MODEL_LIBRARIES") == "required"
 # (library, model): words the capture-time refusal must contain. Each is an op or a construct the engine
@@ -54,7 +55,7 @@ def test_every_classifier_is_exact_or_refused_at_capture(library, capsys):
         if REQUIRED:
             pytest.fail(message + " (MODEL_LIBRARIES=required: make test installs it into .venv-libraries)")
         pytest.skip(message + " (make test runs this file in .venv-libraries)")
-    entries = within(listing.entries)
+    entries = distinct(within(listing.entries))
     methods = [("lrp-epsilon", ROTATION[i % len(ROTATION)]) for i in range(len(entries))]
     rows = check_all(entries, methods=methods, limit=LIMIT, parallel=PARALLEL, report=_reporter(capsys, len(entries)))
     problems = []
@@ -85,3 +86,19 @@ def test_a_child_killed_by_a_signal_is_a_crash_that_names_it():
     entry = Entry("test", "killed", lambda: torch.nn.Identity(), (1, 2, 2), 0)
     [row] = check_all([entry], work=_killed, limit=60.0)
     assert row["class"] == "crash" and "killed by SIGKILL" in row["reason"] and "out-of-memory" in row["reason"]
+
+
+def test_distinct_keeps_the_smallest_of_each_structure_and_every_entry_without_one():
+    from torch import nn
+
+    from tests.model_libraries import Entry, structure
+
+    def entry(name, model, params, note="module m", record=True):
+        return Entry("test", name, lambda: model, (1, 4, 4), params, note, structure=structure(model) if record else frozenset())
+
+    narrow, wide = nn.Sequential(nn.Conv2d(4, 4, 3), nn.ReLU()), nn.Sequential(nn.Conv2d(4, 8, 3), nn.ReLU())
+    depthwise = nn.Sequential(nn.Conv2d(4, 4, 3, groups=4), nn.ReLU())
+    entries = [entry("wide", wide, 20), entry("narrow", narrow, 10), entry("depthwise", depthwise, 30),
+               entry("elsewhere", wide, 20, note="module n"), entry("a", wide, 5, record=False),
+               entry("b", wide, 5, record=False)]
+    assert [e.name for e in distinct(entries)] == ["narrow", "depthwise", "elsewhere", "a", "b"]

@@ -70,6 +70,12 @@ def _located(graph: Any, values: dict[str, Any], ndim: int) -> tuple[list[str], 
     if not nodes:
         raise AttributionError("the model has no attention layer (softmax weights of shape (B, heads, T, T) that "
                                "weigh values); attention maps need a transformer")
+    # found on one image: more than one attention matrix per head means the tokens are windows of the image
+    windowed = next((n for n in nodes if values[n].shape[0] != 1), None)
+    if windowed is not None:
+        raise AttributionError(f"the attention layer {windowed!r} attends within {values[windowed].shape[0]} windows "
+                               "of each image: windowed or grid attention (Swin, MaxViT) has no single token map of the "
+                               "whole image to roll out")
     sizes = {values[n].shape[-1] for n in nodes}
     if len(sizes) > 1:
         raise AttributionError(f"the attention layers attend over different numbers of tokens ({sorted(sizes)}): "

@@ -65,6 +65,8 @@ def collapse(model: torch.nn.Module, x: torch.Tensor, methods: list[str], thresh
         ex = Explainer(model, m, graph=graph)
         if ex.method.engine.fits(ex, x) is None:
             fitting.append(m)
+    if not fitting:
+        return []
     given = {m: {"data": patterns[0].to(x), "source": patterns[1]} for m in PATTERN_METHODS} if patterns else {}
     with given_params(given):
         df = chain_convergence(model, x, None, fitting, inject_at=[graph.output], threshold=threshold, progress=False)

@@ -228,6 +228,26 @@ def test_the_shipped_vit_and_refusals():
         Explainer(model, "vit-grad-cam", layer="patch").attribute(x, target=0)
 
 
+class _WindowBlock(_Block):
+    """Attention within windows of ``window`` tokens: (B * windows, heads, window, window), as Swin and MaxViT."""
+
+    window = 4
+
+    def forward(self, x):
+        b, t, d = x.shape
+        return super().forward(x.reshape(b * t // self.window, self.window, d)).reshape(b, t, d)
+
+
+def test_windowed_attention_is_refused_before_any_map_naming_the_windows():
+    model = _model(class_token=False)
+    model.blocks[1].__class__ = _WindowBlock
+    for method in ("attention-rollout", "generic-attention", "transformer-attribution", "attention-grad-cam"):
+        ex = Explainer(model, method)
+        assert "within 4 windows of each image" in ex.method.engine.fits(ex, X), method
+        with pytest.raises(AttributionError, match=r"'blocks\.1\..*' attends within 4 windows.*Swin, MaxViT"):
+            ex.attribute(X, target=TARGET)
+
+
 def test_attention_grad_cam_reads_the_patch_rows_where_the_head_never_reads_the_class_token():
     """A timm ViT with a class token but a mean-pooled head: the class token's row of the last attention gets no
     gradient, so reading it gave an all-zero map; the patch tokens' rows, which the head reads, stand in."""

@@ -13,9 +13,10 @@ the weights (non-negative chains: the z+ family, DeepLIFT-Ablation, rollout); th
 architectures (LayerNorm, attention, gating) break or keep it.
 
     python -m benchmarks.atlas [--fast] [--out DIR] [--parallel N] [--limit SECONDS] [--redo METHODS] [--retry]
-                               [--fresh]
+                               [--publish FOLDER] [--fresh]
 
-writes DIR/atlas.csv (one row per model x method) and DIR/atlas.png; ``make atlas`` runs it in full. Each
+writes DIR/atlas.csv (one row per model x method) and DIR/atlas.png (``--publish FOLDER``: also a small copy of
+both with their provenance, as the documentation shows them); ``make atlas`` runs it in full. Each
 model's rows are kept in DIR/atlas.rows.csv as it finishes, and a rerun on DIR measures only the models
 not measured, refused or over the time limit in it (``--retry`` tries those over it again; ``--fresh`` starts
 over; ``--redo a,b`` measures methods a and b again on
@@ -233,29 +234,66 @@ def _shipped_sgd() -> list[str]:
     return [k for k in available_checkpoints() if k.endswith("-sgd")]
 
 
-def figure(table: pd.DataFrame):
-    """Models (rows) x methods (columns), coloured by 1 - median |cos| at the input end on a log scale:
-    dark = collapsed to rank 1; grey = the method does not fit the model."""
+def figure(table: pd.DataFrame, threshold: float = 0.99):
+    """Models (rows) x methods (columns), coloured by 1 - the largest median |cos| along the chain on a log scale,
+    as CSC judges a collapse: dark = collapsed to rank 1 (the threshold marked on the colour bar); grey = the
+    method does not fit the model."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
 
     from audit import style
 
     measured = table[table.status == "measured"]
-    grid = measured.pivot_table(index="model", columns="method", values="csc_at_input", aggfunc="first")
+    grid = measured.pivot_table(index="model", columns="method", values="csc_max", aggfunc="first")
     methods = [m for m in BUILDERS if m in grid.columns]
     grid = grid[methods]
     with style.styled():
         fig, ax = plt.subplots(figsize=(style.TWO_COLUMN, max(2.0, 0.14 * len(grid) + 1.2)))
         values = np.clip(1 - grid.to_numpy(dtype=float), 1e-6, 1)
-        image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", cmap="viridis", norm=LogNorm(1e-4, 1))
-        image.cmap.set_bad("0.85")
+        cmap = plt.get_cmap("viridis").with_extremes(bad="0.85")
+        ax.imshow(np.ma.masked_invalid(values), aspect="auto", cmap=cmap, norm=LogNorm(1e-4, 1))
         ax.set_xticks(range(len(methods)), methods, rotation=90)
         ax.set_yticks(range(len(grid)), grid.index)
-        fig.colorbar(image, ax=ax, label="1 - median |cos| at the input (log)")
+        bar = fig.colorbar(ax.images[0], ax=ax, label="1 - largest median |cos| along the chain (log);\n"
+                           f"white line: the collapse threshold, 1 - {threshold}")
+        bar.ax.axhline(1 - threshold, color="white", linewidth=1.5)
         ax.set_title("Collapse atlas: chain methods x architectures")
         fig.tight_layout()
     return fig
+
+
+PUBLISHED = ["source", "model", "family", "method", "csc_at_input", "csc_max", "baseline", "sigma2_over_sigma1",
+             "collapsed", "status", "reason"]
+
+
+def publish(table: pd.DataFrame, folder: Path, command: str, limit: float) -> None:
+    """The atlas as the documentation shows it, written atomically into ``folder``: atlas.csv (the table, its
+    statistics to 4 significant digits), atlas.png, and atlas.json (the date, the commit, the command that
+    regenerates them, the time limit, and the models measured and not: over the limit, refused, crashed)."""
+    import datetime
+    import json
+    import subprocess
+
+    folder.mkdir(parents=True, exist_ok=True)
+    small = table.reindex(columns=PUBLISHED).copy()
+    for column in ("csc_at_input", "csc_max", "baseline", "sigma2_over_sigma1"):
+        small[column] = pd.to_numeric(small[column]).map(lambda v: float(f"{v:.4g}") if pd.notna(v) else v)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown (not a git checkout)"
+    models = table.drop_duplicates("model")
+    about = {"date": datetime.date.today().isoformat(), "commit": commit, "command": command, "limit_s": limit,
+             "measured": int((models.status == "measured").sum()),
+             "not_measured": {row.model: f"{row.status}: {row.reason}" for row in models.itertuples()
+                              if row.status != "measured"}}
+    for name, write in (("atlas.csv", lambda p: small.to_csv(p, index=False)),
+                        ("atlas.png", lambda p: figure(table).savefig(p, dpi=110, format="png")),
+                        ("atlas.json", lambda p: p.write_text(json.dumps(about, indent=1) + "\n"))):
+        tmp = folder / (name + ".partial")
+        write(tmp)
+        os.replace(tmp, folder / name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                         "measured (their rows replaced)")
     parser.add_argument("--retry", action="store_true", help="measure again the models that went over the time "
                         "limit in DIR/atlas.rows.csv (default: keep them listed as over it)")
+    parser.add_argument("--publish", default="", help="also write the table, the figure and their provenance "
+                        "(date, commit, command) into this folder, as the documentation shows them")
     parser.add_argument("--fresh", action="store_true", help="measure every model again (default: keep the rows "
                         "of the models DIR/atlas.rows.csv holds)")
     args = parser.parse_args(argv)
@@ -291,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     table.to_csv(tmp, index=False)
     os.replace(tmp, out / "atlas.csv")
     figure(table).savefig(out / "atlas.png", dpi=150)
+    if args.publish:
+        publish(table, Path(args.publish), "python -m benchmarks.atlas " + " ".join(argv if argv is not None
+                                                                                  else sys.argv[1:]), args.limit)
     measured = table[table.status == "measured"]
     print(measured.pivot_table(index="method", values="collapsed", aggfunc="mean").round(2).to_string())
     return 0

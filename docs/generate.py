@@ -2,8 +2,9 @@
 
 What the code declares is read from the code, so the site cannot drift from it: each check's options
 (:meth:`audit.checks.options.Options.declared`), each method family's methods with their rule tables and
-references (:mod:`attributions.methods`), the bibliography (:mod:`reports.references`), and the notebooks, copied
-beside the pages that render them.
+references (:mod:`attributions.methods`), the bibliography (:mod:`reports.references`), the collapse atlas's
+summary from its published table (``docs/atlas``, written by ``make atlas``), and the notebooks, copied beside
+the pages that render them.
 """
 from __future__ import annotations
 
@@ -56,6 +57,39 @@ def _grouped_rules(rules: dict) -> str:
     return "; ".join(f"{', '.join(k)}: `{r}`" for r, k in kinds.items())
 
 
+ATLAS = ROOT / "docs" / "atlas"
+
+
+def atlas_summary(folder: Path = ATLAS) -> str:
+    """The collapse atlas's published result (``make atlas``) in words and tables: where it comes from, per chain
+    method the share of architectures where its backward signals collapse, where the z+ family does not, and
+    the models not measured with why."""
+    import json
+
+    import pandas as pd
+
+    from attributions.catalog import family
+    about = json.loads((folder / "atlas.json").read_text())
+    table = pd.read_csv(folder / "atlas.csv")
+    measured = table[table.status == "measured"].assign(
+        collapsed=lambda t: t.collapsed.astype(str).str.lower() == "true")
+    lines = [f"Measured on {about['date']} at commit `{about['commit']}` with `{about['command']}` (each model within "
+             f"{about['limit_s']:.0f} s on 2 cores): {about['measured']} models, {len(measured)} model x method rows. "
+             "The table and the figure are `docs/atlas/atlas.csv` and `docs/atlas/atlas.png`.", "",
+             r"| method | family | models it fits | collapsed (largest median \|cos\| along the chain >= 0.99) | "
+             r"median \|cos\| at the input, over the models |", "| --- | --- | --- | --- | --- |"]
+    for method, part in measured.groupby("method", sort=False):
+        lines.append(f"| `{method}` | {family(str(method))} | {len(part)} | {int(part.collapsed.sum())} "
+                     f"({part.collapsed.mean():.0%}) | {part.csc_at_input.median():.3f} |")
+    zplus = measured[measured.method.map(family) == "LRP z+ family"]
+    kept = zplus[~zplus.collapsed].groupby("model", sort=False).method.apply(lambda m: ", ".join(f"`{x}`" for x in m))
+    lines += ["", "Where a method of the LRP z+ family does not collapse:", ""]
+    lines += [f"* `{model}`: {methods}" for model, methods in kept.items()] or ["* nowhere"]
+    lines += ["", "Models not measured:", ""]
+    lines += [f"* `{model}`: {_cell(why)}" for model, why in about["not_measured"].items()] or ["* none"]
+    return "\n".join(lines) + "\n"
+
+
 def write_all(out: Path) -> None:
     """Write every generated page into ``out`` and copy the notebooks to ``docs/tutorials``."""
     from attributions.catalog import FAMILIES
@@ -64,6 +98,7 @@ def write_all(out: Path) -> None:
     out.mkdir(exist_ok=True)
     files = {"references.bib": bibtex()}
     files |= {f"options-{name}.md": options_table(name) for name in CHECKS}
+    files["atlas-summary.md"] = atlas_summary()
     files |= {f"methods-{family.replace(' ', '-').replace('+', 'plus')}.md": method_table(family)
               for family in FAMILIES}
     for name, text in files.items():

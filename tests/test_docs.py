@@ -1,4 +1,5 @@
 """The documentation site builds with warnings as errors, and its generated pages say what the code declares."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,20 @@ def test_the_notebooks_and_the_bibliography_are_rendered(site):
         assert (site / "tutorials" / f"{notebook.stem}.html").exists(), notebook.name
     references = (site / "references.html").read_text().lower()  # the style sets titles in sentence case
     assert "when explanations lie" in references and "sanity checks for saliency maps" in references
+
+
+def test_the_atlas_page_shows_the_published_figure_table_and_provenance(site):
+    import json
+
+    import pandas as pd
+
+    about = json.loads((ROOT / "docs" / "atlas" / "atlas.json").read_text())
+    page = (site / "atlas.html").read_text()
+    assert (site / "_images" / "atlas.png").exists() and "atlas.png" in page
+    text = " ".join(re.sub(r"<[^>]+>", " ", page).split())  # the words as a reader sees them
+    assert f"at commit {about['commit']} with {about['command']}" in text and about["date"] in text
+    table = pd.read_csv(ROOT / "docs" / "atlas" / "atlas.csv")
+    for method in table[table.status == "measured"].method.unique():  # a row per method measured
+        assert re.search(rf"<tr[^>]*>\s*<td><p><code[^>]*><span class=\"pre\">{method}</span>", page), method
+    for model in about["not_measured"]:
+        assert model in text, model

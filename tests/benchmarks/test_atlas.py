@@ -92,3 +92,18 @@ def test_damaged_kept_rows_are_named_not_resumed_from(tmp_path, monkeypatch, cap
     monkeypatch.setattr(atlas_module, "figure", lambda table: None)
     assert atlas_module.main(["--fast", "--out", str(tmp_path)]) == 2
     assert "atlas: error:" in capsys.readouterr().err
+
+
+def test_the_published_atlas_is_small_and_says_where_it_comes_from(tmp_path, monkeypatch):
+    import json
+
+    _fake_measurements(monkeypatch, 1, crash={FAST_MODELS[1]})
+    table = atlas_module.atlas(fast=True)
+    table.loc[0, "csc_at_input"] = 0.123456789
+    atlas_module.publish(table, tmp_path / "docs", "python -m benchmarks.atlas --fast", 600.0)
+    assert sorted(p.name for p in (tmp_path / "docs").iterdir()) == ["atlas.csv", "atlas.json", "atlas.png"]
+    published = pd.read_csv(tmp_path / "docs" / "atlas.csv")
+    assert len(published) == len(table) and published.csc_at_input[0] == 0.1235
+    about = json.loads((tmp_path / "docs" / "atlas.json").read_text())
+    assert about["command"] == "python -m benchmarks.atlas --fast" and about["commit"] and about["limit_s"] == 600
+    assert about["measured"] == 3 and about["not_measured"] == {FAST_MODELS[1]: "crash: injected"}

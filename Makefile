@@ -54,17 +54,25 @@ reportdeps:
 demo: $(STAMP)
 	$(PY) -m audit demo
 
-# Lint and type checks first (seconds), then the suite, then the engine on the model libraries (their own
-# venv; MODEL_LIBRARIES=required makes a missing library a failure, not a skip).
-test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
-	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests docs
-	$(VENV)/bin/mypy
-	$(PY) -m pytest -q
-	MODEL_LIBRARIES=required $(LIBS)/bin/python -m pytest -q tests/test_model_libraries.py tests/audit/models/test_libraries.py \
+# Lint and type checks first (seconds), then the suite and, beside it, the engine on the model libraries (their
+# own venv; MODEL_LIBRARIES=required makes a missing library a failure, not a skip). The two suites share the
+# two cores: the main suite leaves one idle much of the time (Python between small tensor ops). The library
+# suite's output goes to .test-libraries.log (tail -f it to follow) and is shown when both are done.
+LIBTESTS = tests/test_model_libraries.py tests/audit/models/test_libraries.py \
 	  tests/attributions/test_cam.py "tests/test_notebooks.py::test_notebook_executes[collapse_atlas]" \
 	  tests/test_examples.py::test_model_library_block_runs \
 	  tests/attributions/test_rules.py::test_generalized_gamma_matches_zennit_on_signed_inputs \
 	  tests/attributions/test_attention_maps.py::test_attention_grad_cam_reads_the_patch_rows_where_the_head_never_reads_the_class_token
+test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
+	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests docs
+	$(VENV)/bin/mypy
+	@echo "model-library suite started beside the main suite; its log: .test-libraries.log"
+	@MODEL_LIBRARIES=required $(LIBS)/bin/python -m pytest -q -p no:cacheprovider $(LIBTESTS) \
+	  > .test-libraries.log 2>&1 & libraries=$$!; \
+	$(PY) -m pytest -q; main=$$?; \
+	wait $$libraries; status=$$?; \
+	echo "--- model-library suite (.test-libraries.log) ---"; cat .test-libraries.log; \
+	test $$main -eq 0 && test $$status -eq 0
 
 # The documentation site (Sphinx: the guides in docs/, the API from the docstrings, the notebooks with their
 # outputs), with warnings as errors; open docs/_build/html/index.html.
@@ -95,4 +103,4 @@ checkpoints: $(STAMP) data
 	$(PY) -m audit retrain-shipped
 
 clean:
-	rm -rf $(VENV) $(LIBS) *.egg-info .pytest_cache docs/_build docs/_generated docs/tutorials
+	rm -rf $(VENV) $(LIBS) *.egg-info .pytest_cache docs/_build docs/_generated docs/tutorials .test-libraries.log

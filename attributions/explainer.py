@@ -93,6 +93,7 @@ class Explainer(Attribution):
     >>> ex = Explainer(model, "lrp-epsilon-plus", epsilon=1e-6)
     >>> maps = ex.attribute(x, target=y)                 # shaped like x
     >>> taps = ex.propagate(x, inject_at="classifier.2", vectors=torch.randn(5, *logits.shape))
+    >>> Explainer(model, "lrp-zplus").capture(x).layers     # the nodes, before any map
     >>> zennit_like = Explainer(model, "lrp-epsilon", rules={"conv": "zplus", "first": "flat"})
     """
 
@@ -192,6 +193,25 @@ class Explainer(Attribution):
             sibling then captures its own).
         """
         return Explainer(self.model, method, graph=self.graph, **params)
+
+    def capture(self, x: torch.Tensor) -> Explainer:
+        """Capture the model at inputs shaped like ``x`` now, before any map, so that :attr:`layers`,
+        :meth:`rule_for` and :meth:`propagate` answer in any order.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            (B, ...) example inputs; only their shape and dtype count (a batch of another size is accepted
+            later where the graph allows it, another image size is captured again on its first call).
+
+        Returns
+        -------
+        Explainer
+            ``self``, so that ``Explainer(model, "lrp-zplus").capture(x).layers`` reads in one line.
+        """
+        self._need_graph_engine("capture")
+        self._graph_for(self._check_input(x))
+        return self
 
     # --- introspection -----------------------------------------------------------------------------
 
@@ -642,12 +662,15 @@ class Explainer(Attribution):
 
     # --- checks ------------------------------------------------------------------------------------
 
-    def _need_graph(self, what: str) -> Graph:
+    def _need_graph_engine(self, what: str) -> None:
         if not self.method.engine.needs_graph:
             raise AttributionError(f"{what} is not available for the control method {self.method.name!r}")
+
+    def _need_graph(self, what: str) -> Graph:
+        self._need_graph_engine(what)
         if self.graph is None:
-            raise AttributionError(f"{what}: the model is captured at its input shape on the first call; call the "
-                                   "explainer on inputs first, or build it with graph=trace(model, x)")
+            raise AttributionError(f"{what}: the model is not captured yet (it is captured at its input shape); call "
+                                   "capture(x) with example inputs first, or compute a map")
         return self.graph
 
     @property

@@ -86,6 +86,23 @@ def test_propagate_records_every_node_below_the_injection_point():
     assert taps["features.3"].shape == (5, 3, 32, 14, 14) and taps["input"].shape == (5, 3, 1, 28, 28)
 
 
+def test_capture_before_any_map_lets_every_entry_point_answer_in_any_order():
+    torch.manual_seed(0)
+    model = build("cnn").eval()
+    x = torch.rand(3, 1, 28, 28)
+    fresh = Explainer(model, "lrp-zplus")
+    with pytest.raises(AttributionError, match=r"layers: the model is not captured yet.*capture\(x\)"):
+        _ = fresh.layers
+    ex = Explainer(model, "lrp-zplus").capture(x[:1])
+    assert ex.layers == Explainer(model, "lrp-zplus", graph=trace(model, x)).layers
+    assert repr(ex.rule_for("features.0")) == repr(Explainer(model, "lrp-zplus", graph=ex.graph).rule_for("features.0"))
+    taps = ex.propagate(x, ex.layers[-1], torch.randn(2, 3, 10))  # three images on a graph captured at one
+    assert taps["input"].shape == (2, 3, 1, 28, 28)
+    torch.testing.assert_close(ex.attribute(x, target=1), Explainer(model, "lrp-zplus").attribute(x, target=1))
+    with pytest.raises(AttributionError, match="capture is not available for the control method 'random'"):
+        Explainer(model, "random").capture(x)
+
+
 def test_a_forward_pass_gives_every_value_and_the_chain_below_a_node():
     torch.manual_seed(0)
     model = build("cnn").eval()

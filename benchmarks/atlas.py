@@ -246,7 +246,10 @@ def figure(table: pd.DataFrame, threshold: float = 0.99):
     measured = table[table.status == "measured"]
     grid = measured.pivot_table(index="model", columns="method", values="csc_max", aggfunc="first")
     methods = [m for m in BUILDERS if m in grid.columns]
-    grid = grid[methods]
+    # the shipped trained checkpoints first, then the library models by name
+    source = measured.drop_duplicates("model").set_index("model").source
+    rows = sorted(grid.index, key=lambda m: (source.get(m) != "shipped", m))
+    grid = grid.loc[rows, methods]
     with style.styled():
         fig, ax = plt.subplots(figsize=(style.TWO_COLUMN, max(2.0, 0.14 * len(grid) + 1.2)))
         values = np.clip(1 - grid.to_numpy(dtype=float), 1e-6, 1)
@@ -289,7 +292,7 @@ def publish(table: pd.DataFrame, folder: Path, command: str, limit: float) -> No
              "not_measured": {row.model: f"{row.status}: {row.reason}" for row in models.itertuples()
                               if row.status != "measured"}}
     for name, write in (("atlas.csv", lambda p: small.to_csv(p, index=False)),
-                        ("atlas.png", lambda p: figure(table).savefig(p, dpi=110, format="png")),
+                        ("atlas.png", lambda p: figure(table).savefig(p, dpi=110, format="png", bbox_inches="tight")),
                         ("atlas.json", lambda p: p.write_text(json.dumps(about, indent=1) + "\n"))):
         tmp = folder / (name + ".partial")
         write(tmp)
@@ -330,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = out / "atlas.csv.partial"
     table.to_csv(tmp, index=False)
     os.replace(tmp, out / "atlas.csv")
-    figure(table).savefig(out / "atlas.png", dpi=150)
+    figure(table).savefig(out / "atlas.png", dpi=150, bbox_inches="tight")
     if args.publish:
         publish(table, Path(args.publish), "python -m benchmarks.atlas " + " ".join(argv if argv is not None
                                                                                   else sys.argv[1:]), args.limit)

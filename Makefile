@@ -84,7 +84,7 @@ docs: $(STAMP)
 # the collapse atlas in .venv-libraries (timm). One torch thread: two contend on a busy 2-core machine.
 notebooks: $(STAMP) $(LIBSTAMP)
 	@for nb in notebooks/*.ipynb; do case $$nb in *collapse_atlas*) py=$(LIBS)/bin/python;; *) py=$(PY);; esac; \
-	  echo "executing $$nb"; env -u MPLBACKEND OMP_NUM_THREADS=1 PYTHONWARNINGS="ignore:IProgress not found" $$py -c \
+	  echo "executing $$nb"; env -u MPLBACKEND OMP_NUM_THREADS=1 PYTHONWARNINGS="ignore:IProgress not found,ignore::FutureWarning:torch.jit._script" $$py -c \
 	  "import sys, nbclient, nbformat; nb = nbformat.read(sys.argv[1], 4); nbclient.NotebookClient(nb, timeout=1800, \
 	  kernel_name='python3', record_timing=False, resources={'metadata': {'path': 'notebooks'}}).execute(); \
 	  nbformat.write(nb, sys.argv[1])" $$nb || exit 1; done

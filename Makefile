@@ -55,9 +55,10 @@ demo: $(STAMP)
 	$(PY) -m audit demo
 
 # Lint and type checks first (seconds), then the suite and, beside it, the engine on the model libraries (their
-# own venv; MODEL_LIBRARIES=required makes a missing library a failure, not a skip). The two suites share the
-# two cores: the main suite leaves one idle much of the time (Python between small tensor ops). The library
-# suite's output goes to .test-libraries.log (tail -f it to follow) and is shown when both are done.
+# own venv; MODEL_LIBRARIES=required makes a missing library a failure, not a skip). The main suite leaves a
+# core idle much of the time (Python between small tensor ops); the library suite, niced, fills those gaps and
+# takes both cores once the main suite is done. Its output goes to .test-libraries.log (tail -f it to
+# follow) and is shown at the end.
 LIBTESTS = tests/test_model_libraries.py tests/audit/models/test_libraries.py \
 	  tests/attributions/test_cam.py "tests/test_notebooks.py::test_notebook_executes[collapse_atlas]" \
 	  tests/test_examples.py::test_model_library_block_runs \
@@ -67,7 +68,7 @@ test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
 	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests docs
 	$(VENV)/bin/mypy
 	@echo "model-library suite started beside the main suite; its log: .test-libraries.log"
-	@MODEL_LIBRARIES=required $(LIBS)/bin/python -m pytest -q -p no:cacheprovider $(LIBTESTS) \
+	@MODEL_LIBRARIES=required nice -n 10 $(LIBS)/bin/python -m pytest -q -p no:cacheprovider $(LIBTESTS) \
 	  > .test-libraries.log 2>&1 & libraries=$$!; \
 	$(PY) -m pytest -q; main=$$?; \
 	wait $$libraries; status=$$?; \

@@ -157,8 +157,10 @@ def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config, **general, **options)
     with sharded(config.device) as shard:
         result = run_audit(config, args.out, resume=args.resume, progress=not args.quiet, shard=shard)
-    if shard.lead:
+    if shard.lead and args.report:
         print(f"report: {build_report(result.out, progress=not args.quiet)}")
+    elif shard.lead:
+        print(f"results: {result.out / 'results'} (the report: attribution-audit report {result.out})")
     return 0
 
 
@@ -281,6 +283,8 @@ def _run_parser(sub: Any, flags: bool = True) -> None:
     a.add_argument("--workers", type=int, default=1, help="processes to shard the units over (torch.distributed, "
                    "gloo on CPU, nccl on GPU); several nodes: torchrun --nnodes ... -m audit run ...")
     a.add_argument("--resume", action="store_true", help="skip the units a previous run finished")
+    a.add_argument("--no-report", dest="report", action="store_false",
+                   help="write the results only; build the report later with: attribution-audit report OUT")
     a.add_argument("--quiet", action="store_true")
     _check_flags(a)
 

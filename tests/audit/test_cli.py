@@ -133,3 +133,14 @@ def test_help_and_the_listings_answer_without_importing_torch():
     assert done.stdout.strip().splitlines()[-1] == "[]"
     assert "demo" in done.stdout and "--pdf" in done.stdout
     assert "lrp-zplus" in done.stdout and "Sixt et al. small CNN" in done.stdout and "cnn-sgd" in done.stdout
+
+
+def test_a_run_without_its_report_then_the_report_command(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["run", "--models", "cnn-sgd", "--methods", "gradient", "--tests", "random-logit", "--n-images", "2",
+            "--quiet", "--out", str(out)]
+    assert main([*args, "--no-report"]) == 0
+    assert f"attribution-audit report {out}" in capsys.readouterr().out
+    assert (out / "results" / "random_logit.csv").exists() and not (out / "index.html").exists()
+    assert main(["report", str(out)]) == 0
+    assert (out / "index.html").exists()

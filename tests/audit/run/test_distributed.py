@@ -44,7 +44,7 @@ def one_thread():
 def single(tmp_path_factory) -> dict[str, bytes]:
     out = tmp_path_factory.mktemp("single") / "run"
     with one_thread():
-        assert main(["run", *ARGS, "--out", str(out)]) == 0
+        assert main(["run", *ARGS, "--no-report", "--out", str(out)]) == 0
     return files(out)
 
 
@@ -83,7 +83,7 @@ def test_resume_after_a_rank_is_killed(single, tmp_path, kill):
     written = len(list((out / "units").rglob("*.csv")))
     assert int(kill.split("@")[0]) <= written < len([k for k in single if k.startswith("units")])
     assert not (out / "results").exists()
-    assert main(["run", *ARGS, "--workers", "2", "--out", str(out), "--resume"]) == 0
+    assert main(["run", *ARGS, "--no-report", "--workers", "2", "--out", str(out), "--resume"]) == 0
     assert files(out) == single
 
 
@@ -94,7 +94,7 @@ def test_a_run_object_in_one_process_is_the_single_shard(tmp_path):
 
 
 BLOCKED = ["--models", "cnn-sgd", "--methods", "gradient,lrp-zplus", "--tests", "csc,random-logit,cascading",
-           "--n-images", "6", "--image-block", "2", "--quiet"]
+           "--n-images", "6", "--image-block", "2", "--quiet", "--no-report"]
 
 
 def _maps(out: Path) -> dict[str, list]:

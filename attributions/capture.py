@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,7 @@ class Capture:
         self.dynamic_batch = dynamic_batch
         self.shape = shape
         self._constants = dict(program.constants)
+        self._values: dict[str, Callable[[], Any]] = {}  # how each non-image graph input is read (value)
         kinds = {"USER_INPUT": "input", "PARAMETER": "parameter", "BUFFER": "buffer", "CONSTANT_TENSOR": "constant",
                  "CUSTOM_OBJ": "constant"}
         self.sources: dict[str, Source] = {}
@@ -113,13 +114,25 @@ class Capture:
     def value(self, name: str) -> Any:
         """The current value of the graph input ``name`` that is not the images: the live
         parameter or buffer of the model, or the captured constant."""
+        get = self._values.get(name)
+        if get is None:
+            get = self._values[name] = self._getter(name)
+        return get()
+
+    def _getter(self, name: str) -> Callable[[], Any]:
+        """How to read ``name``'s value: a parameter or buffer from its module, found once (the attribute is
+        read at every call, so a tensor re-initialised or replaced on its module is seen), a constant as is."""
         source = self.sources[name]
-        if source.kind == "parameter":
-            return self.model.get_parameter(source.target)
-        if source.kind == "buffer":
-            return self.model.get_buffer(source.target)
+        if source.kind in ("parameter", "buffer"):
+            owner, _, leaf = source.target.rpartition(".")
+            module = self.model.get_submodule(owner)
+            if not hasattr(module, leaf):
+                raise AttributionError(f"the model has no {source.kind} {source.target!r} any more; it was captured "
+                                       "with one: capture the model again")
+            return lambda: getattr(module, leaf)
         if source.kind == "constant":
-            return self._constants[source.target]
+            constant = self._constants[source.target]
+            return lambda: constant
         raise AttributionError(f"{name!r} is the images, not a value of the model")
 
     @staticmethod

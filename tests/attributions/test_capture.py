@@ -40,6 +40,13 @@ def test_weights_are_read_live_not_copied():
     with torch.no_grad():
         model.features[0].weight.mul_(2)
     assert torch.equal(c.value(name), model.features[0].weight)
+    # a tensor replaced on its module (as a user re-initialising by assignment would) is the one read
+    model.features[0].weight = nn.Parameter(torch.randn_like(model.features[0].weight))
+    assert c.value(name) is model.features[0].weight
+    bias = next(k for k, s in c.sources.items() if s.target == "features.0.bias")
+    del model.features[0].bias  # removed from the model after the capture: named, not a raw AttributeError
+    with pytest.raises(AttributionError, match="no parameter 'features.0.bias' any more"):
+        c.value(bias)
 
 
 def test_attention_arrives_as_linear_and_sdpa():

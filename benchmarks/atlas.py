@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 from pathlib import Path
 
@@ -195,6 +194,7 @@ def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=No
     as each model finishes; the models already in it are not measured again, except for the methods in
     ``redo``, whose rows are measured again on every model measured, and, with ``retry``, those that went over
     the time limit."""
+    from audit.atomic import atomic_write_bytes
     from tests.model_libraries import enumerate_models, timm_entries, within
 
     kept = read_rows(keep) if keep is not None and keep.exists() else pd.DataFrame(columns=COLUMNS)
@@ -209,9 +209,7 @@ def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=No
     def finished(new: list[dict]) -> None:
         rows.extend(new)
         if keep is not None:
-            tmp = keep.with_name(keep.name + ".partial")
-            pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(tmp, index=False)
-            os.replace(tmp, keep)
+            atomic_write_bytes(keep, pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(index=False).encode())
 
     methods = FAST_METHODS if fast else chain_methods()
     entries = timm_entries(FAST_MODELS) if fast else within(enumerate_models("timm").entries)
@@ -269,15 +267,17 @@ PUBLISHED = ["source", "model", "family", "method", "csc_at_input", "csc_max", "
              "collapsed", "status", "reason"]
 
 
-def publish(table: pd.DataFrame, folder: Path, command: str, limit: float) -> None:
+def publish(table: pd.DataFrame, folder: Path, command: str, limit: float, fig=None) -> None:
     """The atlas as the documentation shows it, written atomically into ``folder``: atlas.csv (the table, its
-    statistics to 4 significant digits), atlas.png, and atlas.json (the date, the commit, the command that
-    regenerates them, the time limit, and the models measured and not: over the limit, refused, crashed)."""
+    statistics to 4 significant digits), atlas.png (``fig``, default :func:`figure` of the table), and atlas.json
+    (the date, the commit, the command that regenerates them, the time limit, and the models measured and not:
+    over the limit, refused, crashed)."""
     import datetime
     import json
     import subprocess
 
-    folder.mkdir(parents=True, exist_ok=True)
+    from audit.atomic import atomic_write, atomic_write_bytes
+
     small = table.reindex(columns=PUBLISHED).copy()
     for column in ("csc_at_input", "csc_max", "baseline", "sigma2_over_sigma1"):
         small[column] = pd.to_numeric(small[column]).map(lambda v: float(f"{v:.4g}") if pd.notna(v) else v)
@@ -291,12 +291,10 @@ def publish(table: pd.DataFrame, folder: Path, command: str, limit: float) -> No
              "measured": int((models.status == "measured").sum()),
              "not_measured": {row.model: f"{row.status}: {row.reason}" for row in models.itertuples()
                               if row.status != "measured"}}
-    for name, write in (("atlas.csv", lambda p: small.to_csv(p, index=False)),
-                        ("atlas.png", lambda p: figure(table).savefig(p, dpi=110, format="png", bbox_inches="tight")),
-                        ("atlas.json", lambda p: p.write_text(json.dumps(about, indent=1) + "\n"))):
-        tmp = folder / (name + ".partial")
-        write(tmp)
-        os.replace(tmp, folder / name)
+    fig = fig if fig is not None else figure(table)
+    atomic_write_bytes(folder / "atlas.csv", small.to_csv(index=False).encode())
+    atomic_write(folder / "atlas.png", lambda f: fig.savefig(f, dpi=110, format="png", bbox_inches="tight"))
+    atomic_write_bytes(folder / "atlas.json", (json.dumps(about, indent=1) + "\n").encode())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,13 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     except RowsError as exc:
         print(f"atlas: error: {exc}", file=sys.stderr)
         return 2
-    tmp = out / "atlas.csv.partial"
-    table.to_csv(tmp, index=False)
-    os.replace(tmp, out / "atlas.csv")
-    figure(table).savefig(out / "atlas.png", dpi=150, bbox_inches="tight")
+    from audit.atomic import atomic_write, atomic_write_bytes
+
+    fig = figure(table)
+    atomic_write_bytes(out / "atlas.csv", table.to_csv(index=False).encode())
+    atomic_write(out / "atlas.png", lambda f: fig.savefig(f, dpi=150, format="png", bbox_inches="tight"))
     if args.publish:
         publish(table, Path(args.publish), "python -m benchmarks.atlas " + " ".join(argv if argv is not None
-                                                                                  else sys.argv[1:]), args.limit)
+                                                                                  else sys.argv[1:]), args.limit, fig)
     measured = table[table.status == "measured"]
     print(measured.pivot_table(index="method", values="collapsed", aggfunc="mean").round(2).to_string())
     return 0

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+import torch.utils._python_dispatch
+import torch.utils._pytree
 from torch import nn
 
 LIBRARIES = ("torchvision", "timm", "hf")
@@ -63,7 +65,8 @@ def perturb(model: nn.Module, seed: int = 0, scale: float = 0.5, floor: float = 
 class Entry:
     """One classifier: ``build()`` returns it seeded, float64, eval (a Hugging Face model wrapped in
     :class:`Logits`); ``input_shape`` is (C, H, W); ``params`` was counted at that size; ``structure``: what
-    :func:`distinct` compares (empty: not recorded)."""
+    :func:`distinct` compares, ``ops``: what :func:`covering` does (empty: not recorded); ``volume``: the
+    elements its forward pass writes on one image, its cost."""
 
     library: str
     name: str
@@ -73,6 +76,8 @@ class Entry:
     note: str = ""
     perturb: Callable[..., nn.Module] = perturb
     structure: frozenset[str] = frozenset()
+    ops: frozenset[str] = frozenset()
+    volume: int = 0
 
 
 @dataclass
@@ -160,31 +165,71 @@ def first_line(exc: BaseException, typed: bool = True) -> str:
     return f"{type(exc).__name__}: {line}" if typed else line
 
 
-def _runs(make: Callable[[], nn.Module], shape: tuple[int, int, int], meta: bool = True) -> tuple[int, str]:
-    """(parameters, "") when ``make`` builds a model whose forward maps (1, *shape) to (1, CLASSES), else
-    (0, why not). On the meta device unless ``meta`` is False; a model that reads values (``.item()``)
-    has to run for real."""
+@dataclass(frozen=True)
+class Probe:
+    """What one forward pass of a model at one input size showed: its parameters (0: it did not run, ``why``
+    says why), the ops it called (:func:`op_kinds`) and its cost (the elements its ops wrote)."""
+
+    params: int
+    why: str = ""
+    ops: frozenset[str] = frozenset()
+    volume: int = 0
+
+
+def op_kinds(func, args: tuple) -> str:
+    """The name an op is covered under: the aten overload, a convolution's grouping, transposition and
+    dilation with it (the engine's convolution rules treat those apart)."""
+    name = str(func)
+    # aten.convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    if func._overloadpacket is torch.ops.aten.convolution:
+        groups = args[8]
+        name += ("/depthwise" if groups == args[0].shape[1] else "/grouped") if groups > 1 else ""
+        name += "/transposed" if args[6] else ""
+        name += "/dilated" if any(d > 1 for d in args[5]) else ""
+    return name
+
+
+class _Record(torch.utils._python_dispatch.TorchDispatchMode):
+    """The op kinds a forward pass calls, below autograd, and the elements their outputs hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+        self.volume = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.add(op_kinds(func, args))
+        self.volume += sum(t.numel() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+        return out
+
+
+def _runs(make: Callable[[], nn.Module], shape: tuple[int, int, int], meta: bool = True) -> Probe:
+    """The probe of ``make()`` on one (1, *shape) input: its parameters when its forward maps it to
+    (1, CLASSES), else 0 and why not. On the meta device unless ``meta`` is False; a model that reads values
+    (``.item()``) has to run for real."""
     try:
         model = (meta_build(make) if meta else make()).eval()
-        with torch.device("meta") if meta else contextlib.nullcontext(), torch.no_grad():
+        record = _Record()
+        with torch.device("meta") if meta else contextlib.nullcontext(), torch.no_grad(), record:
             out = model(torch.empty(1, *shape) if meta else torch.rand(1, *shape))
         if tuple(out.shape) != (1, CLASSES):
-            return 0, f"output shape {tuple(out.shape)}"
-        return count(model), ""
+            return Probe(0, f"output shape {tuple(out.shape)}")
+        return Probe(count(model), "", frozenset(record.ops), record.volume)
     except Exception as exc:  # any failure means: not at this size
-        return 0, first_line(exc)
+        return Probe(0, first_line(exc))
 
 
 def _smallest(make: Callable[[int], nn.Module], channels: int, default: int, low: int = 0,
-              meta: bool = True) -> tuple[int, int, str]:
-    """(size, parameters, why not) for the smallest square size in ``SIZES`` (from ``low``, up to the
-    default) at which ``make(size)`` runs, else the default size with the last failure."""
-    why = ""
+              meta: bool = True) -> tuple[int, Probe]:
+    """(size, probe) for the smallest square size in ``SIZES`` (from ``low``, up to the default) at which
+    ``make(size)`` runs, else the default size and the last failure's probe."""
+    probe = Probe(0)
     for size in [s for s in SIZES if low <= s < default] + [default]:
-        params, why = _runs(lambda: make(size), (channels, size, size), meta)
-        if params:
-            return size, params, ""
-    return default, 0, why
+        probe = _runs(lambda: make(size), (channels, size, size), meta)
+        if probe.params:
+            return size, probe
+    return default, probe
 
 
 def _seeded(make: Callable[[], nn.Module], seed: int = 0) -> Callable[[], nn.Module]:
@@ -228,13 +273,13 @@ def _torchvision() -> Listing:
         def make(size: int, builder=builder, key=key) -> nn.Module:
             return builder(num_classes=CLASSES, **({key: size if key == "image_size" else (size, size)} if key else {}))
 
-        size, params, why = _smallest(make, 3, 224)
-        if not params:
-            listing.skipped[name] = f"no input size runs: {why}"
+        size, probe = _smallest(make, 3, 224)
+        if not probe.params:
+            listing.skipped[name] = f"no input size runs: {probe.why}"
             continue
         listing.entries.append(Entry("torchvision", name, _seeded(lambda make=make, size=size: make(size)),
-                                     (3, size, size), params, note=f"module {builder.__module__.rsplit('.', 1)[-1]}",
-                                     structure=structure(default)))
+                                     (3, size, size), probe.params, note=f"module {builder.__module__.rsplit('.', 1)[-1]}",
+                                     structure=structure(default), ops=probe.ops, volume=probe.volume))
     return listing
 
 
@@ -287,12 +332,12 @@ def _add_timm(listing: Listing, module: str, name: str) -> None:
     def make(size: int) -> nn.Module:
         return timm.create_model(name, pretrained=False, num_classes=CLASSES, **({key: size} if key else {}))
 
-    size, params, why = _smallest(make, channels, height, low)
-    if not params:
-        listing.skipped[f"{module}/{name}"] = f"no input size runs on meta: {why}"
+    size, probe = _smallest(make, channels, height, low)
+    if not probe.params:
+        listing.skipped[f"{module}/{name}"] = f"no input size runs on meta: {probe.why}"
         return
-    listing.entries.append(Entry("timm", name, _seeded(lambda: make(size)), (channels, size, size), params,
-                                 note=f"module {module}"))
+    listing.entries.append(Entry("timm", name, _seeded(lambda: make(size)), (channels, size, size), probe.params,
+                                 note=f"module {module}", ops=probe.ops, volume=probe.volume))
 
 
 def timm_entries(names: list[str]) -> list[Entry]:
@@ -406,21 +451,22 @@ def _hf_entry(model_type: str, class_name: str) -> Entry:
         return Logits(model_class(config_class(**_nested(edits), num_labels=CLASSES)))
 
     shrinks = _shrinks(default)
-    params, why = _runs(lambda: make(shrinks), (channels, default_size, default_size))
-    meta = "meta" not in why  # a model that reads values on the way (Perceiver's .item()) is checked for real
+    probe = _runs(lambda: make(shrinks), (channels, default_size, default_size))
+    meta = "meta" not in probe.why  # a model that reads values on the way (Perceiver's .item()) is checked for real
     if not meta:
-        params, why = _runs(lambda: make(shrinks), (channels, default_size, default_size), meta)
+        probe = _runs(lambda: make(shrinks), (channels, default_size, default_size), meta)
     edits = shrinks
-    if not params:  # some settings must agree (depths and per-layer lists): keep each shrink that still runs
+    if not probe.params:  # some settings must agree (depths and per-layer lists): keep each shrink that still runs
         edits = {}
         for path, value in shrinks.items():
-            if _runs(lambda: make({**edits, path: value}), (channels, default_size, default_size), meta)[0]:
+            if _runs(lambda: make({**edits, path: value}), (channels, default_size, default_size), meta).params:
                 edits[path] = value
-    size, params, why = _smallest(lambda s: make(edits, s), channels, default_size, meta=meta)
-    if not params:
-        raise ValueError(f"no config runs on {channels}x{default_size}x{default_size}: {why}")
+    size, probe = _smallest(lambda s: make(edits, s), channels, default_size, meta=meta)
+    if not probe.params:
+        raise ValueError(f"no config runs on {channels}x{default_size}x{default_size}: {probe.why}")
     note = f"{len(edits)}/{len(shrinks)} shrinks kept" if len(edits) < len(shrinks) else ""
-    return Entry("hf", class_name, _seeded(lambda: make(edits, size)), (channels, size, size), params, note=note)
+    return Entry("hf", class_name, _seeded(lambda: make(edits, size)), (channels, size, size), probe.params, note=note,
+                 ops=probe.ops, volume=probe.volume)
 
 
 def _hf() -> Listing:
@@ -675,17 +721,58 @@ def distinct(entries: list[Entry]) -> list[Entry]:
     return [e for e in entries if id(e) in kept]
 
 
+def cost(entry: Entry) -> int:
+    """What checking ``entry`` costs, in elements: its parameters (built, perturbed, hashed) and what its
+    forward pass writes on one image."""
+    return entry.params + entry.volume
+
+
+def covering(entries: list[Entry]) -> list[Entry]:
+    """The entries that call an op kind no cheaper entry calls: cheapest first (:func:`cost`), each kept
+    when it adds an op kind (:func:`op_kinds`) to those of the entries kept before it. A model whose every
+    op the sweep already meets on cheaper models adds their cost, not a rule; ``make test`` checks these,
+    ``MODEL_LIBRARIES_ALL=1`` every entry. Entries without recorded ops are all kept."""
+    seen: set[str] = set()
+    kept = set()
+    for e in sorted(entries, key=lambda e: (cost(e), e.name)):
+        if not e.ops or e.ops - seen:
+            kept.add(id(e))
+            seen |= e.ops
+    return [e for e in entries if id(e) in kept]
+
+
+def warm() -> None:
+    """Import the engine and capture, explain and fit one tiny model in this process, on one thread, so that
+    the children :func:`start_one` forks find torch.export's lazily built machinery ready (it costs each
+    child seconds otherwise)."""
+    from attributions.explainer import Explainer
+    from attributions.graph import trace
+    from audit.run.patterns import PATTERN_METHODS  # noqa: F401  (imported for the children)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # no OpenMP pool for a forked child to inherit
+    try:
+        model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8, 2)).double().eval()
+        x = torch.randn(2, 1, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        Explainer(model, "deeplift", graph=trace(model, x)).attribute(x, target=torch.tensor([0, 1]))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def check_all(entries: list[Entry], seed: int = 0, methods: tuple[str, ...] | list[tuple[str, ...]] = (),
               limit: float = 120.0, parallel: int = 1, report: Callable[[int, dict], None] | None = None,
               work: Work | None = None, judge: Callable[[dict], tuple[str, str]] | None = None) -> list[dict]:
-    """Every entry's row (in the entries' order), ``parallel`` children at a time, each on one thread;
+    """Every entry's row (in the entries' order), ``parallel`` children at a time (the costliest first), each
+    on one thread;
     ``methods``: the methods checked on every entry, or a list of them per entry; ``report(i, row)`` is
     called as each finishes; ``work`` / ``judge``: as :func:`start_one`."""
     from multiprocessing.connection import wait
 
+    if work is None:
+        warm()
     rows: dict[int, dict] = {}
     running: dict[int, tuple] = {}
-    pending = list(enumerate(entries))
+    pending = sorted(enumerate(entries), key=lambda item: -cost(item[1]))  # the longest first: none left alone at the end
     while pending or running:
         while pending and len(running) < parallel:
             i, entry = pending.pop(0)

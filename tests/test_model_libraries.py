@@ -4,11 +4,12 @@ The models are enumerated from the libraries at test time (:mod:`tests.model_lib
 smallest torchvision builder of each structure (its module classes and convolution grouping: ResNet-50, not
 ResNet-101 too) among those of at most 60 M parameters and the smallest of each family above that, the
 smallest timm model of each architecture module, every Hugging Face image-classification class), built small,
-randomly initialised, perturbed, float64. On each, in a child process of its own:
-gradient = autograd and DeepLIFT complete to 1e-8, LRP-epsilon and one more method (each method in turn,
-through the list) finite and bit-for-bit deterministic, the model unchanged and none of its hooks called.
-A model the engine cannot explain must be refused at capture with its own AttributionError, and only the
-ones listed in :data:`REFUSED`, with the reason given there.
+randomly initialised, perturbed, float64. Of those, the models that call an op kind no cheaper model calls
+(:func:`~tests.model_libraries.covering`; ``MODEL_LIBRARIES_ALL=1``: every model) are checked, each in a child
+process of its own: gradient = autograd and DeepLIFT complete to 1e-8, LRP-epsilon and one more method (each
+method in turn, the costly ones on the cheapest models) finite and bit-for-bit deterministic, the model
+unchanged and none of its hooks called. A model the engine cannot explain must be refused at capture with its
+own AttributionError, and only the ones listed in :data:`REFUSED`, with the reason given there.
 
 These libraries need a torch build beside which torchvision imports: ``make test`` runs this file in
 ``.venv-libraries`` with ``MODEL_LIBRARIES=required`` (a missing library then fails); in the main venv it
@@ -23,9 +24,10 @@ import sys
 import pytest
 
 from attributions.methods import BUILDERS
-from tests.model_libraries import LIBRARIES, ON_ATTENTION, check_all, distinct, enumerate_models, within
+from tests.model_libraries import LIBRARIES, ON_ATTENTION, check_all, cost, covering, distinct, enumerate_models, within
 
 REQUIRED = os.environ.get("MODEL_LIBRARIES") == "required"
+EVERY = os.environ.get("MODEL_LIBRARIES_ALL") == "1"  # every entry, not only those that add an op kind
 # (library, model): words the capture-time refusal must contain. Each is an op or a construct the engine
 # has no rule for yet; a listed model that becomes exact fails the test until its entry is removed.
 REFUSED: dict[tuple[str, str], str] = {
@@ -38,6 +40,22 @@ LIMIT = 600.0
 # methods checked on every model besides gradient, deeplift and lrp-epsilon (and the attention maps, on every
 # model with attention); the others one model each in turn
 ROTATION = tuple(m for m in BUILDERS if m not in ("gradient", "deeplift", "lrp-epsilon", *ON_ATTENTION))
+# the rotation's methods that cost a model many passes (fitted on images, sampled, or read through every
+# weight's positive and negative parts at once): they meet the cheapest models
+COSTLY = ("patternnet", "patternattribution", "integrated-gradients", "smoothgrad", "smoothgrad-ig", "chefer-lrp")
+
+
+def rotation(entries: list) -> list[tuple[str, ...]]:
+    """The rotated method of each entry: each method of :data:`ROTATION` as often as the others, the
+    :data:`COSTLY` ones on the cheapest entries (:func:`tests.model_libraries.cost`)."""
+    order = [*COSTLY, *(m for m in ROTATION if m not in COSTLY)]
+    # (costly or not, round, place): the costly methods first, one of each before any twice
+    turns = sorted((order[i % len(order)] not in COSTLY, i // len(order), i % len(order)) for i in range(len(entries)))
+    by_cost = sorted(range(len(entries)), key=lambda i: (cost(entries[i]), entries[i].name))
+    methods: list[tuple[str, ...]] = [()] * len(entries)
+    for i, (_, _, place) in zip(by_cost, turns):
+        methods[i] = ("lrp-epsilon", order[place])
+    return methods
 
 
 def _reporter(capsys, total: int):
@@ -58,7 +76,8 @@ def test_every_classifier_is_exact_or_refused_at_capture(library, capsys):
             pytest.fail(message + " (MODEL_LIBRARIES=required: make test installs it into .venv-libraries)")
         pytest.skip(message + " (make test runs this file in .venv-libraries)")
     entries = distinct(within(listing.entries))
-    methods = [("lrp-epsilon", ROTATION[i % len(ROTATION)]) for i in range(len(entries))]
+    entries = entries if EVERY else covering(entries)
+    methods = rotation(entries)
     rows = check_all(entries, methods=methods, limit=LIMIT, parallel=PARALLEL, report=_reporter(capsys, len(entries)))
     problems = []
     for row in rows:
@@ -104,3 +123,38 @@ def test_distinct_keeps_the_smallest_of_each_structure_and_every_entry_without_o
                entry("elsewhere", wide, 20, note="module n"), entry("a", wide, 5, record=False),
                entry("b", wide, 5, record=False)]
     assert [e.name for e in distinct(entries)] == ["narrow", "depthwise", "elsewhere", "a", "b"]
+
+
+def test_covering_keeps_the_cheapest_entry_of_each_new_op_kind():
+    from tests.model_libraries import Entry
+
+    def entry(name, ops, volume):
+        return Entry("test", name, lambda: None, (1, 4, 4), 0, ops=frozenset(ops), volume=volume)
+
+    entries = [entry("big", {"conv", "relu", "lstm"}, 100), entry("small", {"conv", "relu"}, 10),
+               entry("same", {"relu"}, 20), entry("unrecorded", set(), 1000), entry("gelu", {"conv", "gelu"}, 50)]
+    assert [e.name for e in covering(entries)] == ["big", "small", "unrecorded", "gelu"]
+
+
+def test_the_ops_of_a_model_are_recorded_with_its_convolution_grouping():
+    from torch import nn
+
+    from tests.model_libraries import _runs
+
+    probe = _runs(lambda: nn.Sequential(nn.Conv2d(3, 3, 3, groups=3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(5)),
+                  (3, 6, 6), meta=False)
+    assert probe.params and "aten.convolution.default/depthwise" in probe.ops and "aten.relu.default" in probe.ops
+    assert probe.volume >= 3 * 4 * 4 * 2 + 5  # the convolution's and the ReLU's outputs, the logits
+
+
+def test_the_costly_methods_meet_the_cheapest_entries_and_each_method_its_share():
+    from collections import Counter
+
+    from tests.model_libraries import Entry
+
+    entries = [Entry("test", f"m{i}", lambda: None, (1, 4, 4), 0, volume=(37 * i) % 101) for i in range(2 * len(ROTATION) + 3)]
+    methods = rotation(entries)
+    cheapest = sorted(range(len(entries)), key=lambda i: entries[i].volume)[:len(COSTLY)]
+    assert {methods[i][1] for i in cheapest} == set(COSTLY)
+    counts = Counter(m[1] for m in methods)
+    assert set(counts) == set(ROTATION) and max(counts.values()) - min(counts.values()) <= 1

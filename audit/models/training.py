@@ -197,7 +197,7 @@ class TrainConfig:
         return out
 
 
-def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 1000) -> float:
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 250) -> float:
     """Top-1 accuracy of ``model`` on (N, C, H, W) images ``x`` and (N,) labels ``y``.
 
     Parameters
@@ -209,7 +209,7 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 1
         (N, C, H, W) float32 images.
     y : numpy.ndarray
         (N,) integer labels.
-    batch_size : int, default 1000
+    batch_size : int, default 250
         Images per forward pass.
 
     Returns

@@ -55,10 +55,11 @@ demo: $(STAMP)
 	$(PY) -m audit demo
 
 # Lint and type checks first (seconds), then the suite and, beside it, the engine on the model libraries (their
-# own venv; MODEL_LIBRARIES=required makes a missing library a failure, not a skip). The main suite leaves a
-# core idle much of the time (Python between small tensor ops); the library suite, niced, fills those gaps and
-# takes both cores once the main suite is done. Its output goes to .test-libraries.log (tail -f it to
-# follow) and is shown at the end.
+# own venv; MODEL_LIBRARIES=required makes a missing library a failure, not a skip). The main suite runs in two
+# processes (pytest-xdist; the tests of a file in one of them) of one torch thread each: its tensors are small, and a
+# second intra-op thread cost a fifth more CPU time for no shorter run. The library suite, niced, fills the
+# gaps and takes both cores once the main suite is done. Its output goes to .test-libraries.log (tail -f it
+# to follow) and is shown at the end.
 LIBTESTS = tests/test_model_libraries.py tests/audit/models/test_libraries.py \
 	  tests/attributions/test_cam.py "tests/test_notebooks.py::test_notebook_executes[collapse_atlas]" \
 	  tests/test_examples.py::test_model_library_block_runs \
@@ -68,9 +69,9 @@ test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
 	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests docs
 	$(VENV)/bin/mypy
 	@echo "model-library suite started beside the main suite; its log: .test-libraries.log"
-	@MODEL_LIBRARIES=required nice -n 10 $(LIBS)/bin/python -m pytest -q -p no:cacheprovider $(LIBTESTS) \
-	  > .test-libraries.log 2>&1 & libraries=$$!; \
-	$(PY) -m pytest -q; main=$$?; \
+	@MODEL_LIBRARIES=required OMP_NUM_THREADS=1 nice -n 10 $(LIBS)/bin/python -m pytest -q -p no:cacheprovider \
+	  --durations=10 $(LIBTESTS) > .test-libraries.log 2>&1 & libraries=$$!; \
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=20; main=$$?; \
 	wait $$libraries; status=$$?; \
 	echo "--- model-library suite (.test-libraries.log) ---"; cat .test-libraries.log; \
 	test $$main -eq 0 && test $$status -eq 0

@@ -742,9 +742,9 @@ def covering(entries: list[Entry]) -> list[Entry]:
 
 
 def warm() -> None:
-    """Import the engine and capture, explain and fit one tiny model in this process, on one thread, so that
-    the children :func:`start_one` forks find torch.export's lazily built machinery ready (it costs each
-    child seconds otherwise)."""
+    """Import the engine and capture and explain one tiny model in this process, on one thread, so that the
+    children :func:`start_one` forks (the checks' and the atlas's) find torch.export's lazily built machinery
+    ready (it costs each child seconds otherwise)."""
     from attributions.explainer import Explainer
     from attributions.graph import trace
     from audit.run.patterns import PATTERN_METHODS  # noqa: F401  (imported for the children)
@@ -768,8 +768,7 @@ def check_all(entries: list[Entry], seed: int = 0, methods: tuple[str, ...] | li
     called as each finishes; ``work`` / ``judge``: as :func:`start_one`."""
     from multiprocessing.connection import wait
 
-    if work is None:
-        warm()
+    warm()
     rows: dict[int, dict] = {}
     running: dict[int, tuple] = {}
     pending = sorted(enumerate(entries), key=lambda item: -cost(item[1]))  # the longest first: none left alone at the end

@@ -48,13 +48,12 @@ COSTLY = ("patternnet", "patternattribution", "integrated-gradients", "smoothgra
 def rotation(entries: list) -> list[tuple[str, ...]]:
     """The rotated method of each entry: each method of :data:`ROTATION` as often as the others, the
     :data:`COSTLY` ones on the cheapest entries (:func:`tests.model_libraries.cost`)."""
-    order = [*COSTLY, *(m for m in ROTATION if m not in COSTLY)]
-    # (costly or not, round, place): the costly methods first, one of each before any twice
-    turns = sorted((order[i % len(order)] not in COSTLY, i // len(order), i % len(order)) for i in range(len(entries)))
+    turns = [ROTATION[i % len(ROTATION)] for i in range(len(entries))]
+    turns.sort(key=lambda m: m not in COSTLY)  # stable: the costly first, one of each before any twice
     by_cost = sorted(range(len(entries)), key=lambda i: (cost(entries[i]), entries[i].name))
     methods: list[tuple[str, ...]] = [()] * len(entries)
-    for i, (_, _, place) in zip(by_cost, turns):
-        methods[i] = ("lrp-epsilon", order[place])
+    for i, method in zip(by_cost, turns):
+        methods[i] = ("lrp-epsilon", method)
     return methods
 
 

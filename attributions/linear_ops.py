@@ -28,6 +28,7 @@ class LinearOp:
     def __init__(self, node: Node):
         self.node = node
         self._stacked: Derived[torch.Tensor] = Derived()
+        self._absolute: Derived[torch.Tensor] = Derived()
 
     def _sources(self) -> list[torch.Tensor]:
         """The tensors the effective weights are computed from (the layer's and a folded BatchNorm's)."""
@@ -54,6 +55,17 @@ class LinearOp:
                 return torch.cat([w.clamp(min=0), w.clamp(max=0)])
 
         return self._stacked.get(self._sources(), make)
+
+    def absolute(self) -> torch.Tensor:
+        """|W| of the effective weights, kept as :meth:`stacked` is (the sign-split rules on inputs of both signs
+        read it)."""
+        def make() -> torch.Tensor:
+            with torch.no_grad():
+                w, _ = self.weights()
+                assert w is not None  # only layers with weights have negative ones
+                return w.abs()
+
+        return self._absolute.get(self._sources(), make)
 
     def halves(self, signal: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """An empty signal for :meth:`stacked` (K, B, 2 out, ...) and its W+ and W- halves (views to fill)."""

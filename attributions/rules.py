@@ -239,14 +239,12 @@ class AlphaBeta(Rule):
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         op, x = ctx.layer, ctx.x
-        _, b = op.weights()
-        wp, wn = op.signed()
-        bp = b.clamp(min=0) if self.bias and b is not None else None
-        bn = b.clamp(max=0) if self.bias and b is not None else None
+        w, b = op.weights()
         if float(x.min()) >= 0:
             # Inputs after a ReLU: x- = 0, so z+ = W+ x + b+ >= 0 and z- = z - z+ <= 0 have known signs
             # (stabilised away from 0 without a sign pass), and z- needs no second forward.
-            zp = op.forward(x, wp, bp)
+            wp, wn = op.signed()
+            zp = op.forward(x, wp, b.clamp(min=0) if self.bias and b is not None else None)
             if not self.beta:
                 return [op.transpose(ratio(signal, zp.add_(self.stabilizer), 0.0, self.alpha), wp, x.shape).mul_(x)]
             # -z- >= 0 up to rounding; alpha R+ - beta R- = W+^T (alpha s / z+) + W-^T (beta s / -z-)
@@ -255,15 +253,22 @@ class AlphaBeta(Rule):
             ratio(signal, zp.add_(self.stabilizer), 0.0, self.alpha, out=sp)
             ratio(signal, zn.add_(self.stabilizer), 0.0, self.beta, out=sn)
             return [op.transpose_stacked(buffer, x.shape).mul_(x)]
-        xp, xn = x.clamp(min=0), x.clamp(max=0)
-        zp = op.forward(xp, wp, bp) + op.forward(xn, wn)
-        sp = ratio(signal, zp, self.stabilizer, self.alpha)
-        out = xp * op.transpose(sp, wp, x.shape) + xn * op.transpose(sp, wn, x.shape)
+        # Inputs of both signs. Term by term x+ w+ + x- w- = (|x||w| + xw) / 2 and x+ w- + x- w+ = (xw - |x||w|) / 2,
+        # so with z = W x + b from the forward pass, one more pass t = |W||x| + |b| (b+ - b- = |b|; -b without the
+        # bias) gives 2 z+ = z + t and 2 z- = z - t, where the split takes four; and the relevance
+        # alpha s+ c+ - beta s- c- sums to |x| |W|^T(q+ + q-) + x W^T(q+ - q-), q = scale s / (2 z): two transposes,
+        # not four. z+ >= 0 and z- <= 0 are clamped there (the sum rounds), then stabilised.
+        ax, aw = x.abs(), op.absolute()
+        t = op.forward(ax, aw, None if b is None else b.abs() if self.bias else -b)
         if self.beta:
-            zn = op.forward(xp, wn, bn) + op.forward(xn, wp)
-            sn = ratio(signal, zn, self.stabilizer, self.beta)
-            out = out - xp * op.transpose(sn, wn, x.shape) - xn * op.transpose(sn, wp, x.shape)
-        return [out]
+            twice_zn = torch.sub(ctx.output, t) if self.bias else torch.add(ctx.output, t).sub_(2 * op.forward(ax, aw))
+            qn = ratio(signal, twice_zn.clamp_(max=0).sub_(2 * self.stabilizer), 0.0, self.beta)
+        qp = ratio(signal, t.add_(ctx.output).clamp_(min=0).add_(2 * self.stabilizer), 0.0, self.alpha)
+        if self.beta:
+            qp, qn = qp + qn, qp.sub_(qn)
+        else:
+            qn = qp
+        return [op.transpose(qp, aw, x.shape).mul_(ax).add_(op.transpose(qn, w, x.shape).mul_(x))]
 
 
 class Gamma(Rule):

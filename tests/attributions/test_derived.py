@@ -32,6 +32,22 @@ def test_derived_is_recomputed_when_a_source_changes_in_any_way():
     assert derived.get([q], lambda: torch.tensor(7.0), key="other shape") == 7.0  # the key is part of it
 
 
+def test_derived_sees_writes_to_a_transposed_source_and_to_any_dtype():
+    # the samples are read through views kept on each source's storage: a non-contiguous source is read
+    # whole, and sources of several dtypes are compared per dtype
+    w = nn.Parameter(torch.randn(64, 32, dtype=torch.float64).t())
+    steps = torch.zeros((), dtype=torch.int64)
+    derived: Derived = Derived()
+    calls: list[int] = []
+    _counted(derived, [w, steps], calls)
+    w.data[5, 7] += 1.0  # through .data: no version bump, and off the strided sample of a contiguous one
+    _counted(derived, [w, steps], calls)
+    steps.data.fill_(1)
+    _counted(derived, [w, steps], calls)
+    _counted(derived, [w, steps], calls)
+    assert len(calls) == 3
+
+
 def test_cached_weights_and_reference_follow_the_model():
     torch.manual_seed(0)
     model = ResidualNet().double().eval()

@@ -466,11 +466,11 @@ def test_softmax_deeplift_stays_complete_when_the_reference_underflows():
 
 
 def _jacobian_reference(layer: nn.Module, x: torch.Tensor, signal: torch.Tensor, rule: str, alpha: float = 2.0,
-                        beta: float = 1.0, gamma: float = 0.25, eps: float = 1e-12) -> torch.Tensor:
+                        beta: float = 1.0, gamma: float = 0.25, eps: float = 1e-12, bias: bool = True) -> torch.Tensor:
     """The LRP rules in matrix form, one image at a time (zennit's reference style: slow, explicit):
     z_ij = x_i w_ji with W the layer's Jacobian (bias off), relevance R_i = sum_j c_ij R_j; gamma in its
-    generalized form for inputs of both signs."""
-    bias = layer.bias.detach() if layer.bias is not None else None
+    generalized form for inputs of both signs; ``bias=False``: alpha-beta without the bias (z+)."""
+    with_bias, bias = bias, layer.bias.detach() if layer.bias is not None else None
     out = []
     for xb, rb in zip(x, signal):
         with torch.no_grad():
@@ -482,6 +482,7 @@ def _jacobian_reference(layer: nn.Module, x: torch.Tensor, signal: torch.Tensor,
         if rule == "alpha-beta":
             z = w * xi[None, :]  # (out, in)
             zp, zn = z.clamp(min=0), z.clamp(max=0)
+            b = b if with_bias else torch.zeros_like(b)
             dp, dn = zp.sum(1) + b.clamp(min=0), zn.sum(1) + b.clamp(max=0)
             c = alpha * zp / (dp + eps)[:, None] - beta * zn / (dn - eps)[:, None]
         else:  # the generalized gamma (gamma = 0: epsilon): each output's sign picks the contributions that favour it
@@ -500,6 +501,8 @@ def _jacobian_reference(layer: nn.Module, x: torch.Tensor, signal: torch.Tensor,
 @pytest.mark.parametrize("positive", [True, False])  # x >= 0 takes the rules' fast path
 @pytest.mark.parametrize("rule, kwargs", [("alpha-beta", {"alpha": 2.0, "beta": 1.0}),
                                           ("alpha-beta", {"alpha": 1.0, "beta": 0.0}),
+                                          ("alpha-beta", {"alpha": 1.0, "beta": 0.0, "bias": False}),
+                                          ("alpha-beta", {"alpha": 2.0, "beta": 1.0, "bias": False}),
                                           ("gamma", {"gamma": 0.25}), ("gamma", {"gamma": 0.0})])
 def test_linear_rules_match_their_jacobian_form(positive, rule, kwargs):
     torch.manual_seed(0)
@@ -507,7 +510,8 @@ def test_linear_rules_match_their_jacobian_form(positive, rule, kwargs):
     x = torch.randn(2, 2, 5, 5, dtype=torch.float64)
     x = x.abs() if positive else x
     signal = torch.randn(1, 2, 3, 3, 3, dtype=torch.float64)
-    ours = R.AlphaBeta(kwargs["alpha"], kwargs["beta"], bias=True, stabilizer=1e-12) if rule == "alpha-beta" \
+    ours = R.AlphaBeta(kwargs["alpha"], kwargs["beta"], bias=kwargs.get("bias", True), stabilizer=1e-12) \
+        if rule == "alpha-beta" \
         else (R.Gamma(kwargs["gamma"], 1e-12) if kwargs["gamma"] else R.Epsilon(1e-12))
     model = nn.Sequential(conv, nn.Flatten()).eval()
     ex = Explainer(model, "lrp-epsilon", rules={"0": ours})

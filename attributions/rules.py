@@ -146,6 +146,17 @@ def ratio(signal: torch.Tensor, z: torch.Tensor, epsilon: float, scale: float = 
     return result if scale == 1.0 else result.mul_(scale)
 
 
+def per_image(op: Any, signal: torch.Tensor, value: torch.Tensor, *args: Any) -> torch.Tensor:
+    """``op(signal, value, *args)`` for a signal (K, B, ...) and a forward value (B, ...); with one vector
+    (K = 1, every map) on the signal's (B, ...) view: autograd's ReLU kernel broadcasting over a leading axis of
+    size 1 took a fifth longer than on equal shapes (64 x 16 x 32 x 32 floats, 2 threads)."""
+    if signal.shape[0] == 1:
+        out: torch.Tensor = op(signal[0], value, *args)
+        return out.unsqueeze(0)
+    result: torch.Tensor = op(signal, value, *args)
+    return result
+
+
 class Rule:
     """Backward of one node: ``backward(ctx, signal) -> [signal per tensor input]``, called under
     ``torch.no_grad()`` (rules write into preallocated buffers).
@@ -401,8 +412,7 @@ class DeepLiftAblation(Rule):
     reads = ()
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
-        w, _ = ctx.layer.weights()
-        wp = ctx.layer.signed()[0] if ctx.layer.has_negative_weights else w
+        wp = ctx.layer.signed()[0] if ctx.layer.has_negative_weights else ctx.layer.weights()[0]
         return [ctx.layer.transpose(signal, wp, ctx.x.shape)]
 
 
@@ -444,7 +454,7 @@ class ReLUGradient(Rule):
             return [signal.clamp(min=0)]
         slope = ctx.node.record.negative_slope if isinstance(ctx.node.record, LeakyReLU) else 0.0
         # autograd's own ReLU kernel (one pass, broadcast over K) where the slope is 0
-        out = (torch.ops.aten.threshold_backward(signal, ctx.x, 0) if slope == 0
+        out = (per_image(torch.ops.aten.threshold_backward, signal, ctx.x, 0) if slope == 0
                else torch.where(ctx.x > 0, signal, slope * signal))
         return [out.clamp_(min=0) if self.mode == "guided" else out]
 
@@ -506,7 +516,7 @@ class Rescale(Rule):
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         multiplier = (ctx.output - ctx.references[1]).div_(ctx.x - ctx.references[0][0]).nan_to_num_(nan=0.0)
-        return [signal * multiplier]
+        return [multiplier.mul_(signal[0]).unsqueeze(0) if signal.shape[0] == 1 else signal * multiplier]
 
 
 def _feeds_relu(ctx: Context, linear: str) -> str | None:

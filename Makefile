@@ -91,9 +91,13 @@ notebooks: $(STAMP) $(LIBSTAMP)
 	  kernel_name='python3', record_timing=False, resources={'metadata': {'path': 'notebooks'}}).execute(); \
 	  nbformat.write(nb, sys.argv[1])" $$nb || exit 1; done
 
-bench: $(STAMP)
-	$(PY) -m pip install -c constraints.txt -e '.[bench]'
-	$(PY) -m benchmarks
+# Every speed table of docs/speed.md, measured in one run and written to docs/benchmarks with its date, commit and
+# machine: the toolkit's own benchmarks in .venv (with Quantus, the [bench] extra), then the model libraries' and
+# LXT's in .venv-libraries. Run it on a quiet machine.
+bench: $(STAMP) $(LIBSTAMP)
+	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
+	$(PY) -m benchmarks --out docs/benchmarks
+	PYTHONPATH=. $(LIBS)/bin/python -m benchmarks --out docs/benchmarks library_costs transformer_lrp
 
 # The collapse atlas in full: every timm architecture module's smallest model and every chain method (hours on
 # 2 cores); writes atlas/atlas.csv and atlas/atlas.png, and the copies the documentation shows, with their date,

@@ -21,6 +21,7 @@ import torch
 from audit.atomic import atomic_write_bytes
 
 DEFAULT = ("engine", "audit_speed", "architectures", "distributed")
+LIBRARIES = ("library_costs", "transformer_lrp")  # need timm, torchvision and LXT: run in .venv-libraries
 
 
 def _commit() -> str:

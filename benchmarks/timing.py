@@ -21,25 +21,32 @@ def median_times(candidates: dict[str, Callable[[], object]], rounds: int = 7, w
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
-def median_ratios(candidates: dict[str, Callable[[], object]], baseline: str, rounds: int = 21,
-                  warmup: int = 1) -> dict[str, float]:
-    """Median over rounds of each candidate's time over the ``baseline`` candidate's time in the same
-    round. The two run back to back, in alternating order, so a machine whose speed drifts over
-    minutes (a shared host) moves both alike: steadier than a ratio of medians."""
+def paired_times(candidates: dict[str, Callable[[], object]], baseline: str, rounds: int = 21,
+                 warmup: int = 1) -> tuple[dict[str, float], dict[str, float]]:
+    """(median over rounds of each candidate's time over the ``baseline`` candidate's time in the same round,
+    median seconds of each). The candidates run back to back, in alternating order, so a machine whose speed
+    drifts over minutes (a shared host) moves both alike: steadier than a ratio of medians."""
     for fn in candidates.values():
         for _ in range(warmup):
             fn()
     ratios: dict[str, list[float]] = {name: [] for name in candidates}
+    seconds: dict[str, list[float]] = {name: [] for name in candidates}
     names = list(candidates)
     for r in range(rounds):
-        times = {}
         for name in names if r % 2 == 0 else reversed(names):
             start = time.perf_counter()
             candidates[name]()
-            times[name] = time.perf_counter() - start
+            seconds[name].append(time.perf_counter() - start)
         for name in names:
-            ratios[name].append(times[name] / times[baseline])
-    return {name: statistics.median(r) for name, r in ratios.items()}
+            ratios[name].append(seconds[name][-1] / seconds[baseline][-1])
+    return ({name: statistics.median(r) for name, r in ratios.items()},
+            {name: statistics.median(s) for name, s in seconds.items()})
+
+
+def median_ratios(candidates: dict[str, Callable[[], object]], baseline: str, rounds: int = 21,
+                  warmup: int = 1) -> dict[str, float]:
+    """The paired ratios of :func:`paired_times`."""
+    return paired_times(candidates, baseline, rounds, warmup)[0]
 
 
 def table(rows: list[tuple], header: tuple) -> str:

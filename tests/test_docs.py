@@ -58,3 +58,16 @@ def test_the_atlas_page_shows_the_published_figure_table_and_provenance(site):
         assert re.search(rf"<tr[^>]*>\s*<td><p><code[^>]*><span class=\"pre\">{method}</span>", page), method
     for model in about["not_measured"]:
         assert model in text, model
+
+
+def test_the_speed_page_shows_every_table_make_bench_writes_with_its_provenance(site):
+    from benchmarks.__main__ import DEFAULT, LIBRARIES
+
+    page = " ".join(re.sub(r"<[^>]+>", " ", (site / "speed.html").read_text()).split())
+    source = (ROOT / "docs" / "speed.md").read_text()
+    for name in (*DEFAULT, *LIBRARIES):  # each table make bench writes is committed and included
+        written = (ROOT / "docs" / "benchmarks" / f"{name}.md").read_text()
+        assert f"{{include}} benchmarks/{name}.md" in source, name
+        provenance = re.search(r"Measured (\S+ \S+ UTC) at commit (\w+)", written)
+        assert provenance is not None and f"Measured {provenance[1]} at commit {provenance[2]}" in page, name
+        assert "|" in written and "| ---" not in page, name  # a Markdown table, rendered as one

@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # The model libraries the real-library tests build from (torchvision, timm, transformers), and pytorch-grad-cam
 # (a reference that needs torchvision), in a venv of their own: torchvision does not import beside the CPU-only
-# torch build of .venv (constraints-libraries.txt).
+# torch build of .venv (constraints-libraries.txt). LXT too, without the heavy dependencies it declares (the
+# transformer benchmark imports only its torchvision patch).
 LIBS     := .venv-libraries
 LIBSTAMP := $(LIBS)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
@@ -24,6 +25,7 @@ $(LIBSTAMP): pyproject.toml constraints-libraries.txt
 	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt torch torchvision
 	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt -e . timm transformers safetensors pytest grad-cam \
 	  nbclient nbformat ipykernel hypothesis zennit
+	$(LIBS)/bin/python -m pip install --no-deps -c constraints-libraries.txt lxt
 	touch $(LIBSTAMP)
 
 # Debian's full Fashion-MNIST, for the full-dataset tests and for training the shipped checkpoints.

@@ -39,17 +39,30 @@ FLOORS = {"lrp-zplus": "2.0x (inputs of both signs)"}
 MEMORY_TARGET = 2.0
 
 _PEAK = """
-import ctypes, gc, sys, torch, timm
-from attributions import Explainer
+import ctypes, gc, torch
 
 def status(key):  # kB, from /proc/self/status
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key + ":"))
+
+{setup}
+x = torch.rand({batch}, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+run(x[:1])  # the capture and one image, so that what is measured is the batch's own
+gc.collect()
+ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed memory back to the system: the baseline is what is in use
+base = status("VmRSS")
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) from here
+run(x)
+print(base, status("VmHWM"))
+"""
+
+_TIMM = """
+import timm
+from attributions import Explainer
 
 torch.manual_seed(0)
 model = timm.create_model({name!r}, num_classes=1000).eval()
 for p in model.parameters():
     p.requires_grad_(False)
-x = torch.rand({batch}, 3, 224, 224, generator=torch.Generator().manual_seed(1))
 method = {method!r}
 if method == "plain gradient":
     def run(t):
@@ -58,13 +71,6 @@ if method == "plain gradient":
 else:
     explainer = Explainer(model, method)
     run = lambda t: explainer.attribute(t, target=0)
-run(x[:1])  # the capture and one image, so that what is measured is the batch's own
-gc.collect()
-ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed memory back to the system: the baseline is what is in use
-base = status("VmRSS")
-open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) from here
-run(x)
-print(base, status("VmHWM"))
 """
 
 
@@ -98,15 +104,21 @@ def time_ratios(name: str, batch: int, rounds: int) -> tuple[list[tuple], float]
     return rows, capture
 
 
-def peak_mb(name: str, method: str, batch: int) -> float:
-    """The resident MB a batch adds to a process that holds the model and its capture."""
+def batch_peak_mb(setup: str, batch: int) -> float:
+    """The resident MB a batch of ``batch`` random 224 x 224 images adds to a fresh process that ran
+    ``setup`` (Python code, torch imported, that defines ``run(x)``) and ``run`` on one image first."""
     # a fixed mmap threshold: glibc's moving one would serve freed large blocks from the heap, where
     # fragmentation, not the tensors alive, sets the resident size (runs of one method 10 % apart)
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17)}
-    out = subprocess.run([sys.executable, "-c", _PEAK.format(name=name, batch=batch, method=method)], check=True,
+    out = subprocess.run([sys.executable, "-c", _PEAK.format(setup=setup, batch=batch)], check=True,
                          capture_output=True, text=True, env=env)
     base, peak = (int(v) for v in out.stdout.split()[-2:])
     return max(peak - base, 0) / 1024
+
+
+def peak_mb(name: str, method: str, batch: int) -> float:
+    """The resident MB a batch adds to a process that holds the timm model ``name`` and its capture."""
+    return batch_peak_mb(_TIMM.format(name=name, method=method), batch)
 
 
 def run(batch: int = 4, memory_batch: int = 4, rounds: int = 5, measure_time: bool = True, measure_memory: bool = True,

@@ -895,16 +895,23 @@ class GateProduct(Rule):
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         a, b = _operand_values(ctx)
-        gates = _record(ctx, Product).gates if self.gates else (False, False)
+        record = _record(ctx, Product)
+        gates = record.gates if self.gates else (False, False)
         s = signal / stabilize(ctx.output, self.epsilon)
         pair = _product_of(ctx)
-        ra = a * ctx.vjp(s, [a], lambda t: pair(t, b))[0]
-        rb = b * ctx.vjp(s, [b], lambda t: pair(a, t))[0]
-        if _record(ctx, Product).quotient:  # a / b: b is never a signal operand of the z rule
-            return _gather(ctx, [ra, torch.zeros_like(rb)])
-        if gates[0] != gates[1]:
-            return _gather(ctx, [torch.zeros_like(ra), rb] if gates[0] else [ra, torch.zeros_like(rb)])
-        return _gather(ctx, [0.5 * ra, 0.5 * rb])
+
+        def z_rule(i: int) -> torch.Tensor:  # operand i's relevance, the other held at its value
+            return a * ctx.vjp(s, [a], lambda t: pair(t, b))[0] if i == 0 else b * ctx.vjp(s, [b], lambda t: pair(a, t))[0]
+
+        # a / b: b is never a signal operand of the z rule; a gate beside a signal is held constant. The operand
+        # held constant gets zeros without its vector-Jacobian product being computed (attention: one matrix
+        # product per block fewer)
+        only = 0 if record.quotient else (1 if gates[0] else 0) if gates[0] != gates[1] else None
+        if only is not None:
+            kept, held = z_rule(only), (b, a)[only]
+            zeros = kept.new_zeros((signal.shape[0], *held.shape))
+            return _gather(ctx, [kept, zeros] if only == 0 else [zeros, kept])
+        return _gather(ctx, [0.5 * z_rule(0), 0.5 * z_rule(1)])
 
 
 class DeepLiftProduct(Rule):

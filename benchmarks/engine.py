@@ -6,7 +6,7 @@ alpha-beta 2.0x. ``propagate`` with K = 5 is compared with one plain gradient of
 candidate's time over the plain gradient's in the same round, the median over rounds; the process keeps
 freed memory for reuse as the command line does (:func:`audit.run.resources.keep_freed_memory`; glibc's
 defaults fault a freed forward pass's pages in again on the next call, which costs every candidate alike
-and moves the ratios by up to 0.2 on this 2-core machine).
+and moved DeepLIFT's ratio from 1.31x to 1.52x on this 2-core machine).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from captum.attr import DeepLift, GuidedBackprop
 from attributions import Explainer
 from audit.models import build
 from audit.run.resources import keep_freed_memory
-from benchmarks.timing import median_ratios, median_times, table
+from benchmarks.timing import paired_times, table
 
 METHODS = {"gradient": 1.0, "guided-backprop": 1.0, "lrp-epsilon": 1.0, "deeplift": 1.0, "deeplift-ablation": 1.0,
            "lrp-zplus": 1.5, "lrp-epsilon-plus": 1.5, "lrp-alpha2beta1": 2.0}
@@ -47,16 +47,15 @@ def run(batch: int = 64, rounds: int = 21) -> str:
     vectors = torch.randn(5, batch, 10)
     candidates["plain gradient, 5x batch"] = lambda: plain_gradient(model, x5, t5)
     candidates["propagate K=5 (lrp-zplus)"] = lambda: explainers["lrp-zplus"].propagate(x, "classifier.6", vectors)
-    t = median_ratios(candidates, "plain gradient", rounds=rounds)
+    t, seconds = paired_times(candidates, "plain gradient", rounds=rounds)
     rows = [(m, f"{t[m]:.2f}x", f"{METHODS[m]:.1f}x", f"<= {TARGETS[m]:.1f}x") for m in METHODS]
     rows.append(("captum DeepLift / ours", f"{t['captum DeepLift'] / t['deeplift']:.2f}x", "", ""))
     rows.append(("captum GuidedBackprop / ours", f"{t['captum GuidedBackprop'] / t['guided-backprop']:.2f}x", "", ""))
     rows.append(("propagate K=5 / plain gradient of a 5x batch",
                  f"{t['propagate K=5 (lrp-zplus)'] / t['plain gradient, 5x batch']:.2f}x", "0.6x", "<= 1.0x"))
-    seconds = median_times({"plain gradient": candidates["plain gradient"]}, rounds=5)["plain gradient"]
+    memory = "kept for reuse" if kept else "returned: glibc defaults"
     head = (f"Engine cost on a VGG-style 32x32 net, batch {batch}, CPU ({torch.get_num_threads()} threads; freed memory "
-            f"{'kept for reuse' if kept else 'returned: glibc defaults'}); plain gradient {seconds * 1000:.1f} ms; "
-            f"medians of {rounds} rounds\n\n")
+            f"{memory}); plain gradient {seconds['plain gradient'] * 1000:.1f} ms; medians of {rounds} rounds\n\n")
     return head + table(rows, ("method", "time / plain gradient", "floor", "target"))
 
 

@@ -29,10 +29,29 @@ import torch
 import torch.fx
 from torch import nn
 
+from attributions import capture_cache
 from attributions.errors import AttributionError
 from attributions.hooks import refuse_changing_hooks
 
 _WRAPPED = "model"  # the user's model inside the capture's wrapper: stripped from every name
+
+
+@dataclass(frozen=True)
+class Program:
+    """What the engine keeps of an exported program: its graph (in ``graph_module``, which also holds the
+    subgraphs of higher-order ops), lifted constants and signature; nothing that refers to the model, so one
+    program serves the model's deep copies (:mod:`attributions.capture_cache`)."""
+
+    graph_module: torch.fx.GraphModule
+    constants: dict[str, Any]
+    input_specs: tuple[Any, ...]
+    output_specs: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, program: torch.export.ExportedProgram) -> Program:
+        signature = program.graph_signature
+        return cls(program.graph_module, dict(program.constants), tuple(signature.input_specs),
+                   tuple(signature.output_specs))
 
 
 @dataclass(frozen=True)
@@ -59,19 +78,18 @@ class Capture:
     shape : the example input's shape
     """
 
-    def __init__(self, model: nn.Module, program: torch.export.ExportedProgram, dynamic_batch: bool,
-                 shape: torch.Size):
+    def __init__(self, model: nn.Module, program: Program, dynamic_batch: bool, shape: torch.Size):
         self.model = model
-        self.graph = program.graph
         self.graph_module = program.graph_module  # holds the subgraphs of higher-order ops (autocast regions)
+        self.graph = program.graph_module.graph
         self.dynamic_batch = dynamic_batch
         self.shape = shape
-        self._constants = dict(program.constants)
+        self._constants = program.constants
         self._values: dict[str, Callable[[], Any]] = {}  # how each non-image graph input is read (value)
         kinds = {"USER_INPUT": "input", "PARAMETER": "parameter", "BUFFER": "buffer", "CONSTANT_TENSOR": "constant",
                  "CUSTOM_OBJ": "constant"}
         self.sources: dict[str, Source] = {}
-        for spec in program.graph_signature.input_specs:
+        for spec in program.input_specs:
             kind = kinds.get(spec.kind.name)
             if kind is None:
                 raise AttributionError(f"the captured model takes an input of kind {spec.kind.name} "
@@ -85,7 +103,7 @@ class Capture:
             raise AttributionError(f"the model takes {len(inputs)} tensor inputs; the engine explains models of one "
                                    "image batch (wrap the other inputs into the model)")
         self.input = inputs[0]
-        mutated = [_strip(spec.target or "?") for spec in program.graph_signature.output_specs
+        mutated = [_strip(spec.target or "?") for spec in program.output_specs
                    if spec.kind.name != "USER_OUTPUT"] + self._written_state()
         if mutated:
             raise AttributionError(f"the model's forward changes {', '.join(dict.fromkeys(mutated))} "
@@ -131,6 +149,12 @@ class Capture:
                                        "with one: capture the model again")
             return lambda: getattr(module, leaf)
         if source.kind == "constant":
+            # a tensor attribute of a module is read from the model (a deep copy reads its own); a tensor made in
+            # forward is the one captured
+            path, _, attribute = _strip(source.target).rpartition(".")
+            holder = _submodule(self.model, path)
+            if holder is not None and isinstance(getattr(holder, attribute, None), torch.Tensor):
+                return lambda: getattr(holder, attribute)
             constant = self._constants[source.target]
             return lambda: constant
         raise AttributionError(f"{name!r} is the images, not a value of the model")
@@ -158,6 +182,13 @@ class Capture:
     def ops(self) -> list[torch.fx.Node]:
         """The op nodes (``call_function``) in forward order."""
         return [n for n in self.graph.nodes if n.op == "call_function"]
+
+
+def _submodule(model: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
 
 
 def is_view(node: torch.fx.Node) -> bool:
@@ -267,6 +298,9 @@ def capture(model: nn.Module, example: torch.Tensor) -> Capture:
     if not isinstance(model, nn.Module):
         raise AttributionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     refuse_changing_hooks(model)
+    kept = capture_cache.lookup(model, example)
+    if kept is not None:
+        return Capture(model, kept[0], kept[1], example.shape)
     wrapper = _Logits(model)
     batch = example.shape[0]
     # export specialises sizes 0 and 1, so a symbolic batch is declared on an example of two
@@ -294,7 +328,9 @@ def capture(model: nn.Module, example: torch.Tensor) -> Capture:
                                        f"{_export_message(first)}. The engine needs a forward that export can follow: "
                                        "Python control flow on sizes is fine, branching on tensor values is not (use "
                                        "torch.where, or explain a sub-model)") from None
-    captured = Capture(model, program, dynamic, example.shape)
+    kept_program = Program.of(program)
+    captured = Capture(model, kept_program, dynamic, example.shape)  # refuses a program it cannot use: not kept
+    capture_cache.store(model, example, kept_program, dynamic)
     return captured
 
 

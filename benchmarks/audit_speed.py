@@ -9,14 +9,13 @@ similarity; Quantus computes one similarity), so the ratios are conservative.
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 from skimage.metrics import structural_similarity
 
 from audit.data import embedded_sample
 from audit.measures.similarity import ssim
 from audit.models import load_checkpoint
+from audit.models.copying import copy_model
 from audit.run.resources import keep_freed_memory
 from benchmarks.timing import median_ratios, median_times, table
 
@@ -78,13 +77,14 @@ def _quantus_rows(rounds: int, n_images: int = 16) -> list[tuple]:
 
 def _floor(model, x, y, order: str, samples: int = 1) -> None:
     """A randomization check's floor: its stage models built as the check builds them (the model copied
-    and traced, each stage's layer or block re-initialised), then one forward pass and one input gradient per
-    stage model (on ``samples`` copies of the batch), by autograd."""
+    and traced, the copy using the model's kept program as the check's does; each stage's layer or block
+    re-initialised), then one forward pass and one input gradient per stage model (on ``samples`` copies of
+    the batch), by autograd."""
     from attributions.graph import trace
     from audit.checks.randomization import randomization_stages
     from audit.checks.stage_options import StageSettings
     from audit.checks.stages import randomization_plan
-    start = copy.deepcopy(model)
+    start = copy_model(model)
     plan = randomization_plan(start, trace(start, torch.as_tensor(x)))
     stages = [m for _, _, m in randomization_stages(model, StageSettings(order=order), plan=plan, start=start)]
     xb, yb = torch.as_tensor(x).repeat(samples, 1, 1, 1), torch.as_tensor(y).repeat(samples)

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from attributions import capture_cache
+
 
 def _cached(value: Any) -> bool:
     """Whether ``value`` holds a tensor that is no graph leaf (directly or in a dict / list / tuple)."""
@@ -38,4 +40,6 @@ def copy_model(model: nn.Module) -> nn.Module:
                 memo[id(value)] = value.detach().clone()
             else:  # a cache: the copy recomputes it from its own parameters
                 memo[id(value)] = type(value)()
-    return copy.deepcopy(model, memo)
+    twin: nn.Module = copy.deepcopy(model, memo)
+    capture_cache.share(model, twin)  # same structure: the model's captures serve the copy
+    return twin

@@ -113,6 +113,7 @@ class Explainer(Attribution):
         self._graphs: dict[tuple[Any, ...], Graph] = {}  # captured graphs by input shape (sizes are specialised)
         self._ops: dict[Any, Any] = {}
         self._rules: dict[str, Rule] = {}
+        self.by_autograd = False  # set with the rules (_bind)
         self.recorded: frozenset[str] = frozenset()
         self._plans: dict[frozenset[str], Lean] = {}
         if self.method.engine.needs_graph and graph is not None:
@@ -127,6 +128,9 @@ class Explainer(Attribution):
         self._graphs[_shape_key(graph.shape, graph.dynamic_batch)] = graph
         self._ops = {n.name: OPS[n.kind](n) for n in graph.nodes if n.kind in LINEAR_KINDS}
         self._rules = self._rule_table(self._overrides) if self.method.chain else {}
+        # every rule the node's exact gradient: the chain is the model's gradient, taken from autograd
+        self.by_autograd = self.method.signal == "gradient" and bool(self._rules) and \
+            all(r.exact_gradient for r in self._rules.values())
         # nodes whose rule reads the node's own gradient: the forward pass records their autograd graph
         self.recorded = frozenset(n.name for n in graph.nodes if n.name in self._rules and self._rules[n.name].records
                                   and not (n.is_identity or n.is_reshape))
@@ -330,6 +334,7 @@ class Explainer(Attribution):
         recorded only where it keeps no value alive that the pass frees."""
         self._graph_for(x)
         env: dict[Any, Any] = {"input": x}
+        connected = torch.is_grad_enabled()  # a pass recorded whole (_forward_envs(connected=True))
         freed = lean.freed if lean is not None else frozenset()
 
         def held(name: str) -> Any:
@@ -351,6 +356,9 @@ class Explainer(Attribution):
                 env[node.name] = out
             else:
                 env[node.name] = self._eval(node, env)
+                if connected and node.kind not in SIGNAL_KINDS and isinstance(env[node.name], torch.Tensor):
+                    # a constant of the backward pass (detached, or under torch.no_grad() in the model)
+                    env[node.name] = env[node.name].detach()
             for alias in node.folded:  # calls traced to read a folded BatchNorm's output
                 env[alias] = env[node.name]
             for name in lean.free.get(position, ()) if lean is not None else ():
@@ -430,14 +438,21 @@ class Explainer(Attribution):
 
     def _forward_envs(self, x: torch.Tensor, with_ref: bool | None = None, record: frozenset[str] | None = None,
                       batch: torch.Size | None = None, reuse: Reuse | None = None,
-                      lean: Lean | None = None) -> tuple[dict[Any, Any], dict[Any, Any] | None]:
+                      lean: Lean | None = None, connected: bool = False) -> tuple[dict[Any, Any], dict[Any, Any] | None]:
         """Every node's output for x and (DeepLIFT, or ``with_ref``) for the reference (the method's baseline):
         one image, broadcast against the batch. ``record``: nodes whose autograd graph to keep (default: those
         this method's rules differentiate); ``batch``: the shape of the inputs ``x`` was taken from, which
         an error names (the user's, not a probe's); ``reuse``: as :meth:`_run`; ``lean``: the plan of a
-        pass for one backward, which holds only what that backward reads (:meth:`_lean`)."""
+        pass for one backward, which holds only what that backward reads (:meth:`_lean`). ``connected``:
+        the pass recorded by autograd as one graph from the input instead (marked :data:`CONNECTED`), for
+        the methods whose chain is the exact gradient (:attr:`by_autograd`); values reused from an earlier
+        connected pass bring its input leaf, so that gradients reach it through them."""
         with_ref = self.method.signal == "multiplier" if with_ref is None else with_ref
-        with torch.no_grad():
+        if connected:
+            earlier = reuse is not None and CONNECTED in reuse[0]
+            x = reuse[0]["input"] if reuse is not None and earlier else x.detach().requires_grad_()
+            reuse, record, lean = reuse if earlier else None, frozenset(), None
+        with torch.no_grad(), torch.set_grad_enabled(connected):
             try:
                 env = self._run(x, self.recorded if record is None else record, reuse, lean)
             except RuntimeError as exc:  # most often inputs of a shape or channel count the model does not take
@@ -445,6 +460,8 @@ class Explainer(Attribution):
                 raise AttributionError(f"the model's forward pass failed on inputs of shape {tuple(batch or x.shape)}: "
                                        f"{first}; check the input shape and channels the model expects") from None
             ref = self._reference_env(x) if with_ref else None
+        if connected:
+            env[CONNECTED] = True
         return env, ref
 
     def baseline_like(self, x: torch.Tensor) -> torch.Tensor:
@@ -479,6 +496,9 @@ class Explainer(Attribution):
         """Every node's signal (or only those named in ``keep``) for the signal ``make_signal(env)`` at
         ``start``. A forward pass made here (no ``envs``), or handed over as :class:`Releasable`, is
         released during the backward."""
+        if keep is not None and self.by_autograd and (envs is None and memory.budget() is None
+                                                      or envs is not None and CONNECTED in envs[0]):
+            return self._autograd_signals(x, start, make_signal, keep, envs)
         lean = None
         if envs is None and keep is not None:
             self._graph_for(x)
@@ -501,6 +521,39 @@ class Explainer(Attribution):
                     taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
                 parts.append(taps)
         return memory.joined(parts, 0)
+
+    def _autograd_signals(self, x: torch.Tensor, start: str, make_signal: Any, keep: Any, envs: Any = None
+                          ) -> dict[Any, Any]:
+        """:meth:`_signals` of an exact-gradient chain (:attr:`by_autograd`): autograd's backward through a
+        forward pass recorded whole (``_forward_envs(connected=True)``; ``envs``: one made beforehand), one
+        call per signal vector. The rules compute the same products one node at a time, each with its own call."""
+        env = envs[0] if envs is not None else self._forward_envs(x, connected=True)[0]
+        with torch.no_grad():
+            signal = make_signal(env)
+        root = env[start]
+        # as the rule chain: signals for the nodes the backward from ``start`` passes (zeros where it brings none)
+        below, frontier = {start}, [start]
+        while frontier:
+            for name in self._g.by_name[frontier.pop()].inputs:
+                if name not in below:
+                    below.add(name)
+                    frontier.append(name)
+        names = [n.name for n in reversed(self._g.nodes) if n.name in below and n.name in keep]  # the rules' order
+        values = [env[n] for n in names]
+        wanted = [v for v in values if isinstance(v, torch.Tensor) and v.requires_grad]
+        # the pass is kept while another method or a later stage may read it, else autograd frees it as it goes
+        retain = envs is not None and not isinstance(envs, Releasable)
+        grads: list[list[torch.Tensor | None]] = []
+        for k, vector in enumerate(signal):
+            grads.append(list(torch.autograd.grad(root, wanted, vector, retain_graph=retain or k < len(signal) - 1,
+                                                  allow_unused=True)) if root.requires_grad and wanted
+                         else [None] * len(wanted))
+        taps = {}
+        for name, value in zip(names, values):
+            at = next((i for i, w in enumerate(wanted) if w is value), None)
+            parts = [g[at] if at is not None else None for g in grads]
+            taps[name] = torch.stack([torch.zeros_like(value) if g is None else g for g in parts])
+        return taps
 
     # --- public API --------------------------------------------------------------------------------
 
@@ -750,6 +803,9 @@ def check_input(x: Any) -> torch.Tensor:
     return x.detach()
 
 
+CONNECTED = ("input", "connected")  # the key that marks a forward pass recorded whole (Explainer._forward_envs)
+
+
 def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor, reuse: Reuse | None = None
                    ) -> tuple[dict[Any, Any], dict[Any, Any] | None] | None:
     """One forward pass (and one reference pass, if a DeepLIFT method needs it) for all the graph
@@ -768,7 +824,8 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor, reuse: Reu
         return None
     x = chains[0]._check_input(x) if reuse is None else x  # else checked for the earlier pass
     return chains[0]._forward_envs(x, any(e.method.signal == "multiplier" for e in chains),
-                                   frozenset().union(*(e.recorded for e in chains)), reuse=reuse)
+                                   frozenset().union(*(e.recorded for e in chains)), reuse=reuse,
+                                   connected=all(e.by_autograd for e in chains))
 
 
 def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: list[Any], envs: Any = None

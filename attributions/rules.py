@@ -170,6 +170,9 @@ class Rule:
     # whether the relevance it hands an input is that input times a factor, R_in = x * c (the epsilon / z / z+ /
     # alpha-beta / gamma forms): at the first layer it makes an LRP map an input multiplier (Kindermans et al. 2019)
     proportional_to_input = False
+    # whether the backward is the node's exact gradient (the vector-Jacobian product autograd computes): a
+    # chain of such rules is the model's gradient, which the engine then takes from autograd in one call
+    exact_gradient = False
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         raise NotImplementedError
@@ -190,6 +193,7 @@ class Gradient(Rule):
 
     kinds = LINEAR_KINDS
     reads = ()
+    exact_gradient = True
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         w, _ = ctx.layer.weights()
@@ -444,6 +448,10 @@ class ReLUGradient(Rule):
     def linear_in_signal(self) -> bool:  # type: ignore[override]  # guided and deconv clip the signal
         return self.mode == "gradient"
 
+    @property
+    def exact_gradient(self) -> bool:  # type: ignore[override]
+        return self.mode == "gradient"
+
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         if self.mode == "deconv":
             return [signal.clamp(min=0)]
@@ -584,6 +592,7 @@ class WinnerTakeAll(Rule):
 
     kinds = ("maxpool",)
     reads = ("inputs",)
+    exact_gradient = True
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         m = ctx.node.module
@@ -690,6 +699,7 @@ class Copy(Rule):
 
     kinds = ("add",)
     reads = ()
+    exact_gradient = True
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         return [signal for _ in ctx.inputs]
@@ -705,6 +715,7 @@ class VJP(Rule):
     kinds = TRACED_KINDS
     records = True
     reads = ("inputs",)
+    exact_gradient = True
 
     def reads_for(self, node: Any) -> tuple[str, ...]:
         linear = node.kind in LINEAR_TRACED or node.is_identity or node.is_reshape
@@ -1081,6 +1092,7 @@ class SoftmaxGradient(Rule):
 
     kinds = ("softmax",)
     reads = ("output",)
+    exact_gradient = True
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         dim = _record(ctx, Softmax).dim % ctx.output.ndim + 1

@@ -6,9 +6,9 @@ import torch
 from torch import nn
 
 from attributions import Explainer, available_methods, memory
-from attributions.explainer import ForwardPass, shared_forward
 from attributions import rules as R
 from attributions.errors import AttributionError
+from attributions.explainer import ForwardPass, shared_forward
 from attributions.graph import trace
 from attributions.methods import build_method
 from attributions.records import Const

@@ -410,13 +410,20 @@ class Explainer(Attribution):
                 recomputed.add(name)
             return out
 
-        pending = {start: signal}
-        taps = {}
+        pending: dict[str, Any] = {start: signal}
+        taps: dict[str, torch.Tensor] = {}
         nodes = self._g.nodes
         names = [n.name for n in nodes]
         for node in reversed(nodes[: names.index(start) + 1]):
-            s = pending.pop(node.name, None)
-            if s is not None:
+            s = pending.pop(node.name, _UNREACHED)
+            if s is None:  # reached with no signal (a rule held it constant): nor do the nodes it reads get one
+                if keep is None or node.name in keep:
+                    taps[node.name] = signal.new_zeros((len(signal), *env[node.name].shape))
+                if node.kind == "input":
+                    break
+                for name in node.inputs:
+                    pending.setdefault(name, None)
+            elif s is not _UNREACHED:
                 if keep is None or node.name in keep:
                     taps[node.name] = s
                 if node.kind == "input":
@@ -430,7 +437,8 @@ class Explainer(Attribution):
                               env.get(key), ref.get(key) if ref else None, env, self._g)
                 outs = rule.backward(ctx, s)
                 for name, o in zip(node.inputs, outs):
-                    pending[name] = o if name not in pending else pending[name] + o
+                    before = pending.get(name)
+                    pending[name] = o if before is None else before if o is None else before + o
             if release and keep is not None and node.name not in keep:
                 for name in _entries(node):
                     env.pop(name, None)
@@ -803,6 +811,7 @@ def check_input(x: Any) -> torch.Tensor:
     return x.detach()
 
 
+_UNREACHED = object()  # a node the backward pass has not reached (None: reached with no signal)
 CONNECTED = ("input", "connected")  # the key that marks a forward pass recorded whole (Explainer._forward_envs)
 
 

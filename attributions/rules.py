@@ -10,7 +10,7 @@ user can pick by name in ``Explainer(..., rules={...})``, and :func:`available` 
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -174,7 +174,9 @@ class Rule:
     # chain of such rules is the model's gradient, which the engine then takes from autograd in one call
     exact_gradient = False
 
-    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+    def backward(self, ctx: Context, signal: torch.Tensor) -> Sequence[torch.Tensor | None]:
+        """The signal (K, B, ...) of each input (in ``ctx.node.inputs`` order); None for an input no signal
+        reaches (an operand held constant), which spares the passes below it on that path."""
         raise NotImplementedError
 
     def reads_for(self, node: Any) -> tuple[str, ...]:
@@ -864,11 +866,12 @@ def _product_of(ctx: Context) -> Callable[[torch.Tensor, torch.Tensor], torch.Te
     return lambda a, b: pair(env, a, b)
 
 
-def _gather(ctx: Context, per_operand: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Signals per operand slot -> signals per input node (a signal used twice, as in x * x, sums)."""
-    out: dict[str, torch.Tensor] = {}
+def _gather(ctx: Context, per_operand: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Signals per operand slot -> signals per input node (a signal used twice, as in x * x, sums; None: none)."""
+    out: dict[str, torch.Tensor | None] = {}
     for name, s in zip(_operands(ctx), per_operand):
-        out[name] = out[name] + s if name in out else s
+        before = out.get(name)
+        out[name] = s if before is None else before if s is None else before + s
     return [out[name] for name in ctx.node.inputs]
 
 
@@ -893,7 +896,7 @@ class GateProduct(Rule):
     def __init__(self, epsilon: float = 1e-6, gates: bool = True):
         self.epsilon, self.gates = epsilon, gates
 
-    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor | None]:
         a, b = _operand_values(ctx)
         record = _record(ctx, Product)
         gates = record.gates if self.gates else (False, False)
@@ -904,13 +907,12 @@ class GateProduct(Rule):
             return a * ctx.vjp(s, [a], lambda t: pair(t, b))[0] if i == 0 else b * ctx.vjp(s, [b], lambda t: pair(a, t))[0]
 
         # a / b: b is never a signal operand of the z rule; a gate beside a signal is held constant. The operand
-        # held constant gets zeros without its vector-Jacobian product being computed (attention: one matrix
-        # product per block fewer)
+        # held constant gets no signal: neither its vector-Jacobian product nor anything below it on its path
+        # is computed (attention: the softmax, the scores' product and the query and key moves of every block)
         only = 0 if record.quotient else (1 if gates[0] else 0) if gates[0] != gates[1] else None
         if only is not None:
-            kept, held = z_rule(only), (b, a)[only]
-            zeros = kept.new_zeros((signal.shape[0], *held.shape))
-            return _gather(ctx, [kept, zeros] if only == 0 else [zeros, kept])
+            kept = z_rule(only)
+            return _gather(ctx, [kept, None] if only == 0 else [None, kept])
         return _gather(ctx, [0.5 * z_rule(0), 0.5 * z_rule(1)])
 
 
@@ -931,7 +933,7 @@ class DeepLiftProduct(Rule):
     def __init__(self, tolerance: float = 1e-10):
         self.tolerance = tolerance
 
-    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor | None]:
         a, b = _operand_values(ctx)
         a0, b0 = _operand_values(ctx, reference=True)
         pair = _product_of(ctx)
@@ -1003,15 +1005,12 @@ class NormLRP(Rule):
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
+        kdims = tuple(d - ctx.x.ndim if d >= 0 else d for d in dims)  # counted from the end: a K axis leads
         g = group(ctx.x)
         std = torch.sqrt(g.var(dim=dims, keepdim=True, unbiased=False) + eps)
-
-        def linear(t: torch.Tensor) -> torch.Tensor:
-            u = group(t)
-            return _affine(ungroup((u - u.mean(dim=dims, keepdim=True)) / std), weight)
-
-        s = signal / stabilize(ctx.output, self.epsilon)
-        return [ctx.x * ctx.vjp(s, [ctx.x], linear)[0]]
+        # the linear map's transpose written out: centring is symmetric, so J^T s = centre(weight * s) / std
+        s = group(_affine(signal / stabilize(ctx.output, self.epsilon), weight))
+        return [ctx.x * ungroup((s - s.mean(dim=kdims, keepdim=True)).div_(std))]
 
 
 def _norm_secant(ctx: Context, signal: torch.Tensor) -> torch.Tensor:

@@ -591,6 +591,37 @@ def test_norm_secant_is_the_generic_secant_written_out(norm):
                                    rtol=1e-10, atol=1e-13)
 
 
+def _norm_lrp_by_vjp(ctx, signal):
+    """The LN rule as its definition reads: the z rule through the normalisation with the standard deviation
+    held constant, its transpose taken by autograd."""
+    group, dims, weight, _, eps, ungroup = R._norm_axes(ctx)
+    std = torch.sqrt(group(ctx.x).var(dim=dims, keepdim=True, unbiased=False) + eps)
+
+    def linear(t):
+        u = group(t)
+        return R._affine(ungroup((u - u.mean(dim=dims, keepdim=True)) / std), weight)
+
+    return ctx.x * ctx.vjp(signal / R.stabilize(ctx.output, 1e-6), [ctx.x], linear)[0]
+
+
+@pytest.mark.parametrize("norm", [nn.LayerNorm(6), nn.GroupNorm(2, 6), nn.BatchNorm2d(6, track_running_stats=False)],
+                         ids=["layer", "group", "batch statistics"])
+def test_the_ln_rule_written_out_is_its_definition(norm):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 3), norm, nn.Flatten(), nn.Linear(6 * 4 * 4, 3)).double().eval()
+    if isinstance(norm, nn.LayerNorm):
+        model[1] = _ChannelsLast(norm).double()
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.5)
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    ours = Explainer(model, "lrp-epsilon", rules={"norm": R.NormLRP()})
+    reference = Explainer(model, "lrp-epsilon", rules={"norm": _AsRule(_norm_lrp_by_vjp)})
+    targets = [torch.tensor([0, 2]), 1]  # K = 2 signals through one backward
+    expected = reference.maps_for_targets(x, targets)
+    assert float(expected.abs().max()) > 0
+    torch.testing.assert_close(ours.maps_for_targets(x, targets), expected, rtol=1e-10, atol=1e-13)
+
+
 def test_generalized_gamma_matches_zennit_on_signed_inputs():
     """zennit's Gamma (>= 0.5, the generalized form) on a net whose every layer sees inputs of both signs, as a
     transformer's do: equal to 1e-10."""

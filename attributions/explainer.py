@@ -26,7 +26,7 @@ from attributions.linear_ops import OPS, pool
 from attributions.liveness import Lean
 from attributions.methods import Method, build_method
 from attributions.records import Const
-from attributions.rules import Context, Rule, resolve
+from attributions.rules import Context, Rule, resolve, stabilize
 
 # (an earlier forward pass's values, the names of the nodes whose values may be taken from it)
 Reuse = tuple[dict[Any, Any], frozenset[str]]
@@ -345,7 +345,8 @@ class Explainer(Attribution):
                 for key in _entries(node):
                     if key in reuse[0]:
                         env[key] = reuse[0][key]
-            elif node.name in record and all(isinstance(env[i], torch.Tensor) and held(i) for i in node.inputs):
+            elif node.name in record and (lean is None or node.name in lean.reached) and \
+                    all(isinstance(env[i], torch.Tensor) and held(i) for i in node.inputs):
                 leaves = [env[i].detach().requires_grad_() for i in node.inputs]
                 with torch.enable_grad():
                     out = node.evaluate(env, dict(zip(node.inputs, leaves)))
@@ -512,8 +513,11 @@ class Explainer(Attribution):
             self._graph_for(x)
             lean = self._lean(frozenset(keep) | {start})
         env, ref = envs if envs is not None else self._forward_envs(x, lean=lean)
+        factor = self.method.signal == "factor"
         with torch.no_grad():
             signal = make_signal(env)
+            if factor:  # the relevance at the start over its value (Method.signal)
+                signal = signal / stabilize(env[start], self.method.params["epsilon"])
             # each vector's signals are as large as the forward values: chunks of vectors share the forward
             # (measured only under a budget: walking the forward pass's values costs a small map some percent)
             size = len(signal) if memory.budget() is None else memory.fitting(
@@ -527,6 +531,8 @@ class Explainer(Attribution):
                                       remat=lean.remat if lean is not None else frozenset())
                 if ref is not None:  # DeepLIFT's signal: multiplier times the difference from the reference
                     taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
+                elif factor:  # the relevance: the factor times the value
+                    taps = {k: v * env[k] for k, v in taps.items()}
                 parts.append(taps)
         return memory.joined(parts, 0)
 

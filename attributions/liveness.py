@@ -2,9 +2,10 @@
 only what its backward needs.
 
 Each rule says what it reads beyond shapes (:meth:`~attributions.rules.Rule.reads_for`: its inputs,
-its output, nothing). A value no rule reads goes once the last op that consumes it has run; it leaves
-a stand-in of its shape (:func:`~attributions.memory.stand_in`) for the rules that read shapes. A
-value that a rule reads but that an element-wise op (an activation, a normalisation, a softmax, data
+its output, nothing) and which of its inputs it passes no signal (:meth:`~attributions.rules.Rule.silent`: an
+operand held constant); the nodes no signal reaches are neither read nor recorded. A value no rule reads goes
+once the last op that consumes it has run; it leaves a stand-in of its shape
+(:func:`~attributions.memory.stand_in`) for the rules that read shapes. A value that a rule reads but that an element-wise op (an activation, a normalisation, a softmax, data
 movement, an element-wise mix) recomputes cheaply from values held anyway goes too, and is recomputed
 where it is read ("rematerialised"). A node's autograd graph is recorded where its inputs are held
 anyway (it keeps them, and what autograd saves, not the output); elsewhere its rule differentiates the
@@ -35,6 +36,7 @@ class Lean:
 
     free: dict[int, list[str]]
     remat: frozenset[str]
+    reached: frozenset[str] = frozenset()  # the nodes the backward can reach (below the rest, no rule passes a signal)
 
     @property
     def freed(self) -> frozenset[str]:
@@ -50,16 +52,23 @@ def plan(graph: Graph, rules: dict[str, Any], keep: frozenset[str]) -> Lean:
     """The plan for ``graph`` under ``rules`` ({node: rule}) when the backward returns the signals at
     ``keep``."""
     protected = set(keep) | {graph.output, "input"}  # read after the backward: never freed
+    # the nodes a signal can reach from where the backward may start (the output, or a node kept), as the rules
+    # pass it: an operand a rule holds constant (a gate) gets none, nor what lies below it on that path alone
+    reached = (set(keep) | {graph.output}) - {"input"}
+    for node in reversed(graph.nodes):
+        rule = rules.get(node.name)
+        if node.name in reached and rule is not None:
+            reached.update(set(node.inputs) - rule.silent(node))
     needed = set(protected)
     for node in graph.nodes:
         rule = rules.get(node.name)
-        if rule is None:
+        if rule is None or node.name not in reached:
             continue
         reads = rule.reads_for(node)
         if "output" in reads:
             needed.add(node.name)
         if "inputs" in reads:
-            needed.update(node.inputs)
+            needed.update(rule.inputs_read(node))
     depth: dict[str, int] = {}  # of the recomputation chain behind each rematerialised value
     for node in graph.nodes:  # in forward order: what a recomputation reads is held or recomputed itself
         if node.name in protected or not _cheap(node):
@@ -75,4 +84,4 @@ def plan(graph: Graph, rules: dict[str, Any], keep: frozenset[str]) -> Lean:
         if node.kind in SIGNAL_KINDS and node.name not in held:
             last = max((position[c] for c in graph.consumers[node.name]), default=position[node.name])
             free.setdefault(last, []).append(node.name)
-    return Lean(free, frozenset(remat))
+    return Lean(free, frozenset(remat), frozenset(reached | {"input"}))

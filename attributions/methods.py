@@ -44,7 +44,11 @@ class Method:
     signal : str, default "gradient"
         What the backward chain carries: ``relevance`` (LRP / DTD: starts as the explained logit, or
         one-hot), ``gradient`` (starts one-hot), ``multiplier`` (DeepLIFT: starts one-hot; the recorded
-        signal is the multiplier times the difference from the reference).
+        signal is the multiplier times the difference from the reference), ``factor`` (LRP with the relevance
+        written R = value * c: the chain carries c, starting as the relevance over the start's value, and
+        records c times each node's value; rules whose relevance is a z rule through a locally linear map
+        then hand on that map's gradient, and read no layer's values; relevance injected on a value of
+        zero, as ``propagate`` at a ReLU's output could, has no factor and is not carried).
     rules : dict, default {}
         The rule table of a rule chain: node kind (or ``"first"``, the linear layers reading the input)
         -> :class:`~attributions.rules.Rule`; empty for the methods with an engine of their own.
@@ -127,7 +131,7 @@ class Method:
         gradients, DeepLIFT's multipliers times the difference, LRP whose first layer hands each input x times a
         factor): the map keeps the input's structure whatever the factor (Adebayo et al. 2018; Kindermans et al.
         2019)."""
-        if self.times_input or self.engine.times_input or self.signal == "multiplier":
+        if self.times_input or self.engine.times_input or self.signal in ("multiplier", "factor"):
             return True
         first = self.rules.get("first", self.rules.get("conv"))
         return self.signal == "relevance" and bool(getattr(first, "proportional_to_input", False))
@@ -221,12 +225,24 @@ def _lrp_epsilon(epsilon: float = 1e-6) -> Method:
     return _lrp("lrp-epsilon", R.Epsilon(epsilon), R.Epsilon(epsilon), stabilizer=epsilon)
 
 
+def _lrp_factor(name: str, epsilon: float, gates: bool) -> Method:
+    """LRP-0 through the linear layers with the transformer rules (the LN rule, the identity rule through
+    activations; products with their gates held, or in halves), computed in factor form (signal "factor")."""
+    gradient = R.Gradient()
+    rules = {"dense": gradient, "conv": gradient, "affine": gradient, "avgpool": gradient,
+             "relu": R.ReLUGradient("gradient"), "leaky_relu": R.ReLUGradient("gradient"), "maxpool": R.WinnerTakeAll(),
+             "add": R.Copy(), **_traced(R.VJP(), R.IdentityFactor(epsilon), R.HeldGradient(gates), R.NormFactor(),
+                                        R.SoftmaxGradient())}
+    return _method(name, signal="factor", output="logit", rules=rules, completeness="output",
+                   params={"epsilon": epsilon})
+
+
 def _cp_lrp(epsilon: float = 1e-6) -> Method:
-    return _lrp("cp-lrp", R.Epsilon(epsilon), R.Epsilon(epsilon), stabilizer=epsilon)
+    return _lrp_factor("cp-lrp", epsilon, gates=True)
 
 
 def _attnlrp(epsilon: float = 1e-6) -> Method:
-    return _lrp("attnlrp", R.Epsilon(epsilon), R.Epsilon(epsilon), stabilizer=epsilon, gates=False)
+    return _lrp_factor("attnlrp", epsilon, gates=False)
 
 
 def _zplus(stabilizer: float = 1e-6) -> Method:

@@ -183,6 +183,14 @@ class Rule:
         """What the rule reads at ``node`` (:attr:`reads`, or less where the node's op makes it so)."""
         return self.reads
 
+    def inputs_read(self, node: Any) -> tuple[str, ...]:
+        """The inputs of ``node`` whose values the rule reads when :meth:`reads_for` names "inputs"."""
+        return tuple(node.inputs)
+
+    def silent(self, node: Any) -> frozenset[str]:
+        """The inputs of ``node`` the rule never passes a signal (returns None for)."""
+        return frozenset()
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v}" for k, v in vars(self).items())
         return f"{type(self).__name__}({fields})"
@@ -866,6 +874,21 @@ def _product_of(ctx: Context) -> Callable[[torch.Tensor, torch.Tensor], torch.Te
     return lambda a, b: pair(env, a, b)
 
 
+def _held(node: Any, gates_on: bool) -> tuple[int | None, list[str]]:
+    """(the operand slot a product rule holds constant: 0, 1 or None for neither, the operands' node names)."""
+    record = node.record
+    gates = record.gates if gates_on else (False, False)
+    names = list(record.operands)
+    if record.quotient:
+        return 1, names
+    return ((0 if gates[0] else 1) if gates[0] != gates[1] else None), names
+
+
+def _silent(node: Any, gates_on: bool) -> frozenset[str]:
+    held, names = _held(node, gates_on)
+    return frozenset() if held is None or names[0] == names[1] else frozenset({names[held]})
+
+
 def _gather(ctx: Context, per_operand: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
     """Signals per operand slot -> signals per input node (a signal used twice, as in x * x, sums; None: none)."""
     out: dict[str, torch.Tensor | None] = {}
@@ -896,6 +919,9 @@ class GateProduct(Rule):
     def __init__(self, epsilon: float = 1e-6, gates: bool = True):
         self.epsilon, self.gates = epsilon, gates
 
+    def silent(self, node: Any) -> frozenset[str]:
+        return _silent(node, self.gates)
+
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor | None]:
         a, b = _operand_values(ctx)
         record = _record(ctx, Product)
@@ -914,6 +940,81 @@ class GateProduct(Rule):
             kept = z_rule(only)
             return _gather(ctx, [kept, None] if only == 0 else [None, kept])
         return _gather(ctx, [0.5 * z_rule(0), 0.5 * z_rule(1)])
+
+
+# --- LRP in factor form: the relevance R = value * c, the backward carries c ---------------------------------
+# Where a rule's relevance is the z rule through a map linear at its forward point (a linear layer, a residual sum,
+# a product with one operand held, a normalisation with its standard deviation held, AttnLRP's softmax rule), the
+# factor it hands on is that map's gradient: R_in = x * J^T (R / z) with R = z * c gives c_in = J^T c. The chain
+# then runs as a gradient with the held operands held, LRP-0 on the linear layers (the epsilon-free limit, which
+# has no quotient to stabilise), and reads no layer's input or output: the memory of autograd's gradient.
+
+class IdentityFactor(Rule):
+    """LRP's identity rule through an element-wise activation (relevance passes unchanged, as :class:`Pass`) in
+    factor form: c_in = c * y / x, the denominator stabilised.
+
+    Parameters
+    ----------
+    epsilon : float
+        added to the activation's input with its sign
+    """
+
+    kinds = ACTIVATION_KINDS
+    reads = ("inputs",)  # the output is recomputed (one element-wise op): a forward pass holds half as much
+
+    def __init__(self, epsilon: float = 1e-6):
+        self.epsilon = epsilon
+
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        return [signal * ctx.apply(ctx.x).div_(stabilize(ctx.x, self.epsilon))]
+
+
+class HeldGradient(Rule):
+    """:class:`GateProduct` in factor form: the gradient to the operand that is not held (a gate beside a signal,
+    or a quotient's numerator), half the gradient to each operand where neither or both are gates (AttnLRP's
+    uniform rule); ``gates=False`` splits every product in halves."""
+
+    kinds = ("product",)
+    reads = ("inputs",)
+
+    def __init__(self, gates: bool = True):
+        self.gates = gates
+
+    def silent(self, node: Any) -> frozenset[str]:
+        return _silent(node, self.gates)
+
+    def inputs_read(self, node: Any) -> tuple[str, ...]:
+        # the gradient to one operand is linear in it: only the operand held is read
+        held, names = _held(node, self.gates)
+        return tuple(node.inputs) if held is None else (names[held],)
+
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor | None]:
+        a, b = _operand_values(ctx)
+        record = _record(ctx, Product)
+        gates = record.gates if self.gates else (False, False)
+        pair = _product_of(ctx)
+        only = 0 if record.quotient else (1 if gates[0] else 0) if gates[0] != gates[1] else None
+        if only == 0:
+            return _gather(ctx, [ctx.vjp(signal, [a], lambda t: pair(t, b))[0], None])
+        if only == 1:
+            return _gather(ctx, [None, ctx.vjp(signal, [b], lambda t: pair(a, t))[0]])
+        ga, gb = ctx.vjp(0.5 * signal, [a, b], pair)
+        return _gather(ctx, [ga, gb])
+
+
+class NormFactor(Rule):
+    """:class:`NormLRP` (the LN rule) in factor form: the gradient of the normalisation with its standard
+    deviation held, c_in = centre(weight * c) / std."""
+
+    kinds = ("norm",)
+    reads = ("inputs",)
+
+    def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
+        kdims = tuple(d - ctx.x.ndim if d >= 0 else d for d in dims)  # counted from the end: a K axis leads
+        std = torch.sqrt(group(ctx.x).var(dim=dims, keepdim=True, unbiased=False) + eps)
+        s = group(_affine(signal, weight))
+        return [ungroup((s - s.mean(dim=kdims, keepdim=True)).div_(std))]
 
 
 class DeepLiftProduct(Rule):

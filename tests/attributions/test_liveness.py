@@ -9,7 +9,7 @@ from attributions.liveness import MAX_CHAIN, plan
 from audit.models.vit import SmallViT
 from tests.engine_zoo import zoo_model
 
-METHODS = ["gradient", "guided-backprop", "deeplift", "lrp-epsilon", "lrp-zplus", "lrp-epsilon-plus"]
+METHODS = ["gradient", "guided-backprop", "deeplift", "lrp-epsilon", "lrp-zplus", "lrp-epsilon-plus", "cp-lrp", "attnlrp"]
 
 
 def _perturbed(model: torch.nn.Module) -> torch.nn.Module:
@@ -44,7 +44,7 @@ def test_lean_pass_gives_the_full_pass_maps_bit_for_bit(name, method, any_size):
     assert lean.abs().sum() > 0
 
 
-@pytest.mark.parametrize("method", ["gradient", "deeplift", "lrp-epsilon"])
+@pytest.mark.parametrize("method", ["gradient", "deeplift", "lrp-epsilon", "cp-lrp"])
 def test_lean_pass_holds_less_and_only_what_rules_read(method, any_size):
     model, x = _models()["vit"]
     ex = Explainer(model, method)
@@ -61,14 +61,22 @@ def test_lean_pass_holds_less_and_only_what_rules_read(method, any_size):
             assert all(s == 0 for s in value.stride()), node.name  # a stand-in: one element of memory
             assert value.shape == full[node.name].shape
         rule = ex._rules.get(node.name)
-        if rule is not None and node.name not in lean.remat:  # what a rule reads is held or recomputed
-            reads = rule.reads_for(node)
-            for name in (node.inputs if "inputs" in reads else ()) + ((node.name,) if "output" in reads else ()):
+        if rule is not None and node.name not in lean.remat and node.name in lean.reached:
+            reads = rule.reads_for(node)  # what a rule the signal reaches reads is held or recomputed
+            for name in (rule.inputs_read(node) if "inputs" in reads else ()) + ((node.name,) if "output" in reads
+                                                                                 else ()):
                 assert name not in freed or name in lean.remat, (node.name, name)
+    # LRP's gate rule holds the attention weights constant: no signal reaches the scores' product or the softmax
+    unreached = {graph.by_name[n].kind for n in {n.name for n in graph.nodes} - lean.reached}
+    assert ({"product", "softmax"} <= unreached) == (method in ("lrp-epsilon", "cp-lrp")), unreached
     for node in graph.nodes:  # a recorded graph never keeps a value alive that the pass freed
         if (node.name, "graph") in env:
             assert not set(node.inputs) & freed, node.name
-    assert any((name, "graph") in env for name in ex.recorded) or not ex.recorded
+    # and one is recorded wherever the signal reaches and the op's inputs are held (cp-lrp frees them all: its
+    # factor form reads no value there, and a data-movement VJP runs on stand-ins)
+    holding = {n for n in ex.recorded if n in lean.reached and not set(graph.by_name[n].inputs) & freed}
+    assert all((name, "graph") in env for name in holding)
+    assert bool(holding) == (method != "cp-lrp")
 
 
 def test_small_values_stay_and_their_graphs_are_recorded():

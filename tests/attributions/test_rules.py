@@ -12,6 +12,7 @@ from attributions import Explainer
 from attributions import rules as R
 from attributions.errors import AttributionError
 from attributions.graph import trace
+from audit.models import build
 from tests.engine_models import ResidualNet
 
 
@@ -620,6 +621,33 @@ def test_the_ln_rule_written_out_is_its_definition(norm):
     expected = reference.maps_for_targets(x, targets)
     assert float(expected.abs().max()) > 0
     torch.testing.assert_close(ours.maps_for_targets(x, targets), expected, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("name", ["vit", "cnn", "resnet"])
+@pytest.mark.parametrize("method", ["cp-lrp", "attnlrp"])
+def test_lrp_in_factor_form_is_the_relevance_form(name, method):
+    # R = value * c: the factor form's chain of gradients (products' gates held or halved, the LN rule's std held,
+    # the identity rule as a ratio) gives the relevance form's maps (z rules divided by z) in the epsilon-free limit
+    torch.manual_seed(0)
+    model = build(name).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    x = torch.rand(3, 1, 28, 28, dtype=torch.float64)
+    gates = method == "cp-lrp"
+    relevance = Explainer(model, "lrp-epsilon", epsilon=1e-12, rules={"product": R.GateProduct(1e-12, gates=gates)})
+    targets = [torch.tensor([0, 4, 9]), 2]
+    expected = relevance.maps_for_targets(x, targets)
+    factor = Explainer(model, method, epsilon=1e-12)
+    torch.testing.assert_close(factor.maps_for_targets(x, targets), expected, rtol=1e-7, atol=1e-9 * expected.abs().max())
+    # the relevance at a layer inside, from vectors injected at a linear layer's output above it, as CSC injects
+    # (relevance put on a value of zero, a ReLU's, has no factor: the two forms differ only there)
+    graph = factor.capture(x).graph
+    start = [n.name for n in graph.nodes if n.kind in ("conv", "dense")][-2]
+    layer = factor.layers[len(factor.layers) // 4]
+    vectors = torch.randn(2, *factor.forward_pass(x).values[start].shape, dtype=torch.float64)
+    ours, theirs = (e.propagate(x, start, vectors) for e in (factor, relevance))
+    torch.testing.assert_close(ours[layer], theirs[layer], rtol=1e-6, atol=1e-9 * theirs[layer].abs().max())
 
 
 def test_generalized_gamma_matches_zennit_on_signed_inputs():

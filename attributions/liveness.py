@@ -1,15 +1,16 @@
-"""What a forward pass made for one backward holds: the values the rules read, as autograd saves
-only what its backward needs.
+"""What a forward pass made for one backward holds: the values the rules read, as autograd saves only what its
+backward needs.
 
-Each rule says what it reads beyond shapes (:meth:`~attributions.rules.Rule.reads_for`: its inputs,
-its output, nothing) and which of its inputs it passes no signal (:meth:`~attributions.rules.Rule.silent`: an
+Each rule says what it reads beyond shapes (:meth:`~attributions.rules.Rule.reads_for`: its inputs, its
+output, nothing) and which of its inputs it passes no signal (:meth:`~attributions.rules.Rule.silent`: an
 operand held constant); the nodes no signal reaches are neither read nor recorded. A value no rule reads goes
 once the last op that consumes it has run; it leaves a stand-in of its shape
-(:func:`~attributions.memory.stand_in`) for the rules that read shapes. A value that a rule reads but that an element-wise op (an activation, a normalisation, a softmax, data
-movement, an element-wise mix) recomputes cheaply from values held anyway goes too, and is recomputed
-where it is read ("rematerialised"). A node's autograd graph is recorded where its inputs are held
-anyway (it keeps them, and what autograd saves, not the output); elsewhere its rule differentiates the
-op again. Values under :data:`~attributions.memory.SMALL` bytes stay whatever the plan.
+(:func:`~attributions.memory.stand_in`) for the rules that read shapes. A value that a rule reads but that an
+element-wise op (an activation, a normalisation, a softmax, data movement, an element-wise mix) recomputes
+cheaply from values held anyway goes too, and is recomputed where it is read ("rematerialised"). A node's
+autograd graph is recorded where its inputs are held anyway (it keeps them, and what autograd saves, not the
+output); elsewhere its rule differentiates the op again. Values under :data:`~attributions.memory.SMALL` bytes
+stay whatever the plan.
 """
 from __future__ import annotations
 

@@ -94,14 +94,14 @@ ABOUT: dict[str, About] = {
         family="other LRP",
         cite=("bach2015",)),
     "cp-lrp": About(
-        "CP-LRP for transformers: epsilon on linear layers, attention weights (and every gate) held constant,"
-        " the LN rule through norms",
+        "CP-LRP for transformers: LRP-0 on linear layers, attention weights (and every gate) held constant,"
+        " the identity rule through activations, the LN rule through norms",
         "Ali et al. 2022 (ICML)",
         family="other LRP",
         cite=("ali2022",)),
     "attnlrp": About(
-        "AttnLRP: epsilon on linear layers, both products of attention split in halves, AttnLRP's softmax "
-        "rule, the LN rule through norms",
+        "AttnLRP: LRP-0 on linear layers, both products of attention split in halves, AttnLRP's softmax "
+        "rule, the identity rule through activations, the LN rule through norms",
         "Achtibat et al. 2024 (ICML)",
         family="other LRP",
         cite=("achtibat2024",)),

@@ -115,7 +115,7 @@ class Explainer(Attribution):
         self._rules: dict[str, Rule] = {}
         self.by_autograd = False  # set with the rules (_bind)
         self.recorded: frozenset[str] = frozenset()
-        self._plans: dict[frozenset[str], Lean] = {}
+        self._plans: dict[tuple[frozenset[str], bool], Lean] = {}
         if self.method.engine.needs_graph and graph is not None:
             self._bind(graph)
         self._reference: Derived[dict[Any, Any]] = Derived()
@@ -128,9 +128,10 @@ class Explainer(Attribution):
         self._graphs[_shape_key(graph.shape, graph.dynamic_batch)] = graph
         self._ops = {n.name: OPS[n.kind](n) for n in graph.nodes if n.kind in LINEAR_KINDS}
         self._rules = self._rule_table(self._overrides) if self.method.chain else {}
-        # every rule the node's exact gradient: the chain is the model's gradient, taken from autograd
-        self.by_autograd = self.method.signal == "gradient" and bool(self._rules) and \
-            all(r.exact_gradient for r in self._rules.values())
+        # every rule the node's exact gradient, or that of a surrogate op (factor form): the chain is the gradient
+        # of the model with those ops in its place, taken from autograd
+        self.by_autograd = self.method.signal in ("gradient", "factor") and bool(self._rules) and \
+            all(r.exact_gradient or r.traceable for r in self._rules.values())
         # nodes whose rule reads the node's own gradient: the forward pass records their autograd graph
         self.recorded = frozenset(n.name for n in graph.nodes if n.name in self._rules and self._rules[n.name].records
                                   and not (n.is_identity or n.is_reshape))
@@ -316,12 +317,13 @@ class Explainer(Attribution):
         """
         return memory.fitting(len(x), lambda: self.bytes_per_image(x) * (1 + vectors))
 
-    def _lean(self, keep: frozenset[str]) -> Lean:
+    def _lean(self, keep: frozenset[str], autograd: bool = False) -> Lean:
         """The plan of a forward pass for one backward that returns the signals at ``keep``
-        (:mod:`attributions.liveness`), made once per graph."""
-        if keep not in self._plans:
-            self._plans[keep] = liveness.plan(self._g, self._rules, keep)
-        return self._plans[keep]
+        (:mod:`attributions.liveness`), made once per graph; ``autograd``: for autograd's backward through a
+        pass recorded whole, which holds what it saves itself (no rule reads a value)."""
+        if (keep, autograd) not in self._plans:
+            self._plans[keep, autograd] = liveness.plan(self._g, {} if autograd else self._rules, keep)
+        return self._plans[keep, autograd]
 
     def _run(self, x: torch.Tensor, record: frozenset[str] = frozenset(), reuse: Reuse | None = None,
              lean: Lean | None = None) -> dict[Any, Any]:
@@ -355,6 +357,10 @@ class Explainer(Attribution):
                     env[(node.name, "graph")] = (leaves, get_gradient_edge(out))
                     out = out.detach()
                 env[node.name] = out
+            elif connected and (rule := self._rules.get(node.name)) is not None and rule.traceable:
+                inputs = [env[i] for i in node.inputs]  # the output is the surrogate's to compute: a stand-in
+                env[node.name] = rule.surrogate(Context(node, inputs, inputs[0], self._ops.get(node.name), env=env,
+                                                        graph=self._g))
             else:
                 env[node.name] = self._eval(node, env)
                 if connected and node.kind not in SIGNAL_KINDS and isinstance(env[node.name], torch.Tensor):
@@ -460,7 +466,8 @@ class Explainer(Attribution):
         if connected:
             earlier = reuse is not None and CONNECTED in reuse[0]
             x = reuse[0]["input"] if reuse is not None and earlier else x.detach().requires_grad_()
-            reuse, record, lean = reuse if earlier else None, frozenset(), None
+            reuse, record = reuse if earlier else None, frozenset()
+            lean = None if reuse is not None else lean
         with torch.no_grad(), torch.set_grad_enabled(connected):
             try:
                 env = self._run(x, self.recorded if record is None else record, reuse, lean)
@@ -541,9 +548,16 @@ class Explainer(Attribution):
         """:meth:`_signals` of an exact-gradient chain (:attr:`by_autograd`): autograd's backward through a
         forward pass recorded whole (``_forward_envs(connected=True)``; ``envs``: one made beforehand), one
         call per signal vector. The rules compute the same products one node at a time, each with its own call."""
-        env = envs[0] if envs is not None else self._forward_envs(x, connected=True)[0]
+        if envs is None:  # values go once their last consumer has run: autograd keeps what it saves
+            self._graph_for(x)
+            env = self._forward_envs(x, connected=True, lean=self._lean(frozenset(keep) | {start}, autograd=True))[0]
+        else:
+            env = envs[0]
+        factor = self.method.signal == "factor"
         with torch.no_grad():
             signal = make_signal(env)
+            if factor:  # as _signals
+                signal = signal / stabilize(env[start].detach(), self.method.params["epsilon"])
         root = env[start]
         # as the rule chain: signals for the nodes the backward from ``start`` passes (zeros where it brings none)
         below, frontier = {start}, [start]
@@ -567,6 +581,8 @@ class Explainer(Attribution):
             at = next((i for i, w in enumerate(wanted) if w is value), None)
             parts = [g[at] if at is not None else None for g in grads]
             taps[name] = torch.stack([torch.zeros_like(value) if g is None else g for g in parts])
+            if factor:
+                taps[name] = taps[name] * value.detach()
         return taps
 
     # --- public API --------------------------------------------------------------------------------
@@ -840,7 +856,9 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor, reuse: Reu
     x = chains[0]._check_input(x) if reuse is None else x  # else checked for the earlier pass
     return chains[0]._forward_envs(x, any(e.method.signal == "multiplier" for e in chains),
                                    frozenset().union(*(e.recorded for e in chains)), reuse=reuse,
-                                   connected=all(e.by_autograd for e in chains))
+                                   # ops in surrogate form (factor chains) give the gradient of one method only
+                                   connected=all(e.by_autograd for e in chains) and
+                                   (len(chains) == 1 or all(e.method.signal == "gradient" for e in chains)))
 
 
 def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: list[Any], envs: Any = None

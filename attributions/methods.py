@@ -152,14 +152,12 @@ def _gradient_rules(relu: R.Rule, activation: R.Rule | None = None) -> dict[str,
             **_traced(exact, activation or exact, exact, exact, R.SoftmaxGradient())}
 
 
-def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabilizer: float = 1e-6,
-               gates: bool = True) -> dict[str, Any]:
-    """``gates``: products hold a gate (attention weights, SE gates) constant (CP-LRP), else every product
-    splits in halves and relevance reaches the attention weights and their softmax rule (AttnLRP)."""
+def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabilizer: float = 1e-6) -> dict[str, Any]:
+    """Products hold a gate (attention weights, SE gates) constant (CP-LRP); the LN rule through norms."""
     rules = {"dense": dense, "conv": conv, "affine": R.Epsilon(stabilizer), "avgpool": R.Epsilon(stabilizer),
              "relu": R.Pass(), "leaky_relu": R.Pass(), "maxpool": R.WinnerTakeAll(),
              "add": R.ProportionalSplit(stabilizer),
-             **_traced(R.LinearZ(stabilizer), R.Pass(), R.GateProduct(stabilizer, gates), R.NormLRP(stabilizer),
+             **_traced(R.LinearZ(stabilizer), R.Pass(), R.GateProduct(stabilizer), R.NormLRP(stabilizer),
                        R.SoftmaxLRP())}
     if first is not None:
         rules["first"] = first
@@ -212,8 +210,8 @@ def _pattern_method(name: str, mode: str) -> Callable[..., Method]:
 
 
 def _lrp(name: str, dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, output: str = "logit",
-         stabilizer: float = 1e-6, gates: bool = True) -> Method:
-    return _method(name, signal="relevance", output=output, rules=_lrp_rules(dense, conv, first, stabilizer, gates),
+         stabilizer: float = 1e-6) -> Method:
+    return _method(name, signal="relevance", output=output, rules=_lrp_rules(dense, conv, first, stabilizer),
                    completeness="output" if output == "logit" else None)
 
 

@@ -173,11 +173,19 @@ class Rule:
     # whether the backward is the node's exact gradient (the vector-Jacobian product autograd computes): a
     # chain of such rules is the model's gradient, which the engine then takes from autograd in one call
     exact_gradient = False
+    # whether the backward is autograd's gradient through :meth:`surrogate` (a rule in factor form: the op with
+    # parts held constant); a chain of such rules and exact gradients, too, runs as one autograd call
+    traceable = False
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> Sequence[torch.Tensor | None]:
         """The signal (K, B, ...) of each input (in ``ctx.node.inputs`` order); None for an input no signal
         reaches (an operand held constant), which spares the passes below it on that path."""
         raise NotImplementedError
+
+    def surrogate(self, ctx: Context) -> torch.Tensor:
+        """The node's output from its inputs ``ctx.inputs`` (tensors autograd records), of the op's value, whose
+        gradient is :meth:`backward` (rules with :attr:`traceable` only)."""
+        raise NotImplementedError(f"{type(self).__name__} has no surrogate")
 
     def reads_for(self, node: Any) -> tuple[str, ...]:
         """What the rule reads at ``node`` (:attr:`reads`, or less where the node's op makes it so)."""
@@ -965,8 +973,18 @@ class IdentityFactor(Rule):
     def __init__(self, epsilon: float = 1e-6):
         self.epsilon = epsilon
 
+    traceable = True
+
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         return [signal * ctx.apply(ctx.x).div_(stabilize(ctx.x, self.epsilon))]
+
+    def surrogate(self, ctx: Context) -> torch.Tensor:
+        def run(x: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+            y = ctx.apply(x)
+            factor = y / stabilize(x, self.epsilon)
+            return y, factor.mul
+        out: torch.Tensor = _Surrogate.apply(ctx.x, run)
+        return out
 
 
 class HeldGradient(Rule):
@@ -1001,6 +1019,15 @@ class HeldGradient(Rule):
         ga, gb = ctx.vjp(0.5 * signal, [a, b], pair)
         return _gather(ctx, [ga, gb])
 
+    traceable = True
+
+    def surrogate(self, ctx: Context) -> torch.Tensor:
+        a, b = _operand_values(ctx)
+        held, _ = _held(ctx.node, self.gates)
+        if held is None:
+            return _product_of(ctx)(_HalfGradient.apply(a), _HalfGradient.apply(b))
+        return _product_of(ctx)(a.detach() if held == 0 else a, b.detach() if held == 1 else b)
+
 
 class NormFactor(Rule):
     """:class:`NormLRP` (the LN rule) in factor form: the gradient of the normalisation with its standard
@@ -1009,12 +1036,62 @@ class NormFactor(Rule):
     kinds = ("norm",)
     reads = ("inputs",)
 
+    traceable = True
+
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
-        group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
-        kdims = tuple(d - ctx.x.ndim if d >= 0 else d for d in dims)  # counted from the end: a K axis leads
-        std = torch.sqrt(group(ctx.x).var(dim=dims, keepdim=True, unbiased=False) + eps)
+        return [_std_held(ctx, ctx.x)(signal)]
+
+    def surrogate(self, ctx: Context) -> torch.Tensor:
+        def run(x: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+            if _record(ctx, Norm).type != "layer":
+                return ctx.apply(x), _std_held(ctx, x)
+            # LayerNorm's own kernel gives the output and the inverse deviation in one pass
+            _, dims, weight, bias, eps, _ = _norm_axes(ctx)
+            y, _, inverse = torch.ops.aten.native_layer_norm(x, x.shape[dims[0]:], weight, bias, eps)
+            return y, _std_held(ctx, x, inverse.reciprocal_())
+        out: torch.Tensor = _Surrogate.apply(ctx.x, run)
+        return out
+
+
+def _std_held(ctx: Context, x: torch.Tensor, std: torch.Tensor | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The transpose of the normalisation at ``x`` with its standard deviation (``std``, computed if None) held:
+    (..., B, ...) -> same."""
+    group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
+    kdims = tuple(d - x.ndim if d >= 0 else d for d in dims)  # counted from the end: a K axis may lead
+    if std is None:
+        std = torch.sqrt(group(x).var(dim=dims, keepdim=True, unbiased=False) + eps)
+
+    def transpose(signal: torch.Tensor) -> torch.Tensor:
         s = group(_affine(signal, weight))
-        return [ungroup((s - s.mean(dim=kdims, keepdim=True)).div_(std))]
+        return ungroup((s - s.mean(dim=kdims, keepdim=True)).div_(std))
+    return transpose
+
+
+class _Surrogate(torch.autograd.Function):
+    """``run(x) -> (value, pullback)``: the value, whose gradient autograd takes as ``pullback`` (the rule's
+    transpose, holding only what it closes over)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, run: Callable[[torch.Tensor], Any]) -> torch.Tensor:
+        value: torch.Tensor
+        value, ctx.pullback = run(x)
+        return value
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.pullback(grad), None
+
+
+class _HalfGradient(torch.autograd.Function):
+    """The identity whose gradient is halved (AttnLRP's uniform rule for a product of two signals)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return 0.5 * grad
 
 
 class DeepLiftProduct(Rule):

@@ -13,11 +13,12 @@ LXT runs as its efficient API does: ``lxt.efficient.monkey_patch(torchvision.mod
 input x gradient of the target logit. Its torchvision map, ``cp_LRP``, holds the attention weights constant (query
 and key detached before ``nn.MultiheadAttention``), takes the identity rule through GELU and holds LayerNorm's
 standard deviation constant; linear layers, the patch embedding and the residual sums keep their gradient (LRP-0).
-That is CP-LRP inside attention with AttnLRP's rules outside it, the rules of our ``cp-lrp`` (epsilon 1e-6): its
-pair. Our ``attnlrp`` (relevance through the softmax, halves through both attention products) computes another map.
-LXT's ViT example adds zennit's Gamma rule on the linear layers: left out here, as in our two methods. The patch
-replaces the ``forward`` of torch.nn's GELU, LayerNorm and MultiheadAttention for the whole process: ours are
-captured before it.
+That is CP-LRP inside attention with AttnLRP's rules outside it, the rules of our ``cp-lrp``: its pair. Both
+compute it in factor form (relevance = value x factor: a gradient with the held operands held); ours stabilises the
+identity rule's ratio with epsilon 1e-6, LXT with its own. Our ``attnlrp`` (relevance through the softmax, halves
+through both attention products) computes another map. LXT's ViT example adds zennit's Gamma rule on the linear
+layers: left out here, as in our two methods. The patch replaces the ``forward`` of torch.nn's GELU, LayerNorm and
+MultiheadAttention for the whole process: ours are captured before it.
 
 Needs torchvision and LXT: ``PYTHONPATH=. .venv-libraries/bin/python -m benchmarks.transformer_lrp [--batch N]
 [--rounds N]`` (``make test`` builds that venv, LXT with it).

@@ -8,7 +8,7 @@ from torch import nn
 from attributions import Explainer, available_methods, memory
 from attributions import rules as R
 from attributions.errors import AttributionError
-from attributions.explainer import ForwardPass, shared_forward
+from attributions.explainer import CONNECTED, ForwardPass, attribute_many, shared_forward
 from attributions.graph import trace
 from attributions.methods import build_method
 from attributions.records import Const
@@ -87,31 +87,43 @@ def test_propagate_records_every_node_below_the_injection_point():
     assert taps["features.3"].shape == (5, 3, 32, 14, 14) and taps["input"].shape == (5, 3, 1, 28, 28)
 
 
+@pytest.mark.parametrize("method", ["gradient", "cp-lrp", "attnlrp"])
 @pytest.mark.parametrize("name", ["cnn", "resnet", "vit"])
-def test_an_exact_gradient_chain_is_taken_from_autograd(name, monkeypatch):
-    # every rule of the chain the node's exact gradient: one autograd call per vector, the same maps and taps as
-    # the rule chain's (which runs under a memory budget), BatchNorm folded and attention included
+def test_an_exact_gradient_chain_is_taken_from_autograd(name, method, monkeypatch):
+    # every rule of the chain the node's exact gradient, or that of a surrogate op (LRP in factor form: the op with
+    # parts held): one autograd call per vector, the same maps and taps as the rule chain's (which runs under a
+    # memory budget), BatchNorm folded and attention included
     torch.manual_seed(0)
     model = build(name).double().eval()
     x = torch.rand(3, 1, 28, 28, dtype=torch.float64)
     explainers = {m: Explainer(model, m).capture(x) for m in
-                  ("gradient", "input-x-gradient", "guided-backprop", "deeplift", "lrp-epsilon")}
-    assert [m for m, e in explainers.items() if e.by_autograd] == ["gradient", "input-x-gradient"]
+                  ("gradient", "input-x-gradient", "guided-backprop", "deeplift", "lrp-epsilon", "cp-lrp", "attnlrp")}
+    assert [m for m, e in explainers.items() if e.by_autograd] == ["gradient", "input-x-gradient", "cp-lrp", "attnlrp"]
     assert not Explainer(model, "gradient", rules={"dense": "epsilon"}).capture(x).by_autograd
-    ex = explainers["gradient"]
+    ex = explainers[method]
     calls = []
     grad = torch.autograd.grad
     monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: calls.append(1) or grad(*a, **k))
     targets = [torch.tensor([0, 1, 2]), 3]
     fast = ex.maps_for_targets(x, targets)
     assert len(calls) == 2
+    assert fast.abs().sum() > 0
     with memory.limit(2**40):
-        torch.testing.assert_close(fast, ex.maps_for_targets(x, targets), rtol=1e-10, atol=1e-13)
-    xr = x.clone().requires_grad_()
-    torch.testing.assert_close(fast[1], torch.autograd.grad(model(xr)[:, 3].sum(), xr)[0])
+        torch.testing.assert_close(fast, ex.maps_for_targets(x, targets), rtol=1e-10, atol=1e-13 * fast.abs().max())
+    if method == "gradient":
+        xr = x.clone().requires_grad_()
+        torch.testing.assert_close(fast[1], torch.autograd.grad(model(xr)[:, 3].sum(), xr)[0])
+    else:  # a pass in surrogate form is the gradient of its method only: shared with another, none is recorded whole
+        graph = explainers["gradient"].graph
+        both = {"gradient": Explainer(model, "gradient", graph=graph), method: Explainer(model, method, graph=graph)}
+        assert CONNECTED not in shared_forward(both, x)[0]
+        shared = attribute_many(both, x, targets)
+        torch.testing.assert_close(shared[method], fast, rtol=1e-10, atol=1e-13 * fast.abs().max())
+        torch.testing.assert_close(shared["gradient"], explainers["gradient"].maps_for_targets(x, targets))
     # from a layer inside, for the layers below it that a check keeps (CSC), on one shared pass
     layer = ex.layers[len(ex.layers) // 2]
-    envs = shared_forward({"gradient": ex}, x)
+    envs = shared_forward({method: ex}, x)
+    assert CONNECTED in envs[0]
     vectors = torch.randn(2, *envs[0][layer].shape, dtype=torch.float64)
     keep = {"input", ex.layers[1], layer, ex.layers[-1]}
     taps = ForwardPass(ex, x, *envs).signals(layer, vectors, keep=keep)
@@ -119,7 +131,7 @@ def test_an_exact_gradient_chain_is_taken_from_autograd(name, monkeypatch):
         chain = ForwardPass(ex, x, *ex._forward_envs(x)).signals(layer, vectors, keep=keep)
     assert list(taps) == list(chain) and set(taps) == keep - {ex.layers[-1]}
     for k in taps:
-        torch.testing.assert_close(taps[k], chain[k], rtol=1e-10, atol=1e-13)
+        torch.testing.assert_close(taps[k], chain[k], rtol=1e-10, atol=1e-13 * chain[k].abs().max())
 
 
 def test_capture_before_any_map_lets_every_entry_point_answer_in_any_order():

@@ -381,6 +381,8 @@ class Explainer(Attribution):
         if kind in LINEAR_KINDS:
             op = self._ops[node.name]
             w, b = op.weights()
+            if torch.is_grad_enabled():  # a pass recorded whole: autograd saves only what the input's gradient needs
+                w, b = (None if t is None else t.detach() for t in (w, b))
             return op.forward(env[node.inputs[0]], w, b)
         if kind == "relu":
             return F.relu(env[node.inputs[0]])

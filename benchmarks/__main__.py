@@ -28,7 +28,9 @@ def _commit() -> str:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=False).stdout.strip()
     sha = git("rev-parse", "--short", "HEAD") or "unknown"
-    return sha + (" with uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    # the tables this run has written so far are not changes to the code measured
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/benchmarks")
+    return sha + (" with uncommitted changes" if changed else "")
 
 
 def _cpu() -> str:

@@ -572,10 +572,8 @@ class _AsRule(R.Rule):
         return [self.multipliers(ctx, signal)]
 
 
-@pytest.mark.parametrize("norm", [nn.LayerNorm(6), nn.GroupNorm(2, 6)], ids=["layer", "group"])
-def test_norm_secant_is_the_generic_secant_written_out(norm):
-    # the normalisation's Jacobian in closed form against the generic forward- and reverse-mode secant
-    # (LayerNorm: its groups are trailing dims); both complete: the maps sum to f(x) - f(0) per sample
+def _norm_net(norm: nn.Module) -> tuple[nn.Module, torch.Tensor]:
+    """A conv, ``norm`` (a LayerNorm over channels last), a dense layer; weights of std 0.5; inputs (2, 3, 6, 6)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 6, 3), norm, nn.Flatten(), nn.Linear(6 * 4 * 4, 3)).double().eval()
     if isinstance(norm, nn.LayerNorm):
@@ -583,6 +581,14 @@ def test_norm_secant_is_the_generic_secant_written_out(norm):
     for p in model.parameters():
         nn.init.normal_(p, std=0.5)
     x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    return model, x
+
+
+@pytest.mark.parametrize("norm", [nn.LayerNorm(6), nn.GroupNorm(2, 6)], ids=["layer", "group"])
+def test_norm_secant_is_the_generic_secant_written_out(norm):
+    # the normalisation's Jacobian in closed form against the generic forward- and reverse-mode secant
+    # (LayerNorm: its groups are trailing dims); both complete: the maps sum to f(x) - f(0) per sample
+    model, x = _norm_net(norm)
     closed = Explainer(model, "deeplift", rules={"norm": _AsRule(R._norm_secant)})
     maps = closed.attribute(x, target=1)
     assert float(closed.compute_convergence_delta(maps, x, 1).abs().max()) < 1e-12
@@ -608,13 +614,7 @@ def _norm_lrp_by_vjp(ctx, signal):
 @pytest.mark.parametrize("norm", [nn.LayerNorm(6), nn.GroupNorm(2, 6), nn.BatchNorm2d(6, track_running_stats=False)],
                          ids=["layer", "group", "batch statistics"])
 def test_the_ln_rule_written_out_is_its_definition(norm):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 6, 3), norm, nn.Flatten(), nn.Linear(6 * 4 * 4, 3)).double().eval()
-    if isinstance(norm, nn.LayerNorm):
-        model[1] = _ChannelsLast(norm).double()
-    for p in model.parameters():
-        nn.init.normal_(p, std=0.5)
-    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    model, x = _norm_net(norm)
     ours = Explainer(model, "lrp-epsilon", rules={"norm": R.NormLRP()})
     reference = Explainer(model, "lrp-epsilon", rules={"norm": _AsRule(_norm_lrp_by_vjp)})
     targets = [torch.tensor([0, 2]), 1]  # K = 2 signals through one backward

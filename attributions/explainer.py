@@ -114,6 +114,7 @@ class Explainer(Attribution):
         self._ops: dict[Any, Any] = {}
         self._rules: dict[str, Rule] = {}
         self.by_autograd = False  # set with the rules (_bind)
+        self.surrogates = False  # a pass recorded whole for this chain takes ops in surrogate form (_bind)
         self.recorded: frozenset[str] = frozenset()
         self._plans: dict[tuple[frozenset[str], bool], Lean] = {}
         if self.method.engine.needs_graph and graph is not None:
@@ -132,6 +133,7 @@ class Explainer(Attribution):
         # of the model with those ops in its place, taken from autograd
         self.by_autograd = self.method.signal in ("gradient", "factor") and bool(self._rules) and \
             all(r.exact_gradient or r.traceable for r in self._rules.values())
+        self.surrogates = self.by_autograd and any(r.traceable for r in self._rules.values())
         # nodes whose rule reads the node's own gradient: the forward pass records their autograd graph
         self.recorded = frozenset(n.name for n in graph.nodes if n.name in self._rules and self._rules[n.name].records
                                   and not (n.is_identity or n.is_reshape))
@@ -860,7 +862,7 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor, reuse: Reu
                                    frozenset().union(*(e.recorded for e in chains)), reuse=reuse,
                                    # ops in surrogate form (factor chains) give the gradient of one method only
                                    connected=all(e.by_autograd for e in chains) and
-                                   (len(chains) == 1 or all(e.method.signal == "gradient" for e in chains)))
+                                   (len(chains) == 1 or not any(e.surrogates for e in chains)))
 
 
 def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: list[Any], envs: Any = None

@@ -470,14 +470,29 @@ class ReLUGradient(Rule):
     def exact_gradient(self) -> bool:  # type: ignore[override]
         return self.mode == "gradient"
 
+    @property
+    def traceable(self) -> bool:  # type: ignore[override]  # guided and deconv: a ReLU with its backward clipped
+        return self.mode != "gradient"
+
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
+        return [self._pullback(ctx, ctx.x)(signal)]
+
+    def surrogate(self, ctx: Context) -> torch.Tensor:
+        out: torch.Tensor = _Surrogate.apply(ctx.x, lambda x: (ctx.apply(x), self._pullback(ctx, x)))
+        return out
+
+    def _pullback(self, ctx: Context, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The backward at input ``x``: signals (..., B, ...) -> same."""
         if self.mode == "deconv":
-            return [signal.clamp(min=0)]
+            return lambda signal: signal.clamp(min=0)
         slope = ctx.node.record.negative_slope if isinstance(ctx.node.record, LeakyReLU) else 0.0
-        # autograd's own ReLU kernel (one pass, broadcast over K) where the slope is 0
-        out = (torch.ops.aten.threshold_backward(signal, ctx.x, 0) if slope == 0
-               else torch.where(ctx.x > 0, signal, slope * signal))
-        return [out.clamp_(min=0) if self.mode == "guided" else out]
+
+        def pullback(signal: torch.Tensor) -> torch.Tensor:
+            # autograd's own ReLU kernel (one pass, broadcast over K) where the slope is 0
+            out = (torch.ops.aten.threshold_backward(signal, x, 0) if slope == 0
+                   else torch.where(x > 0, signal, slope * signal))
+            return out.clamp_(min=0) if self.mode == "guided" else out
+        return pullback
 
 
 def percentile(t: torch.Tensor, q: float) -> torch.Tensor:
@@ -769,10 +784,26 @@ class ActivationGradient(Rule):
     def __init__(self, mode: str = "guided"):
         self.mode = mode
 
+    traceable = True
+
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         if self.mode == "deconv":
             return [signal.clamp(min=0)]
         return [ctx.vjp(signal)[0].clamp(min=0)]
+
+    def surrogate(self, ctx: Context) -> torch.Tensor:
+        def run(x: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+            if self.mode == "deconv":
+                return ctx.apply(x), lambda signal: signal.clamp(min=0)
+            with torch.enable_grad():  # the derivative, element-wise: the gradient of the sum
+                leaf = x.detach().requires_grad_()
+                y = ctx.apply(leaf)
+                y.backward(torch.ones_like(y))
+            slope = leaf.grad
+            assert slope is not None
+            return y.detach(), lambda signal: (signal * slope).clamp_(min=0)
+        out: torch.Tensor = _Surrogate.apply(ctx.x, run)
+        return out
 
 
 class LinearZ(Rule):

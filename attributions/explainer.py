@@ -463,8 +463,8 @@ class Explainer(Attribution):
         this method's rules differentiate); ``batch``: the shape of the inputs ``x`` was taken from, which
         an error names (the user's, not a probe's); ``reuse``: as :meth:`_run`; ``lean``: the plan of a
         pass for one backward, which holds only what that backward reads (:meth:`_lean`). ``connected``:
-        the pass recorded by autograd as one graph from the input instead (marked :data:`CONNECTED`), for
-        the methods whose chain is the exact gradient (:attr:`by_autograd`); values reused from an earlier
+        the pass recorded by autograd as one graph from the input instead (marked :data:`CONNECTED`), with the
+        rules' surrogate ops in place, for the chains autograd runs (:attr:`by_autograd`); values reused from an earlier
         connected pass bring its input leaf, so that gradients reach it through them."""
         with_ref = self.method.signal == "multiplier" if with_ref is None else with_ref
         if connected:
@@ -526,9 +526,7 @@ class Explainer(Attribution):
         env, ref = envs if envs is not None else self._forward_envs(x, lean=lean)
         factor = self.method.signal == "factor"
         with torch.no_grad():
-            signal = make_signal(env)
-            if factor:  # the relevance at the start over its value (Method.signal)
-                signal = signal / stabilize(env[start], self.method.params["epsilon"])
+            signal = self._start_signal(make_signal(env), env[start])
             # each vector's signals are as large as the forward values: chunks of vectors share the forward
             # (measured only under a budget: walking the forward pass's values costs a small map some percent)
             size = len(signal) if memory.budget() is None else memory.fitting(
@@ -547,9 +545,16 @@ class Explainer(Attribution):
                 parts.append(taps)
         return memory.joined(parts, 0)
 
+    def _start_signal(self, signal: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """The chain's signal (K, B, ...) at a start node of forward ``value`` (B, ...): as made, or for a chain in
+        factor form (:attr:`Method.signal`) the relevance over the value."""
+        if self.method.signal != "factor":
+            return signal
+        return signal / stabilize(value, self.method.params["epsilon"])
+
     def _autograd_signals(self, x: torch.Tensor, start: str, make_signal: Any, keep: Any, envs: Any = None
                           ) -> dict[Any, Any]:
-        """:meth:`_signals` of an exact-gradient chain (:attr:`by_autograd`): autograd's backward through a
+        """:meth:`_signals` of a chain autograd can run (:attr:`by_autograd`): autograd's backward through a
         forward pass recorded whole (``_forward_envs(connected=True)``; ``envs``: one made beforehand), one
         call per signal vector. The rules compute the same products one node at a time, each with its own call."""
         if envs is None:  # values go once their last consumer has run: autograd keeps what it saves
@@ -559,9 +564,7 @@ class Explainer(Attribution):
             env = envs[0]
         factor = self.method.signal == "factor"
         with torch.no_grad():
-            signal = make_signal(env)
-            if factor:  # as _signals
-                signal = signal / stabilize(env[start].detach(), self.method.params["epsilon"])
+            signal = self._start_signal(make_signal(env), env[start].detach())
         root = env[start]
         # as the rule chain: signals for the nodes the backward from ``start`` passes (zeros where it brings none)
         below, frontier = {start}, [start]
@@ -860,7 +863,7 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor, reuse: Reu
     x = chains[0]._check_input(x) if reuse is None else x  # else checked for the earlier pass
     return chains[0]._forward_envs(x, any(e.method.signal == "multiplier" for e in chains),
                                    frozenset().union(*(e.recorded for e in chains)), reuse=reuse,
-                                   # ops in surrogate form (factor chains) give the gradient of one method only
+                                   # ops in surrogate form (factor chains, guided backprop) serve one method only
                                    connected=all(e.by_autograd for e in chains) and
                                    (len(chains) == 1 or not any(e.surrogates for e in chains)))
 

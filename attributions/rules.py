@@ -1000,22 +1000,25 @@ class IdentityFactor(Rule):
 
     kinds = ACTIVATION_KINDS
     reads = ("inputs",)  # the output is recomputed (one element-wise op): a forward pass holds half as much
+    traceable = True
 
     def __init__(self, epsilon: float = 1e-6):
         self.epsilon = epsilon
 
-    traceable = True
-
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
-        return [signal * ctx.apply(ctx.x).div_(stabilize(ctx.x, self.epsilon))]
+        return [signal * self._output_and_ratio(ctx, ctx.x)[1]]
 
     def surrogate(self, ctx: Context) -> torch.Tensor:
         def run(x: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
-            y = ctx.apply(x)
-            factor = y / stabilize(x, self.epsilon)
-            return y, factor.mul
+            y, ratio = self._output_and_ratio(ctx, x)
+            return y, ratio.mul
         out: torch.Tensor = _Surrogate.apply(ctx.x, run)
         return out
+
+    def _output_and_ratio(self, ctx: Context, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, y / x stabilised) at input ``x`` (B, ...)."""
+        y = ctx.apply(x)
+        return y, y / stabilize(x, self.epsilon)
 
 
 class HeldGradient(Rule):
@@ -1025,6 +1028,7 @@ class HeldGradient(Rule):
 
     kinds = ("product",)
     reads = ("inputs",)
+    traceable = True
 
     def __init__(self, gates: bool = True):
         self.gates = gates
@@ -1039,18 +1043,14 @@ class HeldGradient(Rule):
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor | None]:
         a, b = _operand_values(ctx)
-        record = _record(ctx, Product)
-        gates = record.gates if self.gates else (False, False)
+        held, _ = _held(ctx.node, self.gates)
         pair = _product_of(ctx)
-        only = 0 if record.quotient else (1 if gates[0] else 0) if gates[0] != gates[1] else None
-        if only == 0:
+        if held == 1:
             return _gather(ctx, [ctx.vjp(signal, [a], lambda t: pair(t, b))[0], None])
-        if only == 1:
+        if held == 0:
             return _gather(ctx, [None, ctx.vjp(signal, [b], lambda t: pair(a, t))[0]])
         ga, gb = ctx.vjp(0.5 * signal, [a, b], pair)
         return _gather(ctx, [ga, gb])
-
-    traceable = True
 
     def surrogate(self, ctx: Context) -> torch.Tensor:
         a, b = _operand_values(ctx)
@@ -1066,7 +1066,6 @@ class NormFactor(Rule):
 
     kinds = ("norm",)
     reads = ("inputs",)
-
     traceable = True
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:

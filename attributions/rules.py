@@ -628,13 +628,19 @@ class WinnerTakeAll(Rule):
     exact_gradient = True
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
-        m = ctx.node.module
-        if signal.shape[0] == 1 and ctx.x.ndim == 4:  # torch's own kernel for a single signal
-            grad = torch.ops.aten.max_pool2d_with_indices_backward(
-                signal[0], ctx.x, per_dimension(m.kernel_size, 2), per_dimension(m.stride or m.kernel_size, 2),
-                per_dimension(m.padding, 2), per_dimension(m.dilation, 2), m.ceil_mode, ctx.winners)
-            return [grad[None]]
-        return [_unpool(signal, ctx.winners, ctx.x.shape)]
+        return [_to_winners(ctx, signal, ctx.winners)]
+
+
+def _to_winners(ctx: Context, signal: torch.Tensor, winners: torch.Tensor) -> torch.Tensor:
+    """Signals (K, B, C, *out) of a max pooling node scattered to its inputs at ``winners`` (B, C, *out) ->
+    (K, B, *in): torch's own kernel for a single signal on images, else :func:`_unpool`."""
+    m = ctx.node.module
+    if signal.shape[0] == 1 and ctx.x.ndim == 4:
+        grad: torch.Tensor = torch.ops.aten.max_pool2d_with_indices_backward(
+            signal[0], ctx.x, per_dimension(m.kernel_size, 2), per_dimension(m.stride or m.kernel_size, 2),
+            per_dimension(m.padding, 2), per_dimension(m.dilation, 2), m.ceil_mode, winners)
+        return grad[None]
+    return _unpool(signal, winners, ctx.x.shape)
 
 
 class DeepLiftMaxPool(Rule):
@@ -661,18 +667,22 @@ class DeepLiftMaxPool(Rule):
         out, out_ref = ctx.output, ctx.references[1]
         idx = ctx.winners
         b, c = idx.shape[:2]
-        flat_x = x.reshape(b, c, -1)
-        flat_ref = ref.reshape(ref.shape[0], c, -1).expand(b, -1, -1)
-        cross = torch.maximum(out, out_ref)
-        dx = (out - torch.gather(flat_ref, 2, idx.reshape(b, c, -1)).reshape(out.shape))  # x at its winner is out
-        # a quotient whose divisor is (nearly) 0 is replaced, not guarded: where() drops its inf or nan
-        q = torch.where(dx.abs() < self.eps, 1.0, (cross - out_ref).div_(dx))
-        grad = _unpool(_scaled(signal, q), idx, x.shape)
-        if bool((out < out_ref).any()):  # windows where the reference's maximum is the larger one
+        # the change of each window's maximum, max(out, out_ref) - out_ref, split where the reference's is larger
+        delta = out - out_ref
+        reference_wins = delta.numel() > 0 and bool(delta.min() < 0)
+        below = delta.clamp(max=0) if reference_wins else None  # out - max(out, out_ref)
+        above = delta.clamp_(min=0) if reference_wins else delta
+        at = torch.gather(ref.reshape(ref.shape[0], c, -1).expand(b, -1, -1), 2, idx.reshape(b, c, -1))
+        dx = torch.sub(out, at.view(out.shape), out=at.view(out.shape))  # x at its winner is out
+        # a quotient whose divisor is (nearly) 0 is replaced afterwards, its inf or nan with it; where the input's
+        # maximum wins everywhere, dx >= out - out_ref >= 0 (the reference at x's winner is at most its maximum)
+        small = dx.abs() < self.eps if reference_wins else dx < self.eps
+        grad = _to_winners(ctx, _scaled(signal, above.div_(dx).masked_fill_(small, 1.0)), idx)
+        if below is not None:  # windows where the reference's maximum is the larger one
             assert ctx.ref_indices is not None, "DeepLIFT's max pooling records the reference's winners"
             idx_ref = ctx.ref_indices.expand_as(idx)
-            dx_ref = torch.gather(flat_x, 2, idx_ref.reshape(b, c, -1)).reshape(out.shape) - out_ref
-            q_ref = torch.where(dx_ref.abs() < self.eps, 0.0, (out - cross).div_(dx_ref))
+            dx_ref = torch.gather(x.reshape(b, c, -1), 2, idx_ref.reshape(b, c, -1)).reshape(out.shape) - out_ref
+            q_ref = below.div_(dx_ref).masked_fill_(dx_ref.abs() < self.eps, 0.0)
             _unpool(_scaled(signal, q_ref), idx_ref, x.shape, into=grad)
         return [grad]
 

@@ -2,16 +2,19 @@
 
 VGG-style net on 32x32 RGB inputs, batch 64, CPU. Floors (the convolutions a rule cannot avoid,
 in units of one forward + input-backward): gradient-like, epsilon, DeepLIFT 1.0x; z+ 1.5x;
-alpha-beta 2.0x. ``propagate`` with K = 5 is compared with one plain gradient of a 5x batch. Each
-candidate's time over the plain gradient's in the same round, the median over rounds; the process keeps
-freed memory for reuse as the command line does (:func:`audit.run.resources.keep_freed_memory`; glibc's
-defaults fault a freed forward pass's pages in again on the next call, which costs every candidate alike
-and moved DeepLIFT's ratio from 1.31x to 1.52x on this 2-core machine).
+alpha-beta 2.0x. Guided backprop's and DeepLIFT's floors are also measured, as the plain gradient plus
+the element-wise work their rules add at each ReLU (:func:`guided_floor`, :func:`deeplift_floor`).
+``propagate`` with K = 5 is compared with one plain gradient of a 5x batch. Each candidate's time over
+the plain gradient's in the same round, the median over rounds; the process keeps freed memory for reuse
+as the command line does (:func:`audit.run.resources.keep_freed_memory`; glibc's defaults fault a freed
+forward pass's pages in again on the next call, which costs every candidate alike and moved DeepLIFT's
+ratio from 1.31x to 1.52x on this 2-core machine).
 """
 from __future__ import annotations
 
 import torch
 from captum.attr import DeepLift, GuidedBackprop
+from torch import nn
 
 from attributions import Explainer
 from audit.models import build
@@ -30,6 +33,51 @@ def plain_gradient(model, x, target):
     return torch.autograd.grad(out, xg)[0]
 
 
+def _relus(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, nn.ReLU)]
+
+
+def guided_floor(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The plain gradient with each ReLU's incoming gradient clipped at 0 by a tensor hook: guided backprop
+    in autograd's own kernels, one clipping pass per ReLU more than the gradient."""
+    def clip(module: nn.Module, inputs: object, out: torch.Tensor) -> None:
+        out.register_hook(lambda g: g.clamp(min=0))
+    handles = [m.register_forward_hook(clip) for m in _relus(model)]
+    try:
+        return plain_gradient(model, x, target)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def relu_values(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, output) of every ReLU for inputs ``x``, in forward order."""
+    values: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def keep(module: nn.Module, inputs: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        values.append((out.clone() if module.inplace else inputs[0].clone(), out.clone()))
+    handles = [m.register_forward_hook(keep) for m in _relus(model)]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return values
+
+
+def deeplift_floor(model: nn.Module, x: torch.Tensor, target: torch.Tensor,
+                   values: list[tuple[torch.Tensor, torch.Tensor]],
+                   reference: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """A lower bound of DeepLIFT's time: the plain gradient plus, at each ReLU, the passes its Rescale multiplier
+    needs and no gradient does (x - x0, y - y0, their quotient, the product with the signal), on the ReLUs'
+    recorded values (``values``; ``reference``: the zero image's, as :func:`relu_values` gives them); max pooling's
+    DeepLIFT rule and the 0 / 0 guard left out."""
+    plain_gradient(model, x, target)
+    for (pre, post), (pre0, post0) in zip(values, reference):
+        (post - post0).div_(pre - pre0).mul_(post)
+
+
 def run(batch: int = 64, rounds: int = 21) -> str:
     kept = keep_freed_memory()
     torch.manual_seed(0)
@@ -41,6 +89,9 @@ def run(batch: int = 64, rounds: int = 21) -> str:
     explainers = {m: Explainer(model, m) for m in METHODS}
     candidates = {"plain gradient": lambda: plain_gradient(model, x, target)}
     candidates |= {m: (lambda e=e: e.attribute(x, target=target)) for m, e in explainers.items()}
+    values, reference = relu_values(model, x), relu_values(model, torch.zeros_like(x[:1]))
+    candidates["guided floor"] = lambda: guided_floor(model, x, target)
+    candidates["deeplift floor"] = lambda: deeplift_floor(model, x, target, values, reference)
     candidates["captum DeepLift"] = lambda: DeepLift(model).attribute(x, target=target)
     candidates["captum GuidedBackprop"] = lambda: GuidedBackprop(model).attribute(x, target=target)
     x5, t5 = x.repeat(5, 1, 1, 1), target.repeat(5)
@@ -48,7 +99,10 @@ def run(batch: int = 64, rounds: int = 21) -> str:
     candidates["plain gradient, 5x batch"] = lambda: plain_gradient(model, x5, t5)
     candidates["propagate K=5 (lrp-zplus)"] = lambda: explainers["lrp-zplus"].propagate(x, "classifier.6", vectors)
     t, seconds = paired_times(candidates, "plain gradient", rounds=rounds)
-    rows = [(m, f"{t[m]:.2f}x", f"{METHODS[m]:.1f}x", f"<= {TARGETS[m]:.1f}x") for m in METHODS]
+    measured = {"guided-backprop": t["guided floor"], "deeplift": t["deeplift floor"],
+                "deeplift-ablation": t["deeplift floor"]}
+    rows = [(m, f"{t[m]:.2f}x", f"{METHODS[m]:.1f}x" + (f", measured {measured[m]:.2f}x" if m in measured else ""),
+             f"<= {TARGETS[m]:.1f}x") for m in METHODS]
     rows.append(("captum DeepLift / ours", f"{t['captum DeepLift'] / t['deeplift']:.2f}x", "", ""))
     rows.append(("captum GuidedBackprop / ours", f"{t['captum GuidedBackprop'] / t['guided-backprop']:.2f}x", "", ""))
     rows.append(("propagate K=5 / plain gradient of a 5x batch",

@@ -628,13 +628,13 @@ class WinnerTakeAll(Rule):
     exact_gradient = True
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
-        return [_to_winners(ctx, signal, ctx.winners)]
+        return [_to_winners(ctx, signal)]
 
 
-def _to_winners(ctx: Context, signal: torch.Tensor, winners: torch.Tensor) -> torch.Tensor:
-    """Signals (K, B, C, *out) of a max pooling node scattered to its inputs at ``winners`` (B, C, *out) ->
+def _to_winners(ctx: Context, signal: torch.Tensor) -> torch.Tensor:
+    """Signals (K, B, C, *out) of a max pooling node scattered to its inputs at its forward winners ->
     (K, B, *in): torch's own kernel for a single signal on images, else :func:`_unpool`."""
-    m = ctx.node.module
+    m, winners = ctx.node.module, ctx.winners
     if signal.shape[0] == 1 and ctx.x.ndim == 4:
         grad: torch.Tensor = torch.ops.aten.max_pool2d_with_indices_backward(
             signal[0], ctx.x, per_dimension(m.kernel_size, 2), per_dimension(m.stride or m.kernel_size, 2),
@@ -677,7 +677,7 @@ class DeepLiftMaxPool(Rule):
         # a quotient whose divisor is (nearly) 0 is replaced afterwards, its inf or nan with it; where the input's
         # maximum wins everywhere, dx >= out - out_ref >= 0 (the reference at x's winner is at most its maximum)
         small = dx.abs() < self.eps if reference_wins else dx < self.eps
-        grad = _to_winners(ctx, _scaled(signal, above.div_(dx).masked_fill_(small, 1.0)), idx)
+        grad = _to_winners(ctx, _scaled(signal, above.div_(dx).masked_fill_(small, 1.0)))
         if below is not None:  # windows where the reference's maximum is the larger one
             assert ctx.ref_indices is not None, "DeepLIFT's max pooling records the reference's winners"
             idx_ref = ctx.ref_indices.expand_as(idx)

@@ -75,9 +75,9 @@ def deeplift_floor(model: nn.Module, x: torch.Tensor, target: torch.Tensor,
                    values: list[tuple[torch.Tensor, torch.Tensor]],
                    reference: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """A lower bound of DeepLIFT's time: the plain gradient plus, at each ReLU, the passes its Rescale multiplier
-    needs and no gradient does (x - x0, y - y0, their quotient, the product with the signal), on the ReLUs'
-    recorded values (``values``; ``reference``: the zero image's, as :func:`relu_values` gives them); max pooling's
-    DeepLIFT rule and the 0 / 0 guard left out."""
+    needs and no gradient does (x - x0, y - y0, their quotient, the product with the signal, for which the
+    ReLU's output stands in), on the ReLUs' recorded values (``values``; ``reference``: the zero image's, as
+    :func:`relu_values` gives them); max pooling's DeepLIFT rule and the 0 / 0 guard left out."""
     plain_gradient(model, x, target)
     for (pre, post), (pre0, post0) in zip(values, reference):
         (post - post0).div_(pre - pre0).mul_(post)

@@ -10,9 +10,11 @@ Weights are read from the module at call time, as for every other layer.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from attributions.errors import AttributionError
 from attributions.records import Mix, Move, Product, Record, Softmax
@@ -73,6 +75,39 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
     kind, run, record = _product(weights, v, torch.matmul, signal)
     specs.append(("context", kind, tuple(n for n in (weights, v) if n in signal), run, record))
     return specs
+
+
+@dataclass(frozen=True)
+class Fused:
+    """The attention's nodes as one op, for a pass whose backward autograd computes: ``inner`` the nodes it
+    stands in for (K^T, Q K^T, its scaling and mask, the softmax: none of them then holds a value), ``run(env,
+    q, k, v)`` the attention's output from the query, key and value. Torch's fused kernel keeps Q, K, V, the
+    output and one log-sum-exp per row for its backward, not the (B, heads, T, T) weights of every block.
+    ``tokens`` and ``width``: the queries' T and d as captured (None where unknown)."""
+
+    inner: tuple[str, ...]
+    run: Callable[[dict[str, Any], torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    tokens: int | None = None
+    width: int | None = None
+
+    @property
+    def holds_less(self) -> bool:
+        """Whether the fused kernel's backward keeps less than the expanded nodes' where both need the query, key
+        and value: an output and a log-sum-exp, T (d + 1), against the weights, T T, per batch and head."""
+        return self.tokens is not None and self.width is not None and self.width + 1 < self.tokens
+
+
+def fused_run(scale: float | None, mask: str | None) -> Callable[
+        [dict[str, Any], torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``run(env, q, k, v)``: softmax(q k^T * scale + mask) v by ``F.scaled_dot_product_attention``."""
+    def run(env: dict[str, Any], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        m = env[mask] if mask is not None else None
+        flat = q.ndim == 3  # the fused CPU kernel takes (B, heads, T, d); on (B * heads, T, d) SDPA runs unfused
+        if flat:
+            q, k, v = q[None], k[None], v[None]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale)
+        return out[0] if flat else out
+    return run
 
 
 def sdpa_specs(prefix: str, bound: dict[str, Any], names: dict[str, str], signal: set[str]) -> list[Spec]:

@@ -17,7 +17,7 @@ from captum.log import log_usage
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from attributions import liveness, memory
+from attributions import fusion, liveness, memory
 from attributions.derived import Derived
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import Graph, trace
@@ -324,7 +324,8 @@ class Explainer(Attribution):
         (:mod:`attributions.liveness`), made once per graph; ``autograd``: for autograd's backward through a
         pass recorded whole, which holds what it saves itself (no rule reads a value)."""
         if (keep, autograd) not in self._plans:
-            self._plans[keep, autograd] = liveness.plan(self._g, {} if autograd else self._rules, keep)
+            fused = fusion.plan(self._g, self._rules, keep) if autograd else {}
+            self._plans[keep, autograd] = liveness.plan(self._g, {} if autograd else self._rules, keep, fused)
         return self._plans[keep, autograd]
 
     def _run(self, x: torch.Tensor, record: frozenset[str] = frozenset(), reuse: Reuse | None = None,
@@ -345,7 +346,11 @@ class Explainer(Attribution):
             return name not in freed or memory.is_small(env[name])
 
         for position, node in enumerate(self._g.nodes[1:], start=1):
-            if reuse is not None and node.name in reuse[1]:
+            if lean is not None and node.name in lean.skipped:
+                continue
+            if lean is not None and node.name in lean.fused:
+                env[node.name] = fusion.run(self._g, node.name, lean.fused[node.name], env)
+            elif reuse is not None and node.name in reuse[1]:
                 for key in _entries(node):
                     if key in reuse[0]:
                         env[key] = reuse[0][key]

@@ -69,6 +69,7 @@ class Node:
     # inputs renamed by BatchNorm folding: {name the traced call reads: node that now computes it}
     aliases: dict[str, str] = field(default_factory=dict)
     path: str = ""  # the module the op ran in ("" for the model's own forward), as named in the model
+    fused: attention.Fused | None = None  # an attention's output node: its nodes as one op (attributions.fusion)
 
     def __post_init__(self) -> None:
         if self.record is None:
@@ -684,12 +685,21 @@ class _Builder:
         bound = {k: (v if not isinstance(v, torch.fx.Node) else _Ref(self.names[v])) for k, v in bound.items()}
         specs = attention.sdpa_specs(name, bound, operands, self.signal)
         order = _layout(fx_node.meta.get("val"))
+        mask = bound.get("attn_mask")
+        query = getattr(fx_node.args[0], "meta", {}).get("val")
+        sizes = [s if isinstance(s, int) else None for s in query.shape[-2:]] if isinstance(query, torch.Tensor) \
+            else [None, None]
+        fused = attention.fused_run(bound.get("scale"), mask.name if mask is not None else None)
+        if order is not None:  # a view the model takes later may rely on the layout
+            last = specs[-1]
+            specs[-1] = (*last[:3], (lambda f: lambda env, replace: _laid_out(f(env, replace), order))(last[3]), last[4])
+            fused = (lambda f: lambda env, q, k, v: _laid_out(f(env, q, k, v), order))(fused)
         for i, (suffix, kind, inputs, run, record) in enumerate(specs):
             own = name if i == len(specs) - 1 else f"{name}.{suffix}"
-            if own == name and order is not None:  # a view the model takes later may rely on the layout
-                run = (lambda run: lambda env, replace: _laid_out(run(env, replace), order))(run)
             self.taken[own] = self.taken.get(own, 0) + 1
-            self.add(Node(own, kind, inputs, run=run, record=record, tokens=True, path=self.c.module_path(fx_node)))
+            self.add(Node(own, kind, inputs, run=run, record=record, tokens=True, path=self.c.module_path(fx_node),
+                          fused=attention.Fused(tuple(f"{name}.{s[0]}" for s in specs[:-1]), fused, *sizes)
+                          if own == name else None))
         self.names[fx_node] = name
 
     def describe(self, fx_node: torch.fx.Node, op: str, signals: tuple[str, ...]) -> tuple[str, Record, Any]:

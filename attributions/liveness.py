@@ -14,9 +14,10 @@ stay whatever the plan.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from attributions.fusion import Fusion
 from attributions.graph import Graph
 from attributions.kinds import RECOMPUTED_KINDS, SIGNAL_KINDS
 
@@ -38,6 +39,8 @@ class Lean:
     free: dict[int, list[str]]
     remat: frozenset[str]
     reached: frozenset[str] = frozenset()  # the nodes the backward can reach (below the rest, no rule passes a signal)
+    fused: dict[str, Fusion] = field(default_factory=dict[str, "Fusion"])  # attentions run as one op, by output
+    skipped: frozenset[str] = frozenset()  # the nodes those fused ops stand in for: the pass computes none of them
 
     @property
     def freed(self) -> frozenset[str]:
@@ -49,9 +52,12 @@ def _cheap(node: Any) -> bool:
     return node.kind in RECOMPUTED_KINDS or node.is_elementwise_mix
 
 
-def plan(graph: Graph, rules: dict[str, Any], keep: frozenset[str]) -> Lean:
+def plan(graph: Graph, rules: dict[str, Any], keep: frozenset[str], fused: dict[str, Fusion] | None = None) -> Lean:
     """The plan for ``graph`` under ``rules`` ({node: rule}) when the backward returns the signals at
-    ``keep``."""
+    ``keep``; ``fused``: attentions run as one op (:func:`attributions.fusion.plan`), which read their query,
+    key and value in place of the nodes they stand in for."""
+    fused = fused or {}
+    skipped = frozenset(n for f in fused.values() for n in f.inner)
     protected = set(keep) | {graph.output, "input"}  # read after the backward: never freed
     # the nodes a signal can reach from where the backward may start (the output, or a node kept), as the rules
     # pass it: an operand a rule holds constant (a gate) gets none, nor what lies below it on that path alone
@@ -80,9 +86,14 @@ def plan(graph: Graph, rules: dict[str, Any], keep: frozenset[str]) -> Lean:
     remat = set(depth)
     held = needed - remat
     position = {n.name: i for i, n in enumerate(graph.nodes)}
+    consumers: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
+    for node in graph.nodes:
+        if node.name not in skipped:
+            for i in fused[node.name].operands if node.name in fused else node.inputs:
+                consumers[i].append(node.name)
     free: dict[int, list[str]] = {}
     for node in graph.nodes:
-        if node.kind in SIGNAL_KINDS and node.name not in held:
-            last = max((position[c] for c in graph.consumers[node.name]), default=position[node.name])
+        if node.kind in SIGNAL_KINDS and node.name not in held and node.name not in skipped:
+            last = max((position[c] for c in consumers[node.name]), default=position[node.name])
             free.setdefault(last, []).append(node.name)
-    return Lean(free, frozenset(remat), frozenset(reached | {"input"}))
+    return Lean(free, frozenset(remat), frozenset(reached | {"input"}), fused, skipped)

@@ -199,6 +199,14 @@ class Rule:
         """The inputs of ``node`` the rule never passes a signal (returns None for)."""
         return frozenset()
 
+    def gradient_scales(self, node: Any) -> tuple[float, ...] | None:
+        """The backward as the exact gradient times a constant per input (per operand of a product, in its
+        record's order), or None where it is not one: fused ops then stand in for the node
+        (:mod:`attributions.fusion`)."""
+        if not self.exact_gradient:
+            return None
+        return (1.0,) * len(node.record.operands if isinstance(node.record, Product) else node.inputs)
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v}" for k, v in vars(self).items())
         return f"{type(self).__name__}({fields})"
@@ -1064,10 +1072,12 @@ class HeldGradient(Rule):
 
     def surrogate(self, ctx: Context) -> torch.Tensor:
         a, b = _operand_values(ctx)
-        held, _ = _held(ctx.node, self.gates)
-        if held is None:
-            return _product_of(ctx)(_HalfGradient.apply(a), _HalfGradient.apply(b))
-        return _product_of(ctx)(a.detach() if held == 0 else a, b.detach() if held == 1 else b)
+        scale_a, scale_b = self.gradient_scales(ctx.node)
+        return _product_of(ctx)(scaled_gradient(a, scale_a), scaled_gradient(b, scale_b))
+
+    def gradient_scales(self, node: Any) -> tuple[float, float]:
+        held, _ = _held(node, self.gates)
+        return (0.5, 0.5) if held is None else (0.0, 1.0) if held == 0 else (1.0, 0.0)
 
 
 class NormFactor(Rule):
@@ -1122,16 +1132,28 @@ class _Surrogate(torch.autograd.Function):
         return ctx.pullback(grad), None
 
 
-class _HalfGradient(torch.autograd.Function):
-    """The identity whose gradient is halved (AttnLRP's uniform rule for a product of two signals)."""
+def scaled_gradient(t: torch.Tensor, scale: float) -> torch.Tensor:
+    """``t``, whose gradient autograd multiplies by ``scale`` (0: held constant; a half: AttnLRP's uniform rule
+    for a product of two signals)."""
+    if scale == 1.0:
+        return t
+    if scale == 0.0:
+        return t.detach()
+    out: torch.Tensor = _ScaledGradient.apply(t, scale)
+    return out
+
+
+class _ScaledGradient(torch.autograd.Function):
+    """The identity whose gradient is scaled by a constant."""
 
     @staticmethod
-    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, t: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
         return t.view_as(t)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return 0.5 * grad
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.scale * grad, None
 
 
 class DeepLiftProduct(Rule):

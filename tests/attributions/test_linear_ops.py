@@ -29,3 +29,30 @@ def test_convolution_transpose_is_its_input_gradient(conv, shape):
     got = OPS["conv"](node).transpose(signals, conv.weight, x.shape)
     want = torch.stack([torch.autograd.grad(y, x, s, retain_graph=True)[0] for s in signals])
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("pool", [nn.MaxPool2d(2), nn.MaxPool2d(3, 2, 1), nn.MaxPool2d(3, 2, ceil_mode=True),
+                                  nn.MaxPool2d(3, 1, 1, dilation=2), nn.MaxPool2d((2, 3), (1, 2))])
+@pytest.mark.parametrize("data", ["relu", "ties", "nan"])
+def test_max_pool_takes_torchs_values_winners_and_gradient(pool, data):
+    from attributions.linear_ops import max_pool
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 17, 13, dtype=torch.float64)
+    if data == "relu":  # windows of zeros: the first zero wins
+        x = x.clamp(min=0)
+    elif data == "ties":
+        x = torch.randint(0, 3, x.shape).double()
+    else:
+        x[x > 1.5] = float("nan")
+    expected, winners = torch.nn.functional.max_pool2d(x, pool.kernel_size, pool.stride, pool.padding, pool.dilation,
+                                                       ceil_mode=pool.ceil_mode, return_indices=True)
+    out, indices = max_pool(x, pool)
+    assert torch.equal(indices, winners) and indices.is_contiguous() and out.is_contiguous()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+    g = torch.randn_like(out)
+    leaf = x.clone().requires_grad_()
+    torch.autograd.backward(max_pool(leaf, pool)[0], g)
+    reference = x.clone().requires_grad_()
+    torch.autograd.backward(pool(reference), g)
+    assert torch.equal(leaf.grad, reference.grad)

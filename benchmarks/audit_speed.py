@@ -2,7 +2,8 @@
 random-logit tests over Quantus's MPRT and RandomLogit on the same model, images and method.
 
 The process keeps freed memory for reuse, as the command line does
-(:func:`audit.run.resources.keep_freed_memory`); the floors run under the same allocator.
+(:func:`audit.run.resources.keep_freed_memory`); the floors run under the same allocator, and with max
+pooling run as the engine runs it (:func:`benchmarks.engine.engine_pooling`).
 Quantus is installed only for this benchmark (``pip install .[bench]``); without it those rows
 say so. Our functions compute more per call (SSIM, two Spearman correlations and HOG
 similarity; Quantus computes one similarity), so the ratios are conservative.
@@ -17,6 +18,7 @@ from audit.measures.similarity import ssim
 from audit.models import load_checkpoint
 from audit.models.copying import copy_model
 from audit.run.resources import keep_freed_memory
+from benchmarks.engine import engine_pooling
 from benchmarks.timing import median_ratios, median_times, table
 
 
@@ -74,9 +76,10 @@ def _quantus_rows(rounds: int, n_images: int = 16) -> list[tuple]:
 
     def floor_logit():  # what any random-logit test computes: one forward pass, two input gradients
         xg = xt.clone().requires_grad_()
-        out = model(xg)
-        torch.autograd.grad(out.gather(1, yt[:, None]).sum(), xg, retain_graph=True)
-        torch.autograd.grad(out.gather(1, other[:, None]).sum(), xg)
+        with engine_pooling():
+            out = model(xg)
+            torch.autograd.grad(out.gather(1, yt[:, None]).sum(), xg, retain_graph=True)
+            torch.autograd.grad(out.gather(1, other[:, None]).sum(), xg)
 
     logit = median_ratios({"quantus": quantus_random_logit,
                            "ours": lambda: random_logit_test(model, x, y, ["gradient"], progress=False),
@@ -105,9 +108,10 @@ def _floor(model, x, y, order: str, samples: int = 1) -> None:
     plan = randomization_plan(start, trace(start, torch.as_tensor(x)))
     stages = [m for _, _, m in randomization_stages(model, StageSettings(order=order), plan=plan, start=start)]
     xb, yb = torch.as_tensor(x).repeat(samples, 1, 1, 1), torch.as_tensor(y).repeat(samples)
-    for m in stages:
-        xg = xb.clone().requires_grad_()
-        torch.autograd.grad(m(xg).gather(1, yb[:, None]).sum(), xg)
+    with engine_pooling():
+        for m in stages:
+            xg = xb.clone().requires_grad_()
+            torch.autograd.grad(m(xg).gather(1, yb[:, None]).sum(), xg)
 
 
 def _mprt_family_rows(rounds: int, n_images: int = 16, samples: int = 10) -> list[tuple]:

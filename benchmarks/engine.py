@@ -3,7 +3,7 @@
 VGG-style net on 32x32 RGB inputs, batch 64, CPU. Floors (the convolutions a rule cannot avoid,
 in units of one forward + input-backward): gradient-like, epsilon, DeepLIFT 1.0x; z+ 1.5x;
 alpha-beta 2.0x. The gradient-like floor is also measured: the plain gradient with max pooling run as the engine
-runs it (:func:`engine_pooling`), and guided backprop's and DeepLIFT's, as that gradient plus the element-wise work
+runs it (under :func:`engine_pooling`), and guided backprop's and DeepLIFT's, as that gradient plus the element-wise work
 their rules add at each ReLU (:func:`guided_floor`, :func:`deeplift_floor`).
 ``propagate`` with K = 5 is compared with one plain gradient of a 5x batch. Each candidate's time over
 the plain gradient's in the same round, the median over rounds; the process keeps freed memory for reuse
@@ -13,8 +13,8 @@ ratio from 1.31x to 1.52x on this 2-core machine).
 """
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -39,28 +39,31 @@ def plain_gradient(model, x, target):
     return torch.autograd.grad(out, xg)[0]
 
 
-class EnginePooling(nn.Module):
-    """nn.MaxPool2d ``pool`` run as the engine runs it on the CPU: by torch's channels-last kernel
-    (:func:`attributions.linear_ops.max_pool`), about three times faster at this size than the kernel the
-    model's own layout takes."""
+@contextlib.contextmanager
+def engine_pooling() -> Iterator[None]:
+    """Within it, nn.MaxPool2d runs on (B, C, H, W) CPU inputs as the engine runs it: by torch's channels-last
+    kernel (:func:`attributions.linear_ops.max_pool`), three times faster at this size than the kernel the model's
+    own layout takes. The floors run under it, so that no method goes below its floor by pooling faster."""
+    original = nn.MaxPool2d.forward
 
-    def __init__(self, pool: nn.MaxPool2d):
-        super().__init__()
-        self.pool = pool
+    def forward(self: nn.MaxPool2d, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim == 4 and x.device.type == "cpu" and x.is_contiguous() and not self.return_indices:
+            return max_pool(x, self)[0]
+        return original(self, x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return max_pool(x, self.pool)[0]
+    nn.MaxPool2d.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.MaxPool2d.forward = original  # type: ignore[method-assign]
 
 
-def engine_pooling(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose max pooling runs as the engine's (:class:`EnginePooling`): the floors' model,
-    so that no method runs below its floor by pooling faster than the model does."""
-    out = copy.deepcopy(model)
-    for module in list(out.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.MaxPool2d):
-                setattr(module, name, EnginePooling(child))
-    return out
+def _pooled(run: Callable[[], Any]) -> Callable[[], Any]:
+    """``run`` under :func:`engine_pooling`."""
+    def pooled() -> Any:
+        with engine_pooling():
+            return run()
+    return pooled
 
 
 def _relus(model: nn.Module) -> list[nn.Module]:
@@ -121,11 +124,10 @@ def run(batch: int = 64, rounds: int = 21) -> str:
     explainers = {m: Explainer(model, m) for m in METHODS}
     candidates = {"plain gradient": lambda: plain_gradient(model, x, target)}
     candidates |= {m: (lambda e=e: e.attribute(x, target=target)) for m, e in explainers.items()}
-    floors = engine_pooling(model)
-    values, reference = relu_values(floors, x), relu_values(floors, torch.zeros_like(x[:1]))
-    candidates["gradient floor"] = lambda: plain_gradient(floors, x, target)
-    candidates["guided floor"] = lambda: guided_floor(floors, x, target)
-    candidates["deeplift floor"] = lambda: deeplift_floor(floors, x, target, values, reference)
+    values, reference = relu_values(model, x), relu_values(model, torch.zeros_like(x[:1]))
+    candidates["gradient floor"] = _pooled(lambda: plain_gradient(model, x, target))
+    candidates["guided floor"] = _pooled(lambda: guided_floor(model, x, target))
+    candidates["deeplift floor"] = _pooled(lambda: deeplift_floor(model, x, target, values, reference))
     candidates["captum DeepLift"] = lambda: DeepLift(model).attribute(x, target=target)
     candidates["captum GuidedBackprop"] = lambda: GuidedBackprop(model).attribute(x, target=target)
     x5, t5 = x.repeat(5, 1, 1, 1), target.repeat(5)

@@ -1,4 +1,4 @@
-"""Small models for the engine tests: BatchNorm, max-pooling, residual adds, functional ops."""
+"""Small models for the engine tests: BatchNorm, max-pooling, residual adds, functional ops, attention."""
 from __future__ import annotations
 
 import torch
@@ -79,3 +79,24 @@ class FunctionalNet(nn.Module):
         h = F.relu(self.shared(h), inplace=True)
         h = F.adaptive_avg_pool2d(F.max_pool2d(h, 2), 2)
         return self.fc(self.drop(h.view(h.size(0), -1)))
+
+
+class MaskedAttention(nn.Module):
+    """F.scaled_dot_product_attention over ``tokens`` tokens of 4 features with a constant mask, additive (float)
+    or boolean; ``heads`` heads of ``width`` channels (None: one, without a head axis)."""
+
+    def __init__(self, boolean: bool, tokens: int = 5, width: int = 4, heads: int | None = None):
+        super().__init__()
+        n = width * (heads or 1)
+        self.heads = heads
+        self.qkv, self.head = nn.Linear(4, 3 * n), nn.Linear(n, 3)
+        mask = torch.rand(tokens, tokens) > 0.4
+        mask.fill_diagonal_(True)  # every query sees itself
+        self.register_buffer("mask", mask if boolean else torch.where(mask, 0.0, -3.0).double())
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        if self.heads:
+            q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+        return self.head((a.transpose(1, 2).flatten(2) if self.heads else a).mean(1))

@@ -3,35 +3,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attributions import Explainer, fusion
 from attributions.attention import Fused
 from audit.models import load_checkpoint
-
-
-class _MaskedAttention(nn.Module):
-    """Two heads of 3 channels over 8 tokens (long enough to fuse), a constant mask, additive or boolean."""
-
-    def __init__(self, boolean: bool):
-        super().__init__()
-        self.qkv, self.head = nn.Linear(4, 18), nn.Linear(6, 3)
-        mask = torch.rand(8, 8) > 0.4
-        mask.fill_diagonal_(True)  # every query sees itself
-        self.register_buffer("mask", mask if boolean else torch.where(mask, 0.0, -3.0).double())
-
-    def forward(self, x):
-        q, k, v = (t.unflatten(-1, (2, 3)).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
-        return self.head(F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask).transpose(1, 2).flatten(2).mean(1))
+from tests.engine_models import MaskedAttention
 
 
 def _vit() -> nn.Module:
     return load_checkpoint("vit-sgd").double()
 
 
-MODELS = {"vit": (_vit, (3, 1, 28, 28)), "float mask": (lambda: _MaskedAttention(False).double().eval(), (3, 8, 4)),
-          "boolean mask": (lambda: _MaskedAttention(True).double().eval(), (3, 8, 4))}
+MODELS = {"vit": (_vit, (3, 1, 28, 28)),  # two heads of 3 channels over 8 tokens: long enough to fuse
+          **{f"{kind} mask": (lambda b=b: MaskedAttention(b, tokens=8, width=3, heads=2).double().eval(), (3, 8, 4))
+             for kind, b in (("float", False), ("boolean", True))}}
 
 
 def _maps(model: nn.Module, method: str, x: torch.Tensor) -> tuple[torch.Tensor, int]:

@@ -13,6 +13,7 @@ from torch import nn
 from attributions import Explainer
 from attributions.errors import AttributionError
 from attributions.graph import trace
+from tests.engine_models import MaskedAttention
 
 
 def _autograd(model, x, target):
@@ -350,25 +351,10 @@ def test_in_place_writes(make, width, refused, message):
         Explainer(refused(), "gradient").attribute(torch.randn(2, 4, dtype=torch.float64), target=0)
 
 
-class _MaskedAttention(nn.Module):
-    """F.scaled_dot_product_attention with a constant mask, additive (float) or boolean."""
-
-    def __init__(self, boolean: bool):
-        super().__init__()
-        self.qkv, self.head = nn.Linear(4, 12), nn.Linear(4, 3)
-        mask = torch.rand(5, 5) > 0.4
-        mask.fill_diagonal_(True)  # every query sees itself
-        self.register_buffer("mask", mask if boolean else torch.where(mask, 0.0, -3.0).double())
-
-    def forward(self, x):
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        return self.head(F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask).mean(1))
-
-
 @pytest.mark.parametrize("boolean", [False, True])
 def test_attention_with_a_constant_mask_is_exact(boolean):
     torch.manual_seed(0)
-    _exact(_MaskedAttention(boolean).double().eval(), torch.randn(3, 5, 4, dtype=torch.float64))
+    _exact(MaskedAttention(boolean).double().eval(), torch.randn(3, 5, 4, dtype=torch.float64))
 
 
 class _ShapedLike(nn.Module):

@@ -285,7 +285,7 @@ def pool(node: Node, x: torch.Tensor, return_indices: bool = False) -> Any:
             return F.avg_pool1d(x, m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad)
         return F.avg_pool2d(x, m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad,
                             m.divisor_override)  # type: ignore[arg-type]  # 4-D x: m is an AvgPool2d (mypy cannot tell)
-    if not one_d and x.ndim == 4 and x.device.type == "cpu" and x.is_contiguous():
+    if not one_d and x.ndim == 4:
         out, indices = max_pool(x, m)
         return (out, indices) if return_indices else out
     fn = F.max_pool1d if one_d else F.max_pool2d
@@ -294,13 +294,22 @@ def pool(node: Node, x: torch.Tensor, return_indices: bool = False) -> Any:
               return_indices=return_indices)
 
 
+CHANNELS_LAST_POOLING = 1 << 15  # elements from which torch's channels-last kernel pools faster, copies included
+
+
 def max_pool(x: torch.Tensor, module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, winners' flat indices per plane) of nn.MaxPool2d ``module`` on (B, C, H, W) contiguous CPU inputs
-    ``x``, by torch's channels-last kernel (:class:`_ChannelsLastMaxPool`); autograd differentiates it."""
+    """(values, winners' flat indices per plane) of nn.MaxPool2d ``module`` on (B, C, H, W) inputs ``x``; on the
+    CPU from :data:`CHANNELS_LAST_POOLING` elements by torch's channels-last kernel (:class:`_ChannelsLastMaxPool`),
+    below it (where the two copies cost more than they save) and elsewhere by torch's own. Autograd
+    differentiates both."""
     m: Any = module
-    out: tuple[torch.Tensor, torch.Tensor] = _ChannelsLastMaxPool.apply(x, m.kernel_size, m.stride, m.padding,
-                                                                        m.dilation, m.ceil_mode)
-    return out
+    if x.device.type == "cpu" and x.is_contiguous() and x.numel() >= CHANNELS_LAST_POOLING:
+        out: tuple[torch.Tensor, torch.Tensor] = _ChannelsLastMaxPool.apply(x, m.kernel_size, m.stride, m.padding,
+                                                                            m.dilation, m.ceil_mode)
+        return out
+    pooled: tuple[torch.Tensor, torch.Tensor] = F.max_pool2d(x, m.kernel_size, m.stride, m.padding, m.dilation,
+                                                             ceil_mode=m.ceil_mode, return_indices=True)
+    return pooled
 
 
 class _ChannelsLastMaxPool(torch.autograd.Function):

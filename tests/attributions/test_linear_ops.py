@@ -34,9 +34,13 @@ def test_convolution_transpose_is_its_input_gradient(conv, shape):
 @pytest.mark.parametrize("pool", [nn.MaxPool2d(2), nn.MaxPool2d(3, 2, 1), nn.MaxPool2d(3, 2, ceil_mode=True),
                                   nn.MaxPool2d(3, 1, 1, dilation=2), nn.MaxPool2d((2, 3), (1, 2))])
 @pytest.mark.parametrize("data", ["relu", "ties", "nan"])
-def test_max_pool_takes_torchs_values_winners_and_gradient(pool, data):
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_max_pool_takes_torchs_values_winners_and_gradient(pool, data, channels_last, monkeypatch):
+    from attributions import linear_ops
     from attributions.linear_ops import max_pool
 
+    if channels_last:  # the kernel for large inputs, on a small one
+        monkeypatch.setattr(linear_ops, "CHANNELS_LAST_POOLING", 0)
     torch.manual_seed(0)
     x = torch.randn(3, 5, 17, 13, dtype=torch.float64)
     if data == "relu":  # windows of zeros: the first zero wins

@@ -349,7 +349,7 @@ class Explainer(Attribution):
             if lean is not None and node.name in lean.skipped:
                 continue
             if lean is not None and node.name in lean.fused:
-                env[node.name] = fusion.run(self._g, node.name, lean.fused[node.name], env)
+                env[node.name] = fusion.run(node, lean.fused[node.name], env)
             elif reuse is not None and node.name in reuse[1]:
                 for key in _entries(node):
                     if key in reuse[0]:

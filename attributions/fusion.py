@@ -54,7 +54,7 @@ def _fusion(graph: Graph, rules: dict[str, Any], node: Any) -> Fusion | None:
     scales = {}
     for n in nodes:
         scale = rules[n.name].gradient_scales(n) if n.name in rules else None
-        if scale is None or (n not in (scores, node) and scale != (1.0,) * len(scale)):
+        if scale is None or (n.name not in (scores.name, node.name) and scale != (1.0,) * len(scale)):
             return None  # a rule that is not the gradient there
         scales[n.name] = scale
     if scores.kind != "product" or len(key_t.inputs) != 1:
@@ -67,12 +67,11 @@ def _fusion(graph: Graph, rules: dict[str, Any], node: Any) -> Fusion | None:
     return Fusion(node.fused.inner, (q, key_t.inputs[0], v), (s_w * s_q, s_w * s_k, s_v))
 
 
-def run(graph: Graph, name: str, fusion: Fusion, env: dict[Any, Any]) -> torch.Tensor:
-    """The value of attention output ``name`` from its operands' values in ``env``, with their gradients scaled."""
+def run(node: Any, fusion: Fusion, env: dict[Any, Any]) -> torch.Tensor:
+    """The value of attention output ``node`` from its operands' values in ``env``, with their gradients scaled."""
     q, k, v = (scaled_gradient(env[o], s) for o, s in zip(fusion.operands, fusion.scales))
-    fused = graph.by_name[name].fused
-    assert fused is not None
-    return fused.run(env, q, k, v)
+    out: torch.Tensor = node.fused.run(env, q, k, v)
+    return out
 
 
 def _operands(node: Any) -> tuple[str, str]:

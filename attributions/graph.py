@@ -676,17 +676,17 @@ class _Builder:
     def attention(self, fx_node: torch.fx.Node) -> None:
         name = self.unique(self.path_name(fx_node, "attention", None))
         bound: dict[str, Any] = dict(zip(attention.SDPA_ARGUMENTS, fx_node.args)) | dict(fx_node.kwargs)
-        operands = {}
+        operands, nodes = {}, {}
         for role in ("query", "key", "value"):
             arg = bound.get(role)
             if not isinstance(arg, torch.fx.Node) or self.names.get(arg) not in self.signal:
                 raise AttributionError(f"attention at {name!r}: the {role} must be computed from the input")
-            operands[role] = self.names[arg]
+            operands[role], nodes[role] = self.names[arg], arg
         bound = {k: (v if not isinstance(v, torch.fx.Node) else _Ref(self.names[v])) for k, v in bound.items()}
         specs = attention.sdpa_specs(name, bound, operands, self.signal)
         order = _layout(fx_node.meta.get("val"))
         mask = bound.get("attn_mask")
-        query = getattr(fx_node.args[0], "meta", {}).get("val")
+        query = nodes["query"].meta.get("val")
         sizes = [s if isinstance(s, int) else None for s in query.shape[-2:]] if isinstance(query, torch.Tensor) \
             else [None, None]
         fused = attention.fused_run(bound.get("scale"), mask.name if mask is not None else None)

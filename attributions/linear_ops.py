@@ -304,12 +304,21 @@ def max_pool(x: torch.Tensor, module: nn.Module) -> tuple[torch.Tensor, torch.Te
     differentiates both."""
     m: Any = module
     if x.device.type == "cpu" and x.is_contiguous() and x.numel() >= CHANNELS_LAST_POOLING:
-        out: tuple[torch.Tensor, torch.Tensor] = _ChannelsLastMaxPool.apply(x, m.kernel_size, m.stride, m.padding,
-                                                                            m.dilation, m.ceil_mode)
+        out: tuple[torch.Tensor, torch.Tensor] = _ChannelsLastMaxPool.apply(x, m)
         return out
     pooled: tuple[torch.Tensor, torch.Tensor] = F.max_pool2d(x, m.kernel_size, m.stride, m.padding, m.dilation,
                                                              ceil_mode=m.ceil_mode, return_indices=True)
     return pooled
+
+
+def to_winners(grad: torch.Tensor, x: torch.Tensor, module: nn.Module, winners: torch.Tensor) -> torch.Tensor:
+    """The gradient (B, C, *out) of nn.MaxPool2d ``module`` scattered to its inputs ``x`` (B, C, H, W) at their
+    ``winners`` (B, C, *out), by torch's own kernel."""
+    m: Any = module
+    out: torch.Tensor = torch.ops.aten.max_pool2d_with_indices_backward(
+        grad, x, per_dimension(m.kernel_size, 2), per_dimension(m.stride or m.kernel_size, 2),
+        per_dimension(m.padding, 2), per_dimension(m.dilation, 2), m.ceil_mode, winners)
+    return out
 
 
 class _ChannelsLastMaxPool(torch.autograd.Function):
@@ -319,25 +328,20 @@ class _ChannelsLastMaxPool(torch.autograd.Function):
     the input; the gradient by the winners, as autograd's own."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, kernel: Any, stride: Any, padding: Any, dilation: Any,
-                ceil_mode: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        out, indices = F.max_pool2d(x.contiguous(memory_format=torch.channels_last), kernel, stride, padding, dilation,
-                                    ceil_mode=ceil_mode, return_indices=True)
+    def forward(ctx: Any, x: torch.Tensor, module: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        m = module
+        out, indices = F.max_pool2d(x.contiguous(memory_format=torch.channels_last), m.kernel_size, m.stride,
+                                    m.padding, m.dilation, ceil_mode=m.ceil_mode, return_indices=True)
         out, indices = out.contiguous(), indices.contiguous()
         ctx.save_for_backward(x, indices)
-        ctx.args = tuple(_pair(a) for a in (kernel, stride or kernel, padding, dilation)) + (ceil_mode,)
+        ctx.module = module
         ctx.mark_non_differentiable(indices)
         return out, indices
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, grad: torch.Tensor, _: Any) -> tuple[torch.Tensor, None]:
         x, indices = ctx.saved_tensors
-        return (torch.ops.aten.max_pool2d_with_indices_backward(grad, x, *ctx.args, indices),
-                None, None, None, None, None)
-
-
-def _pair(value: Any) -> list[int]:
-    return [int(value)] * 2 if isinstance(value, int) else [int(v) for v in value]
+        return to_winners(grad, x, ctx.module, indices), None
 
 
 OPS = {"dense": DenseOp, "conv": ConvOp, "affine": AffineOp, "avgpool": PoolOp}

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from attributions.errors import AttributionError, unknown_name
 from attributions.kinds import LINEAR_KINDS
-from attributions.linear_ops import LinearOp, per_dimension
+from attributions.linear_ops import LinearOp, to_winners
 from attributions.records import LeakyReLU, Norm, Product, Record, Reduce, Softmax
 
 R = TypeVar("R", bound=Record)
@@ -642,13 +642,9 @@ class WinnerTakeAll(Rule):
 def _to_winners(ctx: Context, signal: torch.Tensor) -> torch.Tensor:
     """Signals (K, B, C, *out) of a max pooling node scattered to its inputs at its forward winners ->
     (K, B, *in): torch's own kernel for a single signal on images, else :func:`_unpool`."""
-    m, winners = ctx.node.module, ctx.winners
     if signal.shape[0] == 1 and ctx.x.ndim == 4:
-        grad: torch.Tensor = torch.ops.aten.max_pool2d_with_indices_backward(
-            signal[0], ctx.x, per_dimension(m.kernel_size, 2), per_dimension(m.stride or m.kernel_size, 2),
-            per_dimension(m.padding, 2), per_dimension(m.dilation, 2), m.ceil_mode, winners)
-        return grad[None]
-    return _unpool(signal, winners, ctx.x.shape)
+        return to_winners(signal[0], ctx.x, ctx.node.module, ctx.winners)[None]
+    return _unpool(signal, ctx.winners, ctx.x.shape)
 
 
 class DeepLiftMaxPool(Rule):

@@ -15,7 +15,9 @@ def _vit() -> nn.Module:
     return load_checkpoint("vit-sgd").double()
 
 
-MODELS = {"vit": (_vit, (3, 1, 28, 28)),  # two heads of 3 channels over 8 tokens: long enough to fuse
+# the shipped ViT (50 tokens, heads of width 16); masked attention with two heads of 3 channels over 8 tokens,
+# long enough to fuse
+MODELS = {"vit": (_vit, (3, 1, 28, 28)),
           **{f"{kind} mask": (lambda b=b: MaskedAttention(b, tokens=8, width=3, heads=2).double().eval(), (3, 8, 4))
              for kind, b in (("float", False), ("boolean", True))}}
 

@@ -24,7 +24,7 @@ from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import recorded_in
 from audit.checks.options import UnitContext, option
-from audit.checks.randomization import stage_batches, stage_figure, stage_maps
+from audit.checks.randomization import frame, stage_batches, stage_columns, stage_figure, stage_maps
 from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
 from audit.errors import ConfigError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs
@@ -94,23 +94,21 @@ def efficient_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Method
     """
     stages = stage_settings(stages, settings, order="bottom-up")
     x, y = check_inputs(model, x, y)
-    rows: list[dict[str, Any]] = []
+    parts: list[dict[str, np.ndarray]] = []
     first: dict[str, np.ndarray] = {}
     n = len(x)
     for batch in stage_batches(stage_maps(model, x, y, methods, stages, reduction=reduction, progress=progress,
                                           name="efficient_mprt", every_stage=curve)):
-        measured = {}
+        measured: dict[str, dict[str, np.ndarray]] = {}
         for m in batch[0].maps:
             v = torch.cat([s.maps[m] for s in batch])  # the batch's stages measured at once
             h = np.where(degenerate(v), np.nan, discrete_entropy(v, n_bins))  # constant / non-finite: undefined
             h0 = np.tile(first.setdefault(m, h[:n]), len(batch))  # the trained model's, for each stage
             with np.errstate(invalid="ignore", divide="ignore"):
-                measured[m] = h, np.where(h0 > 0, (h - h0) / h0, np.nan)  # a constant trained map: undefined
-        for k, s in enumerate(batch):
-            rows += [{"method": m, "stage": s.stage, "layer": s.layer, "image": i, "entropy": float(h[k * n + i]),
-                      "score": float(score[k * n + i]), "share": s.share}
-                     for m, (h, score) in measured.items() for i in range(n)]
-    return pd.DataFrame(rows, columns=COLUMNS)
+                # a constant trained map: undefined
+                measured[m] = {"entropy": h, "score": np.where(h0 > 0, (h - h0) / h0, np.nan)}
+        parts.append(stage_columns(batch, n, measured))
+    return frame(parts, COLUMNS)
 
 
 @dataclass(frozen=True)

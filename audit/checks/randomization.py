@@ -119,7 +119,7 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     stages = stage_settings(stages, settings)
     x, y = check_inputs(model, x, y)
     reference: dict[str, ReferenceMaps] = {}
-    rows: list[dict[str, Any]] = []
+    parts: list[dict[str, np.ndarray]] = []
     kept: dict[str, list[np.ndarray]] = {}
     n = len(x)
     # the ranks of the input's own magnitude (max |.| over channels): how far a stage's map still follows the input
@@ -132,14 +132,11 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
         sims = {m: reference[m].compare(stacked[m]) for m in reference}
         for m in reference:  # the maps' magnitude ranks, computed once for the measures, against the input's
             sims[m]["input_spearman_abs"] = correlation(stacked[m].abs_ranks, np.tile(structure, (len(batch), 1)))
-        for k, s in enumerate(batch):
+        for s in batch if keep_maps else ():
             for m in reference:
-                if keep_maps:
-                    kept.setdefault(m, []).append(s.maps[m][:keep_maps].numpy())
-                rows += [{"method": m, "stage": s.stage, "layer": s.layer, "image": i,
-                          **{name: float(v[k * n + i]) for name, v in sims[m].items()}, "share": s.share}
-                         for i in range(n)]
-    df = pd.DataFrame(rows, columns=COLUMNS)
+                kept.setdefault(m, []).append(s.maps[m][:keep_maps].numpy())
+        parts.append(stage_columns(batch, n, sims))
+    df = frame(parts, COLUMNS)
     shape = (0, 0) + tuple(x.shape[2:])
     return df, {m: np.stack(kept[m]) if m in kept else np.zeros(shape) for m in reference}
 
@@ -239,6 +236,33 @@ def stage_batches(stages: Iterator[StageMaps], limit: int = COMPARE_BYTES) -> It
             batch, size = [], 0
     if batch:
         yield batch
+
+
+def stage_columns(batch: list[StageMaps], n: int, scores: dict[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """A batch of stages' rows as columns, one row per stage x method x image in that order: method, stage,
+    layer, image, share and each score of ``scores`` {method: {score: (len(batch) * n,) values, stage by
+    stage}}; ``n`` images per stage."""
+    methods = list(scores)
+    shape = (len(batch), len(methods), n)
+
+    def per(values: list[Any], axis: int, dtype: Any = None) -> np.ndarray:  # one value per stage or method
+        return np.broadcast_to(np.expand_dims(np.array(values, dtype=dtype), [a for a in range(3) if a != axis]),
+                               shape).ravel()
+
+    columns = {"method": per(methods, 1, object), "stage": per([s.stage for s in batch], 0),
+               "layer": per([s.layer for s in batch], 0, object), "share": per([float(s.share) for s in batch], 0),
+               "image": np.broadcast_to(np.arange(n), shape).ravel()}
+    for name in scores[methods[0]] if methods else ():
+        columns[name] = np.stack([np.asarray(scores[m][name], dtype=float).reshape(len(batch), n) for m in methods],
+                                 1).ravel()
+    return columns
+
+
+def frame(parts: list[dict[str, np.ndarray]], columns: list[str]) -> pd.DataFrame:
+    """One DataFrame of ``columns`` from the :func:`stage_columns` of every batch, in order."""
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    return pd.DataFrame({c: np.concatenate([p[c] for p in parts]) for c in columns})
 
 
 def unchanged_nodes(graph: Graph, changed: set[str]) -> frozenset[str]:

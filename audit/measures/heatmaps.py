@@ -58,11 +58,11 @@ class ComparableMaps:
         flat = self.raw.reshape(len(raw), -1).double()
         values = flat.numpy()
         order = np.argsort(values, axis=1)
-        self.ranks = unit_ranks(values, order)
+        ordered = np.take_along_axis(values, order, 1)
+        self.ranks = unit_ranks(values, order, ordered)
         # maps without negative values (the max-abs reduction's) are their own magnitudes
         self.abs_ranks = self.ranks if (values >= 0).all() else unit_ranks(np.abs(values))
-        ordered = torch.from_numpy(np.take_along_axis(values, order, 1))
-        self.normalized = normalized_from_sorted(flat, ordered).reshape(self.raw.shape)
+        self.normalized = normalized_from_sorted(flat, torch.from_numpy(ordered)).reshape(self.raw.shape)
         self.hog_ranks = unit_ranks(hog_features(self.normalized))
 
     def __len__(self) -> int:

@@ -236,39 +236,62 @@ def _ssim_block(x, y, window, cov_norm, data_range, flip_invariant, x_means=None
     return s
 
 
+def _sorted_ranks(ordered: np.ndarray) -> np.ndarray:
+    """Average ranks (1 to P) of the values of (N, P) rows sorted along them -> (N, P) float64: each value's
+    position, a tie run's values the mean of their positions. NaN (sorted last) ties with nothing."""
+    n, p = ordered.shape
+    out = np.tile(np.arange(1, p + 1, dtype=np.float64), (n, 1))
+    # the values equal to their predecessor: few in a map, so the runs are mended where they are, not rebuilt
+    repeat = np.flatnonzero(ordered[:, 1:] == ordered[:, :-1])
+    if repeat.size:
+        row, col = np.divmod(repeat, p - 1)
+        at = row * p + col + 1  # flat positions in (N, P); a run never spans two rows (column 0 repeats nothing)
+        opens = np.ones(len(at), dtype=bool)
+        np.not_equal(at[1:] - at[:-1], 1, out=opens[1:])
+        run = np.cumsum(opens) - 1
+        first = at[opens] - 1  # each run's first value
+        mean = first % p + (np.bincount(run) + 2) / 2  # 0-based first position + (length + 1) / 2, length = repeats + 1
+        flat = out.reshape(-1)
+        flat[first] = mean
+        flat[at] = mean[run]
+    return out
+
+
+def _ranked(values: np.ndarray, order: np.ndarray | None, unit: bool, ordered: np.ndarray | None = None
+            ) -> np.ndarray:
+    """:func:`ranks` of (N, P) ``values`` (``order``: their argsort along rows, ``ordered`` the values sorted
+    along rows, if at hand), or with ``unit`` :func:`unit_ranks`' centred unit-length vectors: computed in sorted
+    order, then put in place once."""
+    n, p = values.shape
+    order = np.argsort(values, axis=1) if order is None else order
+    ordered = np.take_along_axis(values, order, 1) if ordered is None else ordered
+    r = _sorted_ranks(ordered)
+    if unit:
+        r -= (p + 1) / 2  # the mean rank
+        norm = np.sqrt(np.einsum("ij,ij->i", r, r))
+        norm[np.isnan(ordered[:, -1])] = 0.0  # NaN has no rank (argsort puts it last): the row's correlations are NaN
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r /= norm[:, None]
+        r[~(norm > 0)] = np.nan
+    out = np.empty((n, p))
+    np.put_along_axis(out, order, r, 1)
+    return out
+
+
 def ranks(values: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
     """Average ranks (1 to P; tied values share their mean rank, as ``scipy.stats.rankdata``) along
     each row of (N, P) values -> (N, P) float64. ``order``: ``np.argsort(values, 1)`` if at hand."""
-    order = np.argsort(values, axis=1) if order is None else order
-    n, p = values.shape
-    flat_order = (order + np.arange(0, n * p, p)[:, None]).ravel()  # flat indices: faster than *_along_axis
-    ordered = values.ravel()[flat_order].reshape(n, p)
-    starts = np.ones((n, p), dtype=bool)
-    np.not_equal(ordered[:, 1:], ordered[:, :-1], out=starts[:, 1:])
-    if starts.all():  # no ties: the rank is the sorted position
-        sorted_ranks = np.broadcast_to(np.arange(1, p + 1, dtype=np.float64), (n, p))
-    else:  # a tie run's mean rank: its first position plus half its length (runs numbered across rows)
-        first = np.flatnonzero(starts)
-        length = np.diff(np.append(first, n * p))
-        mean = first % p + (length + 1) / 2
-        sorted_ranks = mean[np.cumsum(starts) - 1].reshape(n, p)
-    out = np.empty(n * p)
-    out[flat_order] = sorted_ranks.ravel()
-    return out.reshape(n, p)
+    return _ranked(values, order, unit=False)
 
 
-def unit_ranks(values, order: np.ndarray | None = None) -> np.ndarray:
+def unit_ranks(values, order: np.ndarray | None = None, ordered: np.ndarray | None = None) -> np.ndarray:
     """The average ranks of each flattened row of (N, ...) values, centred and scaled to unit length
     -> (N, P); NaN rows for constant rows and rows holding NaN. The Spearman correlation of two rows is the dot product of
-    theirs, so a set of maps compared many times is ranked once."""
+    theirs, so a set of maps compared many times is ranked once. ``order``: ``np.argsort`` of the (N, P) rows and
+    ``ordered`` the rows sorted, if at hand."""
     values = values.reshape(values.shape[0], -1)
     flat = values.double().numpy() if isinstance(values, torch.Tensor) else np.asarray(values, dtype=np.float64)
-    r = ranks(flat, order)
-    r -= (flat.shape[1] + 1) / 2  # the mean rank
-    norm = np.sqrt(np.einsum("ij,ij->i", r, r))[:, None]
-    norm[np.isnan(flat).any(1)] = 0.0  # NaN has no rank: the row's correlations are NaN, as scipy's
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(norm > 0, r / norm, np.nan)
+    return _ranked(flat, order, unit=True, ordered=ordered)
 
 
 def correlation(ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
@@ -331,8 +354,8 @@ def hog_features(maps: torch.Tensor, orientations: int = 9) -> np.ndarray:
     if rows < 2 or cols < 2:
         raise AuditError(f"HOG needs maps of at least {2 * cell} x {2 * cell}, got {h} x {w}")
     g_row, g_col = torch.zeros_like(x), torch.zeros_like(x)
-    g_row[:, 1:-1] = x[:, 2:] - x[:, :-2]
-    g_col[:, :, 1:-1] = x[:, :, 2:] - x[:, :, :-2]
+    torch.sub(x[:, 2:], x[:, :-2], out=g_row[:, 1:-1])
+    torch.sub(x[:, :, 2:], x[:, :, :-2], out=g_col[:, :, 1:-1])
     g_row, g_col = g_row[:, :rows * cell, :cols * cell].contiguous(), g_col[:, :rows * cell, :cols * cell].contiguous()
     magnitude = torch.hypot(g_col, g_row)
     angle = torch.rad2deg(torch.atan2(g_row, g_col)).remainder_(180)

@@ -2,6 +2,7 @@
 import copy
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -14,7 +15,7 @@ from audit import (
     random_logit_test,
 )
 from audit.checks import randomization
-from audit.checks.randomization import randomization_stages, unchanged_nodes
+from audit.checks.randomization import StageMaps, frame, randomization_stages, stage_columns, unchanged_nodes
 from audit.checks.stage_options import StageSettings
 from audit.checks.stages import randomization_plan
 from audit.errors import AuditError, ConfigError
@@ -128,3 +129,14 @@ def test_randomization_bad_input(trained):
     with pytest.raises(AuditError, match="shape"):
         random_logit_test(model, x, y[:-1], "gradient", progress=False)
 
+
+
+def test_stage_columns_hold_one_row_per_stage_method_and_image_in_that_order():
+    batch = [StageMaps(s, name, {}, share) for s, name, share in [(0, "original", 0.0), (1, "fc", 0.25)]]
+    scores = {m: {"ssim": np.arange(6.0) + 10 * k} for k, m in enumerate(["a", "b"])}  # 2 stages x 3 images
+    df = frame([stage_columns(batch, 3, scores)], ["method", "stage", "layer", "image", "ssim", "share"])
+    want = [(m, s.stage, s.layer, i, scores[m]["ssim"][k * 3 + i], s.share)
+            for k, s in enumerate(batch) for m in scores for i in range(3)]
+    assert list(df.itertuples(index=False, name=None)) == want
+    assert df.stage.dtype == np.int64 and df.image.dtype == np.int64 and pd.api.types.is_string_dtype(df.method)
+    assert frame([], ["method", "ssim"]).columns.tolist() == ["method", "ssim"]

@@ -129,6 +129,24 @@ def test_ranks_average_ties_as_scipy():
     np.testing.assert_array_equal(ranks(values), stats.rankdata(values, axis=1))
 
 
+def test_tie_runs_at_row_ends_stay_in_their_row():
+    # a run closing one row and a run opening the next hold the same value: two runs, not one
+    values = np.array([[3.0, 1.0, 2.0, 2.0], [2.0, 2.0, 5.0, 4.0], [7.0, 7.0, 7.0, 7.0], [0.0, -0.0, 1.0, 0.0]])
+    np.testing.assert_array_equal(ranks(values), stats.rankdata(values, axis=1))
+    np.testing.assert_array_equal(ranks(values[:, :1]), np.ones((4, 1)))
+
+
+def test_unit_ranks_give_scipy_spearman_with_ties_and_nan():
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 5, (6, 30)).astype(float)
+    b = np.where(rng.random((6, 30)) < 0.5, a, rng.integers(0, 5, (6, 30)))
+    a[2, 7], b[4] = np.nan, 1.0  # a NaN row and a constant row: undefined
+    got = spearman(a, b)
+    want = [stats.spearmanr(x, y).statistic for x, y in zip(a, b)]
+    np.testing.assert_allclose(np.delete(got, [2, 4]), np.delete(want, [2, 4]), rtol=1e-12)
+    assert np.isnan(got[[2, 4]]).all()
+
+
 def test_normalize_map_clips_at_torch_quantiles():
     g = torch.Generator().manual_seed(1)
     m = torch.randn(3, 17, 13, generator=g, dtype=torch.float64) ** 3

@@ -379,6 +379,46 @@ def _runner(function: Callable[..., Any], args: tuple[Any, ...],
     return lambda env, replace: function(*_resolve(args, env, replace), **_resolve(kwargs, env, replace))
 
 
+def _shared(run: Callable[[dict[Any, Any], dict[Any, Any]], Any], key: tuple[str, str], inputs: tuple[str, ...],
+            readers: int) -> Callable[[dict[Any, Any], dict[Any, Any]], Any]:
+    """``run`` (a split-like op's call) made once per pass for the ``readers`` nodes that each take one of its
+    pieces: held in the pass's values under ``key`` with the input values it was made from (another input, a
+    recorded leaf, makes it anew), until every reader has taken its piece. Autograd then has one backward node
+    for all the pieces, which assembles their gradients at once, where each piece's own call would fill a whole
+    input-sized gradient with zeros around its piece and add them up."""
+    def pieces(env: dict[Any, Any], replace: dict[Any, Any]) -> Any:
+        now = tuple(replace[i] if i in replace else env[i] for i in inputs)
+        held = env.get(key)
+        if held is None or any(a is not b for a, b in zip(held[0], now)):
+            held = env[key] = [now, run(env, replace), 0]
+        held[2] += 1
+        if held[2] >= readers:
+            del env[key]
+        return held[1]
+    return pieces
+
+
+def _select_group(fx_node: torch.fx.Node) -> tuple[int, int, int] | None:
+    """(dim, index, size) of an ``aten.select`` whose input is read only by selects along that dim, one for each
+    index (the packed query, key and value of ``nn.MultiheadAttention``): pieces of one ``unbind``; else None."""
+    parent, dim, index = (fx_node.args + (None, None, None))[:3]
+    if not isinstance(parent, torch.fx.Node) or not isinstance(dim, int) or not isinstance(index, int):
+        return None
+    val = parent.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    dim, size = dim % val.dim(), val.shape[dim]
+    if not isinstance(size, int):
+        return None
+    taken = []
+    for user in parent.users:
+        if _op_name(user.target) != "select" or len(user.args) < 3 or not isinstance(user.args[2], int) or \
+                not isinstance(user.args[1], int) or user.args[1] % val.dim() != dim:
+            return None
+        taken.append(user.args[2] % size)
+    return (dim, index % size, size) if sorted(taken) == list(range(size)) else None
+
+
 class _Builder:
     """Turns the exported graph into nodes (one pass over its ops, in order)."""
 
@@ -550,6 +590,15 @@ class _Builder:
             signals = (self.names[first],)  # the other tensor gives only a shape or dtype
         name = self.unique(self.path_name(fx_node, op, kind))
         run = _runner(_functional(target), self.ref(fx_node.args), self.ref(fx_node.kwargs))
+        group = _select_group(fx_node) if op == "select" and signals else None
+        if group is not None:
+            dim, index, size = group
+            parent = self.names[cast(Any, fx_node.args[0])]
+            unbind = _shared(_runner(torch.ops.aten.unbind.int, (_Ref(parent), dim), {}), (parent, "pieces"),
+                             (parent,), size)
+
+            def run(env: dict[str, Any], replace: dict[str, Any]) -> Any:
+                return unbind(env, replace)[index]
         if isinstance(record, Move) and record.identity:
             source = signals[0]
 
@@ -670,6 +719,9 @@ class _Builder:
             kind, record = ("move", Move()) if reduction is None else ("reduce", reduction)
         op = "getitem" if reduction is None else _op_name(parent.target)
         name = self.unique(self.path_name(fx_node, op, None))
+        if signals:  # the pieces of one call: one backward node (the inputs are this call's signals)
+            run = _shared(run, (parent.name, "pieces of"), signals,
+                          sum(1 for u in parent.users if u.target is operator.getitem))
         self.add(Node(name, kind, signals if kind != "const" else (), run=lambda env, replace: run(env, replace)[index],
                       record=record, reads=signals if kind == "const" else ()), fx_node)
 

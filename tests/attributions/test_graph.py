@@ -596,3 +596,35 @@ def test_the_op_table_maps_an_op_by_its_name_alone():
     assert OPS["add"].record("add") == Mix(elementwise=True) and OPS["mean"].record("mean") == Mix()
     assert OPS["relu"].kind == "relu" and OPS["gelu"].single
     assert "conv2d" not in OPS and "batch_norm" not in OPS  # their kind depends on their arguments
+
+
+class _Pieces(nn.Module):
+    """Pieces of one tensor: every index selected (nn.MultiheadAttention's packed query, key and value), an
+    unbind, a chunk, and two of three selects (which stay separate)."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how, self.fc, self.head = how, nn.Linear(4, 12), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.fc(x).unflatten(1, (3, 4)).transpose(0, 1).contiguous()  # (3, B, 4)
+        a, b, c = {"select": lambda: (h[0], h[1], h[2]), "unbind": lambda: h.unbind(0),
+                   "chunk": lambda: self.fc(x).chunk(3, 1), "partial": lambda: (h[0], h[2], h[0])}[self.how]()
+        return self.head(a * torch.tanh(b) + c)
+
+
+@pytest.mark.parametrize("how,shared", [("select", True), ("unbind", True), ("chunk", True), ("partial", False)])
+def test_the_pieces_of_one_tensor_share_one_backward_node(how, shared):
+    torch.manual_seed(0)
+    model = _Pieces(how).double().eval()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    _exact(model, x)
+    ex = Explainer(model, "gradient")
+    env = ex._forward_envs(x, connected=True)[0]
+    product = next(n for n in ex.graph.nodes if n.kind == "product")
+    pieces = [env[i] for i in (*product.inputs, next(n for n in ex.graph.nodes if n.kind == "add").inputs[1])]
+    nodes = {id(p.grad_fn) for p in pieces if p.grad_fn is not None and p.grad_fn.name().startswith(
+        ("Unbind", "Split", "Select"))}
+    # one autograd node assembles all the pieces' gradients, where one per piece would each fill a whole zero gradient
+    assert (len(nodes) == 1) == shared
+    assert not any(isinstance(k, tuple) and k[-1] in ("pieces", "pieces of") for k in env)  # released once taken

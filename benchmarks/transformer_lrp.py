@@ -4,7 +4,11 @@
 * time: seconds per batch of maps, every candidate once per round, the median over interleaved rounds, and its
   time over LXT's in the same round (:func:`benchmarks.timing.paired_times`), with the command line's allocator
   setting (:func:`audit.run.resources.keep_freed_memory`); our capture (``torch.export``, once per model) apart.
-  Target: ours <= 1.0x LXT's;
+  Target: ours <= 1.0x LXT's. LXT's torchvision patch computes only CP-LRP; ``LXT, attention differentiated`` is
+  the same patch with ``nn.MultiheadAttention``'s own forward restored (gradients through the query and key, as
+  AttnLRP's chain takes them): the passes an implementation of AttnLRP in LXT's way makes, the measured floor
+  our ``attnlrp`` is compared with too. CP-LRP skips the query and key projections' backward (2 of the 24
+  matmul units of a block), which AttnLRP's chain must compute;
 * memory: the peak resident memory a batch adds, each candidate in a fresh process, measured as
   :func:`benchmarks.library_costs.batch_peak_mb` does (VmHWM after a heap trim). Target: ours <= 1.0x LXT's;
 * agreement: cosine similarity and relative L2 distance of our maps to LXT's, per image (mean and worst).
@@ -41,6 +45,8 @@ from benchmarks.timing import paired_times, table
 
 METHODS = ("cp-lrp", "attnlrp")
 PAIR = "cp-lrp"  # the method LXT's torchvision patch computes
+LXT = "LXT"
+FLOOR = "LXT, attention differentiated"  # LXT's patch with the query and key not held: AttnLRP's passes
 
 _SETUP = """
 from benchmarks.transformer_lrp import candidate
@@ -79,6 +85,16 @@ def patch_lxt() -> None:
             raise RuntimeError(f"LXT could not patch {cls.__name__}")
 
 
+def attention_differentiated(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with each ``nn.MultiheadAttention`` running torch's own forward after :func:`patch_lxt` (which
+    holds the query and key for CP-LRP): LXT's rules elsewhere, the attention's exact gradient."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.MultiheadAttention):
+            original = getattr(type(module), "original_forward", type(module).forward)
+            module.forward = types.MethodType(original, module)  # type: ignore[method-assign]
+    return model
+
+
 def lxt_map(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """LXT's relevance of ``target`` (B,) at the input: input x gradient of the target logit in the patched model."""
     x = x.clone().requires_grad_()
@@ -90,8 +106,9 @@ def candidate(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     from attributions import Explainer
 
     model = vit()
-    if name == "LXT":
+    if name in (LXT, FLOOR):
         patch_lxt()
+        model = attention_differentiated(model) if name == FLOOR else model
         return lambda x: lxt_map(model, x, torch.zeros(len(x), dtype=torch.long))
     explainer = Explainer(model, name)
     return lambda x: explainer.attribute(x, target=0)
@@ -121,11 +138,16 @@ def time_and_agreement(batch: int, rounds: int) -> tuple[dict[str, float], dict[
     before = {m: fn() for m, fn in ours.items()}
     patch_lxt()
     lxt = lxt_map(model, x, target)
+    floor = attention_differentiated(vit())
+    floor_map = lxt_map(floor, x, target)
     for m, fn in ours.items():  # and the warm-up
         if not torch.equal(fn(), before[m]):
             raise RuntimeError(f"LXT's patch of torch.nn changed our {m} maps")
-    candidates = {"LXT": lambda: lxt_map(model, x, target), **ours}
-    ratio, seconds = paired_times(candidates, "LXT", rounds=rounds, warmup=0)
+    candidates = {LXT: lambda: lxt_map(model, x, target), FLOOR: lambda: lxt_map(floor, x, target), **ours}
+    ratio, seconds = paired_times(candidates, LXT, rounds=rounds, warmup=0)
+    ratio |= {f"{m} / floor": ratio[m] / ratio[FLOOR] for m in METHODS}
+    if torch.equal(floor_map, lxt):
+        raise RuntimeError("the floor's map equals LXT's CP-LRP map: its attention is still held")
     return ratio, seconds, capture, {m: agreement(before[m], lxt) for m in METHODS}
 
 
@@ -133,10 +155,12 @@ def run(batch: int = 4, rounds: int = 5) -> str:
     """The table and the agreement lines (Markdown)."""
     kept = keep_freed_memory()
     ratio, seconds, capture, agree = time_and_agreement(batch, rounds)
-    peak = {name: batch_peak_mb(_SETUP.format(name=name), batch) for name in ("LXT", *METHODS)}
-    rows = [(name, f"{seconds[name]:.2f}", f"{ratio[name]:.2f}x", "" if name == "LXT" else "<= 1.00x",
-             f"{peak[name]:.0f}", f"{peak[name] / peak['LXT']:.2f}x", "" if name == "LXT" else "<= 1.00x")
-            for name in ("LXT", *METHODS)]
+    peak = {name: batch_peak_mb(_SETUP.format(name=name), batch) for name in (LXT, FLOOR, *METHODS)}
+    rows = [(name, f"{seconds[name]:.2f}", f"{ratio[name]:.2f}x", "<= 1.00x" if name in METHODS else "",
+             f"{peak[name]:.0f}", f"{peak[name] / peak[LXT]:.2f}x", "<= 1.00x" if name in METHODS else "")
+            for name in (LXT, FLOOR, *METHODS)]
+    rows.append(("attnlrp over the floor (LXT, attention differentiated)", "", f"{ratio['attnlrp / floor']:.2f}x",
+                 "<= 1.00x", "", f"{peak['attnlrp'] / peak[FLOOR]:.2f}x", "<= 1.00x"))
     lines = [f"- {m}{' (the method LXT computes)' if m == PAIR else ''} against LXT: {agree[m]}" for m in METHODS]
     return (f"torchvision vit_b_16 on the CPU ({torch.get_num_threads()} threads), 224 x 224, random weights, float32, "
             f"batch {batch}; time: median of {rounds} interleaved rounds"

@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 
 from attributions import Explainer
 from attributions.errors import AttributionError, ToolkitError
@@ -17,6 +18,7 @@ from audit import (
 )
 from audit.data.datasets import embedded_sample
 from audit.errors import AuditError, ConfigError, ModelError
+from audit.inputs import check_finite_model
 from audit.models import load_checkpoint
 
 MODEL = load_checkpoint("cnn-sgd")
@@ -93,3 +95,14 @@ def test_bad_input_gets_our_error_naming_the_value(case):
     call, error, message = CASES[case]
     with pytest.raises(error, match=message):
         call()
+
+
+def test_a_model_whose_values_sum_past_the_float_range_is_finite_and_one_with_nan_is_named():
+    layer = nn.Linear(3, 3)
+    with torch.no_grad():
+        layer.weight.fill_(3e38)  # finite, its sum is not
+    check_finite_model(layer)
+    with torch.no_grad():
+        layer.bias[1] = float("nan")
+    with pytest.raises(AuditError, match=r"NaN or infinite values in 1 tensor\(s\): bias;"):
+        check_finite_model(layer)

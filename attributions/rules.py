@@ -1102,7 +1102,7 @@ class NormFactor(Rule):
 def _std_held(ctx: Context, x: torch.Tensor, std: torch.Tensor | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """The transpose of the normalisation at ``x`` with its standard deviation (``std``, computed if None) held:
     (..., B, ...) -> same."""
-    group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
+    group, dims, weight, _, _, ungroup = _norm_axes(ctx)
     kdims = tuple(d - x.ndim if d >= 0 else d for d in dims)  # counted from the end: a K axis may lead
     if std is None:
         std = _deviation(ctx, x)
@@ -1251,7 +1251,7 @@ class NormLRP(Rule):
         self.epsilon = epsilon
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
-        group, dims, weight, _, eps, ungroup = _norm_axes(ctx)
+        group, dims, weight, _, _, ungroup = _norm_axes(ctx)
         kdims = tuple(d - ctx.x.ndim if d >= 0 else d for d in dims)  # counted from the end: a K axis leads
         std = _deviation(ctx, ctx.x)
         # the linear map's transpose written out: centring is symmetric, so J^T s = centre(weight * s) / std

@@ -10,22 +10,26 @@ STAMP  := $(VENV)/.installed
 LIBS     := .venv-libraries
 LIBSTAMP := $(LIBS)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
+# pip keeps no cache: the two venvs take about 2 GB and 6.4 GB (the CUDA build of torch), and a cache of what they
+# download would only add to that on a machine that builds them once. A failed install prints the free space.
+PIP     := -m pip install --no-cache-dir
+NOSPACE  = { df -h . >&2; echo "error: installing $(@D) failed; if pip said 'No space left on device', free about 9 GB (.venv 2 GB, $(LIBS) 6.4 GB) and run make again" >&2; exit 1; }
 
 .PHONY: demo test docs notebooks bench atlas checkpoints data syslibs reportdeps clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip setuptools wheel
-	$(PY) -m pip install -c constraints.txt -e '.[test]'
+	$(PY) $(PIP) --upgrade pip setuptools wheel || $(NOSPACE)
+	$(PY) $(PIP) -c constraints.txt -e '.[test]' || $(NOSPACE)
 	touch $(STAMP)
 
 $(LIBSTAMP): pyproject.toml constraints-libraries.txt
 	$(PYTHON) -m venv $(LIBS)
-	$(LIBS)/bin/python -m pip install --upgrade pip setuptools wheel
-	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt torch torchvision
-	$(LIBS)/bin/python -m pip install -c constraints-libraries.txt -e . timm transformers safetensors pytest grad-cam \
-	  nbclient nbformat ipykernel hypothesis zennit
-	$(LIBS)/bin/python -m pip install --no-deps -c constraints-libraries.txt lxt
+	$(LIBS)/bin/python $(PIP) --upgrade pip setuptools wheel || $(NOSPACE)
+	$(LIBS)/bin/python $(PIP) -c constraints-libraries.txt torch torchvision || $(NOSPACE)
+	$(LIBS)/bin/python $(PIP) -c constraints-libraries.txt -e . timm transformers safetensors pytest grad-cam \
+	  nbclient nbformat ipykernel hypothesis zennit || $(NOSPACE)
+	$(LIBS)/bin/python $(PIP) --no-deps -c constraints-libraries.txt lxt || $(NOSPACE)
 	touch $(LIBSTAMP)
 
 # Debian's full Fashion-MNIST, for the full-dataset tests and for training the shipped checkpoints.
@@ -97,7 +101,7 @@ notebooks: $(STAMP) $(LIBSTAMP)
 # machine: the toolkit's own benchmarks in .venv (with Quantus, the [bench] extra), then the model libraries' and
 # LXT's in .venv-libraries. Run it on a quiet machine.
 bench: $(STAMP) $(LIBSTAMP)
-	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
+	$(PY) $(PIP) -q -c constraints.txt -e '.[bench]' || $(NOSPACE)
 	$(PY) -m benchmarks --out docs/benchmarks
 	PYTHONPATH=. $(LIBS)/bin/python -m benchmarks --out docs/benchmarks library_costs transformer_lrp
 

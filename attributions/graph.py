@@ -70,6 +70,10 @@ class Node:
     aliases: dict[str, str] = field(default_factory=dict)
     path: str = ""  # the module the op ran in ("" for the model's own forward), as named in the model
     fused: attention.Fused | None = None  # an attention's output node: its nodes as one op (attributions.fusion)
+    # a dense node whose output other nodes read only as this many pieces, through data movement alone (the packed
+    # query / key / value projection of an attention): a rule that holds some of them leaves blocks of its
+    # output's gradient zero, which its transpose need not multiply (attributions.linear_ops.DenseOp)
+    pieces: int = 0
 
     def __post_init__(self) -> None:
         if self.record is None:
@@ -596,6 +600,8 @@ class _Builder:
             parent = self.names[cast(Any, fx_node.args[0])]
             unbind = _shared(_runner(torch.ops.aten.unbind.int, (_Ref(parent), dim), {}), (parent, "pieces"),
                              (parent,), size)
+            if index == 0:
+                self.mark_packed(cast(Any, fx_node.args[0]), size)
 
             def run(env: dict[str, Any], replace: dict[str, Any]) -> Any:
                 return unbind(env, replace)[index]
@@ -720,10 +726,30 @@ class _Builder:
         op = "getitem" if reduction is None else _op_name(parent.target)
         name = self.unique(self.path_name(fx_node, op, None))
         if signals:  # the pieces of one call: one backward node (the inputs are this call's signals)
-            run = _shared(run, (parent.name, "pieces of"), signals,
-                          sum(1 for u in parent.users if u.target is operator.getitem))
+            readers = sum(1 for u in parent.users if u.target is operator.getitem)
+            run = _shared(run, (parent.name, "pieces of"), signals, readers)
+            source = parent.args[0] if parent.args else None
+            if index == 0 and isinstance(source, torch.fx.Node) and len(source.users) == 1:
+                self.mark_packed(source, readers)
         self.add(Node(name, kind, signals if kind != "const" else (), run=lambda env, replace: run(env, replace)[index],
                       record=record, reads=signals if kind == "const" else ()), fx_node)
+
+    def mark_packed(self, tensor: torch.fx.Node, pieces: int) -> None:
+        """``tensor`` is read only as ``pieces`` pieces: the dense node it is computed from through single-reader data
+        movement alone, if any, records how many (:attr:`Node.pieces`). Which blocks of the dense output the pieces
+        are does not matter: the transpose tests its gradient's blocks for zeros, and only cost rides on the mark."""
+        while True:
+            node = self.by_name.get(self.names.get(tensor, ""))
+            if node is None:
+                return
+            if node.kind == "dense":
+                node.pieces = pieces if node.module.out_features % pieces == 0 else 0
+                return
+            source = tensor.args[0] if tensor.args else None
+            if node.kind != "move" or len(node.inputs) != 1 or not isinstance(source, torch.fx.Node) \
+                    or len(source.users) != 1:
+                return
+            tensor = source
 
     def attention(self, fx_node: torch.fx.Node) -> None:
         name = self.unique(self.path_name(fx_node, "attention", None))

@@ -144,6 +144,10 @@ def bn_affine(bn: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class DenseOp(LinearOp):
+    # the pieces its output is read as (Node.pieces) when the method's rules hold some signals (the explainer sets
+    # it): its transpose then multiplies only the blocks of the signal that are not all zero; 0: every block
+    blocks = 0
+
     def weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         m = self.node.module
         return _fold(self.node, m.weight, _bias(m, m.out_features, m.weight))
@@ -151,13 +155,36 @@ class DenseOp(LinearOp):
     def forward(self, x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None = None) -> torch.Tensor:
         # a strided input (the sequence-first transpose in torch.nn.MultiheadAttention) takes F.linear's slow path,
         # 2.9x a product on a contiguous copy; the output is contiguous either way
-        return F.linear(x if x.is_contiguous() else x.contiguous(), _weight(w), b)
+        x = x if x.is_contiguous() else x.contiguous()
+        w = _weight(w)
+        if self.blocks and torch.is_grad_enabled() and x.requires_grad and not w.requires_grad \
+                and (b is None or not b.requires_grad):
+            out: torch.Tensor = _BlockLinear.apply(x, w, b, self)  # autograd's backward through _transpose
+            return out
+        return F.linear(x, w, b)
 
     def _transpose(self, s: torch.Tensor, w: torch.Tensor | None, in_shape: torch.Size) -> torch.Tensor:
         # one matrix product over all leading axes, as autograd's: a strided signal (after a permute)
         # would otherwise go through a batched product against an expanded weight, twice as slow
         w = _weight(w)
-        return (s.reshape(-1, s.shape[-1]) @ w).view(*s.shape[:-1], w.shape[-1])
+        flat = s.reshape(-1, s.shape[-1])
+        if self.blocks:
+            flat, w = self._live(flat, w)
+        return (flat @ w).view(*s.shape[:-1], w.shape[-1])
+
+    def _live(self, flat: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The signal (N, out) and weight (out, in) cut to the span of the output blocks where the signal is not
+        all zero: CP-LRP's query and key get no signal, and their rows of a packed projection then cost nothing.
+        The products skipped are exact zeros (a NaN counts as not zero)."""
+        n = self.blocks
+        size = flat.shape[-1] // n
+        blocks = flat.view(-1, n, size)
+        # a block's extremes: a quarter of what any() takes over the signal (a NaN extreme is not zero)
+        live = torch.nonzero(((blocks.amax(-1) != 0) | (blocks.amin(-1) != 0)).any(0)).flatten().tolist()
+        if len(live) == n:
+            return flat, w
+        start, stop = (live[0] * size, (live[-1] + 1) * size) if live else (0, 0)
+        return flat[:, start:stop], w[start:stop]
 
     out_axis = -1
 
@@ -319,6 +346,22 @@ def to_winners(grad: torch.Tensor, x: torch.Tensor, module: nn.Module, winners: 
         grad, x, per_dimension(m.kernel_size, 2), per_dimension(m.stride or m.kernel_size, 2),
         per_dimension(m.padding, 2), per_dimension(m.dilation, 2), m.ceil_mode, winners)
     return out
+
+
+class _BlockLinear(torch.autograd.Function):
+    """F.linear whose input gradient is :meth:`DenseOp._transpose` (the weight and bias held): the blocks of the
+    output gradient that are all zero are not multiplied."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, op: DenseOp) -> torch.Tensor:
+        ctx.op, ctx.shape = op, x.shape
+        ctx.save_for_backward(w)
+        return F.linear(x, w, b)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        w, = ctx.saved_tensors
+        return ctx.op._transpose(grad, w, ctx.shape), None, None, None
 
 
 class _ChannelsLastMaxPool(torch.autograd.Function):

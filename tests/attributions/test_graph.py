@@ -628,3 +628,21 @@ def test_the_pieces_of_one_tensor_share_one_backward_node(how, shared):
     # one autograd node assembles all the pieces' gradients, where one per piece would each fill a whole zero gradient
     assert (len(nodes) == 1) == shared
     assert not any(isinstance(k, tuple) and k[-1] in ("pieces", "pieces of") for k in env)  # released once taken
+
+
+@pytest.mark.parametrize("how,pieces", [("select", 3), ("unbind", 3), ("chunk", 3), ("partial", 0)])
+def test_a_dense_node_read_only_as_pieces_is_marked_packed(how, pieces):
+    model = _Pieces(how).double().eval()
+    graph = trace(model, torch.zeros(5, 4, dtype=torch.float64))
+    packed = "fc#1" if how == "chunk" else "fc"  # chunk's pieces are of a second call of fc
+    assert {n.name: n.pieces for n in graph.nodes if n.kind == "dense"} == {**dict.fromkeys(("fc", "head"), 0),
+                                                                           **({"fc#1": 0} if how == "chunk" else {}),
+                                                                           packed: pieces}
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_multihead_attentions_packed_projection_is_marked(batch_first):
+    graph = trace(_MHA(batch_first).double().eval(), torch.zeros(3, 5, 4, dtype=torch.float64))
+    assert {n.name: n.pieces for n in graph.nodes if n.kind == "dense"} == {"fc": 0, "mha.linear": 3,
+                                                                             "mha.linear#1": 0, "head": 0}
+

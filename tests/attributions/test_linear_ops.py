@@ -5,7 +5,8 @@ from torch import nn
 
 from attributions.explainer import Explainer
 from attributions.graph import trace
-from attributions.linear_ops import OPS
+from attributions.linear_ops import OPS, DenseOp
+from tests.engine_models import MaskedAttention
 
 
 @pytest.mark.parametrize("conv,shape", [
@@ -60,3 +61,43 @@ def test_max_pool_takes_torchs_values_winners_and_gradient(pool, data, channels_
     reference = x.clone().requires_grad_()
     torch.autograd.backward(pool(reference), g)
     assert torch.equal(leaf.grad, reference.grad)
+
+
+@pytest.mark.parametrize("zero,read", [((0, 1), slice(8, 12)), ((1, 2), slice(0, 4)), ((1,), slice(0, 12)),
+                                       ((), slice(0, 12)), ((0, 1, 2), slice(0, 0))])
+def test_dense_transpose_multiplies_only_the_span_of_blocks_with_a_signal(zero, read):
+    # a projection read as three pieces (Node.pieces): the blocks of its signal that are all zero outside the span
+    # of the others are not multiplied, so weights there never reach the result, not even a NaN
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 12)).double()
+    node = next(n for n in trace(model, torch.zeros(2, 5, dtype=torch.float64)).nodes if n.kind == "dense")
+    op = OPS["dense"](node)
+    op.blocks = 3
+    signal = torch.randn(2, 7, 12, dtype=torch.float64)
+    signal.view(2, 7, 3, 4)[:, :, list(zero)] = 0.0
+    w = torch.randn(12, 5, dtype=torch.float64)
+    poisoned = torch.full_like(w, float("nan"))
+    poisoned[read] = w[read]
+    torch.testing.assert_close(op.transpose(signal, poisoned, torch.Size((7, 5))), signal @ w, rtol=1e-14, atol=1e-14)
+    signal.view(2, 7, 3, 4)[0, 0, 0, 0] = float("nan")  # a NaN is a signal: its block is multiplied
+    assert op.transpose(signal, w, torch.Size((7, 5)))[0, 0].isnan().all()
+
+
+def test_cp_lrp_skips_the_query_and_key_rows_of_a_packed_projection(monkeypatch):
+    torch.manual_seed(0)
+    model = MaskedAttention(boolean=False, heads=2).double().eval()
+    x = torch.randn(3, 5, 4, dtype=torch.float64)
+    ex = Explainer(model, "cp-lrp").capture(x)
+    qkv = ex._ops["qkv"]
+    assert ex.graph.by_name["qkv"].pieces == 3 and qkv.blocks == 3
+    widths = []
+    live = DenseOp._live
+    monkeypatch.setattr(DenseOp, "_live", lambda self, flat, w: widths.append(live(self, flat, w)[1].shape[0])
+                        or live(self, flat, w))
+    qkv.blocks = 0  # every row multiplied: the reference
+    reference = ex.attribute(x, target=1)
+    assert widths == []
+    qkv.blocks = 3
+    torch.testing.assert_close(ex.attribute(x, target=1), reference, rtol=1e-13, atol=1e-15)
+    assert widths == [8]  # the value's rows of 24: no signal reaches the query and the key
+    assert Explainer(model, "gradient").capture(x)._ops["qkv"].blocks == 0  # no rule holds a signal

@@ -984,10 +984,18 @@ def _pool_module(fx_node: torch.fx.Node, op: str, where: str) -> nn.Module:
 # --- graph passes: Graph -> Graph, in order, each with its own test ---------------------------------
 
 def mark_gates(graph: Graph) -> Graph:
-    """For each product, which operands a gating function computed (its record's ``gates``)."""
+    """For each product, which operands a gating function computed (its record's ``gates``), data movement after
+    it included: timm's and Hugging Face's attentions pass their weights through an eval-mode dropout, and a
+    gate moved is still the gate."""
+    def producer(name: str) -> Node:
+        node = graph.by_name[name]
+        while node.kind == "move" and len(node.inputs) == 1:
+            node = graph.by_name[node.inputs[0]]
+        return node
+
     for node in graph.nodes:
         if isinstance(node.record, Product):
-            producers = [graph.by_name[name] for name in node.record.operands]
+            producers = [producer(name) for name in node.record.operands]
             gates = tuple(p.kind == "softmax" or (isinstance(p.record, Activation) and p.record.function in GATES)
                           for p in producers)
             node.record = replace(node.record, gates=cast(tuple[bool, bool], gates))

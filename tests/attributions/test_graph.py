@@ -646,3 +646,27 @@ def test_multihead_attentions_packed_projection_is_marked(batch_first):
     assert {n.name: n.pieces for n in graph.nodes if n.kind == "dense"} == {"fc": 0, "mha.linear": 3,
                                                                              "mha.linear#1": 0, "head": 0}
 
+
+class _DroppedAttention(nn.Module):
+    """Attention written out, its weights through an eval-mode dropout (timm's Swin) or an added axis."""
+
+    def __init__(self, between):
+        super().__init__()
+        self.between, self.qkv, self.drop, self.head = between, nn.Linear(4, 12), nn.Dropout(0.1), nn.Linear(4, 3)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        a = (q @ k.transpose(-2, -1)).softmax(-1)
+        a = self.drop(a) @ v if self.between == "dropout" else (a.unsqueeze(1) @ v.unsqueeze(1)).squeeze(1)
+        return self.head(a.mean(1))
+
+
+@pytest.mark.parametrize("between", ["dropout", "unsqueeze"])
+def test_attention_weights_moved_before_their_product_still_gate_it(between):
+    model = _DroppedAttention(between).double().eval()
+    x = torch.randn(3, 5, 4, dtype=torch.float64)
+    products = [n for n in trace(model, x).nodes if n.kind == "product"]
+    assert [n.record.gates for n in products] == [(False, False), (True, False)]
+    ex = Explainer(model, "cp-lrp").capture(x)  # so CP-LRP holds them: no signal reaches the query and the key
+    assert ex.rule_for(products[1].name).silent(products[1]) == {products[1].record.operands[0]}
+    assert ex._ops["qkv"].blocks == 3

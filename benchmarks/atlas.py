@@ -188,12 +188,13 @@ def read_rows(path: Path) -> pd.DataFrame:
 
 
 def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=None, keep: Path | None = None,
-          redo: list[str] | None = None, retry: bool = False) -> pd.DataFrame:
+          redo: list[str] | None = None, retry: bool = False, models: list[str] | None = None) -> pd.DataFrame:
     """The atlas table: every timm architecture module's smallest model (``fast``: two) and the shipped
     checkpoints, every chain method (``fast``: four). ``keep``: a CSV of the rows measured so far, extended
     as each model finishes; the models already in it are not measured again, except for the methods in
-    ``redo``, whose rows are measured again on every model measured, and, with ``retry``, those that went over
-    the time limit."""
+    ``redo``, whose rows are measured again on every model measured (``models``: on those named only, after a
+    fix that changes what those methods compute on them), and, with ``retry``, those that went over the time
+    limit."""
     from audit.atomic import atomic_write_bytes
     from tests.model_libraries import enumerate_models, timm_entries, within
 
@@ -203,6 +204,11 @@ def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=No
     done = set(kept.model[kept.status.isin(["measured", "refused"] + ([] if retry else ["skipped"]))])
     redo = [m for m in redo or [] if m in (FAST_METHODS if fast else chain_methods())]
     again = set(kept.model[kept.status == "measured"]) if redo else set()
+    if models is not None:
+        unknown = sorted(set(models) - set(kept.model))
+        if redo and unknown:
+            raise RowsError(f"{keep}: no rows of {', '.join(unknown)} to measure again")
+        again &= set(models)
     rows: list[dict] = kept[kept.model.isin(done) & ~(kept.model.isin(again) & kept.method.isin(redo))
                             ].to_dict("records")
 
@@ -216,13 +222,16 @@ def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=No
     if not fast:  # one model per architecture module: the smallest
         seen: set[str] = set()
         entries = [e for e in sorted(entries, key=lambda e: e.params) if not (e.note in seen or seen.add(e.note))]
-    todo = [(e, methods) for e in entries if e.name not in done] + [(e, redo) for e in entries if e.name in again]
+    wanted = (lambda name: True) if models is None else set(models).__contains__
+    todo = [(e, methods) for e in entries if e.name not in done and wanted(e.name)] + \
+        [(e, redo) for e in entries if e.name in again]
     library_rows([e for e, _ in todo], [list(m) for _, m in todo], parallel=parallel, limit=limit, report=report,
                  finished=finished)
     shipped = ["cnn-sgd", "vit-sgd"] if fast else _shipped_sgd()
-    for names, wanted in (([n for n in shipped if n not in done], methods), ([n for n in shipped if n in again], redo)):
+    for names, measure in (([n for n in shipped if n not in done and wanted(n)], methods),
+                           ([n for n in shipped if n in again], redo)):
         if names:
-            finished(shipped_rows(wanted, names, n=2 if fast else 8))
+            finished(shipped_rows(measure, names, n=2 if fast else 8))
     return pd.DataFrame(rows).reindex(columns=COLUMNS)
 
 
@@ -267,11 +276,13 @@ PUBLISHED = ["source", "model", "family", "method", "csc_at_input", "csc_max", "
              "collapsed", "status", "reason"]
 
 
-def publish(table: pd.DataFrame, folder: Path, command: str, limit: float, fig=None) -> None:
+def publish(table: pd.DataFrame, folder: Path, command: str, limit: float, fig=None, partial: bool = False) -> None:
     """The atlas as the documentation shows it, written atomically into ``folder``: atlas.csv (the table, its
     statistics to 4 significant digits), atlas.png (``fig``, default :func:`figure` of the table), and atlas.json
     (the date, the commit, the command that regenerates them, the time limit, and the models measured and not:
-    over the limit, refused, crashed)."""
+    over the limit, refused, crashed). ``partial``: the command measured some rows again and kept the others
+    (``--redo``): the runs they may come from (the date, commit and command of the folder's atlas.json, and its
+    own ``earlier_rows``) are listed under ``earlier_rows``."""
     import datetime
     import json
     import subprocess
@@ -287,7 +298,12 @@ def publish(table: pd.DataFrame, folder: Path, command: str, limit: float, fig=N
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown (not a git checkout)"
     models = table.drop_duplicates("model")
+    earlier = None
+    if partial and (folder / "atlas.json").exists():
+        before = json.loads((folder / "atlas.json").read_text())
+        earlier = [*before.get("earlier_rows", []), {k: before.get(k) for k in ("date", "commit", "command")}]
     about = {"date": datetime.date.today().isoformat(), "commit": commit, "command": command, "limit_s": limit,
+             **({"earlier_rows": earlier} if earlier else {}),
              "measured": int((models.status == "measured").sum()),
              "not_measured": {row.model: f"{row.status}: {row.reason}" for row in models.itertuples()
                               if row.status != "measured"}}
@@ -305,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=float, default=600.0, help="seconds per model")
     parser.add_argument("--redo", default="", help="comma-separated methods measured again on the models already "
                         "measured (their rows replaced)")
+    parser.add_argument("--models", default="", help="comma-separated models: measure these only (with --redo, its "
+                        "methods again on these only; default: every model)")
     parser.add_argument("--retry", action="store_true", help="measure again the models that went over the time "
                         "limit in DIR/atlas.rows.csv (default: keep them listed as over it)")
     parser.add_argument("--publish", default="", help="also write the table, the figure and their provenance "
@@ -324,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         table = atlas(args.fast, args.parallel, args.limit, report, keep, [m for m in args.redo.split(",") if m],
-                      args.retry)
+                      args.retry, [m for m in args.models.split(",") if m] or None)
     except RowsError as exc:
         print(f"atlas: error: {exc}", file=sys.stderr)
         return 2
@@ -335,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write(out / "atlas.png", lambda f: fig.savefig(f, dpi=150, format="png", bbox_inches="tight"))
     if args.publish:
         publish(table, Path(args.publish), "python -m benchmarks.atlas " + " ".join(argv if argv is not None
-                                                                                  else sys.argv[1:]), args.limit, fig)
+                                                                                  else sys.argv[1:]), args.limit, fig,
+                partial=bool(args.redo))
     measured = table[table.status == "measured"]
     print(measured.pivot_table(index="method", values="collapsed", aggfunc="mean").round(2).to_string())
     return 0

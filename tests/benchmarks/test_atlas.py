@@ -107,3 +107,25 @@ def test_the_published_atlas_is_small_and_says_where_it_comes_from(tmp_path, mon
     about = json.loads((tmp_path / "docs" / "atlas.json").read_text())
     assert about["command"] == "python -m benchmarks.atlas --fast" and about["commit"] and about["limit_s"] == 600
     assert about["measured"] == 3 and about["not_measured"] == {FAST_MODELS[1]: "crash: injected"}
+
+
+def test_redo_on_named_models_measures_only_them_and_the_published_atlas_names_the_earlier_run(tmp_path, monkeypatch):
+    import json
+
+    keep = tmp_path / "atlas-fast.rows.csv"
+    _fake_measurements(monkeypatch, 1)
+    first = atlas_module.atlas(fast=True, keep=keep)
+    atlas_module.publish(first, tmp_path / "docs", "python -m benchmarks.atlas --fast", 600.0)
+    calls = _fake_measurements(monkeypatch, 2)
+    again = atlas_module.atlas(fast=True, keep=keep, redo=["gradient"], models=[FAST_MODELS[0], "vit-sgd"])
+    assert sorted(calls) == [(FAST_MODELS[0], ("gradient",)), ("vit-sgd", ("gradient",))]
+    merged = first.merge(again, on=["model", "method"], suffixes=("_before", "_after"))
+    changed = merged[merged.csc_at_input_before != merged.csc_at_input_after]
+    assert sorted(changed.model) == sorted([FAST_MODELS[0], "vit-sgd"]) and set(changed.method) == {"gradient"}
+    with pytest.raises(RowsError, match="no rows of no-such-model"):
+        atlas_module.atlas(fast=True, keep=keep, redo=["gradient"], models=["no-such-model"])
+    atlas_module.publish(again, tmp_path / "docs", "python -m benchmarks.atlas --fast --redo gradient", 600.0,
+                         partial=True)
+    about = json.loads((tmp_path / "docs" / "atlas.json").read_text())
+    assert about["earlier_rows"] == [{"date": about["date"], "commit": about["commit"],
+                                      "command": "python -m benchmarks.atlas --fast"}]

@@ -131,10 +131,10 @@ class Explainer(Attribution):
         self._rules = self._rule_table(self._overrides) if self.method.chain else {}
         # where a rule holds an input (CP-LRP's attention weights), the pieces of a packed projection it leaves
         # without a signal are zero blocks of the projection's gradient: its transpose looks for them
-        holds = any(rule.silent(graph.by_name[name]) for name, rule in self._rules.items())
-        for name, op in self._ops.items():
-            if isinstance(op, DenseOp) and holds:
-                op.blocks = graph.by_name[name].pieces
+        if any(rule.silent(graph.by_name[name]) for name, rule in self._rules.items()):
+            for name, op in self._ops.items():
+                if isinstance(op, DenseOp):
+                    op.blocks = graph.by_name[name].pieces
         # every rule the node's exact gradient, or that of a surrogate op (factor form): the chain is the gradient
         # of the model with those ops in its place, taken from autograd
         self.by_autograd = self.method.signal in ("gradient", "factor") and bool(self._rules) and \

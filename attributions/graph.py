@@ -985,8 +985,8 @@ def _pool_module(fx_node: torch.fx.Node, op: str, where: str) -> nn.Module:
 
 def mark_gates(graph: Graph) -> Graph:
     """For each product, which operands a gating function computed (its record's ``gates``), data movement after
-    it included: timm's and Hugging Face's attentions pass their weights through an eval-mode dropout, and a
-    gate moved is still the gate."""
+    it included: written-out attentions (timm's Swin, XCiT, CoaT...) pass their weights through an eval-mode
+    dropout, and a gate moved is still the gate."""
     def producer(name: str) -> Node:
         node = graph.by_name[name]
         while node.kind == "move" and len(node.inputs) == 1:

@@ -173,18 +173,21 @@ class DenseOp(LinearOp):
         return (flat @ w).view(*s.shape[:-1], w.shape[-1])
 
     def _live(self, flat: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The signal (N, out) and weight (out, in) cut to the span of the output blocks where the signal is not
-        all zero: CP-LRP's query and key get no signal, and their rows of a packed projection then cost nothing.
-        The products skipped are exact zeros (a NaN counts as not zero)."""
-        n = self.blocks
-        size = flat.shape[-1] // n
-        blocks = flat.view(-1, n, size)
+        """The signal (N, out) and weight (out, in) cut to the output blocks where the signal is not all zero:
+        CP-LRP's query and key get no signal, and their rows of a packed projection then cost nothing. A stacked
+        signal (2 out, [W+; W-]: :meth:`transpose_stacked`) has each half's blocks. The products skipped are exact
+        zeros (a NaN counts as not zero)."""
+        size = self.node.module.out_features // self.blocks
+        blocks = flat.view(flat.shape[0], -1, size)
         # a block's extremes: a quarter of what any() takes over the signal (a NaN extreme is not zero)
         live = torch.nonzero(((blocks.amax(-1) != 0) | (blocks.amin(-1) != 0)).any(0)).flatten().tolist()
-        if len(live) == n:
+        if len(live) == blocks.shape[1]:
             return flat, w
-        start, stop = (live[0] * size, (live[-1] + 1) * size) if live else (0, 0)
-        return flat[:, start:stop], w[start:stop]
+        if live and live[-1] - live[0] == len(live) - 1:  # one run of blocks: views, no copy
+            return flat[:, live[0] * size:(live[-1] + 1) * size], w[live[0] * size:(live[-1] + 1) * size]
+        first = torch.tensor(live, dtype=torch.long, device=flat.device)[:, None] * size
+        rows = (first + torch.arange(size, device=flat.device)).ravel()
+        return flat.index_select(1, rows), w.index_select(0, rows)
 
     out_axis = -1
 

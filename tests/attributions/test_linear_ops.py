@@ -63,23 +63,26 @@ def test_max_pool_takes_torchs_values_winners_and_gradient(pool, data, channels_
     assert torch.equal(leaf.grad, reference.grad)
 
 
-@pytest.mark.parametrize("zero,read", [((0, 1), slice(8, 12)), ((1, 2), slice(0, 4)), ((1,), slice(0, 12)),
-                                       ((), slice(0, 12)), ((0, 1, 2), slice(0, 0))])
-def test_dense_transpose_multiplies_only_the_span_of_blocks_with_a_signal(zero, read):
-    # a projection read as three pieces (Node.pieces): the blocks of its signal that are all zero outside the span
-    # of the others are not multiplied, so weights there never reach the result, not even a NaN
+@pytest.mark.parametrize("zero,read", [((0, 1), (2,)), ((1, 2), (0,)), ((1,), (0, 2)), ((), (0, 1, 2)),
+                                       ((0, 1, 2), ()), ((0, 1, 3, 4), (2, 5)), ((0, 5), (1, 2, 3, 4))])
+def test_dense_transpose_multiplies_only_the_blocks_with_a_signal(zero, read):
+    # a projection read as three pieces (Node.pieces): the blocks of its signal that are all zero are not multiplied,
+    # so weights there never reach the result, not even a NaN; blocks 3 to 5 are those of a stacked signal
+    # ([W+; W-], the sign-split rules), whose halves have the pieces' blocks each
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 12)).double()
     node = next(n for n in trace(model, torch.zeros(2, 5, dtype=torch.float64)).nodes if n.kind == "dense")
     op = OPS["dense"](node)
     op.blocks = 3
-    signal = torch.randn(2, 7, 12, dtype=torch.float64)
-    signal.view(2, 7, 3, 4)[:, :, list(zero)] = 0.0
-    w = torch.randn(12, 5, dtype=torch.float64)
+    width = 24 if max(zero + read, default=0) > 2 else 12
+    signal = torch.randn(2, 7, width, dtype=torch.float64)
+    signal.view(2, 7, -1, 4)[:, :, list(zero)] = 0.0
+    w = torch.randn(width, 5, dtype=torch.float64)
     poisoned = torch.full_like(w, float("nan"))
-    poisoned[read] = w[read]
+    rows = [r for b in read for r in range(4 * b, 4 * b + 4)]
+    poisoned[rows] = w[rows]
     torch.testing.assert_close(op.transpose(signal, poisoned, torch.Size((7, 5))), signal @ w, rtol=1e-14, atol=1e-14)
-    signal.view(2, 7, 3, 4)[0, 0, 0, 0] = float("nan")  # a NaN is a signal: its block is multiplied
+    signal.view(2, 7, -1, 4)[0, 0, 0, 0] = float("nan")  # a NaN is a signal: its block is multiplied
     assert op.transpose(signal, w, torch.Size((7, 5)))[0, 0].isnan().all()
 
 

@@ -75,7 +75,9 @@ def atlas_summary(folder: Path = ATLAS) -> str:
         collapsed=lambda t: t.collapsed.astype(str).str.lower() == "true")
     lines = [f"Measured on {about['date']} at commit `{about['commit']}` with `{about['command']}` (each model within "
              f"{about['limit_s']:.0f} s on 2 cores): {about['measured']} models, {len(measured)} model x method rows. "
-             "The table and the figure are `docs/atlas/atlas.csv` and `docs/atlas/atlas.png`.", "",
+             "The table and the figure are `docs/atlas/atlas.csv` and `docs/atlas/atlas.png`." +
+             "".join(f" The rows it did not measure again come from {run['date']} at commit `{run['commit']}` with "
+                     f"`{run['command']}`." for run in about.get("earlier_rows", [])), "",
              r"| method | family | models it fits | collapsed (largest median \|cos\| along the chain >= 0.99) | "
              r"median \|cos\| at the input, over the models |", "| --- | --- | --- | --- | --- |"]
     for method, part in measured.groupby("method", sort=False):

@@ -53,6 +53,8 @@ def test_the_atlas_page_shows_the_published_figure_table_and_provenance(site):
     assert (site / "_images" / "atlas.png").exists() and "atlas.png" in page
     text = " ".join(re.sub(r"<[^>]+>", " ", page).split())  # the words as a reader sees them
     assert f"at commit {about['commit']} with {about['command']}" in text and about["date"] in text
+    for run in about.get("earlier_rows", []):  # a partial redo names the runs its other rows come from
+        assert f"come from {run['date']} at commit {run['commit']} with {run['command']}" in text, run
     table = pd.read_csv(ROOT / "docs" / "atlas" / "atlas.csv")
     for method in table[table.status == "measured"].method.unique():  # a row per method measured
         assert re.search(rf"<tr[^>]*>\s*<td><p><code[^>]*><span class=\"pre\">{method}</span>", page), method

@@ -188,6 +188,26 @@ def test_revealcancel_on_one_neuron_by_hand():
                                torch.tensor([[2.0, -1.0]], dtype=torch.float64))
 
 
+@pytest.mark.parametrize("x2", [0.5, 1.0], ids=["secant", "derivative"])
+def test_deeplift_rescale_on_gelu_by_hand(x2):
+    """y = GELU(z), z = x1 - x2 + b, from the zero input: the multiplier is the secant (GELU(z) - GELU(b)) / (z - b),
+    and where z = b exactly (x1 = x2) the derivative GELU'(b), so the contributions are +-(x1 multiplier) and
+    not 0 / 0 (NaN)."""
+    first = nn.Linear(2, 1).double()
+    first.weight.data, first.bias.data = (torch.tensor([[1.0, -1.0]], dtype=torch.float64),
+                                          torch.tensor([0.3], dtype=torch.float64))
+    model = nn.Sequential(first, nn.GELU())
+    x = torch.tensor([[1.0, x2]], dtype=torch.float64)
+    b = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    z = b.detach() + (1.0 - x2)
+    if z == b:
+        multiplier = torch.autograd.grad(nn.functional.gelu(b), b)[0]
+    else:
+        multiplier = (nn.functional.gelu(z) - nn.functional.gelu(b.detach())) / (z - b.detach())
+    maps = Explainer(model, "deeplift").attribute(x, target=0)
+    torch.testing.assert_close(maps, torch.stack([multiplier, -multiplier * x2])[None].detach())
+
+
 @pytest.mark.parametrize("name", ["vgg", "resnet"])
 def test_revealcancel_is_complete_on_deep_nets(name):
     from audit.models import build

@@ -861,14 +861,15 @@ class RescaleAny(Rule):
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         dx = ctx.x - ctx.references[0][0]
-        # the smallest |dx| (NaN when dx holds NaN, which is not small either): a quarter of the time of a
-        # comparison's boolean pass and any()
-        if not bool(dx.abs().amin() <= self.tolerance):  # the common case, in as few element-wise passes as it takes
-            return [signal * (ctx.output - ctx.references[1]).div_(dx)]
-        small = dx.abs() <= self.tolerance
-        slope = ctx.vjp(torch.ones_like(ctx.output)[None])[0][0]  # f'(x), element-wise
-        ratio = torch.where(small, slope, (ctx.output - ctx.references[1]) / torch.where(small, 1.0, dx))
-        return [signal * ratio]
+        secant = (ctx.output - ctx.references[1]).div_(dx)  # where dx = 0: NaN, replaced below
+        # the temporaries are the rule's own, so the passes write into them: |dx| (its smallest value is NaN
+        # when dx holds NaN, which is not small either; a quarter of the time of a comparison's boolean pass
+        # and any()), then the product with the signal
+        magnitude = dx.abs_()
+        if bool(magnitude.amin() <= self.tolerance):
+            slope = ctx.vjp(torch.ones_like(ctx.output)[None])[0][0]  # f'(x), element-wise
+            secant = torch.where(magnitude <= self.tolerance, slope, secant)
+        return [_scaled(signal, secant)]
 
 
 def _secant(ctx: Context, signal: torch.Tensor, dims: tuple[int, ...] | None, rows: bool = False) -> torch.Tensor:

@@ -19,8 +19,8 @@ from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import prepare
 from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, resolve_methods
-from audit.measures.heatmaps import heatmaps
-from audit.measures.similarity import WINDOW, normalize_map, screen, spearman, ssim, undefined_where
+from audit.measures.heatmaps import ComparableMaps, heatmaps
+from audit.measures.similarity import WINDOW, correlation, ssim, undefined_where
 from audit.panels import score_boxes
 from audit.sections import Figure, ReportContext, Section
 
@@ -59,22 +59,19 @@ def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Met
     names = resolve_methods(methods)
     _, explainers, envs, logits = prepare(model, x, names, y)
     r = random_classes(y, logits.shape[1], seed)
-    rows = []
+    n, parts = len(x), []
     for m in tqdm(names, desc="random-logit", disable=not progress, leave=False):
         both = attribute_many({m: explainers[m]}, x, [y, r], envs)[m]  # one batched backward for both classes
-        true_map = heatmaps({m: both[0]}, reduction)[m]
-        rand_map = heatmaps({m: both[1]}, reduction)[m]
-        (bad_true, true_map), (bad_rand, rand_map) = screen(true_map), screen(rand_map)
-        bad = bad_true | bad_rand  # constant or non-finite maps: undefined scores
-        scores = undefined_where(bad, {
-            "ssim": ssim(normalize_map(true_map), normalize_map(rand_map), win_size=WINDOW, data_range=1.0,
+        # the two sets of maps prepared in one batch: one sort per map gives its ranks and its normalisation
+        maps = ComparableMaps(heatmaps({m: both.reshape(2 * n, *both.shape[2:])}, reduction)[m])
+        scores = undefined_where(maps.bad[:n] | maps.bad[n:], {  # constant or non-finite maps: undefined scores
+            "ssim": ssim(maps.normalized[:n], maps.normalized[n:], win_size=WINDOW, data_range=1.0,
                          flip_invariant=True).numpy(),
-            "spearman": spearman(true_map, rand_map), "spearman_abs": spearman(true_map.abs(), rand_map.abs())})
-        s, sp, sa = scores["ssim"], scores["spearman"], scores["spearman_abs"]
-        for i in range(len(x)):
-            rows.append({"method": m, "image": i, "true_class": int(y[i]), "random_class": int(r[i]),
-                         "ssim": float(s[i]), "spearman": float(sp[i]), "spearman_abs": float(sa[i])})
-    return pd.DataFrame(rows, columns=COLUMNS)
+            "spearman": correlation(maps.ranks[:n], maps.ranks[n:]),
+            "spearman_abs": correlation(maps.abs_ranks[:n], maps.abs_ranks[n:])})
+        parts.append(pd.DataFrame({"method": m, "image": np.arange(n), "true_class": y.numpy(),
+                                   "random_class": r.numpy(), **scores}, columns=COLUMNS))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
 
 
 @dataclass(frozen=True)

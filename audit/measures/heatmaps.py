@@ -1,6 +1,8 @@
 """From attribution maps to comparable heatmaps, and the similarity scores between two sets."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -49,8 +51,8 @@ def heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> di
 class ComparableMaps:
     """Raw heatmaps (N, H, W) with what the similarity measures read, computed once: which maps are
     :func:`~audit.measures.similarity.degenerate`, the rank vectors of the maps and of their
-    magnitudes (:func:`~audit.measures.similarity.unit_ranks`), the normalised maps and the rank
-    vectors of their HOG descriptors. One sort of each map gives its ranks and the percentiles its
+    magnitudes (:func:`~audit.measures.similarity.unit_ranks`), the normalised maps and (when first read) the
+    rank vectors of their HOG descriptors. One sort of each map gives its ranks and the percentiles its
     normalisation clips at."""
 
     def __init__(self, raw: torch.Tensor):
@@ -63,7 +65,12 @@ class ComparableMaps:
         # maps without negative values (the max-abs reduction's) are their own magnitudes
         self.abs_ranks = self.ranks if (values >= 0).all() else unit_ranks(np.abs(values))
         self.normalized = normalized_from_sorted(flat, torch.from_numpy(ordered)).reshape(self.raw.shape)
-        self.hog_ranks = unit_ranks(hog_features(self.normalized))
+
+    @functools.cached_property
+    def hog_ranks(self) -> np.ndarray:
+        """(N, F) unit-length centred ranks of the normalised maps' HOG descriptors, computed when first read (a
+        quarter of the measures' time, which a comparison without HOG does not pay)."""
+        return unit_ranks(hog_features(self.normalized))
 
     def __len__(self) -> int:
         return len(self.raw)

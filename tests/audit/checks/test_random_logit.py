@@ -1,12 +1,18 @@
 """The random-logit test: class sensitivity of the maps, and the random classes it draws."""
 import copy
 
+import numpy as np
 import pytest
 import torch
+from scipy.stats import spearmanr
+from skimage.metrics import structural_similarity
 
+from attributions import Explainer
 from audit import parameter_randomization, random_logit_test
 from audit.checks.random_logit import random_classes
 from audit.errors import AuditError
+from audit.measures.heatmaps import heatmaps
+from audit.measures.similarity import normalize_map
 
 
 def test_random_logit_separates_converging_methods_from_the_gradient(trained):
@@ -21,6 +27,27 @@ def test_random_logit_separates_converging_methods_from_the_gradient(trained):
     again = random_logit_test(model, x, y, ["gradient", "lrp-zplus", "deeplift-ablation", "edge"], seed=0,
                               progress=False)
     assert df.equals(again)
+
+
+@pytest.mark.parametrize("method", ["gradient", "lrp-epsilon"])  # maps of one sign, maps of both signs
+def test_scores_are_scipys_spearman_and_scikit_images_ssim_of_the_two_maps(trained, method):
+    """Each row from the two maps by the definitions: Spearman (scipy) of the raw heatmaps and of their
+    magnitudes, and the larger of scikit-image's SSIM (5 x 5 uniform window, data range 1) of the normalised
+    true-class map with the random-class map and with its flip 1 - map."""
+    model, x, y = trained
+    df = random_logit_test(model, x, y, [method], seed=4, progress=False)
+    explainer = Explainer(model, method)
+    true, rand = (heatmaps({method: explainer.attribute(x, target=torch.as_tensor(t))})[method]
+                  for t in (df.true_class.to_numpy(), df.random_class.to_numpy()))
+    a, b = normalize_map(true).numpy(), normalize_map(rand).numpy()
+    for i, row in df.iterrows():
+        assert row.spearman == pytest.approx(spearmanr(true[i].flatten(), rand[i].flatten())[0], abs=1e-12)
+        assert row.spearman_abs == pytest.approx(spearmanr(true[i].abs().flatten(), rand[i].abs().flatten())[0],
+                                                 abs=1e-12)
+        reference = max(structural_similarity(a[i], b[i], win_size=5, data_range=1.0),
+                        structural_similarity(a[i], 1.0 - b[i], win_size=5, data_range=1.0))
+        assert row.ssim == pytest.approx(reference, abs=1e-9)
+    assert np.isfinite(df[["ssim", "spearman", "spearman_abs"]].to_numpy()).all()
 
 
 def test_random_classes_differ_from_labels_and_cover_the_rest():

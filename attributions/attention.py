@@ -38,7 +38,8 @@ def _product(a: str, b: str, function: Callable[[Any, Any], Any], signal: set[st
         return function(_value(env, replace, a), _value(env, replace, b))
 
     if a in signal and b in signal:
-        return "product", run, Product((a, b), lambda env, x, y: function(x, y))
+        return "product", run, Product((a, b), lambda env, x, y: function(x, y),
+                                       op="matmul" if function is torch.matmul else "")
     return "mix", run, Mix()
 
 

@@ -824,7 +824,8 @@ class _Builder:
                 for slot, operand in zip(slots, (a, b)):
                     values = _put(values, slot, operand)
                 return function(*values, **_resolve(ref_kwargs, env, {}))
-            return "product", Product(operands, pair, quotient=op == "div"), None
+            alone = slots == [(0,), (1,)] and len(args) == 2 and not kwargs
+            return "product", Product(operands, pair, quotient=op == "div", op=op if alone else ""), None
         if op == "div" and on_signal == [False, True]:
             return "activation", Activation("div"), None  # c / x: element-wise nonlinear
         if op in _LIKE and on_signal[0]:  # the other tensor gives only a shape or dtype (the caller drops it)

@@ -98,10 +98,12 @@ class Product(Record):
 
     operands : the names of the two signal operands, in argument order; pair(env, a, b) : the op on
         operands a and b, its other arguments from env; quotient : a / b; gates : for each operand,
-        whether a gating function (sigmoid, softmax) computed it (set by the ``mark_gates`` pass).
+        whether a gating function (sigmoid, softmax) computed it (set by the ``mark_gates`` pass); op : the
+        aten op's name ("mul", "matmul", ...) where the operands are its only two arguments, in order, else "".
     """
 
     operands: tuple[str, str]
     pair: Callable[[dict[str, Any], Any, Any], Any]
     quotient: bool = False
     gates: tuple[bool, bool] = (False, False)
+    op: str = ""

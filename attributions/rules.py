@@ -1176,9 +1176,14 @@ class DeepLiftProduct(Rule):
         a, b = _operand_values(ctx)
         a0, b0 = _operand_values(ctx, reference=True)
         pair = _product_of(ctx)
-        if not _record(ctx, Product).quotient:
-            ma = ctx.vjp(signal, [a], lambda t: pair(t, (b + b0) / 2))[0]
-            mb = ctx.vjp(signal, [b], lambda t: pair((a + a0) / 2, t))[0]
+        record = _record(ctx, Product)
+        if not record.quotient:
+            mid_a, mid_b = (a + a0) / 2, (b + b0) / 2
+            direct = _bilinear_vjps(record.op, signal, mid_a, mid_b)
+            if direct is not None:
+                return _gather(ctx, list(direct))
+            ma = ctx.vjp(signal, [a], lambda t: pair(t, mid_b))[0]
+            mb = ctx.vjp(signal, [b], lambda t: pair(mid_a, t))[0]
             return _gather(ctx, [ma, mb])
         r, r0 = 1 / b, 1 / b0
         ma = ctx.vjp(signal, [a], lambda t: pair(t, 1 / ((r + r0) / 2)))[0]
@@ -1187,6 +1192,19 @@ class DeepLiftProduct(Rule):
         small = db.abs() <= self.tolerance
         slope = torch.where(small, -r * r, (r - r0) / torch.where(small, 1.0, db))
         return _gather(ctx, [ma, mr * slope])
+
+
+def _bilinear_vjps(op: str, signal: torch.Tensor, a: torch.Tensor, b: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The vector-Jacobian products of op(a, b) in each operand, the other held, for K signals (K, B, ...):
+    written out for a matrix product of operands with the same batch shape and an element-wise product of
+    operands of the same shape (autograd would compute the product itself first, a pass the transpose does
+    not need), else None."""
+    if op in ("matmul", "bmm", "mm") and a.ndim == b.ndim >= 2 and a.shape[:-2] == b.shape[:-2]:
+        return torch.matmul(signal, b.mT), torch.matmul(a.mT, signal)
+    if op == "mul" and a.shape == b.shape:
+        return signal * b, signal * a
+    return None
 
 
 def _deviation(ctx: Context, x: torch.Tensor) -> torch.Tensor:
@@ -1390,21 +1408,28 @@ class SoftmaxDeepLift(Rule):
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         d = _record(ctx, Softmax).dim % ctx.output.ndim
-        x, x0 = ctx.x, ctx.references[0][0].expand_as(ctx.x)
-        c = torch.maximum(x.amax(dim=d, keepdim=True), x0.amax(dim=d, keepdim=True))
-        e, e0 = torch.exp(x - c), torch.exp(x0 - c)
+        x, reference = ctx.x, ctx.references[0][0]  # the reference's rows, (1, ...) or (B, ...)
+        c = torch.maximum(x.amax(dim=d, keepdim=True), reference.amax(dim=d, keepdim=True))
+        e, e0 = torch.exp(x - c), torch.exp(reference - c)
         big_s, big_s0 = e.sum(dim=d, keepdim=True), e0.sum(dim=d, keepdim=True)
         q, q0 = 1 / big_s, 1 / big_s0
         ds = big_s - big_s0
         small = ds.abs() <= self.tolerance
         dq = torch.where(small, -q * q, (q - q0) / torch.where(small, 1.0, ds))
-        m_e = signal * ((q + q0) / 2) + (signal * (e + e0) / 2).sum(dim=d + 1, keepdim=True) * dq
-        dx = (x - x0).nan_to_num_(nan=0.0)  # -inf at both (a boolean mask): e = e0 = 0, no contribution
-        small_x = dx.abs() <= self.tolerance
-        out = m_e * torch.where(small_x, e, (e - e0) / torch.where(small_x, 1.0, dx))
+        # m_e = s (q + q0) / 2 + sum(s (e + e0) / 2) dq: the row sum's term added to the product in one pass
+        m_e = torch.addcmul((signal * (e + e0)).sum(dim=d + 1, keepdim=True).mul_(dq / 2), signal, (q + q0) / 2)
+        dx = (x - reference).nan_to_num_(nan=0.0)  # -inf at both (a boolean mask): e = e0 = 0, no contribution
+        secant = (e - e0).div_(dx)
+        magnitude = dx.abs_()  # e(x)'s Rescale: the secant, or the derivative e where x = x0 (see RescaleAny)
+        if bool(magnitude.amin() <= self.tolerance):
+            secant = torch.where(magnitude <= self.tolerance, e, secant)
+        out = m_e.mul_(secant)
         # rows where the exponentials of x or of x0 all but underflow at their shared shift (scores some 10
-        # or more apart): the terms of the exact rule grow as 1 / S and cancel, so the secant rule instead
-        bad = (torch.minimum(big_s, big_s0) < self.underflow) | ~torch.isfinite(out).all(dim=d + 1, keepdim=True)
+        # or more apart): the terms of the exact rule grow as 1 / S and cancel, so the secant rule instead; and
+        # rows the exact rule leaves non-finite, looked for row by row only when the sum of all is not finite
+        bad = torch.minimum(big_s, big_s0) < self.underflow
+        if not bool(torch.isfinite(out.sum())):
+            bad = bad | ~torch.isfinite(out).all(dim=d + 1, keepdim=True)
         return [torch.where(bad, _secant(ctx, signal, (d,), rows=True), out) if bad.any() else out]
 
 

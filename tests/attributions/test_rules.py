@@ -412,6 +412,17 @@ def test_gate_as_constant_and_the_exact_deeplift_product_by_hand():
     torch.testing.assert_close(dl, expected)
 
 
+@pytest.mark.parametrize("b_shape", [(1, 2, 1), (2, 1)], ids=["batched", "broadcast"])
+def test_deeplift_matrix_product_by_hand(b_shape):
+    # y = a . b (a matrix product), a = x[:2], b = x[2:], from 0: the bilinear rule gives each factor the mean of
+    # the other's ends, so contributions a_i b_i / 2 and b_i a_i / 2; written out for operands of one batch shape,
+    # by autograd where the product broadcasts
+    model = _Op(lambda t: (t[:, :2].reshape(1, 1, 2) @ t[:, 2:].reshape(b_shape)).reshape(1, 1))
+    x = torch.tensor([[3.0, -2.0, 0.5, 4.0]], dtype=torch.float64)
+    dl = Explainer(model, "deeplift").attribute(x, target=0)
+    torch.testing.assert_close(dl, torch.tensor([[0.75, -4.0, 0.75, -4.0]], dtype=torch.float64))
+
+
 def test_softmax_rule_by_hand():
     # AttnLRP: R_in = x * (R - s * sum(R)); from the explained output R = (s0, 0, 0)
     x = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)

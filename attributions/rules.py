@@ -10,6 +10,7 @@ user can pick by name in ``Explainer(..., rules={...})``, and :func:`available` 
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -860,16 +861,22 @@ class RescaleAny(Rule):
         self.tolerance = tolerance
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
-        dx = ctx.x - ctx.references[0][0]
-        secant = (ctx.output - ctx.references[1]).div_(dx)  # where dx = 0: NaN, replaced below
-        # the temporaries are the rule's own, so the passes write into them: |dx| (its smallest value is NaN
-        # when dx holds NaN, which is not small either; a quarter of the time of a comparison's boolean pass
-        # and any()), then the product with the signal
-        magnitude = dx.abs_()
-        if bool(magnitude.amin() <= self.tolerance):
-            slope = ctx.vjp(torch.ones_like(ctx.output)[None])[0][0]  # f'(x), element-wise
-            secant = torch.where(magnitude <= self.tolerance, slope, secant)
+        secant = _rescale(ctx.output - ctx.references[1], ctx.x - ctx.references[0][0], self.tolerance,
+                          lambda: ctx.vjp(torch.ones_like(ctx.output)[None])[0][0])  # f'(x), element-wise
         return [_scaled(signal, secant)]
+
+
+def _rescale(dy: torch.Tensor, dx: torch.Tensor, tolerance: float, derivative: Callable[[], torch.Tensor]
+             ) -> torch.Tensor:
+    """DeepLIFT's Rescale multiplier dy / dx, and ``derivative()`` (computed only if needed) where |dx| <= tolerance.
+    ``dy`` and ``dx`` are the caller's temporaries: the passes write into them. Whether any |dx| is that small is
+    read from its minimum (NaN when dx holds NaN, which is not small either): a quarter of the time of a
+    comparison's boolean pass and any()."""
+    secant = dy.div_(dx)  # where dx = 0: NaN, replaced below
+    magnitude = dx.abs_()
+    if magnitude.numel() and bool(magnitude.amin() <= tolerance):
+        secant = torch.where(magnitude <= tolerance, derivative(), secant)
+    return secant
 
 
 def _secant(ctx: Context, signal: torch.Tensor, dims: tuple[int, ...] | None, rows: bool = False) -> torch.Tensor:
@@ -930,6 +937,22 @@ def _product_of(ctx: Context) -> Callable[[torch.Tensor, torch.Tensor], torch.Te
     return lambda a, b: pair(env, a, b)
 
 
+def _product_vjp(ctx: Context, signal: torch.Tensor, slot: int, at: torch.Tensor, other: torch.Tensor
+                 ) -> torch.Tensor:
+    """The vector-Jacobian product of the node's product in operand ``slot`` (0 or 1, at ``at``, whose values a
+    product linear in it does not read) with the other operand held at ``other``, for K signals (K, B, ...).
+    Written out for a matrix product of operands with one batch shape and an element-wise product of operands of
+    one shape: autograd's would compute the product itself first, a pass the transpose does not need."""
+    op = _record(ctx, Product).op
+    a, b = (at, other) if slot == 0 else (other, at)
+    if op in ("matmul", "bmm", "mm") and a.ndim == b.ndim >= 2 and a.shape[:-2] == b.shape[:-2]:
+        return torch.matmul(signal, b.mT) if slot == 0 else torch.matmul(a.mT, signal)
+    if op == "mul" and a.shape == b.shape:
+        return signal * other
+    pair = _product_of(ctx)
+    return ctx.vjp(signal, [at], (lambda t: pair(t, other)) if slot == 0 else (lambda t: pair(other, t)))[0]
+
+
 def _held(node: Any, gates_on: bool) -> tuple[int | None, list[str]]:
     """(the operand slot a product rule holds constant: 0, 1 or None for neither, the operands' node names)."""
     record = node.record
@@ -983,10 +1006,9 @@ class GateProduct(Rule):
         record = _record(ctx, Product)
         gates = record.gates if self.gates else (False, False)
         s = signal / stabilize(ctx.output, self.epsilon)
-        pair = _product_of(ctx)
 
         def z_rule(i: int) -> torch.Tensor:  # operand i's relevance, the other held at its value
-            return a * ctx.vjp(s, [a], lambda t: pair(t, b))[0] if i == 0 else b * ctx.vjp(s, [b], lambda t: pair(a, t))[0]
+            return a * _product_vjp(ctx, s, 0, a, b) if i == 0 else b * _product_vjp(ctx, s, 1, b, a)
 
         # a / b: b is never a signal operand of the z rule; a gate beside a signal is held constant. The operand
         # held constant gets no signal: neither its vector-Jacobian product nor anything below it on its path
@@ -1061,13 +1083,12 @@ class HeldGradient(Rule):
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor | None]:
         a, b = _operand_values(ctx)
         held, _ = _held(ctx.node, self.gates)
-        pair = _product_of(ctx)
         if held == 1:
-            return _gather(ctx, [ctx.vjp(signal, [a], lambda t: pair(t, b))[0], None])
+            return _gather(ctx, [_product_vjp(ctx, signal, 0, a, b), None])
         if held == 0:
-            return _gather(ctx, [None, ctx.vjp(signal, [b], lambda t: pair(a, t))[0]])
-        ga, gb = ctx.vjp(0.5 * signal, [a, b], pair)
-        return _gather(ctx, [ga, gb])
+            return _gather(ctx, [None, _product_vjp(ctx, signal, 1, b, a)])
+        half = 0.5 * signal
+        return _gather(ctx, [_product_vjp(ctx, half, 0, a, b), _product_vjp(ctx, half, 1, b, a)])
 
     def surrogate(self, ctx: Context) -> torch.Tensor:
         a, b = _operand_values(ctx)
@@ -1175,36 +1196,14 @@ class DeepLiftProduct(Rule):
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor | None]:
         a, b = _operand_values(ctx)
         a0, b0 = _operand_values(ctx, reference=True)
+        if not _record(ctx, Product).quotient:
+            return _gather(ctx, [_product_vjp(ctx, signal, 0, a, (b + b0) / 2),
+                                 _product_vjp(ctx, signal, 1, b, (a + a0) / 2)])
         pair = _product_of(ctx)
-        record = _record(ctx, Product)
-        if not record.quotient:
-            mid_a, mid_b = (a + a0) / 2, (b + b0) / 2
-            direct = _bilinear_vjps(record.op, signal, mid_a, mid_b)
-            if direct is not None:
-                return _gather(ctx, list(direct))
-            ma = ctx.vjp(signal, [a], lambda t: pair(t, mid_b))[0]
-            mb = ctx.vjp(signal, [b], lambda t: pair(mid_a, t))[0]
-            return _gather(ctx, [ma, mb])
         r, r0 = 1 / b, 1 / b0
-        ma = ctx.vjp(signal, [a], lambda t: pair(t, 1 / ((r + r0) / 2)))[0]
+        ma = _product_vjp(ctx, signal, 0, a, 1 / ((r + r0) / 2))
         mr = ctx.vjp(signal, [r], lambda t: pair((a + a0) / 2, 1 / t))[0]  # a / (1 / t) = a * t
-        db = b - b0
-        small = db.abs() <= self.tolerance
-        slope = torch.where(small, -r * r, (r - r0) / torch.where(small, 1.0, db))
-        return _gather(ctx, [ma, mr * slope])
-
-
-def _bilinear_vjps(op: str, signal: torch.Tensor, a: torch.Tensor, b: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The vector-Jacobian products of op(a, b) in each operand, the other held, for K signals (K, B, ...):
-    written out for a matrix product of operands with the same batch shape and an element-wise product of
-    operands of the same shape (autograd would compute the product itself first, a pass the transpose does
-    not need), else None."""
-    if op in ("matmul", "bmm", "mm") and a.ndim == b.ndim >= 2 and a.shape[:-2] == b.shape[:-2]:
-        return torch.matmul(signal, b.mT), torch.matmul(a.mT, signal)
-    if op == "mul" and a.shape == b.shape:
-        return signal * b, signal * a
-    return None
+        return _gather(ctx, [ma, mr * _rescale(r - r0, b - b0, self.tolerance, lambda: -r * r)])
 
 
 def _deviation(ctx: Context, x: torch.Tensor) -> torch.Tensor:
@@ -1304,18 +1303,11 @@ def _norm_secant(ctx: Context, signal: torch.Tensor) -> torch.Tensor:
     t = group(_affine(signal, weight))
     # g = J t = r t - r mean(t) - r mean(n t) n, in two passes of t's size
     g = torch.addcmul(t.mean(dim=kdims, keepdim=True).mul_(-rm), t, rm)
-    g.addcmul_(nm, dot(nm, t).mul_(rm).div_(-_group_size(nm, kdims)))
+    g.addcmul_(nm, dot(nm, t).mul_(rm).div_(-math.prod(nm.shape[d] for d in kdims)))
     squares = dot(dx, dx)
     spread = dot(group(signal), group(ctx.output - ctx.references[1])).sub_(dot(g, dx))
     coefficient = torch.where(squares > 0, spread / torch.where(squares > 0, squares, 1.0), 0.0)
     return ungroup(g.addcmul_(dx, coefficient))
-
-
-def _group_size(t: torch.Tensor, kdims: tuple[int, ...]) -> int:
-    n = 1
-    for d in kdims:
-        n *= t.shape[d]
-    return n
 
 
 class NormDeepLift(Rule):
@@ -1350,7 +1342,7 @@ class NormDeepLift(Rule):
         secant = _record(ctx, Norm).type == "layer" and bool(ill.any())
         if secant and bool(ill.all()):
             return [_norm_secant(ctx, signal)]
-        n = _group_size(x, dims)
+        n = math.prod(x.shape[d] for d in dims)
         t = group(_affine(signal, weight))  # the multiplier at z = u r
         kdims = tuple(d - x.ndim if d >= 0 else d for d in dims)  # the same dims counted from the end
         # m_u = t (r + r0) / 2 + sum(t (u + u0) / 2) slope (u + u0) / n, centred: u + u0 is centred already,
@@ -1413,17 +1405,11 @@ class SoftmaxDeepLift(Rule):
         e, e0 = torch.exp(x - c), torch.exp(reference - c)
         big_s, big_s0 = e.sum(dim=d, keepdim=True), e0.sum(dim=d, keepdim=True)
         q, q0 = 1 / big_s, 1 / big_s0
-        ds = big_s - big_s0
-        small = ds.abs() <= self.tolerance
-        dq = torch.where(small, -q * q, (q - q0) / torch.where(small, 1.0, ds))
+        dq = _rescale(q - q0, big_s - big_s0, self.tolerance, lambda: -q * q)
         # m_e = s (q + q0) / 2 + sum(s (e + e0) / 2) dq: the row sum's term added to the product in one pass
         m_e = torch.addcmul((signal * (e + e0)).sum(dim=d + 1, keepdim=True).mul_(dq / 2), signal, (q + q0) / 2)
         dx = (x - reference).nan_to_num_(nan=0.0)  # -inf at both (a boolean mask): e = e0 = 0, no contribution
-        secant = (e - e0).div_(dx)
-        magnitude = dx.abs_()  # e(x)'s Rescale: the secant, or the derivative e where x = x0 (see RescaleAny)
-        if bool(magnitude.amin() <= self.tolerance):
-            secant = torch.where(magnitude <= self.tolerance, e, secant)
-        out = m_e.mul_(secant)
+        out = m_e.mul_(_rescale(e - e0, dx, self.tolerance, lambda: e))  # e(x)'s derivative is e
         # rows where the exponentials of x or of x0 all but underflow at their shared shift (scores some 10
         # or more apart): the terms of the exact rule grow as 1 / S and cancel, so the secant rule instead; and
         # rows the exact rule leaves non-finite, looked for row by row only when the sum of all is not finite

@@ -71,7 +71,7 @@ def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Met
             "spearman_abs": correlation(maps.abs_ranks[:n], maps.abs_ranks[n:])})
         parts.append(pd.DataFrame({"method": m, "image": np.arange(n), "true_class": y.numpy(),
                                    "random_class": r.numpy(), **scores}, columns=COLUMNS))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=COLUMNS)
+    return pd.concat(parts, ignore_index=True)  # resolve_methods refuses an empty list
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,16 @@ def ratio(signal: torch.Tensor, z: torch.Tensor, epsilon: float, scale: float = 
     return result if scale == 1.0 else result.mul_(scale)
 
 
+def _signed(x: torch.Tensor, probe: int = 4096) -> bool:
+    """Whether ``x`` holds a value that is not >= 0 (a negative or NaN). A leading slice is looked at first (a
+    layer's inputs are mostly of both signs, or of none after a ReLU); the whole only when the slice has none."""
+    if x.numel() > probe:
+        head = x.view(-1)[:probe] if x.is_contiguous() else x[(0,) * (x.ndim - 1)]
+        if not bool(head.amin() >= 0):
+            return True
+    return x.numel() > 0 and not bool(x.amin() >= 0)
+
+
 def _scaled(signal: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """A signal (K, B, ...) times a freshly computed ``factor`` (B, ...), written into ``factor`` when K = 1 (one
     allocation and its page faults fewer on large feature maps)."""
@@ -277,7 +287,7 @@ class AlphaBeta(Rule):
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         op, x = ctx.layer, ctx.x
         w, b = op.weights()
-        if float(x.min()) >= 0:
+        if not _signed(x):
             # Inputs after a ReLU: x- = 0, so z+ = W+ x + b+ >= 0 and z- = z - z+ <= 0 have known signs
             # (stabilised away from 0 without a sign pass), and z- needs no second forward.
             wp, wn = op.signed()
@@ -296,11 +306,19 @@ class AlphaBeta(Rule):
         # alpha s+ c+ - beta s- c- sums to |x| |W|^T(q+ + q-) + x W^T(q+ - q-), q = scale s / (2 z): two transposes,
         # not four. z+ >= 0 and z- <= 0 are clamped there (the sum rounds), then stabilised.
         ax, aw = x.abs(), op.absolute()
-        t = op.forward(ax, aw, None if b is None else b.abs() if self.bias else -b)
+        bias = None if b is None else b.abs() if self.bias else -b
         if self.beta:
+            t = op.forward(ax, aw, bias)
             twice_zn = torch.sub(ctx.output, t) if self.bias else torch.add(ctx.output, t).sub_(2 * op.forward(ax, aw))
             qn = ratio(signal, twice_zn.clamp_(max=0).sub_(2 * self.stabilizer), 0.0, self.beta)
-        qp = ratio(signal, t.add_(ctx.output).clamp_(min=0).add_(2 * self.stabilizer), 0.0, self.alpha)
+            twice_zp = t.add_(ctx.output).clamp_(min=0).add_(2 * self.stabilizer)
+        else:
+            # the stabiliser rides in the pass's bias (the product adds it in place): z + t >= 2 stabilizer
+            # up to rounding, clamped there, one pass of the output's size fewer
+            shift = torch.full((aw.shape[0],), 2 * self.stabilizer, dtype=aw.dtype, device=aw.device)
+            twice_zp = op.forward(ax, aw, shift if bias is None else shift.add_(bias)).add_(ctx.output)
+            twice_zp.clamp_(min=2 * self.stabilizer)
+        qp = ratio(signal, twice_zp, 0.0, self.alpha)
         if self.beta:
             qp, qn = qp + qn, qp.sub_(qn)
         else:
@@ -340,7 +358,7 @@ class Gamma(Rule):
         wp, wn = op.signed()
         up, down = w + g * wp, w + g * wn
         xp, xn = x.clamp(min=0), x.clamp(max=0)
-        signed = float(x.min()) < 0
+        signed = _signed(x)
         z_up = op.forward(xp, up, b + g * b.clamp(min=0)) + (op.forward(xn, down) if signed else 0)
         z_down = op.forward(xp, down, b + g * b.clamp(max=0)) + (op.forward(xn, up) if signed else 0)
         s_up = torch.where(ctx.output > 0, signal / stabilize(z_up, self.epsilon), 0.0)

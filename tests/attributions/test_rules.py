@@ -235,6 +235,36 @@ def test_conv_zplus_by_hand():
     torch.testing.assert_close(relevance, torch.tensor([[[[-2.0, 0.0, 0.0]]]], dtype=torch.float64))
 
 
+def test_zplus_takes_the_signed_form_for_a_negative_input_past_the_probed_slice():
+    # 5000 inputs, non-negative but the last: the sign check looks at a leading slice first, and must still see it
+    n = 5000
+    x = torch.rand(1, n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x[0, -1] = -3.0
+    w = torch.randn(2, n, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    w[0, -1] = -2.0
+    layer = nn.Linear(n, 2).double()
+    layer.weight.data, layer.bias.data = w, torch.tensor([0.5, -0.5], dtype=torch.float64)
+    contributions = torch.where(x * w[0] > 0, x * w[0], 0.0)  # x+ w+ and x- w-: the contributions that favour z+
+    expected = contributions / (contributions.sum() + 1e-12) * layer(x)[0, 0].detach()
+    relevance = Explainer(layer, "lrp-zplus", stabilizer=1e-12).attribute(x, target=0)
+    torch.testing.assert_close(relevance, expected)
+    assert float(relevance[0, -1]) > 0  # the x- w- term: the unsigned form would give x w+ = 0 here
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_the_sign_check_sees_every_value(layout):
+    x = torch.zeros(64, 100)
+    x[-1, -1] = -1e-30
+    if layout == "strided":
+        x = x.t().contiguous().t()
+        assert not x.is_contiguous()
+    assert R._signed(x)
+    x[-1, -1] = float("nan")  # not >= 0, as the check of the whole has always counted it
+    assert R._signed(x)
+    x[-1, -1] = 0.0
+    assert not R._signed(x)
+
+
 def _bias_free_residual():
     torch.manual_seed(0)
     return ResidualNet(bias=False).double().eval()

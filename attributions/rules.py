@@ -304,21 +304,19 @@ class AlphaBeta(Rule):
         # so with z = W x + b from the forward pass, one more pass t = |W||x| + |b| (b+ - b- = |b|; -b without the
         # bias) gives 2 z+ = z + t and 2 z- = z - t, where the split takes four; and the relevance
         # alpha s+ c+ - beta s- c- sums to |x| |W|^T(q+ + q-) + x W^T(q+ - q-), q = scale s / (2 z): two transposes,
-        # not four. z+ >= 0 and z- <= 0 are clamped there (the sum rounds), then stabilised.
+        # not four. The stabiliser rides in that pass's bias (the product adds it in place): with t + 2 stabilizer,
+        # 2 z+ + 2 stabilizer and 2 z- - 2 stabilizer come out of one pass each, clamped at +-2 stabilizer (z+ >= 0
+        # and z- <= 0 up to the sum's rounding).
         ax, aw = x.abs(), op.absolute()
-        bias = None if b is None else b.abs() if self.bias else -b
+        e2 = 2 * self.stabilizer
+        shift = torch.full((aw.shape[0],), e2, dtype=aw.dtype, device=aw.device)
+        t = op.forward(ax, aw, shift if b is None else shift.add_(b.abs() if self.bias else -b))
         if self.beta:
-            t = op.forward(ax, aw, bias)
-            twice_zn = torch.sub(ctx.output, t) if self.bias else torch.add(ctx.output, t).sub_(2 * op.forward(ax, aw))
-            qn = ratio(signal, twice_zn.clamp_(max=0).sub_(2 * self.stabilizer), 0.0, self.beta)
-            twice_zp = t.add_(ctx.output).clamp_(min=0).add_(2 * self.stabilizer)
-        else:
-            # the stabiliser rides in the pass's bias (the product adds it in place): z + t >= 2 stabilizer
-            # up to rounding, clamped there, one pass of the output's size fewer
-            shift = torch.full((aw.shape[0],), 2 * self.stabilizer, dtype=aw.dtype, device=aw.device)
-            twice_zp = op.forward(ax, aw, shift if bias is None else shift.add_(bias)).add_(ctx.output)
-            twice_zp.clamp_(min=2 * self.stabilizer)
-        qp = ratio(signal, twice_zp, 0.0, self.alpha)
+            # without the bias t + z holds xw + |x||w|: 2 z- = xw - |x||w| is that less 2 |x||w|
+            twice_zn = torch.sub(ctx.output, t) if self.bias else \
+                torch.add(ctx.output, t).sub_(2 * op.forward(ax, aw)).sub_(2 * e2)
+            qn = ratio(signal, twice_zn.clamp_(max=-e2), 0.0, self.beta)
+        qp = ratio(signal, t.add_(ctx.output).clamp_(min=e2), 0.0, self.alpha)
         if self.beta:
             qp, qn = qp + qn, qp.sub_(qn)
         else:

@@ -120,6 +120,14 @@ class Method:
         return self.chain and all(getattr(r, "linear_in_signal", True) for r in self.rules.values())
 
     @property
+    def nonnegative_chain(self) -> bool:
+        """Whether the chain is one Sixt et al.'s Theorem 1 covers: linear in the signal, with a non-negative
+        backward matrix at its weighted layers (:attr:`~attributions.rules.Rule.nonnegative`: the z+ family,
+        DeepLIFT-Ablation; the convolutions alone suffice, as in LRP-CMP, whose dense layers are signed): such a
+        product converges to rank 1 as it grows."""
+        return self.linear_in_signal and any(getattr(self.rules.get(k), "nonnegative", False) for k in ("dense", "conv"))
+
+    @property
     def rectifies_signal(self) -> bool:
         """Whether a ReLU or threshold acts on the backward signal (guided backprop, deconvnet, RectGrad, Guided
         Grad-CAM's guided factor): the partial input recovery of Nie, Zhang & Patel (2018) can follow."""

@@ -178,6 +178,9 @@ class Rule:
     # whether the backward is linear in the propagated signal (the condition of Sixt et al.'s Theorem 1: a chain of
     # such rules is a product of matrices and can converge to rank 1); a ReLU or threshold on the signal is not
     linear_in_signal = True
+    # whether its backward is a non-negative matrix (the z+ family's shares, DeepLIFT-Ablation's W+): the chains
+    # Sixt et al.'s Theorem 1 proves converge to rank 1 are products of such matrices
+    nonnegative = False
     # whether the relevance it hands an input is that input times a factor, R_in = x * c (the epsilon / z / z+ /
     # alpha-beta / gamma forms): at the first layer it makes an LRP map an input multiplier (Kindermans et al. 2019)
     proportional_to_input = False
@@ -283,6 +286,10 @@ class AlphaBeta(Rule):
         if abs(alpha - beta - 1.0) > 1e-9:
             raise ValueError(f"alpha - beta must be 1, got alpha={alpha}, beta={beta}")
         self.alpha, self.beta, self.bias, self.stabilizer = alpha, beta, bias, stabilizer
+
+    @property
+    def nonnegative(self) -> bool:  # type: ignore[override]  # z+ (beta = 0): each input's share of z+ is >= 0
+        return not self.beta
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         op, x = ctx.layer, ctx.x
@@ -452,6 +459,7 @@ class DeepLiftAblation(Rule):
 
     kinds = LINEAR_KINDS
     reads = ()
+    nonnegative = True
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         wp = ctx.layer.signed()[0] if ctx.layer.has_negative_weights else ctx.layer.weights()[0]

@@ -24,10 +24,10 @@ from audit.run.results import AuditResult, example_maps, load_results
 from audit.sections import ReportContext, Section, Table
 from reports import html, latex, markdown, methods_text
 from reports.figures import bort_figure, save, score_figure, verdict_matrix
+from reports.mechanisms import MECHANISMS
 from reports.references import bibtex
 from reports.reproduction import reproduction_sections
 from reports.verdict import (
-    MECHANISMS,
     bort_comparison,
     broken_checks,
     display_columns,

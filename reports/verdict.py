@@ -10,20 +10,10 @@ from attributions.catalog import CONTROLS
 from attributions.methods import build_method
 from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, VerdictRule
-from audit.checks.convergence import ConvergenceOptions
 from audit.checks.options import Options
-from audit.checks.randomization import CascadingOptions
 from audit.models.training import OPTIMIZERS
 from audit.run.config import AuditConfig
-
-MECHANISMS = ("rank-1 chain convergence (Sixt et al. 2020, Theorem 1: a backward pass linear in the propagated "
-              "signal whose chain from the logits reaches the CSC threshold at the input; class-insensitive as a "
-              "consequence); partial input recovery (Nie, Zhang & Patel 2018: a ReLU or threshold on the backward "
-              "signal, and the fully randomized model's map still follows the input, Spearman of |map| with |input| "
-              "at or above the randomization threshold); input multiplier (Adebayo et al. 2018; Kindermans et al. "
-              "2019: map = input x a model-dependent factor, and at full randomization the Spearman of |map| with the "
-              "trained |map| and with |input| both reach the randomization threshold). A nonlinear backward pass is "
-              "never called rank-1, whatever its CSC.")
+from reports.mechanisms import mechanism
 
 
 def _rules(tables: dict, config: AuditConfig) -> list[tuple[str, VerdictRule, bool, Options]]:
@@ -39,7 +29,8 @@ def verdict_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
     text; ``outcome_<check>``, each check's outcome (rejected / not rejected / inconclusive; empty where the check
     says nothing); ``role`` (method or control); ``verdict``: "rejected: " and every rejecting check's reason,
     else "inconclusive: " and the checks that could not conclude, else "not rejected"; ``mechanism``: for a
-    rejected method, the failure mechanism the measurements support (:func:`mechanism`); ``control_check``: for a
+    rejected method, per rejecting check, the mechanisms the measurements support
+    (:func:`reports.mechanisms.mechanism`); ``control_check``: for a
     control, whether each check gave the outcome it must have. A sanity check can reject a method, never
     certify it: no outcome says "pass".
 
@@ -70,7 +61,7 @@ def verdict_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
     for model, method in pairs.itertuples(index=False):
         row: dict = {"model": model, "method": method,
                      "role": "control" if build_method(method).family == CONTROLS else "method"}
-        rejecting, unsure = [], []
+        rejecting, unsure, rejected_by = [], [], []
         for name, rule, counts, options in rules:
             table = tables.get(name)
             part = table[(table.model == model) & (table.method == method)] if table is not None and not table.empty \
@@ -87,13 +78,15 @@ def verdict_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
             row[f"outcome_{name}"] = cell.outcome or ""
             if cell.outcome == REJECTED:
                 rejecting.append(f"{name} ({rule.failure})")
+                rejected_by.append(name)
             elif cell.outcome == INCONCLUSIVE:
                 unsure.append(name)
         outcomes = [row.get(f"outcome_{name}", "") for name, _, counts, _ in rules if counts]
         row["verdict"] = (f"{REJECTED}: " + ", ".join(rejecting) if rejecting else
                           f"{INCONCLUSIVE}: " + ", ".join(unsure) if unsure else
                           NOT_REJECTED if NOT_REJECTED in outcomes else "n/a")
-        row["mechanism"] = mechanism(model, method, tables, config) if rejecting and row["role"] == "method" else ""
+        row["mechanism"] = mechanism(model, method, rejected_by, tables, config) \
+            if rejecting and row["role"] == "method" else ""
         row["control_check"] = control_check(row) if row["role"] == "control" else ""
         rows.append(row)
     order = {m: i for i, m in enumerate(config.methods)}
@@ -134,59 +127,12 @@ def summary_line(verdict: pd.DataFrame) -> str:
     return line + ("; controls as expected" if len(controls) else "")
 
 
-def _at_last_stage(table: pd.DataFrame | None, model: str, method: str) -> pd.DataFrame:
-    if table is None or table.empty or "input_spearman_abs" not in table:
-        return pd.DataFrame()
-    part = table[(table.model == model) & (table.method == method)]
-    return part[part.stage == part.stage.max()] if not part.empty else part
-
-
 def csc_at_input(table: pd.DataFrame | None, model: str, method: str) -> float:
     """The median ``|cos|`` at the input of the chain injected at the logits (NaN where CSC has no row)."""
     if table is None or table.empty:
         return float("nan")
     part = table[(table.model == model) & (table.method == method) & table.is_logits.astype(bool)]
     return float(part.sort_values("depth")["median"].iloc[0]) if not part.empty else float("nan")
-
-
-def mechanism(model: str, method: str, tables: dict, config: AuditConfig) -> str:
-    """The failure mechanism the measurements support for a rejected method, one of three that do not overlap:
-
-    * rank-1 chain convergence (Sixt et al. 2020, Theorem 1): the backward pass is linear in the signal (every
-      rule declares it) and the chain from the logits reaches the CSC threshold at the input;
-    * partial input recovery (Nie, Zhang & Patel 2018): a ReLU or threshold acts on the backward signal, and the
-      map of the fully randomized model (last cascading stage) still follows the input: the median Spearman of
-      its magnitude with the input's reaches the randomization threshold;
-    * input multiplier (Adebayo et al. 2018; Kindermans et al. 2019): the map is the input times a factor, and at
-      full randomization both the Spearman of ``|map|`` with the trained map's and with ``|input|`` reach the
-      randomization threshold (the surviving magnitudes are the input's).
-
-    Each needs its measurement (CSC; cascading randomization): where it is missing the text says so. A nonlinear
-    pass is never called rank-1, whatever its CSC."""
-    spec = build_method(method)
-    threshold = CascadingOptions.parse(config.options).randomization_threshold
-    found, missing = [], []
-    if spec.linear_in_signal:
-        cos = csc_at_input(tables.get("csc"), model, method)
-        if cos != cos:
-            missing.append("CSC")
-        elif cos >= ConvergenceOptions.parse(config.options).csc_threshold:
-            found.append(f"rank-1 chain convergence (CSC {cos:.3f} at the input)")
-    last = _at_last_stage(tables.get("cascading"), model, method)
-    if not found and (spec.rectifies_signal or spec.input_multiplier):
-        if last.empty:
-            missing.append("cascading randomization")
-        else:
-            follows = float(last.input_spearman_abs.median())
-            same = float(last.spearman_abs.median())
-            if spec.rectifies_signal and follows >= threshold:
-                found.append(f"partial input recovery (fully randomized: Spearman of |map| with |input| {follows:.2f})")
-            elif spec.input_multiplier and follows >= threshold and same >= threshold:
-                found.append(f"input multiplier (fully randomized: Spearman of |map| with the trained |map| {same:.2f}, "
-                             f"with |input| {follows:.2f})")
-    if found:
-        return found[0]
-    return "none of the three measured" + (f" (not run: {', '.join(missing)})" if missing else "")
 
 
 def display_columns(verdict: pd.DataFrame) -> list[str]:

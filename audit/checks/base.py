@@ -115,6 +115,9 @@ class VerdictRule:
         The name of the field of the check's options compared with the score.
     score_name : str, default "SSIM"
         What the score measures, as the report labels it.
+    why : str, default ""
+        Why this measure carries the verdict (e.g. the source paper's measure for the check's setting), for the
+        report's rule text.
     """
 
     score_column: str
@@ -122,6 +125,7 @@ class VerdictRule:
     failure: str
     threshold: str
     score_name: str = "SSIM"
+    why: str = ""
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -159,7 +163,8 @@ class VerdictRule:
         """The rule in one sentence, for the report."""
         return (f"rejected ({self.failure}) when the 99 % interval of the median {self.score_name} lies at or "
                 f"{'above' if self.comparison == '>=' else 'below'} {getattr(options, self.threshold)}, not rejected "
-                "when it lies wholly on the other side, inconclusive when it contains the threshold")
+                "when it lies wholly on the other side, inconclusive when it contains the threshold"
+                + (f"; the {self.score_name} is {self.why}" if self.why else ""))
 
     def per_image(self, part: pd.DataFrame) -> pd.Series | None:
         """The per-image scores behind the verdict (indexed by image), for paired comparisons; None

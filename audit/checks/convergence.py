@@ -13,6 +13,7 @@ inflated whatever the method; the chain is best read where it enters each conv /
 """
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import numpy as np
 import pandas as pd
 import torch
 from matplotlib.lines import Line2D
-from scipy import stats
+from scipy import integrate, optimize, stats
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -34,16 +35,18 @@ from attributions.kinds import ELEMENTWISE_KINDS, RECORDED_KINDS
 from attributions.methods import build_method
 from attributions.records import Move, Norm
 from audit import style
-from audit.checks.base import NOT_REJECTED, REJECTED, Check, UnitResult, VerdictCell, VerdictRule
+from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, Check, UnitResult, VerdictCell, VerdictRule
 from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import explainer, model_errors
 from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, check_inputs, resolve_methods
+from audit.measures.statistics import cluster_median_ci
 from audit.panels import family_panels, method_legend
 from audit.sections import Figure, ReportContext, Section
 
-COLUMNS = ["method", "inject_at", "is_logits", "layer", "depth", "kind", "channels", "median", "p10", "p25", "p75",
-           "p90", "mean", "baseline", "sigma2_over_sigma1", "effective_rank", "collapsed"]
+COLUMNS = ["method", "inject_at", "is_logits", "layer", "depth", "kind", "channels", "median", "median_low",
+           "median_high", "p10", "p25", "p75", "p90", "mean", "baseline", "sigma2_over_sigma1", "effective_rank",
+           "collapsed"]
 
 
 def _joins(node: Node) -> bool:
@@ -61,13 +64,52 @@ def random_cosine_median(d: int) -> float:
     return math.sqrt(stats.beta.ppf(0.5, 0.5, (d - 1) / 2))
 
 
-def pairwise_abs_cos(signal: torch.Tensor, k: int | None = None, channel_axis: int = 1) -> np.ndarray:
+@functools.lru_cache(maxsize=16)
+def rank_one_ratio(threshold: float) -> float:
+    """The largest sigma2 / sigma1 of a chain whose two leading directions alone bring the median ``|cos|`` of its
+    signals to ``threshold``: the spectrum bound a converged chain meets when its CSC reaches ``threshold`` by
+    rank-1 convergence.
+
+    A chain with singular values 1 and rho maps a Gaussian vector to a u + rho b v (a, b independent standard
+    normals), at the angle theta = atan(rho b / a), whose law is P(theta <= phi) = 1/2 + atan(tan(phi) / rho) / pi.
+    Two signals have ``|cos(theta1 - theta2)|``; the bound is the rho at which its median equals ``threshold``
+    (quadrature of that law, and a root in rho): 0.0716 for 0.99. Any further direction lowers the CSC, so a
+    chain that reaches the threshold by convergence has a ratio at most this; a high CSC with a larger ratio comes
+    from elsewhere (sparse channel vectors: one channel alive at a position gives ``|cos|`` = 1 whatever the
+    chain).
+    """
+    if not 0 < threshold < 1:
+        raise AuditError(f"the CSC threshold must lie in (0, 1) for a spectrum bound, got {threshold}")
+    gap = math.acos(threshold)
+
+    def law(phi: float, rho: float) -> float:
+        return 0.5 + math.atan(math.tan(phi) / rho) / math.pi
+
+    def close(rho: float) -> float:  # P(|cos(theta1 - theta2)| >= threshold): theta2 within gap of theta1 modulo pi
+        def within(w: float) -> float:  # theta1 at the w-quantile of its law: the integral over w is smooth
+            phi = math.atan(rho * math.tan(math.pi * (w - 0.5)))
+            total = 0.0
+            for shift in (-math.pi, 0.0, math.pi):
+                a, b = max(phi - gap + shift, -math.pi / 2), min(phi + gap + shift, math.pi / 2)
+                if b > a:
+                    total += law(b, rho) - law(a, rho)
+            return total
+        return float(integrate.quad(within, 0.0, 1.0, limit=400, points=[0.5])[0])
+
+    if close(1.0) >= 0.5:  # two equal directions already reach a threshold this low (up to cos(pi / 4))
+        return 1.0
+    return float(optimize.brentq(lambda rho: close(rho) - 0.5, 1e-6, 1.0, xtol=1e-10))
+
+
+def pairwise_abs_cos(signal: torch.Tensor, k: int | None = None, channel_axis: int = 1,
+                     images: bool = False) -> Any:
     """``|cos|`` of all k(k-1)/2 pairs of channel vectors, pooled over images and positions.
 
     signal : (K, B, C, *spatial), (K, B, tokens, D) with ``channel_axis=-1`` (a token's vector plays a
     pixel's part), or (K, B, D) for dense layers; the first ``k`` (default all K) vectors are compared.
     ``channel_axis`` counts in the node's own value (B, ...). Zero vectors are dropped. Returned
-    pair-major: (pairs, B, positions) flattened, in float64.
+    pair-major: (pairs, B, positions) flattened, in float64; with ``images``, a pair (values, the image of each
+    value, 0 to B - 1), for intervals that resample images.
     """
     k = signal.shape[0] if k is None else k
     s = signal[:k].detach().cpu()
@@ -84,6 +126,8 @@ def pairwise_abs_cos(signal: torch.Tensor, k: int | None = None, channel_axis: i
     i, j = torch.triu_indices(k, k, offset=1)
     cos = (gram[..., i, j] / (sq[..., i] * sq[..., j]).sqrt().clamp_min(1e-300)).abs().permute(2, 0, 1)
     keep = ((sq[..., i] > 0) & (sq[..., j] > 0)).permute(2, 0, 1)
+    if images:
+        return cos[keep].numpy(), torch.arange(keep.shape[1]).reshape(1, -1, 1).expand_as(keep)[keep].numpy()
     return cos[keep].numpy()
 
 
@@ -243,12 +287,13 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
                              n_vectors=n_vectors, progress=progress)
     depth = {name: i for i, name in enumerate(["input"] + any_ex.layers)}
     kinds = {n.name: n.kind for n in graph.nodes}
-    for (method, target, layer), (channels, cos_parts, ratios, ranks) in pooled.items():
+    for (method, target, layer), (channels, cos_parts, ratios, ranks, images) in pooled.items():
         node, token = _split_token(target)
         size_l = shapes[node][-1] if token is not None else int(np.prod(shapes[node][1:]))
         rows.append({"method": method, "inject_at": target, "is_logits": target == graph.output, "layer": layer,
                      "depth": depth[layer], "kind": kinds.get(layer, "input"), "channels": channels,
-                     **_statistics(np.concatenate(cos_parts), np.concatenate(ratios), np.concatenate(ranks)),
+                     **_statistics(np.concatenate(cos_parts), np.concatenate(ratios), np.concatenate(ranks),
+                                   np.concatenate(images)),
                      "baseline": random_cosine_median(min(channels, size_l))})
         rows[-1]["collapsed"] = bool(rows[-1]["median"] >= threshold)
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -311,16 +356,18 @@ def _pooled_signals(explainers: dict[str, Explainer], graph: Graph, x: torch.Ten
             for group in groups:  # several backward passes when one image's recorded signals exceed the budget
                 taps = ForwardPass(ex, xs, env, own_ref).signals(node, part, keep=group)
                 taps.pop(node, None)
-                _pool(pooled, method, target, taps, axes, n_vectors)
+                _pool(pooled, method, target, taps, axes, n_vectors, start)
                 del taps
         del env, ref, envs
     return pooled
 
 
-def _statistics(cos: np.ndarray, ratio: np.ndarray, rank: np.ndarray) -> dict[str, float]:
-    """The ``|cos|`` quantiles and mean of one layer's pooled pairs, and the median spectrum ratio and rank."""
+def _statistics(cos: np.ndarray, ratio: np.ndarray, rank: np.ndarray, images: np.ndarray) -> dict[str, float]:
+    """The ``|cos|`` quantiles and mean of one layer's pooled pairs, the 99 % interval of their median (a cluster
+    bootstrap over the ``images`` the values come from), and the median spectrum ratio and rank."""
     q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
-    return {"median": q[2], "p10": q[0], "p25": q[1], "p75": q[3], "p90": q[4],
+    _, low, high = cluster_median_ci(cos, images, 0.99)
+    return {"median": q[2], "median_low": low, "median_high": high, "p10": q[0], "p25": q[1], "p75": q[3], "p90": q[4],
             "mean": float(cos.mean()) if cos.size else np.nan,
             "sigma2_over_sigma1": float(np.median(ratio)) if len(ratio) else np.nan,
             "effective_rank": float(np.median(rank)) if len(rank) else np.nan}
@@ -367,15 +414,18 @@ def signal_plan(images: int, forward: int, recorded: dict[str, int], vectors: in
 
 
 def _pool(pooled: dict[tuple[str, str, str], list[Any]], method: str, target: str, taps: dict[str, torch.Tensor],
-          axes: dict[str, int], n_vectors: int) -> None:
-    """Add each layer's ``|cos|`` and spectra of one pass's signals ``taps`` {layer: (K, B, ...)} to ``pooled``."""
+          axes: dict[str, int], n_vectors: int, offset: int = 0) -> None:
+    """Add each layer's ``|cos|`` (with the image of each value, counted from ``offset``: the chunk's first image)
+    and spectra of one pass's signals ``taps`` {layer: (K, B, ...)} to ``pooled``."""
     for layer, signal in taps.items():
         axis = axes.get(layer, 1)
         channels = signal.shape[2] if signal.ndim == 3 else signal.shape[axis % (signal.ndim - 1) + 1]
         if channels == 1 and signal.ndim > 3:
             continue  # one channel: |cos| is trivially 1
-        entry = pooled.setdefault((method, target, layer), [channels, [], [], []])
-        entry[1].append(pairwise_abs_cos(signal, n_vectors, axis))
+        entry = pooled.setdefault((method, target, layer), [channels, [], [], [], []])
+        cos, images = pairwise_abs_cos(signal, n_vectors, axis, images=True)
+        entry[1].append(cos)
+        entry[4].append(images + offset)
         ratio, rank = image_spectra(signal)
         entry[2].append(ratio)
         entry[3].append(rank)
@@ -394,27 +444,25 @@ def _product_rows(method: str, ex: Explainer, graph: Graph, x: torch.Tensor, y: 
     rows = []
     for node, operator in zip(reversed(nodes), reversed(operators)):
         r = (r[:, :, None, :] @ operator).squeeze(2)  # (K, B, T)
-        cos = pairwise_abs_cos(r, n_vectors)
+        cos, images = pairwise_abs_cos(r, n_vectors, images=True)
         ratio, rank = image_spectra(r)
-        q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
+        measured = _statistics(cos, ratio, rank, images)
         rows.append({"method": method, "inject_at": graph.output, "is_logits": True, "layer": node, "depth": depth[node],
-                     "kind": graph.by_name[node].kind, "channels": tokens, "median": q[2], "p10": q[0], "p25": q[1],
-                     "p75": q[3], "p90": q[4], "mean": float(cos.mean()) if cos.size else np.nan,
-                     "baseline": random_cosine_median(tokens),
-                     "sigma2_over_sigma1": float(np.median(ratio)) if len(ratio) else np.nan,
-                     "effective_rank": float(np.median(rank)) if len(rank) else np.nan,
-                     "collapsed": bool(q[2] >= threshold)})
+                     "kind": graph.by_name[node].kind, "channels": tokens, **measured,
+                     "baseline": random_cosine_median(tokens), "collapsed": bool(measured["median"] >= threshold)})
     return rows
 
 
 @dataclass(frozen=True)
 class Collapse(VerdictRule):
     """Rejects when the chain injected at the logits reaches the collapse threshold at some layer (the
-    map's direction no longer depends on the signal from above: Sixt et al.'s working threshold); shows
-    the layer nearest the logits where it does, with its median ``|cos|``, and the median ``|cos|`` at the input.
-    The median pools images, vector pairs and positions: a descriptive statistic without an interval, so
-    the outcome is rejected or not rejected. Whether the convergence is a rank-1 collapse depends on the
-    method's backward pass (linear in the signal or not): the verdict's mechanism column says."""
+    map's direction no longer depends on the signal from above: Sixt et al.'s working threshold): the 99 %
+    interval of that layer's median ``|cos|`` (a cluster bootstrap over images,
+    :func:`~audit.measures.statistics.cluster_median_ci`) lies at or above it. Not rejected when every layer's
+    interval lies below it; inconclusive otherwise. Shows the layer nearest the logits where it does, with its
+    median ``|cos|`` and interval, and the median ``|cos|`` at the input. A table without intervals (written
+    before they were measured) reads the medians alone. Whether the convergence is a rank-1 collapse depends on
+    the method's backward pass and on the chain's spectrum: the verdict's mechanism column says."""
 
     score_column: str = "csc_max_median"
     text_column: str = "collapse_layer"
@@ -426,17 +474,29 @@ class Collapse(VerdictRule):
         logits = part[part.is_logits.astype(bool)].sort_values("depth", ascending=False)
         if logits.empty:
             return VerdictCell(float("nan"), "n/a", None)
-        top = float(logits["median"].max())
-        at_input = float(logits["median"].iloc[-1])
-        hit = logits[logits["median"] >= getattr(options, self.threshold)]
-        if hit.empty:
-            return VerdictCell(top, f"{NOT_REJECTED} (max {top:.3f}; {at_input:.3f} at the input)", NOT_REJECTED)
-        return VerdictCell(top, f"{REJECTED} (from {hit.layer.iloc[0]}: {hit['median'].iloc[0]:.3f}; {at_input:.3f} at "
-                           "the input)", REJECTED)
+        threshold = getattr(options, self.threshold)
+        median = logits["median"].to_numpy(float)
+        low, high = ((logits.median_low.to_numpy(float), logits.median_high.to_numpy(float))
+                     if "median_low" in logits and logits.median_low.notna().all() else (median, median))
+        top, at_input = float(median.max()), float(median[-1])
+
+        def where(i: int) -> str:
+            interval = f" [{low[i]:.3f}, {high[i]:.3f}]" if low is not median else ""
+            return f"{logits.layer.iloc[i]}: {median[i]:.3f}{interval}"
+
+        tail = f"; {at_input:.3f} at the input"
+        hit = np.flatnonzero(low >= threshold)
+        if hit.size:
+            return VerdictCell(top, f"{REJECTED} (from {where(int(hit[0]))}{tail})", REJECTED)
+        if (high < threshold).all():
+            return VerdictCell(top, f"{NOT_REJECTED} (max {top:.3f}{tail})", NOT_REJECTED)
+        unsure = int(np.flatnonzero(high >= threshold)[0])
+        return VerdictCell(top, f"{INCONCLUSIVE} (at {where(unsure)}{tail})", INCONCLUSIVE)
 
     def rule_text(self, options: Options) -> str:
-        return (f"rejected (chain converges) when the median |cos| of the chain injected at the logits reaches "
-                f"{getattr(options, self.threshold)} at some layer, else not rejected")
+        return (f"rejected (chain converges) when the 99 % interval of the median |cos| of the chain injected at the "
+                f"logits lies at or above {getattr(options, self.threshold)} at some layer, not rejected when it lies "
+                "below at every layer, else inconclusive")
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,13 @@ from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import prepare
 from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, resolve_methods
-from audit.measures.heatmaps import ComparableMaps, heatmaps
-from audit.measures.similarity import WINDOW, correlation, ssim, undefined_where
+from audit.measures.heatmaps import ComparableMaps, follows, heatmaps, input_structure, signed_heatmaps
+from audit.measures.similarity import WINDOW, correlation, sign_flip_allowed, ssim, undefined_where
 from audit.panels import score_boxes
 from audit.sections import Figure, ReportContext, Section
 
-COLUMNS = ["method", "image", "true_class", "random_class", "ssim", "spearman", "spearman_abs"]
+COLUMNS = ["method", "image", "true_class", "random_class", "ssim", "spearman", "spearman_abs", "input_spearman_abs",
+           "edge_spearman_abs"]
 
 
 def random_classes(y: torch.Tensor, num_classes: int, seed: int) -> torch.Tensor:
@@ -50,8 +51,11 @@ def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Met
     Returns
     -------
     DataFrame, one row per method x image: method, image, true_class, random_class, ssim
-    (flip-invariant, uniform 5x5 window, data_range 1, on maps clipped at the 0.5 / 99.5 percentiles and scaled to [0, 1]),
-    spearman (raw heatmaps), spearman_abs (their magnitudes).
+    (flip-invariant where the two maps are not of one sign, uniform 5x5 window, data_range 1, on maps clipped at
+    the 0.5 / 99.5 percentiles and scaled to [0, 1]), spearman (the signed maps: the channel sum, also for the
+    methods whose heatmap is max-abs), spearman_abs (the heatmaps' magnitudes), input_spearman_abs and
+    edge_spearman_abs (Spearman of the random class's ``|map|`` with the input's magnitude and with its edges:
+    :func:`~audit.measures.heatmaps.input_structure`).
     """
     x, y = check_inputs(model, x, y)
     if y is None:
@@ -60,15 +64,17 @@ def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Met
     _, explainers, envs, logits = prepare(model, x, names, y)
     r = random_classes(y, logits.shape[1], seed)
     n, parts = len(x), []
+    structure = input_structure(x)
     for m in tqdm(names, desc="random-logit", disable=not progress, leave=False):
         both = attribute_many({m: explainers[m]}, x, [y, r], envs)[m]  # one batched backward for both classes
         # the two sets of maps prepared in one batch: one sort per map gives its ranks and its normalisation
-        maps = ComparableMaps(heatmaps({m: both.reshape(2 * n, *both.shape[2:])}, reduction)[m])
+        flat = {m: both.reshape(2 * n, *both.shape[2:])}
+        maps = ComparableMaps(heatmaps(flat, reduction)[m], signed_heatmaps(flat, reduction).get(m))
         scores = undefined_where(maps.bad[:n] | maps.bad[n:], {  # constant or non-finite maps: undefined scores
             "ssim": ssim(maps.normalized[:n], maps.normalized[n:], win_size=WINDOW, data_range=1.0,
-                         flip_invariant=True).numpy(),
+                         flip_invariant=sign_flip_allowed(maps.signs[:n], maps.signs[n:])).numpy(),
             "spearman": correlation(maps.ranks[:n], maps.ranks[n:]),
-            "spearman_abs": correlation(maps.abs_ranks[:n], maps.abs_ranks[n:])})
+            "spearman_abs": correlation(maps.abs_ranks[:n], maps.abs_ranks[n:]), **follows(maps, structure, n)})
         parts.append(pd.DataFrame({"method": m, "image": np.arange(n), "true_class": y.numpy(),
                                    "random_class": r.numpy(), **scores}, columns=COLUMNS))
     return pd.concat(parts, ignore_index=True)  # resolve_methods refuses an empty list

@@ -45,8 +45,7 @@ from audit.checks.stages import Stage, randomization_plan
 from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, resolve_methods
-from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, heatmaps
-from audit.measures.similarity import correlation, unit_ranks
+from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, follows, heatmaps, input_structure, signed_heatmaps
 from audit.measures.statistics import bootstrap_ci, summarize
 from audit.models.copying import copy_model
 from audit.panels import family_panels, method_legend, threshold_line
@@ -55,7 +54,8 @@ from audit.sections import Figure, ReportContext, Section
 __all__ = ["BN_POLICIES", "INITS", "ORDERS", "StageSettings", "parameter_randomization", "randomization_stages",
            "reinitialise", "reset_batchnorm", "stage_maps"]
 
-COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog", "input_spearman_abs", "share"]
+COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog", "input_spearman_abs",
+           "edge_spearman_abs", "share"]
 COMPARE_BYTES = 1 << 23  # maps per batch of measures (their buffers are about ten times as large)
 
 
@@ -110,10 +110,11 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     Returns
     -------
     DataFrame, one row per method x stage x image: method, stage, layer (the layer or block
-    re-initialised at that stage; "original" for stage 0), image, ssim (flip-invariant), spearman,
-    spearman_abs, hog, input_spearman_abs (Spearman of the map's magnitude with the input's, max ``|.|`` over
-    channels: how far the map follows the input's structure), share (of the parameters re-initialised in that
-    stage's model);
+    re-initialised at that stage; "original" for stage 0), image, ssim (flip-invariant where the two maps are not
+    of one sign), spearman (the signed maps: channel sums), spearman_abs (the heatmaps' magnitudes), hog,
+    input_spearman_abs and edge_spearman_abs (Spearman of the map's magnitude with the input's and with its edges,
+    :func:`~audit.measures.heatmaps.input_structure`: how far the map follows the input's structure), share (of the
+    parameters re-initialised in that stage's model);
     and {method: (stages, keep_maps, H, W) array} (empty arrays when ``keep_maps`` is 0).
     """
     stages = stage_settings(stages, settings)
@@ -122,16 +123,17 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     parts: list[dict[str, np.ndarray]] = []
     kept: dict[str, list[np.ndarray]] = {}
     n = len(x)
-    # the ranks of the input's own magnitude (max |.| over channels): how far a stage's map still follows the input
-    structure = unit_ranks(x.detach().abs().amax(1).double().cpu())
+    structure = input_structure(x)  # how far a stage's map still follows the input
     for batch in stage_batches(stage_maps(model, x, y, methods, stages, reduction=reduction, progress=progress,
                                           name="parameter_randomization")):
-        stacked = {m: ComparableMaps(torch.cat([s.maps[m] for s in batch])) for m in batch[0].maps}
+        stacked = {m: ComparableMaps(torch.cat([s.maps[m] for s in batch]),
+                                     torch.cat([s.signed[m] for s in batch]) if m in batch[0].signed else None)
+                   for m in batch[0].maps}
         if not reference:  # stage 0 (the trained model's maps) leads the first batch: prepared with it
             reference = {m: ReferenceMaps(v, n=n) for m, v in stacked.items()}
         sims = {m: reference[m].compare(stacked[m]) for m in reference}
         for m in reference:  # the maps' magnitude ranks, computed once for the measures, against the input's
-            sims[m]["input_spearman_abs"] = correlation(stacked[m].abs_ranks, np.tile(structure, (len(batch), 1)))
+            sims[m] |= follows(stacked[m], structure)
         for s in batch if keep_maps else ():
             for m in reference:
                 kept.setdefault(m, []).append(s.maps[m][:keep_maps].numpy())
@@ -150,12 +152,15 @@ def _plain(explainers: dict[str, Explainer], x: torch.Tensor, t: torch.Tensor, e
 
 class StageMaps(NamedTuple):
     """One stage's maps: ``stage`` (0 = trained), ``layer`` (the stage's name), ``maps`` {method:
-    (B, H, W) heatmaps} and ``share``, the fraction of the parameters re-initialised in its model."""
+    (B, H, W) heatmaps}, ``share``, the fraction of the parameters re-initialised in its model, and ``signed``
+    {method: (B, H, W) signed channel sums} for the methods whose heatmap dropped the sign
+    (:func:`~audit.measures.heatmaps.signed_heatmaps`)."""
 
     stage: int
     layer: str
     maps: dict[str, torch.Tensor]
     share: float
+    signed: dict[str, torch.Tensor] = {}
 
 
 def kept_trained(plan: list[Stage], bn: str) -> list[str]:
@@ -219,7 +224,8 @@ def stage_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, method
             limit = memory.budget()
             trained = envs if limit is None or 3 * memory.tensor_bytes(envs[0]) <= limit else None
         t = y if stages.target == "true" else logits.argmax(1)
-        yield StageMaps(stage, layer, heatmaps(explain(explainers, x, t, envs), reduction), share)
+        raw = explain(explainers, x, t, envs)
+        yield StageMaps(stage, layer, heatmaps(raw, reduction), share, signed_heatmaps(raw, reduction))
 
 
 def stage_batches(stages: Iterator[StageMaps], limit: int = COMPARE_BYTES) -> Iterator[list[StageMaps]]:
@@ -599,6 +605,8 @@ def _checks() -> list[Check]:
     magnitudes = Survival("cascading_spearman_abs", "cascading_spearman_abs", "magnitudes survive the randomization of "
                           "the top layers", "randomization_threshold", score_name="Spearman of |map|",
                           metric="spearman_abs")
+    signed = Survival("cascading_spearman", "cascading_spearman", "the signed map survives the randomization of the "
+                      "top layers", "randomization_threshold", score_name="signed Spearman", metric="spearman")
     out = []
     for position, order in enumerate(ORDERS):
         cascading = order == "cascading"
@@ -610,7 +618,7 @@ def _checks() -> list[Check]:
             sections=functools.partial(_sections, order=order), order=30 + position,
             summary=lambda df: (f"median SSIM after the first stage {df[df.stage == 1].ssim.median():.3f}, at full "
                                  f"randomization {df[df.stage == df.stage.max()].ssim.median():.3f}"),
-            verdict=verdict if cascading else None, side_rules=(magnitudes,) if cascading else (),
+            verdict=verdict if cascading else None, side_rules=(magnitudes, signed) if cascading else (),
             controls={"edge": "rejected", "random": "not rejected"} if cascading else {},
             options=CascadingOptions if cascading else StageOptions,
             description=f"layers or blocks re-initialised {order} in forward order; maps compared with the trained "

@@ -6,6 +6,7 @@ import functools
 import numpy as np
 import torch
 
+from attributions.controls import sobel_magnitude
 from attributions.methods import build_method
 from audit.errors import AuditError
 from audit.measures.similarity import (
@@ -13,9 +14,11 @@ from audit.measures.similarity import (
     correlation,
     hog_features,
     local_means,
+    map_signs,
     normalized_from_sorted,
     reduce_map,
     screen,
+    sign_flip_allowed,
     ssim,
     undefined_where,
     unit_ranks,
@@ -48,22 +51,55 @@ def heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> di
             for m, v in maps.items()}
 
 
+def signed_heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> dict[str, torch.Tensor]:
+    """{method: (N, C, H, W) maps} -> {method: (N, H, W) signed channel sums}, for the methods whose heatmap
+    reduction drops the sign (``max-abs``): the signed ("diverging") Spearman correlation of Adebayo et al. (2018)
+    is computed on a map that keeps its sign. Methods whose reduction is the signed sum are left out (their
+    heatmap is already signed)."""
+    reduction = reduction or {}
+    return {m: reduce_map(v.detach().cpu().double(), "sum") for m, v in maps.items()
+            if reduction.get(m, build_method(m).heatmap) != "sum"}
+
+
+def input_structure(x: torch.Tensor) -> dict[str, np.ndarray]:
+    """What a map may follow without the model, as rank vectors: the input's magnitude (max ``|.|`` over
+    channels) and its edges (the Sobel magnitude, max over channels: the edge control's heatmap), keyed by the
+    result column that holds a map's Spearman correlation with each -> {column: (B, H * W)}
+    (:func:`follows`)."""
+    x = x.detach().double().cpu()
+    return {"input_spearman_abs": unit_ranks(x.abs().amax(1)), "edge_spearman_abs": unit_ranks(sobel_magnitude(x).amax(1))}
+
+
+def follows(maps: ComparableMaps, structure: dict[str, np.ndarray], start: int = 0,
+            stop: int | None = None) -> dict[str, np.ndarray]:
+    """The Spearman correlations of the magnitudes of ``maps[start:stop]`` (any multiple of the images, sets
+    stacked) with each of the input's :func:`input_structure` -> {column: (M,)}."""
+    ranks = maps.abs_ranks[start:stop]
+    return {column: correlation(reference, ranks) for column, reference in structure.items()}
+
+
 class ComparableMaps:
     """Raw heatmaps (N, H, W) with what the similarity measures read, computed once: which maps are
-    :func:`~audit.measures.similarity.degenerate`, the rank vectors of the maps and of their
-    magnitudes (:func:`~audit.measures.similarity.unit_ranks`), the normalised maps and (when first read) the
-    rank vectors of their HOG descriptors. One sort of each map gives its ranks and the percentiles its
-    normalisation clips at."""
+    :func:`~audit.measures.similarity.degenerate`, each map's sign (:func:`~audit.measures.similarity.map_signs`),
+    the rank vectors of the signed maps and of their magnitudes (:func:`~audit.measures.similarity.unit_ranks`),
+    the normalised maps and (when first read) the rank vectors of their HOG descriptors. One sort of each map gives
+    its ranks and the percentiles its normalisation clips at.
 
-    def __init__(self, raw: torch.Tensor):
+    ``signed``: (N, H, W) signed channel sums of maps whose heatmap ``raw`` dropped the sign (a max-abs
+    reduction, :func:`signed_heatmaps`): the signed ranks are theirs, the magnitudes' ranks ``raw``'s."""
+
+    def __init__(self, raw: torch.Tensor, signed: torch.Tensor | None = None):
         self.bad, self.raw = screen(raw)
         flat = self.raw.reshape(len(raw), -1).double()
         values = flat.numpy()
         order = np.argsort(values, axis=1)
         ordered = np.take_along_axis(values, order, 1)
         self.ranks = unit_ranks(values, order, ordered)
+        self.signs = map_signs(values)
         # maps without negative values (the max-abs reduction's) are their own magnitudes
-        self.abs_ranks = self.ranks if (values >= 0).all() else unit_ranks(np.abs(values))
+        self.abs_ranks = self.ranks if (self.signs == 1).all() else unit_ranks(np.abs(values))
+        if signed is not None:
+            self.ranks = unit_ranks(screen(signed)[1])
         self.normalized = normalized_from_sorted(flat, torch.from_numpy(ordered)).reshape(self.raw.shape)
 
     @functools.cached_property
@@ -77,7 +113,7 @@ class ComparableMaps:
 
     def _take_head(self, source: ComparableMaps, n: int) -> None:
         """The first ``n`` maps' measures of ``source`` as this object's (views; nothing recomputed)."""
-        for name in ("bad", "raw", "ranks", "abs_ranks", "normalized", "hog_ranks"):
+        for name in ("bad", "raw", "signs", "ranks", "abs_ranks", "normalized", "hog_ranks"):
             setattr(self, name, getattr(source, name)[:n])
 
 
@@ -95,6 +131,8 @@ class ReferenceMaps(ComparableMaps):
     n : int, optional
         How many leading maps of a :class:`ComparableMaps` are the reference; default all of them.
         Ignored for raw heatmaps.
+    signed : Tensor, optional
+        (N, H, W) signed channel sums of raw heatmaps that dropped the sign (:class:`ComparableMaps`).
 
     Attributes
     ----------
@@ -102,8 +140,10 @@ class ReferenceMaps(ComparableMaps):
         (N,) bool, the :func:`~audit.measures.similarity.degenerate` maps (constant or non-finite).
     raw : Tensor
         (N, H, W) the heatmaps, NaN / inf set to 0.
+    signs : numpy.ndarray
+        (N,) int8, each map's sign (:func:`~audit.measures.similarity.map_signs`).
     ranks, abs_ranks : numpy.ndarray
-        (N, H * W) unit-length centred ranks of the maps and of their magnitudes.
+        (N, H * W) unit-length centred ranks of the signed maps and of their magnitudes.
     normalized : Tensor
         (N, H, W) the maps clipped at their 0.5 / 99.5 percentiles and scaled to [0, 1].
     hog_ranks : numpy.ndarray
@@ -115,17 +155,19 @@ class ReferenceMaps(ComparableMaps):
         squares (:func:`~audit.measures.similarity.local_means`), computed once.
     """
 
-    def __init__(self, raw: torch.Tensor | ComparableMaps, win_size: int = WINDOW, n: int | None = None):
+    def __init__(self, raw: torch.Tensor | ComparableMaps, win_size: int = WINDOW, n: int | None = None,
+                 signed: torch.Tensor | None = None):
         if isinstance(raw, ComparableMaps):
             self._take_head(raw, len(raw) if n is None else n)
         else:
-            super().__init__(raw)
+            super().__init__(raw, signed)
         self.win_size = win_size
         self.means = local_means(self.normalized, win_size)  # SSIM's local means of the reference, filtered once
 
     def compare(self, other: torch.Tensor | ComparableMaps) -> dict[str, np.ndarray]:
-        """Flip-invariant SSIM of the normalised maps, Spearman of the raw maps (signed and of
-        ``|.|``), and Spearman of the normalised maps' HOG descriptors; each (M,), NaN where either map
+        """Flip-invariant SSIM of the normalised maps (the flip only for pairs not of one sign:
+        :func:`~audit.measures.similarity.sign_flip_allowed`), Spearman of the signed maps and of their
+        magnitudes, and Spearman of the normalised maps' HOG descriptors; each (M,), NaN where either map
         is :func:`~audit.measures.similarity.degenerate`.
 
         ``other``: raw heatmaps (M, H, W), or their :class:`ComparableMaps`; M may be any multiple
@@ -139,8 +181,9 @@ class ReferenceMaps(ComparableMaps):
         bad = other.bad | np.tile(self.bad, times)
         reference, means = ((self.normalized.repeat(times, 1, 1), self.means.repeat(1, times, 1, 1)) if times > 1
                             else (self.normalized, self.means))
+        flips = sign_flip_allowed(np.tile(self.signs, times), other.signs)
         return undefined_where(bad, {
-            "ssim": ssim(reference, other.normalized, win_size=self.win_size, data_range=1.0, flip_invariant=True,
+            "ssim": ssim(reference, other.normalized, win_size=self.win_size, data_range=1.0, flip_invariant=flips,
                          a_means=means).numpy(),
             "spearman": correlation(self.ranks, other.ranks), "spearman_abs": correlation(self.abs_ranks,
                                                                                           other.abs_ranks),

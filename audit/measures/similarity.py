@@ -156,7 +156,7 @@ def _shift_add(x: torch.Tensor, window: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int = WINDOW, data_range: float = 1.0,
-         gaussian: bool = False, flip_invariant: bool = False, sigma: float = GAUSSIAN_SIGMA,
+         gaussian: bool = False, flip_invariant: bool | torch.Tensor = False, sigma: float = GAUSSIAN_SIGMA,
          use_sample_covariance: bool = True, a_means: torch.Tensor | None = None) -> torch.Tensor:
     """Mean structural similarity of each pair of maps.
 
@@ -167,7 +167,8 @@ def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int = WINDOW, data_range: f
     data_range : the maps' value range (1 for normalised maps)
     gaussian : Gaussian-weighted windows (sigma 1.5) instead of a uniform box
     flip_invariant : the larger of SSIM(a, b) and SSIM(a, data_range - b): for maps normalised to
-        [0, data_range] with symmetric percentile clipping, data_range - b is the normalised -b
+        [0, data_range] with symmetric percentile clipping, data_range - b is the normalised -b; a (N,) bool
+        tensor takes the larger only for the pairs it marks (:func:`sign_flip_allowed`)
     use_sample_covariance : divide covariances by NP - 1 (scikit-image's default)
     a_means : :func:`local_means` of ``a`` with the same window, when at hand (a reference compared
         with many sets is filtered once)
@@ -193,8 +194,13 @@ def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int = WINDOW, data_range: f
     # enough to amortise the per-operation overhead; large maps go one at a time (measured best).
     pixels = a.shape[1] * a.shape[2]
     chunk = max(1, (1 << 18) // pixels) if max(a.shape[1:]) <= 64 else 1
+    flips = flip_invariant if isinstance(flip_invariant, torch.Tensor) else \
+        torch.full((a.shape[0],), bool(flip_invariant))
+    if flips.shape != (a.shape[0],):
+        raise AuditError(f"flip_invariant must be a bool or one bool per pair ({a.shape[0]}), got shape "
+                         f"{tuple(flips.shape)}")
     out = torch.cat([_ssim_block(a[i:i + chunk].double(), b[i:i + chunk].double(), window, cov_norm, data_range,
-                                 flip_invariant, None if a_means is None else a_means[:, i:i + chunk])
+                                 flips[i:i + chunk], None if a_means is None else a_means[:, i:i + chunk])
                      for i in range(0, a.shape[0], chunk)])
     return out.to(a.dtype if a.is_floating_point() else torch.float64)
 
@@ -225,15 +231,30 @@ def _ssim_block(x, y, window, cov_norm, data_range, flip_invariant, x_means=None
         return num.div_(den).mean(dim=(1, 2))
 
     s = mean_ssim(a, q, uxy)
-    if flip_invariant:
+    if bool(flip_invariant.any()):
         # data_range - y has the mean data_range - uy, the same variance and the negated covariance
         # (E[x (R - y)] = R ux - E[xy]), so SSIM against the flipped map needs no further filtering.
         ux_r = ux * data_range
         a_f = ux_r - a
         q_f = q.add(uy, alpha=-2 * data_range).add_(data_range ** 2)
         second.add_(uy, alpha=-2 * data_range).add_(data_range ** 2)  # E[(R - y)^2] = R^2 - 2R uy + uyy
-        s = torch.maximum(s, mean_ssim(a_f, q_f, ux_r - uxy))
+        s = torch.where(flip_invariant, torch.maximum(s, mean_ssim(a_f, q_f, ux_r - uxy)), s)
     return s
+
+
+def map_signs(maps: torch.Tensor | np.ndarray) -> np.ndarray:
+    """The sign of each map of (N, ...): 1 where no value is negative, -1 where none is positive, 0 where both
+    occur -> (N,) int8 (an all-zero map counts as 1)."""
+    flat = np.asarray(maps).reshape(len(maps), -1)
+    return np.where((flat >= 0).all(1), 1, np.where((flat <= 0).all(1), -1, 0)).astype(np.int8)
+
+
+def sign_flip_allowed(a: np.ndarray, b: np.ndarray) -> torch.Tensor:
+    """Which pairs of maps the flip-invariant SSIM may compare with the sign-flipped second map, from their
+    :func:`map_signs` (N,) -> (N,) bool tensor: every pair but two maps of one sign. A sign flip is what a rank-1
+    chain does to a map (Sixt et al. 2020); two non-negative maps (a max-abs reduction's) have no sign to flip,
+    and comparing one with the other's contrast inversion would only inflate the score."""
+    return torch.from_numpy(~((a == b) & (a != 0)))
 
 
 def _sorted_ranks(ordered: np.ndarray) -> np.ndarray:

@@ -10,9 +10,11 @@ CONFIG = load_config(models=["m"], methods="gradient,lrp-zplus,deeplift",
                      tests="csc,random-logit,cascading")
 
 
-def _csc(method, medians, logits=True, model="m"):
+def _csc(method, medians, logits=True, model="m", ratio=0.5, directions=4.0):
+    """A CSC table of one chain: a layer per median (depth 0 the input), with the spectrum at every layer."""
     return [{"model": model, "method": method, "inject_at": "fc" if logits else "conv2", "is_logits": logits,
-             "layer": f"l{d}", "depth": d, "median": m} for d, m in enumerate(medians)]
+             "layer": f"l{d}", "depth": d, "median": m, "sigma2_over_sigma1": ratio, "effective_rank": directions}
+            for d, m in enumerate(medians)]
 
 
 def _per_image(method, values, model="m", stage=None, **columns):
@@ -34,7 +36,7 @@ def _curve(method, medians, n=20, **columns):
 
 
 def test_each_check_rejects_on_its_own_and_reasons_are_joined():
-    csc = pd.DataFrame(_csc("gradient", [0.3, 0.5]) + _csc("lrp-zplus", [0.999, 0.995, 0.4])
+    csc = pd.DataFrame(_csc("gradient", [0.3, 0.5]) + _csc("lrp-zplus", [0.999, 0.995, 0.4], ratio=0.03, directions=1.4)
                        + _csc("deeplift", [0.999, 0.5], logits=False) + _csc("deeplift", [0.6, 0.7]))
     logit = pd.DataFrame(_per_image("gradient", _around(0.2)) + _per_image("lrp-zplus", _around(0.97))
                          + _per_image("deeplift", _around(0.9)))
@@ -48,16 +50,26 @@ def test_each_check_rejects_on_its_own_and_reasons_are_joined():
     # z+: convergence reached first at the layer nearest the logits with median >= 0.99 (depth 1, 0.995)
     assert v.loc["lrp-zplus", "collapse_layer"] == "rejected (from l1: 0.995; 0.999 at the input)"
     assert v.loc["lrp-zplus", "csc_max_median"] == 0.999
-    assert v.loc["lrp-zplus", "mechanism"] == "rank-1 chain convergence (CSC 0.999 at the input)"
+    # per rejecting check: a z+ chain at the threshold with one direction's spectrum is rank-1 for CSC and the random
+    # logit; its survival of the logit layer's randomization is also carried by the input (0.9 against the
+    # gradient's 0.2 on every image)
+    mechanisms = v.loc["lrp-zplus", "mechanism"].split(". ")
+    assert mechanisms[0] == ("csc: rank-1 chain convergence (CSC 0.999 at the input (interval from 0.999), "
+                             "sigma2/sigma1 0.030 (bound 0.072), effective rank 1.40)")
+    assert mechanisms[1].startswith("random-logit: rank-1 chain convergence (")
+    assert mechanisms[2].startswith("cascading: rank-1 chain convergence (") and \
+        " and input multiplier (Spearman of |map| with |input| 0.90, +0.70 [+0.70, +0.70]" in mechanisms[2]
     # deeplift: a convergence at a deeper injection point does not count
     assert v.loc["deeplift", "collapse_layer"] == "not rejected (max 0.700; 0.600 at the input)"
     assert v.loc["deeplift", "verdict"] == "rejected: random-logit (class-insensitive)"
-    # a linear chain below the CSC threshold, whose fully randomized map still follows the input: input multiplier
-    assert v.loc["deeplift", "mechanism"].startswith("input multiplier")
+    # not a chain of non-negative matrices, and the random-logit table holds no input-following column
+    assert v.loc["deeplift", "mechanism"] == ("random-logit: none measured (rank-1 chain convergence: not a chain of "
+                                              "non-negative matrices (outside Theorem 1); input multiplier: not "
+                                              "measured)")
     assert v.loc["deeplift", "random_logit"].startswith("rejected (0.900 [")
     assert list(v.reset_index()[display_columns(v.reset_index())].columns) == [
-        "model", "method", "collapse_layer", "random_logit", "cascading", "cascading_spearman_abs", "verdict",
-        "mechanism", "control_check"]
+        "model", "method", "collapse_layer", "random_logit", "cascading", "cascading_spearman_abs",
+        "cascading_spearman", "verdict", "mechanism", "control_check"]
 
 
 def test_an_interval_that_contains_the_threshold_is_inconclusive():
@@ -86,15 +98,23 @@ def test_cascading_reads_the_whole_curve_and_names_where_the_map_stopped_survivi
     cascade = pd.DataFrame(_curve("guided-backprop", [0.9, 0.8, 0.1], input_spearman_abs=0.7, spearman_abs=0.3)
                            + _curve("rectgrad", [0.9, 0.3, 0.1], input_spearman_abs=0.1, spearman_abs=0.1)
                            + _curve("gradient", [0.2, 0.1, 0.1], input_spearman_abs=0.2, spearman_abs=0.1))
-    csc = pd.DataFrame(_csc("guided-backprop", [1.0, 0.999]) + _csc("rectgrad", [1.0, 1.0]))
+    csc = pd.DataFrame(_csc("guided-backprop", [1.0, 0.999]) + _csc("rectgrad", [1.0, 1.0], ratio=0.01, directions=1.1))
     config = load_config(models=["m"], methods="gradient,guided-backprop,rectgrad", tests="csc,cascading")
     v = verdict_table({"cascading": cascade, "csc": csc}, config).set_index("method")
     assert v.loc["guided-backprop", "outcome_cascading"] == "rejected"
     assert "survives 2 of 3 stages, stops at s3" in v.loc["guided-backprop", "cascading"]
     assert v.loc["gradient", "outcome_cascading"] == "not rejected"
-    # a nonlinear backward pass is never rank-1, however high its CSC: its mechanism is measured elsewhere
-    assert v.loc["guided-backprop", "mechanism"].startswith("partial input recovery")
-    assert v.loc["rectgrad", "mechanism"] == "none of the three measured"
+    # a nonlinear backward pass is never rank-1, however high its CSC and however narrow its spectrum: its survival
+    # is read from what its map follows at the stage the verdict reads (the first), paired with the gradient's
+    assert v.loc["guided-backprop", "mechanism"].startswith("csc: none measured (rank-1 chain convergence: not a "
+                                                            "chain of non-negative matrices")
+    assert "cascading: partial input recovery (Spearman of |map| with |input| 0.70, +0.50" in \
+        v.loc["guided-backprop", "mechanism"]
+    assert "rank-1" not in v.loc["rectgrad", "mechanism"].replace("rank-1 chain convergence: not a chain", "")
+    assert v.loc["rectgrad", "mechanism"].endswith("cascading: none measured (rank-1 chain convergence: not a chain of "
+                                                   "non-negative matrices (outside Theorem 1); partial input recovery: "
+                                                   "Spearman of |map| with |input| 0.10, -0.10 [-0.10, -0.10] against "
+                                                   "the gradient's)")
     # the top part as two stages: rectgrad changed at the second, so it is no longer rejected by cascading
     two = load_config(models=["m"], methods="gradient,guided-backprop,rectgrad", tests="csc,cascading",
                       randomization_top=2)
@@ -124,7 +144,8 @@ def test_a_check_without_rows_says_nothing():
     assert v.loc["gradient", "verdict"] == "rejected: random-logit (class-insensitive)"
     assert v.loc["gradient", "collapse_layer"] == "n/a" and np.isnan(v.loc["gradient", "csc_max_median"])
     assert list(v.index) == ["gradient", "edge"]  # configured methods first, others after
-    assert v.loc["gradient", "mechanism"] == "none of the three measured (not run: CSC)"
+    assert v.loc["gradient", "mechanism"] == ("random-logit: none measured (rank-1 chain convergence: CSC not run; "
+                                              "follows the input: not measured)")
 
 
 def test_thresholds_come_from_the_configuration():

@@ -19,7 +19,8 @@ def test_random_logit_separates_converging_methods_from_the_gradient(trained):
     model, x, y = trained
     df = random_logit_test(model, x, y, ["gradient", "lrp-zplus", "deeplift-ablation", "edge"], seed=0,
                            progress=False)
-    assert list(df.columns) == ["method", "image", "true_class", "random_class", "ssim", "spearman", "spearman_abs"]
+    assert list(df.columns) == ["method", "image", "true_class", "random_class", "ssim", "spearman", "spearman_abs",
+                                "input_spearman_abs", "edge_spearman_abs"]
     assert (df.random_class != df.true_class).all()
     med = df.groupby("method").ssim.median()
     assert med["lrp-zplus"] > med["gradient"] and med["deeplift-ablation"] > med["gradient"]
@@ -31,22 +32,32 @@ def test_random_logit_separates_converging_methods_from_the_gradient(trained):
 
 @pytest.mark.parametrize("method", ["gradient", "lrp-epsilon"])  # maps of one sign, maps of both signs
 def test_scores_are_scipys_spearman_and_scikit_images_ssim_of_the_two_maps(trained, method):
-    """Each row from the two maps by the definitions: Spearman (scipy) of the raw heatmaps and of their
-    magnitudes, and the larger of scikit-image's SSIM (5 x 5 uniform window, data range 1) of the normalised
-    true-class map with the random-class map and with its flip 1 - map."""
+    """Each row from the two maps by the definitions: Spearman (scipy) of the signed maps (the channel sums, also
+    for the gradient, whose heatmap is max-abs) and of the heatmaps' magnitudes, and scikit-image's SSIM (5 x 5
+    uniform window, data range 1) of the normalised true-class map with the random-class map, or the larger of that
+    and the SSIM with its flip 1 - map where the two maps are not of one sign (the gradient's max-abs maps never
+    are flipped)."""
     model, x, y = trained
     df = random_logit_test(model, x, y, [method], seed=4, progress=False)
     explainer = Explainer(model, method)
-    true, rand = (heatmaps({method: explainer.attribute(x, target=torch.as_tensor(t))})[method]
-                  for t in (df.true_class.to_numpy(), df.random_class.to_numpy()))
+    raw = [explainer.attribute(x, target=torch.tensor(t)) for t in (df.true_class.to_numpy(),
+                                                                      df.random_class.to_numpy())]
+    true, rand = (heatmaps({method: r})[method] for r in raw)
+    signed_true, signed_rand = (r.sum(1) for r in raw)
     a, b = normalize_map(true).numpy(), normalize_map(rand).numpy()
+    flipped = 0
     for i, row in df.iterrows():
-        assert row.spearman == pytest.approx(spearmanr(true[i].flatten(), rand[i].flatten())[0], abs=1e-12)
+        assert row.spearman == pytest.approx(spearmanr(signed_true[i].flatten(), signed_rand[i].flatten())[0],
+                                             abs=1e-12)
         assert row.spearman_abs == pytest.approx(spearmanr(true[i].abs().flatten(), rand[i].abs().flatten())[0],
                                                  abs=1e-12)
-        reference = max(structural_similarity(a[i], b[i], win_size=5, data_range=1.0),
-                        structural_similarity(a[i], 1.0 - b[i], win_size=5, data_range=1.0))
+        one_sign = any(bool((true[i] * s >= 0).all() and (rand[i] * s >= 0).all()) for s in (1, -1))
+        plain = structural_similarity(a[i], b[i], win_size=5, data_range=1.0)
+        reference = plain if one_sign else max(plain, structural_similarity(a[i], 1.0 - b[i], win_size=5,
+                                                                            data_range=1.0))
+        flipped += not one_sign
         assert row.ssim == pytest.approx(reference, abs=1e-9)
+    assert flipped == (0 if method == "gradient" else len(df))  # max-abs maps: one sign; LRP's: both signs
     assert np.isfinite(df[["ssim", "spearman", "spearman_abs"]].to_numpy()).all()
 
 

@@ -28,7 +28,7 @@ def test_cascading_randomization(trained):
     torch.manual_seed(123)
     df = parameter_randomization(model, x, y, ["gradient", "edge", "lrp-zplus"], seed=0, progress=False)
     assert list(df.columns) == ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog",
-                                "input_spearman_abs", "share"]
+                                "input_spearman_abs", "edge_spearman_abs", "share"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     layers = [s.name for s in randomization_plan(model, trace(model, x))]
     assert layers == ["features.0", "features.3", "features.5", "features.8", "classifier.0", "classifier.2"]

@@ -25,7 +25,7 @@ def test_registered_checks_in_order_with_their_declarations():
                                                                "emprt", "smprt", "input-invariance"]
     assert {c.name: (c.verdict.score_name, c.verdict.better) for c in CHECKS.values() if c.verdict} == {
         "csc": ("CSC (median |cos| of the chain from the logits)", "lower"), "random-logit": ("SSIM", "lower"),
-        "cascading": ("SSIM", "lower"), "data-randomization": ("SSIM", "lower"),
+        "cascading": ("SSIM", "lower"), "data-randomization": ("Spearman of |map|", "lower"),
         "emprt": ("eMPRT score (entropy ratio)", "higher"),
         "smprt": ("Spearman of magnitudes (sMPRT)", "lower"), "input-invariance": ("relative L2 change", "lower")}
     assert {"n_vectors", "csc_threshold", "random_logit_threshold", "randomization_threshold", "randomization_top",

@@ -1,0 +1,85 @@
+"""The papers' tables compare like with like: the paper's measure, its value, an inconclusive cell apart from a
+differing one, and a differing cell that names what was measured to differ; on tables made by hand."""
+import numpy as np
+import pandas as pd
+
+from audit.run.config import load_config
+from reports.reproduction import ADEBAYO, SIXT, adebayo_table, sixt_table
+
+CONFIG = load_config(models=["m"], methods="gradient,guided-backprop,input-x-gradient,integrated-gradients",
+                     tests="cascading,data-randomization")
+
+
+def _stages(method, **medians):
+    """A cascading table of 20 images: the trained model (stage 0) and two stages, each measure's values narrowly
+    around the median given for it (a pair: its stage 1 and stage 2 medians)."""
+    rows = []
+    for stage in (0, 1, 2):
+        for i in range(20):
+            row = {"model": "m", "method": method, "stage": stage, "layer": f"s{stage}", "image": i}
+            for measure, (first, last) in medians.items():
+                centre = 1.0 if stage == 0 else first if stage == 1 else last
+                row[measure] = centre + 0.01 * np.linspace(-1, 1, 20)[i]
+            rows.append(row)
+    return rows
+
+
+def test_each_measure_the_paper_concluded_by_is_compared_and_inconclusive_is_never_differs():
+    cascade = pd.DataFrame(
+        _stages("guided-backprop", ssim=(0.9, 0.2), spearman_abs=(0.9, 0.3), spearman=(0.8, 0.1))
+        + _stages("input-x-gradient", ssim=(0.8, 0.4), spearman_abs=(0.9, 0.8), spearman=(0.05, 0.0))
+        + _stages("gradient", ssim=(0.9, 0.1), spearman_abs=(0.2, 0.1), spearman=(0.7, 0.1)))
+    cascade = pd.concat([cascade, pd.DataFrame(_stages("integrated-gradients", ssim=(0.5, 0.4), spearman_abs=(0.9, 0.8),
+                                                       spearman=(0.0, 0.0)))])
+    table = adebayo_table({"cascading": cascade}, ["m"], "cascading", CONFIG).set_index("method")
+    assert table.loc["guided-backprop", "m"].startswith("agrees: SSIM rejected (after s1: 0.900")
+    # measure-dependent: signed Spearman drops (not rejected), SSIM and the Spearman of |map| stay high
+    assert table.loc["input-x-gradient", "Adebayo et al. 2018"].startswith("measure-dependent")
+    cell = table.loc["input-x-gradient", "m"]
+    assert cell.startswith("agrees: signed Spearman not rejected") and "SSIM rejected" in cell
+    # an SSIM interval around the threshold leaves the cell inconclusive, not differing
+    assert table.loc["integrated-gradients", "m"].startswith("inconclusive: ")
+    assert "SSIM inconclusive (after s1: 0.500" in table.loc["integrated-gradients", "m"]
+    # the gradient survives the logit layer here: differs, and the cell says what was measured to differ
+    gradient = table.loc["gradient", "m"]
+    assert gradient.startswith("differs: SSIM rejected") and "[why: measure: Spearman of |map| gives the paper's " \
+        "outcome; model: 2 stages (Inception v3: 17 blocks), the verdict reads the first 1; explained class: the " \
+        "true label (the paper: the randomized model's prediction); BatchNorm reset" in gradient
+    # under the paper's protocol settings the protocol is no longer named
+    adebayo = load_config(models=["m"], methods="gradient", tests="cascading", target="predicted", bn="keep-stats")
+    assert "explained class" not in adebayo_table({"cascading": cascade}, ["m"], "cascading", adebayo).set_index(
+        "method").loc["gradient", "m"]
+
+
+def test_data_randomization_is_judged_by_the_rank_correlations_and_a_visual_caution_is_marked_so():
+    rows = [{"model": "m", "method": method, "image": i, "ssim": 0.36 + 0.001 * i, "spearman_abs": 0.91 + 0.001 * i,
+             "spearman": 0.01 + 0.001 * i} for method in ("integrated-gradients", "gradient") for i in range(20)]
+    table = adebayo_table({"data-randomization": pd.DataFrame(rows)}, ["m"], "data-randomization",
+                          CONFIG).set_index("method")
+    ig = table.loc["integrated-gradients"]
+    assert "not a measured claim" in ig["Adebayo et al. 2018"]
+    # SSIM 0.36 would say "changed"; the paper's rank correlations say the structure stayed and the signs changed
+    assert ig["m"].startswith("agrees: Spearman of |map| rejected (0.91") and "signed Spearman not rejected" in ig["m"]
+    assert table.loc["gradient", "m"].startswith("differs: Spearman of |map| rejected")
+
+
+def test_sixt_compares_the_csc_interval_with_the_papers_099_whatever_the_runs_threshold():
+    def row(method, median, low, high):
+        return {"model": "m", "method": method, "is_logits": True, "layer": "features.0", "depth": 0,
+                "median": median, "median_low": low, "median_high": high}
+    csc = pd.DataFrame([row("lrp-zplus", 0.999, 0.995, 1.0), row("guided-backprop", 0.98999, 0.986, 0.993),
+                        row("deconvnet", 0.95, 0.94, 0.96), row("deeplift", 0.87, 0.85, 0.89)])
+    table = sixt_table({"csc": csc}, ["m"]).set_index("method")
+    assert list(table.index) == ["lrp-zplus", "deconvnet", "guided-backprop", "deeplift"]
+    assert table.loc["lrp-zplus", "m"] == "agrees: 0.9990 [0.9950, 1.0000] at features.0"
+    assert table.loc["guided-backprop", "m"].startswith("inconclusive: 0.9900 [0.9860, 0.9930]")
+    assert table.loc["deconvnet", "m"].startswith("differs")  # the abstract counts deconvnet among the converging
+    assert "CSC >= 0.99 at the input (abstract)" in table.loc["deconvnet", "Sixt et al. 2020"]
+    assert table.loc["deeplift", "m"].startswith("agrees")
+
+
+def test_every_claim_names_where_it_stands_and_a_measure_it_rests_on():
+    claims = [c for check in ADEBAYO.values() for c in check] + SIXT
+    assert all(c.where and c.expected for c in claims)
+    assert {c.method for c in SIXT} >= {"deep-taylor", "lrp-zplus", "excitation-backprop", "patternattribution",
+                                        "deconvnet", "rectgrad", "guided-backprop", "deeplift"}

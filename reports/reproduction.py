@@ -23,6 +23,7 @@ from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, MedianScore, VerdictCell
 from audit.checks.randomization import CascadingOptions, Survival
 from audit.run.config import AuditConfig
+from audit.run.protocols import PROTOCOLS, overridden
 from audit.sections import Section, Table
 from reports.mechanisms import input_row
 
@@ -221,6 +222,20 @@ def sixt_table(tables: dict, models: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def protocol_note(config: AuditConfig, paper: str, differences: list[str]) -> str:
+    """What protocol a table's run used and how it differs from ``paper``'s (a :data:`PROTOCOLS` name)."""
+    used = PROTOCOLS[config.protocol]
+    text = f"Run under the {used.name} protocol ({used.source})"
+    if used.name == paper:
+        bent = overridden(paper, config.options)
+        text += ("; set otherwise by the run: " + ", ".join(bent)) if bent else ""
+        remaining = differences + list(used.remaining)
+    else:
+        remaining = differences
+        text += f"; --protocol {paper} follows the paper where the toolkit has an option for it"
+    return text + ("; it differs from the paper in: " + "; ".join(remaining) if remaining else "") + "."
+
+
 def _counts(table: pd.DataFrame, models: list[str]) -> str:
     cells = [str(v) for m in models if m in table for v in table[m]]
     counts = {r: sum(c.startswith(r) for c in cells) for r in ("agrees", "differs", INCONCLUSIVE)}
@@ -242,14 +257,14 @@ def reproduction_sections(verdict: pd.DataFrame, tables: dict, config: AuditConf
                                f"on the paper's side of {SIXT_THRESHOLD:g}, inconclusive when it contains it "
                                f"({_counts(sixt, models)}). A high CSC of a nonlinear backward pass (guided backprop, "
                                "deconvnet, RectGrad) is not rank-1 collapse: the verdict's mechanism reads the "
-                               "spectrum.", "reproduction_sixt"))
+                               "spectrum. " + protocol_note(config, "sixt2020", []), "reproduction_sixt"))
     for check in ("cascading", "data-randomization"):
         if check not in tables:
             continue
         table = adebayo_table(tables, models, check, config)
         if table.empty:
             continue
-        differences = protocol_differences(check, config)
+        differences = protocol_differences(check, config) if config.protocol != "adebayo2018" else []
         measure_note = ("the cascading verdict reads SSIM, the paper's ImageNet measure beside the rank correlations"
                         if check == "cascading" else "the verdict reads the Spearman of |map|: on MNIST / "
                         "Fashion-MNIST the paper compared maps by the rank correlations alone")
@@ -257,8 +272,8 @@ def reproduction_sections(verdict: pd.DataFrame, tables: dict, config: AuditConf
                                 "stands, and whether it is a measured claim) and this run's outcome under each "
                                 "measure the conclusion rests on, per model; each measure agrees, differs or is "
                                 "inconclusive, a differing cell names what was measured to differ "
-                                f"({_counts(table, models)}). {measure_note.capitalize()}. Protocol: "
-                                + ("; ".join(differences) if differences else "as the paper's") + ".",
+                                f"({_counts(table, models)}). {measure_note.capitalize()}. "
+                                + protocol_note(config, "adebayo2018", differences),
                          f"reproduction_adebayo_{check}"))
     if not out:
         return []

@@ -21,6 +21,7 @@ from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError
 from audit.inputs import resolve_methods
 from audit.run.patterns import pattern_source
+from audit.run.protocols import PROTOCOLS, protocol_options
 from audit.run.resources import parse_size
 
 DEVICES = ("cpu", "cuda")
@@ -67,6 +68,11 @@ class AuditConfig:
     n_images: int = key(32, help="images audited per model, class-balanced: the first images of each class in order "
                           "(imagefolder: a seeded draw per class)", type=int)
     seed: int = key(0, help="the run's seed", type=int)
+    protocol: str = key("toolkit", help="the checks' settings: toolkit (default), adebayo2018 (the randomized "
+                        "model's prediction explained, BatchNorm statistics kept, Gaussian re-initialisation) or "
+                        "sixt2020 (the true label, BatchNorm reset, K = 5, CSC threshold 0.99); an option given "
+                        "explicitly wins over the protocol's, and the report names the difference",
+                        choices=list(PROTOCOLS))
     device: str = key("cpu", help="where the maps are computed", choices=list(DEVICES))
     data: str = key("embedded", help='"embedded" (default), a data set name, or "imagefolder" (with --data-root)')
     data_root: str | None = key(None, help="the data's folder; for imagefolder one sub-folder per class")
@@ -111,6 +117,8 @@ class AuditConfig:
     def validated(self) -> AuditConfig:
         """A copy with list fields normalised and option defaults filled in, after checking every value."""
         out = AuditConfig(**{**asdict(self), "options": dict(self.options)})
+        if out.protocol not in PROTOCOLS:
+            raise unknown_name("protocol", str(out.protocol), list(PROTOCOLS), ConfigError)
         for name, kind in (("n_images", int), ("seed", int), ("heatmap_examples", int), ("device", str),
                            ("data", str), ("image_block", int), ("pattern_data", str), ("pattern_images", int)):
             value = getattr(out, name)
@@ -144,7 +152,8 @@ class AuditConfig:
         for key in out.options:
             if key not in known:
                 raise unknown_name("check option", key, known, ConfigError)
-        out.options = {name: option.check(out.options.get(name, option.default)) for name, option in known.items()}
+        values = protocol_options(out.protocol, out.options, {name: option.default for name, option in known.items()})
+        out.options = {name: option.check(values[name]) for name, option in known.items()}
         if out.num_classes is not None and (not isinstance(out.num_classes, int) or isinstance(out.num_classes, bool)
                                             or out.num_classes < 1):
             raise ConfigError(f"num_classes must be a positive integer, got {out.num_classes!r}")

@@ -293,7 +293,7 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
         rows.append({"method": method, "inject_at": target, "is_logits": target == graph.output, "layer": layer,
                      "depth": depth[layer], "kind": kinds.get(layer, "input"), "channels": channels,
                      **_statistics(np.concatenate(cos_parts), np.concatenate(ratios), np.concatenate(ranks),
-                                   np.concatenate(images)),
+                                   np.concatenate(images) if target == graph.output else None),
                      "baseline": random_cosine_median(min(channels, size_l))})
         rows[-1]["collapsed"] = bool(rows[-1]["median"] >= threshold)
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -362,11 +362,12 @@ def _pooled_signals(explainers: dict[str, Explainer], graph: Graph, x: torch.Ten
     return pooled
 
 
-def _statistics(cos: np.ndarray, ratio: np.ndarray, rank: np.ndarray, images: np.ndarray) -> dict[str, float]:
+def _statistics(cos: np.ndarray, ratio: np.ndarray, rank: np.ndarray, images: np.ndarray | None) -> dict[str, float]:
     """The ``|cos|`` quantiles and mean of one layer's pooled pairs, the 99 % interval of their median (a cluster
-    bootstrap over the ``images`` the values come from), and the median spectrum ratio and rank."""
+    bootstrap over the ``images`` the values come from; NaN without them: the hidden injection points, which no
+    verdict reads), and the median spectrum ratio and rank."""
     q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
-    _, low, high = cluster_median_ci(cos, images, 0.99)
+    _, low, high = cluster_median_ci(cos, images, 0.99) if images is not None else (np.nan,) * 3
     return {"median": q[2], "median_low": low, "median_high": high, "p10": q[0], "p25": q[1], "p75": q[3], "p90": q[4],
             "mean": float(cos.mean()) if cos.size else np.nan,
             "sigma2_over_sigma1": float(np.median(ratio)) if len(ratio) else np.nan,

@@ -100,20 +100,21 @@ def cluster_median_ci(values, clusters, level: float = 0.99, n_resamples: int = 
 
     A statistic pooled over the pairs and positions of a few images (CSC's median ``|cos|``) varies with the
     images, not with the pairs: resampling single values would give an interval far too narrow. The resampled
-    medians are read from per-cluster histograms over ``bins`` quantile bins of the pooled values, so the bounds
-    are bin edges: the lower bound the lower edge of its bin, the upper bound the upper edge (an interval at most
-    one bin, 1 / ``bins`` of the values, wider than exact).
+    medians are read from per-cluster histograms: ``bins`` - 2 equal bins between the 1st and 99th percentiles
+    of the values (of an even subsample) and one bin beyond each, so the bounds are bin edges, the lower bound
+    the lower edge of its bin and the upper bound the upper edge: at most one bin wider than exact, and as wide
+    as the values reach where a resampled median falls beyond the central 98 %.
 
     Parameters
     ----------
     values : array_like
         (n,) values; NaN entries are dropped.
     clusters : array_like
-        (n,) integer cluster (image) of each value.
+        (n,) non-negative integer cluster (image) of each value.
     level, n_resamples, seed
         As :func:`bootstrap_ci`.
     bins : int, default 1000
-        Quantile bins of the pooled values.
+        Histogram bins (at least 3).
 
     Returns
     -------
@@ -122,25 +123,39 @@ def cluster_median_ci(values, clusters, level: float = 0.99, n_resamples: int = 
     """
     v = np.asarray(values, dtype=float).ravel()
     g = np.asarray(clusters).ravel()
-    if v.shape != g.shape:
-        raise AuditError(f"cluster_median_ci needs one cluster per value, got {v.shape} values and {g.shape} clusters")
+    if v.shape != g.shape or (g.size and (g.min() < 0 or not np.issubdtype(g.dtype, np.integer))):
+        raise AuditError(f"cluster_median_ci needs one non-negative integer cluster per value, got {v.shape} values "
+                         f"and {g.shape} clusters of {g.dtype}")
     keep = ~np.isnan(v)
     v, g = v[keep], g[keep]
     if v.size == 0:
         return (float("nan"),) * 3
-    _, g = np.unique(g, return_inverse=True)
+    present = np.bincount(g)
+    g = (np.cumsum(present > 0) - 1)[g]  # clusters numbered 0 .. k - 1
     k = int(g.max()) + 1
-    edges = np.quantile(v, np.linspace(0, 1, bins + 1))
-    which = np.clip(np.searchsorted(edges, v, side="right") - 1, 0, bins - 1)
-    counts = np.bincount(g * bins + which, minlength=k * bins).reshape(k, bins).astype(float)
+    low, high = np.quantile(v[::max(1, v.size // (50 * bins))], [0.01, 0.99])
+    if high > low:
+        inner = np.linspace(low, high, bins - 1)
+        edges = np.concatenate([[min(v.min(), low)], inner, [max(v.max(), high)]])
+        which = np.clip(np.floor((v - low) / (high - low) * (bins - 2)).astype(np.int64) + 1, 0, bins - 1)
+        which[v < low] = 0
+        which[v >= high] = bins - 1
+    else:  # most values equal: three bins, below, at and above that value
+        bins, edges = 3, np.array([v.min(), low, np.nextafter(low, np.inf), max(v.max(), np.nextafter(low, np.inf))])
+        which = np.where(v < low, 0, np.where(v > low, 2, 1))
+    cumulative = np.cumsum(np.bincount(g * bins + which, minlength=k * bins).reshape(k, bins), axis=1).astype(float)
     rng = np.random.default_rng(seed)
-    draws = rng.integers(0, k, size=(n_resamples, k))
     weights = np.zeros((n_resamples, k))
-    np.add.at(weights, (np.arange(n_resamples)[:, None], draws), 1.0)
-    cumulative = np.cumsum(weights @ counts, axis=1)
-    # the bin holding each resample's median: the first whose cumulative count reaches half the total
-    middle = (cumulative >= cumulative[:, -1:] / 2).argmax(axis=1)
+    np.add.at(weights, (np.arange(n_resamples)[:, None], rng.integers(0, k, size=(n_resamples, k))), 1.0)
+    half = weights @ cumulative[:, -1] / 2
+    # each resample's median bin, the first whose cumulative count reaches half its total: a bisection over the
+    # bins, one (resamples x clusters) product per step
+    first, last = np.zeros(n_resamples, dtype=np.int64), np.full(n_resamples, bins - 1)
+    while (first < last).any():
+        middle = (first + last) // 2
+        reached = np.einsum("rk,kr->r", weights, cumulative[:, middle]) >= half
+        last, first = np.where(reached, middle, last), np.where(reached, first, middle + 1)
     alpha = (1 - level) / 2
-    low_bin, high_bin = np.quantile(middle, [alpha, 1 - alpha], method="lower"), \
-        np.quantile(middle, [alpha, 1 - alpha], method="higher")
-    return float(np.median(v)), float(edges[int(low_bin[0])]), float(edges[int(high_bin[1]) + 1])
+    low_bin = int(np.quantile(first, alpha, method="lower"))
+    high_bin = int(np.quantile(first, 1 - alpha, method="higher"))
+    return float(np.median(v)), float(edges[low_bin]), float(edges[high_bin + 1])

@@ -68,6 +68,6 @@ def test_the_cluster_interval_covers_the_pooled_median_at_about_its_level():
 
 
 def test_the_cluster_interval_refuses_mismatched_clusters_and_is_nan_without_values():
-    with pytest.raises(AuditError, match="one cluster per value"):
+    with pytest.raises(AuditError, match="one non-negative integer cluster per value"):
         cluster_median_ci([0.1, 0.2], [0])
     assert all(np.isnan(cluster_median_ci([np.nan], [0])))

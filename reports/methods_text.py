@@ -149,7 +149,12 @@ def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
                 f"resamples) {_cite(['efron1993'])}. SSIM {_cite(['wang2004'])} is computed on maps normalised to [0, 1] by "
                 "the toolkit's batched port of scikit-image's structural_similarity "
                 f"{_cite(['vanderwalt2014'])}, with a uniform 5 x 5 window and data range 1, equal to it in the "
-                "toolkit's tests"
+                "toolkit's tests; it takes the larger of the SSIM with the second map and with its sign flip only "
+                "where the two maps are not of one sign. The signed Spearman correlation is computed on the signed "
+                "maps (channel sums), also for the methods whose heatmap is the largest magnitude over channels. "
+                "The 99 % interval of CSC's pooled median is a cluster bootstrap over images"
+                + (f". The checks' settings follow the {config['protocol']} protocol where the toolkit has an option "
+                   "for them" if config.get("protocol", "toolkit") != "toolkit" else "")
                 + (f"; baselines and their Bort twins are compared per image with the paired Wilcoxon signed-rank "
                    f"test {_cite(['wilcoxon1945'])}." if bort else ".")))
     versions = manifest.get("versions", {})

@@ -477,22 +477,28 @@ class Collapse(VerdictRule):
             return VerdictCell(float("nan"), "n/a", None)
         threshold = getattr(options, self.threshold)
         median = logits["median"].to_numpy(float)
-        low, high = ((logits.median_low.to_numpy(float), logits.median_high.to_numpy(float))
-                     if "median_low" in logits and logits.median_low.notna().all() else (median, median))
-        top, at_input = float(median.max()), float(median[-1])
+        measured = "median_low" in logits and "median_high" in logits
+        low = logits.median_low.to_numpy(float) if measured else median
+        high = logits.median_high.to_numpy(float) if measured else median
+        # a layer without an interval (none measured, or a table written before intervals) is read by its median
+        low, high = np.where(np.isnan(low), median, low), np.where(np.isnan(high), median, high)
+        defined = ~np.isnan(low) & ~np.isnan(high)
+        if not defined.any():
+            return VerdictCell(float("nan"), "n/a", None)
+        top, at_input = float(np.nanmax(median)), float(median[-1])
 
         def where(i: int) -> str:
-            interval = f" [{low[i]:.3f}, {high[i]:.3f}]" if low is not median else ""
+            interval = f" [{low[i]:.3f}, {high[i]:.3f}]" if low[i] != high[i] else ""
             return f"{logits.layer.iloc[i]}: {median[i]:.3f}{interval}"
 
         tail = f"; {at_input:.3f} at the input"
-        hit = np.flatnonzero(low >= threshold)
+        hit = np.flatnonzero(defined & (low >= threshold))
         if hit.size:
             return VerdictCell(top, f"{REJECTED} (from {where(int(hit[0]))}{tail})", REJECTED)
-        if (high < threshold).all():
+        unsure = np.flatnonzero(defined & (high >= threshold))
+        if not unsure.size:
             return VerdictCell(top, f"{NOT_REJECTED} (max {top:.3f}{tail})", NOT_REJECTED)
-        unsure = int(np.flatnonzero(high >= threshold)[0])
-        return VerdictCell(top, f"{INCONCLUSIVE} (at {where(unsure)}{tail})", INCONCLUSIVE)
+        return VerdictCell(top, f"{INCONCLUSIVE} (at {where(int(unsure[0]))}{tail})", INCONCLUSIVE)
 
     def rule_text(self, options: Options) -> str:
         return (f"rejected (chain converges) when the 99 % interval of the median |cos| of the chain injected at the "

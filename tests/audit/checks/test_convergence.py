@@ -1,5 +1,6 @@
 """Cosine-similarity convergence: the exact baseline, the rank-1 theory, replication on real models."""
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -172,3 +173,20 @@ def test_the_signal_plan_chunks_images_then_splits_layers_under_a_budget():
         assert signal_plan(4, 100, recorded, 8) == (1, [{"c"}, {"a", "b"}])
     with memory.limit(1):  # each layer alone
         assert signal_plan(4, 100, recorded, 8) == (1, [{"c"}, {"b"}, {"a"}])
+
+
+def test_the_collapse_verdict_reads_each_layers_interval_and_passes_over_layers_without_one():
+    from audit.checks.convergence import Collapse, ConvergenceOptions
+
+    def chain(*layers):  # (median, low, high) from the input (depth 0) up
+        return pd.DataFrame([{"is_logits": True, "layer": f"l{d}", "depth": d, "median": m, "median_low": lo,
+                              "median_high": hi} for d, (m, lo, hi) in enumerate(layers)])
+    options, rule = ConvergenceOptions(), Collapse()
+    nan = float("nan")
+    assert rule.evaluate(chain((0.995, 0.991, 0.998), (0.5, 0.4, 0.6)), options).outcome == "rejected"
+    unsure = rule.evaluate(chain((0.990, 0.986, 0.993), (nan, nan, nan), (0.5, 0.4, 0.6)), options)
+    assert unsure.outcome == "inconclusive" and unsure.text == "inconclusive (at l0: 0.990 [0.986, 0.993]; 0.990 at " \
+                                                               "the input)"
+    # a layer no signal reached (attention scores under a held gate) has no median: passed over
+    assert rule.evaluate(chain((0.9, 0.85, 0.95), (nan, nan, nan)), options).outcome == "not rejected"
+    assert rule.evaluate(chain((nan, nan, nan)), options).outcome is None

@@ -143,9 +143,19 @@ def protocol_differences(check: str, config: AuditConfig) -> list[str]:
     return out
 
 
-def _reason(check: str, part: pd.DataFrame, claim: Claim, config: AuditConfig) -> str:
-    """What was measured to differ: other measures that give the paper's outcome, the stage the map stopped
-    surviving at (cascading), and the protocol settings that differ from the paper's."""
+def architecture(tables: dict, model: str) -> str:
+    """The model's architecture as the run's models table names it ("" where it has none)."""
+    models = tables.get("models")
+    if models is None or models.empty or "arch" not in models:
+        return ""
+    rows = models[models.model == model]
+    return str(rows.arch.iloc[0]) if not rows.empty else ""
+
+
+def _reason(check: str, part: pd.DataFrame, claim: Claim, config: AuditConfig, arch: str) -> str:
+    """What was measured to differ: other measures that give the paper's outcome, the model (its stages against
+    Inception v3's blocks under cascading, its architecture against the paper's MNIST models), and the protocol
+    settings that differ from the paper's."""
     reasons = []
     wanted = set(claim.expected.values())
     others = [m for m in MEASURES if m in part and m not in claim.expected]
@@ -157,6 +167,8 @@ def _reason(check: str, part: pd.DataFrame, claim: Claim, config: AuditConfig) -
         stages = int(part.stage.max()) if "stage" in part else 0
         top = CascadingOptions.parse(config.options).randomization_top
         reasons.append(f"model: {stages} stages (Inception v3: 17 blocks), the verdict reads the first {top}")
+    elif arch and arch not in ("cnn", "mlp"):  # the paper's own kinds of model are no difference
+        reasons.append(f"model: {arch} (the paper: a CNN and an MLP on MNIST / Fashion-MNIST)")
     reasons += protocol_differences(check, config)
     return "; ".join(reasons)
 
@@ -186,7 +198,7 @@ def adebayo_table(tables: dict, models: list[str], check: str, config: AuditConf
                 results[measure] = compare(cell.outcome, expected)
                 texts.append(f"{MEASURES[measure]} {_short(cell)}, {results[measure]}")
             verdict = overall(list(results.values()))
-            reason = _reason(check, part, claim, config) if verdict == "differs" else ""
+            reason = _reason(check, part, claim, config, architecture(tables, model)) if verdict == "differs" else ""
             row[model] = f"{verdict}: " + "; ".join(texts) + (f" [why: {reason}]" if reason else "")
         rows.append(row)
     return pd.DataFrame(rows)
@@ -205,8 +217,22 @@ def csc_outcome(row: pd.Series | None) -> tuple[str | None, str]:
     return outcome, f"{median:.4f} [{low:.4f}, {high:.4f}] at {row['layer']}"
 
 
+def sixt_reason(csc: pd.DataFrame, model: str, method: str, arch: str) -> str:
+    """What was measured where a CSC cell differs from Sixt et al.: where along the chain from the logits the
+    median comes nearest 0.99 (a chain can converge above the input and spread again below), and the model."""
+    chain = csc[(csc.model == model) & (csc.method == method) & csc.is_logits.astype(bool)].dropna(subset=["median"])
+    reasons = []
+    if not chain.empty:
+        best = chain.loc[chain["median"].idxmax()]
+        reasons.append(f"chain: its highest median {best['median']:.4f} at {best['layer']} (depth {int(best['depth'])})")
+    if arch:
+        reasons.append(f"model: {arch} (the paper: VGG-16 and ResNet-50 on ImageNet)")
+    return "; ".join(reasons)
+
+
 def sixt_table(tables: dict, models: list[str]) -> pd.DataFrame:
-    """Sixt et al.'s conclusion per method beside this run's CSC at the input per model, against the paper's 0.99."""
+    """Sixt et al.'s conclusion per method beside this run's CSC at the input per model, against the paper's 0.99;
+    a differing cell names what was measured (:func:`sixt_reason`)."""
     csc = tables.get("csc")
     rows = []
     for claim in SIXT:
@@ -217,7 +243,9 @@ def sixt_table(tables: dict, models: list[str]) -> pd.DataFrame:
                f"{'>=' if expected == REJECTED else '<'} {SIXT_THRESHOLD:g} at the input ({claim.where})"}
         for model in models:
             outcome, text = csc_outcome(input_row(csc, model, claim.method))
-            row[model] = text if outcome is None else f"{compare(outcome, expected)}: {text}"
+            result = compare(outcome, expected) if outcome is not None else ""
+            reason = sixt_reason(csc, model, claim.method, architecture(tables, model)) if result == "differs" else ""
+            row[model] = text if not result else f"{result}: {text}" + (f" [why: {reason}]" if reason else "")
         rows.append(row)
     return pd.DataFrame(rows)
 

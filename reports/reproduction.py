@@ -29,7 +29,6 @@ from reports.mechanisms import input_row
 
 MEASURES = {"ssim": "SSIM", "spearman_abs": "Spearman of |map|", "spearman": "signed Spearman"}
 SIXT_THRESHOLD = 0.99  # Sixt et al.'s working threshold for a converged chain (section 3.1): the paper's, not the run's
-ADEBAYO_PROTOCOL = {"target": "predicted", "bn": "keep-stats"}  # the randomized model's prediction; BN kept
 
 
 @dataclass(frozen=True)
@@ -134,11 +133,11 @@ def protocol_differences(check: str, config: AuditConfig) -> list[str]:
     true label on both models, as they did)."""
     if check != "cascading":
         return []
-    options = CascadingOptions.parse(config.options)
+    options, paper = CascadingOptions.parse(config.options), PROTOCOLS["adebayo2018"].settings
     out = []
-    if options.target != ADEBAYO_PROTOCOL["target"]:
+    if options.target != paper["target"]:
         out.append("explained class: the true label (the paper: the randomized model's prediction)")
-    if options.bn != ADEBAYO_PROTOCOL["bn"]:
+    if options.bn != paper["bn"]:
         out.append("BatchNorm reset at a randomized stage (the paper: statistics kept)")
     return out
 
@@ -223,7 +222,7 @@ def sixt_reason(csc: pd.DataFrame, model: str, method: str, arch: str) -> str:
     chain = csc[(csc.model == model) & (csc.method == method) & csc.is_logits.astype(bool)].dropna(subset=["median"])
     reasons = []
     if not chain.empty:
-        best = chain.loc[chain["median"].idxmax()]
+        best = chain.sort_values("median").iloc[-1]
         reasons.append(f"chain: its highest median {best['median']:.4f} at {best['layer']} (depth {int(best['depth'])})")
     if arch:
         reasons.append(f"model: {arch} (the paper: VGG-16 and ResNet-50 on ImageNet)")

@@ -34,8 +34,9 @@ import numpy as np
 import pandas as pd
 
 from attributions.methods import build_method
-from audit.checks.convergence import ConvergenceOptions, rank_one_ratio
+from audit.checks.convergence import ConvergenceOptions, input_row, median_interval, rank_one_ratio
 from audit.checks.randomization import CascadingOptions
+from audit.measures.heatmaps import FOLLOWED
 from audit.measures.statistics import bootstrap_ci
 from audit.run.config import AuditConfig
 
@@ -56,25 +57,15 @@ MECHANISMS = ("rank-1 chain convergence (Sixt et al. 2020, Theorem 1: a chain of
               "top layers' randomization, never the survival of label permutation; 'none measured' is an answer.")
 
 
-def input_row(csc: pd.DataFrame | None, model: str, method: str) -> pd.Series | None:
-    """The CSC row at the input of the chain injected at the logits (the recorded layer nearest the input), or
-    None where CSC has no row."""
-    if csc is None or csc.empty:
-        return None
-    part = csc[(csc.model == model) & (csc.method == method) & csc.is_logits.astype(bool)]
-    return part.sort_values("depth").iloc[0] if not part.empty else None
-
-
 def rank_one(csc: pd.DataFrame | None, model: str, method: str, threshold: float) -> tuple[bool | None, str]:
     """Whether the chain converges to rank 1 (see the module's text), and the evidence; None where CSC was not
     run."""
-    row = input_row(csc, model, method)
-    if row is None:
+    rows = input_row(csc, model, method)
+    if rows.empty:
         return None, "CSC not run"
     if not build_method(method).nonnegative_chain:
         return False, "not a chain of non-negative matrices (outside Theorem 1)"
-    low = float(row.get("median_low", np.nan))
-    low = float(row["median"]) if low != low else low  # a table written before the intervals were measured
+    row, low = rows.iloc[0], float(median_interval(rows)[1][0])
     ratio, directions = float(row.get("sigma2_over_sigma1", np.nan)), float(row.get("effective_rank", np.nan))
     if ratio != ratio or directions != directions:
         return None, f"CSC {row['median']:.3f} at the input; its spectrum not measured"
@@ -82,9 +73,6 @@ def rank_one(csc: pd.DataFrame | None, model: str, method: str, threshold: float
     holds = low >= threshold and ratio <= bound and directions < EFFECTIVE_DIRECTIONS
     return holds, (f"CSC {row['median']:.3f} at the input (interval from {low:.3f}), sigma2/sigma1 {ratio:.3f} "
                    f"(bound {bound:.3f}), effective rank {directions:.2f}")
-
-
-FOLLOWED = {"input_spearman_abs": "|input|", "edge_spearman_abs": "the input's edges"}
 
 
 def follows_input(table: pd.DataFrame | None, model: str, method: str,

@@ -16,16 +16,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, MedianScore, VerdictCell
+from audit.checks.convergence import input_row, median_interval
 from audit.checks.randomization import CascadingOptions, Survival
 from audit.run.config import AuditConfig
 from audit.run.protocols import PROTOCOLS, overridden
 from audit.sections import Section, Table
-from reports.mechanisms import input_row
 
 MEASURES = {"ssim": "SSIM", "spearman_abs": "Spearman of |map|", "spearman": "signed Spearman"}
 SIXT_THRESHOLD = 0.99  # Sixt et al.'s working threshold for a converged chain (section 3.1): the paper's, not the run's
@@ -203,17 +202,14 @@ def adebayo_table(tables: dict, models: list[str], check: str, config: AuditConf
     return pd.DataFrame(rows)
 
 
-def csc_outcome(row: pd.Series | None) -> tuple[str | None, str]:
-    """This run's CSC at the input against Sixt et al.'s 0.99: its outcome (the whole 99 % interval at or above:
-    converges; below: not; else inconclusive) and its text."""
-    if row is None:
+def csc_outcome(rows: pd.DataFrame) -> tuple[str | None, str]:
+    """This run's CSC at the input (:func:`~audit.checks.convergence.input_row`) against Sixt et al.'s 0.99: its
+    outcome (the whole 99 % interval at or above: converges; below: not; else inconclusive) and its text."""
+    if rows.empty:
         return None, "n/a"
-    median = float(row["median"])
-    low, high = float(row.get("median_low", np.nan)), float(row.get("median_high", np.nan))
-    if low != low or high != high:  # a table written before the intervals were measured
-        low = high = median
+    median, low, high = (float(v[0]) for v in median_interval(rows))
     outcome = REJECTED if low >= SIXT_THRESHOLD else NOT_REJECTED if high < SIXT_THRESHOLD else INCONCLUSIVE
-    return outcome, f"{median:.4f} [{low:.4f}, {high:.4f}] at {row['layer']}"
+    return outcome, f"{median:.4f} [{low:.4f}, {high:.4f}] at {rows.layer.iloc[0]}"
 
 
 def sixt_reason(csc: pd.DataFrame, model: str, method: str, arch: str) -> str:
@@ -275,8 +271,8 @@ def reproduction_sections(verdict: pd.DataFrame, tables: dict, config: AuditConf
     out = []
     sixt = sixt_table(tables, models)
     if not sixt.empty:
-        layers = sorted({str(r.layer) for m in models for claim in SIXT
-                         if (r := input_row(tables.get("csc"), m, claim.method)) is not None})
+        layers = sorted({str(layer) for m in models for claim in SIXT
+                         for layer in input_row(tables.get("csc"), m, claim.method).layer})
         out.append(Table(sixt, "Sixt et al. (2020), CSC at the input: the paper's conclusion (VGG-16 and ResNet-50 on "
                                "ImageNet, read at conv1_1; from the abstract or, where marked, the body) and this "
                                "run's median |cos| at the input with its 99 % interval over images, read at "

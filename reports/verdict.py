@@ -127,14 +127,6 @@ def summary_line(verdict: pd.DataFrame) -> str:
     return line + ("; controls as expected" if len(controls) else "")
 
 
-def csc_at_input(table: pd.DataFrame | None, model: str, method: str) -> float:
-    """The median ``|cos|`` at the input of the chain injected at the logits (NaN where CSC has no row)."""
-    if table is None or table.empty:
-        return float("nan")
-    part = table[(table.model == model) & (table.method == method) & table.is_logits.astype(bool)]
-    return float(part.sort_values("depth")["median"].iloc[0]) if not part.empty else float("nan")
-
-
 def display_columns(verdict: pd.DataFrame) -> list[str]:
     """The verdict table's columns a reader sees: model, method, each rule's text (side rules beside their
     check's), the verdict, the mechanism and the controls' check."""

@@ -101,16 +101,20 @@ def rank_one_ratio(threshold: float) -> float:
     return float(optimize.brentq(lambda rho: close(rho) - 0.5, 1e-6, 1.0, xtol=1e-10))
 
 
-def pairwise_abs_cos(signal: torch.Tensor, k: int | None = None, channel_axis: int = 1,
-                     images: bool = False) -> Any:
+def pairwise_abs_cos(signal: torch.Tensor, k: int | None = None, channel_axis: int = 1) -> np.ndarray:
     """``|cos|`` of all k(k-1)/2 pairs of channel vectors, pooled over images and positions.
 
     signal : (K, B, C, *spatial), (K, B, tokens, D) with ``channel_axis=-1`` (a token's vector plays a
     pixel's part), or (K, B, D) for dense layers; the first ``k`` (default all K) vectors are compared.
     ``channel_axis`` counts in the node's own value (B, ...). Zero vectors are dropped. Returned
-    pair-major: (pairs, B, positions) flattened, in float64; with ``images``, a pair (values, the image of each
-    value, 0 to B - 1), for intervals that resample images.
+    pair-major: (pairs, B, positions) flattened, in float64.
     """
+    return pairwise_abs_cos_by_image(signal, k, channel_axis)[0]
+
+
+def pairwise_abs_cos_by_image(signal: torch.Tensor, k: int | None = None,
+                              channel_axis: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`pairwise_abs_cos` and the image of each value (0 to B - 1), for intervals that resample images."""
     k = signal.shape[0] if k is None else k
     s = signal[:k].detach().cpu()
     if s.ndim == 3:
@@ -126,9 +130,7 @@ def pairwise_abs_cos(signal: torch.Tensor, k: int | None = None, channel_axis: i
     i, j = torch.triu_indices(k, k, offset=1)
     cos = (gram[..., i, j] / (sq[..., i] * sq[..., j]).sqrt().clamp_min(1e-300)).abs().permute(2, 0, 1)
     keep = ((sq[..., i] > 0) & (sq[..., j] > 0)).permute(2, 0, 1)
-    if images:
-        return cos[keep].numpy(), torch.arange(keep.shape[1]).reshape(1, -1, 1).expand_as(keep)[keep].numpy()
-    return cos[keep].numpy()
+    return cos[keep].numpy(), torch.arange(keep.shape[1]).reshape(1, -1, 1).expand_as(keep)[keep].numpy()
 
 
 def image_spectra(signal: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -424,7 +426,7 @@ def _pool(pooled: dict[tuple[str, str, str], list[Any]], method: str, target: st
         if channels == 1 and signal.ndim > 3:
             continue  # one channel: |cos| is trivially 1
         entry = pooled.setdefault((method, target, layer), [channels, [], [], [], []])
-        cos, images = pairwise_abs_cos(signal, n_vectors, axis, images=True)
+        cos, images = pairwise_abs_cos_by_image(signal, n_vectors, axis)
         entry[1].append(cos)
         entry[4].append(images + offset)
         ratio, rank = image_spectra(signal)
@@ -445,13 +447,31 @@ def _product_rows(method: str, ex: Explainer, graph: Graph, x: torch.Tensor, y: 
     rows = []
     for node, operator in zip(reversed(nodes), reversed(operators)):
         r = (r[:, :, None, :] @ operator).squeeze(2)  # (K, B, T)
-        cos, images = pairwise_abs_cos(r, n_vectors, images=True)
+        cos, images = pairwise_abs_cos_by_image(r, n_vectors)
         ratio, rank = image_spectra(r)
         measured = _statistics(cos, ratio, rank, images)
         rows.append({"method": method, "inject_at": graph.output, "is_logits": True, "layer": node, "depth": depth[node],
                      "kind": graph.by_name[node].kind, "channels": tokens, **measured,
                      "baseline": random_cosine_median(tokens), "collapsed": bool(measured["median"] >= threshold)})
     return rows
+
+
+def median_interval(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(median, low, high) of CSC rows, each (len(rows),): a row without an interval (a hidden injection point,
+    a table written before intervals were measured) has its median as both bounds."""
+    median = rows["median"].to_numpy(float)
+    bounds = [rows[c].to_numpy(float) if c in rows else median for c in ("median_low", "median_high")]
+    low, high = (np.where(np.isnan(b), median, b) for b in bounds)
+    return median, low, high
+
+
+def input_row(csc: pd.DataFrame | None, model: str, method: str) -> pd.DataFrame:
+    """The CSC row (one, or none) at the input of the chain injected at the logits: the recorded layer nearest
+    the input."""
+    if csc is None or csc.empty:
+        return pd.DataFrame()
+    part = csc[(csc.model == model) & (csc.method == method) & csc.is_logits.astype(bool)]
+    return part.sort_values("depth").iloc[:1]
 
 
 @dataclass(frozen=True)
@@ -476,12 +496,7 @@ class Collapse(VerdictRule):
         if logits.empty:
             return VerdictCell(float("nan"), "n/a", None)
         threshold = getattr(options, self.threshold)
-        median = logits["median"].to_numpy(float)
-        measured = "median_low" in logits and "median_high" in logits
-        low = logits.median_low.to_numpy(float) if measured else median
-        high = logits.median_high.to_numpy(float) if measured else median
-        # a layer without an interval (none measured, or a table written before intervals) is read by its median
-        low, high = np.where(np.isnan(low), median, low), np.where(np.isnan(high), median, high)
+        median, low, high = median_interval(logits)
         defined = ~np.isnan(low) & ~np.isnan(high)
         if not defined.any():
             return VerdictCell(float("nan"), "n/a", None)

@@ -81,8 +81,8 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
             maps[m].append(v)
         for m, v in signed_heatmaps(raw, reduction).items():
             signed[m].append(v)
-    # how far the twin's map follows the input's own magnitude (max |.| over channels): what a map that survives
-    # label permutation may be carried by (the mechanism the verdict names)
+    # how far the twin's map follows the input's magnitude and edges: what a map that survives label permutation
+    # may be carried by (the mechanism the verdict names)
     structure = input_structure(x)
     rows = []
     for m in names:

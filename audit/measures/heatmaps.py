@@ -61,20 +61,23 @@ def signed_heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None
             if reduction.get(m, build_method(m).heatmap) != "sum"}
 
 
+# what a map may follow without the model: the result column of its Spearman correlation with each, and its name
+FOLLOWED = {"input_spearman_abs": "|input|", "edge_spearman_abs": "the input's edges"}
+
+
 def input_structure(x: torch.Tensor) -> dict[str, np.ndarray]:
-    """What a map may follow without the model, as rank vectors: the input's magnitude (max ``|.|`` over
-    channels) and its edges (the Sobel magnitude, max over channels: the edge control's heatmap), keyed by the
-    result column that holds a map's Spearman correlation with each -> {column: (B, H * W)}
-    (:func:`follows`)."""
+    """What a map may follow without the model (:data:`FOLLOWED`), as rank vectors: the input's magnitude (max
+    ``|.|`` over channels) and its edges (the Sobel magnitude, max over channels: the edge control's heatmap) ->
+    {column: (B, H * W)} (:func:`follows`)."""
     x = x.detach().double().cpu()
-    return {"input_spearman_abs": unit_ranks(x.abs().amax(1)), "edge_spearman_abs": unit_ranks(sobel_magnitude(x).amax(1))}
+    magnitude, edges = x.abs().amax(1), sobel_magnitude(x).amax(1)
+    return dict(zip(FOLLOWED, (unit_ranks(magnitude), unit_ranks(edges))))
 
 
-def follows(maps: ComparableMaps, structure: dict[str, np.ndarray], start: int = 0,
-            stop: int | None = None) -> dict[str, np.ndarray]:
-    """The Spearman correlations of the magnitudes of ``maps[start:stop]`` (any multiple of the images, sets
-    stacked) with each of the input's :func:`input_structure` -> {column: (M,)}."""
-    ranks = maps.abs_ranks[start:stop]
+def follows(maps: ComparableMaps, structure: dict[str, np.ndarray], start: int = 0) -> dict[str, np.ndarray]:
+    """The Spearman correlations of the magnitudes of ``maps[start:]`` (any multiple of the images, sets stacked)
+    with each of the input's :func:`input_structure` -> {column: (M,)}."""
+    ranks = maps.abs_ranks[start:]
     return {column: correlation(reference, ranks) for column, reference in structure.items()}
 
 

@@ -37,8 +37,8 @@ PROTOCOLS = {p.name: p for p in (
     # Inception v3's convolutions). Section 5 explains the true label on the model and its twin.
     Protocol("adebayo2018", "Adebayo et al. (2018)", {"target": "predicted", "bn": "keep-stats", "init": "gaussian",
                                                       "data_target": "true"},
-             ("SSIM on maps clipped at their 0.5 / 99.5 percentiles with a 5 x 5 uniform window (the paper: maps "
-              "normalised by its visualisation, scikit-image's default window)",
+             ("SSIM on maps clipped at their 0.5 / 99.5 percentiles with a 5 x 5 uniform window (the paper states "
+              "neither its SSIM normalisation nor its window)",
               "HOG compared by the Spearman correlation of the descriptors (the paper: Pearson)",
               "the models and data: the paper's Inception v3 on ImageNet and CNN / MLP on MNIST")),
     # Sixt et al. 2020, section 3.1: five Gaussian vectors, a collapse at median |cos| 0.99; the random logit and

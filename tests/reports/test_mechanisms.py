@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from audit import chain_convergence, embedded_sample, load_checkpoint, random_logit_test
-from audit.checks.convergence import image_spectra, pairwise_abs_cos, rank_one_ratio
+from audit.checks.convergence import image_spectra, pairwise_abs_cos, pairwise_abs_cos_by_image, rank_one_ratio
 from audit.measures.statistics import cluster_median_ci
 from audit.run.config import load_config
 from reports.mechanisms import check_mechanism, follows_input, rank_one
@@ -14,7 +14,7 @@ from reports.mechanisms import check_mechanism, follows_input, rank_one
 
 def _csc_row(method: str, signal: torch.Tensor) -> pd.DataFrame:
     """One CSC row at the input from signals (K, B, C, H, W), through the check's own measures."""
-    cos, images = pairwise_abs_cos(signal, images=True)
+    cos, images = pairwise_abs_cos_by_image(signal)
     _, low, high = cluster_median_ci(cos, images)
     ratio, directions = image_spectra(signal)
     return pd.DataFrame([{"model": "m", "method": method, "is_logits": True, "layer": "l0", "depth": 0,

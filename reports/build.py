@@ -24,7 +24,7 @@ from audit.run.results import AuditResult, example_maps, load_results
 from audit.sections import ReportContext, Section, Table
 from reports import html, latex, markdown, methods_text
 from reports.figures import bort_figure, save, score_figure, verdict_matrix
-from reports.mechanisms import MECHANISMS
+from reports.mechanisms import MECHANISMS, evidence_table
 from reports.references import bibtex
 from reports.reproduction import reproduction_sections
 from reports.verdict import (
@@ -86,8 +86,13 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
                   "Controls (the edge detector, the random map) are not counted; each must have the outcome its check "
                   "names, else the check is broken." + (" BROKEN: " + "; ".join(broken) + "." if broken else "")
                   + " Mechanism, for a rejected method: " + MECHANISMS)
+    evidence = evidence_table(verdict, tables, config)
     sections = [Section("Verdict", thresholds, tables=[Table(verdict[display_columns(verdict)],
-                                                             "Verdict per model and method.", "verdict")],
+                                                             "Verdict per model and method.", "verdict")]
+                        + ([Table(evidence, "The measurements behind the mechanism column: for each rejected method "
+                                            "and each check that rejected it, every mechanism that could explain it, "
+                                            "whether it holds, and what was measured.", "mechanisms")]
+                           if not evidence.empty else []),
                         figures=_across_models(verdict, score))]
     sections[:0] = reproduction_sections(verdict, tables, config)
     context = ReportContext(config, run, partial(example_maps, run))

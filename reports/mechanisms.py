@@ -124,25 +124,47 @@ def _top_stage(config: AuditConfig) -> Callable[[pd.DataFrame], pd.DataFrame]:
     return select
 
 
-def check_mechanism(check: str, model: str, method: str, tables: dict, config: AuditConfig) -> str:
-    """The mechanisms the measurements support for ``method``'s rejection by ``check``: their names with their
-    evidence, or "none measured" with what was measured."""
+def candidates(check: str, model: str, method: str, tables: dict,
+               config: AuditConfig) -> list[tuple[str, bool | None, str]]:
+    """The mechanisms that could explain ``method``'s rejection by ``check``, each measured: (name, whether it
+    holds (None: not measured), the evidence)."""
     threshold = ConvergenceOptions.parse(config.options).csc_threshold
-    candidates: list[tuple[str, bool | None, str]] = []
+    out: list[tuple[str, bool | None, str]] = []
     if check in ("csc", "random-logit", "cascading"):
-        holds, text = rank_one(tables.get("csc"), model, method, threshold)
-        candidates.append((RANK_ONE, holds, text))
+        out.append((RANK_ONE, *rank_one(tables.get("csc"), model, method, threshold)))
     where = {"random-logit": lambda rows: rows, "cascading": _top_stage(config), "data-randomization": lambda rows: rows}
     if check in where:
-        holds, text = follows_input(tables.get(check), model, method, where[check])
-        candidates.append((_input_mechanism(method), holds, text))
-    found = [f"{name} ({text})" for name, holds, text in candidates if holds]
-    if found:
-        return " and ".join(found)
-    measured = "; ".join(f"{name}: {text}" for name, _, text in candidates)
-    return "none measured" + (f" ({measured})" if measured else "")
+        out.append((_input_mechanism(method), *follows_input(tables.get(check), model, method, where[check])))
+    return out
+
+
+def check_mechanism(check: str, model: str, method: str, tables: dict, config: AuditConfig) -> str:
+    """The names of the mechanisms the measurements support for ``method``'s rejection by ``check``, or "none
+    measured" (:func:`evidence_table` holds the measurements)."""
+    found = [name for name, holds, _ in candidates(check, model, method, tables, config) if holds]
+    return " and ".join(found) if found else "none measured"
 
 
 def mechanism(model: str, method: str, rejecting: list[str], tables: dict, config: AuditConfig) -> str:
     """The mechanism text of a rejected method: for each rejecting check, :func:`check_mechanism`."""
     return ". ".join(f"{check}: {check_mechanism(check, model, method, tables, config)}" for check in rejecting)
+
+
+def evidence_table(verdict: pd.DataFrame, tables: dict, config: AuditConfig) -> pd.DataFrame:
+    """The measurements behind the verdict's mechanism column: one row per rejected method x rejecting check x
+    candidate mechanism (model, method, check, mechanism, result: holds / does not hold / not measured, evidence).
+
+    ``verdict``: :func:`reports.verdict.verdict_table`'s rows; a check rejected a row where its ``outcome_<check>``
+    column says so."""
+    rows = []
+    outcomes = [c for c in verdict.columns if c.startswith("outcome_")]
+    for _, row in verdict[verdict.role == "method"].iterrows():
+        for column in outcomes:
+            if row[column] != "rejected":
+                continue
+            check = column.removeprefix("outcome_")
+            for name, holds, text in candidates(check, row.model, row.method, tables, config):
+                rows.append({"model": row.model, "method": row.method, "check": check, "mechanism": name,
+                             "result": "not measured" if holds is None else "holds" if holds else "does not hold",
+                             "evidence": text})
+    return pd.DataFrame(rows, columns=["model", "method", "check", "mechanism", "result", "evidence"])

@@ -79,10 +79,10 @@ def test_an_input_multiplier_follows_the_input_more_than_the_gradient_and_the_ra
     assert follows_input(logit, "m", "random", lambda rows: rows)[0] is False
     assert follows_input(logit, "m", "gradient", lambda rows: rows)[0] is None  # the reference itself
     config = load_config(models=["m"], methods="gradient,input-x-gradient,lrp-zplus", tests="csc,random-logit")
-    assert check_mechanism("random-logit", "m", "input-x-gradient", measured, config).startswith("input multiplier (")
+    assert check_mechanism("random-logit", "m", "input-x-gradient", measured, config) == "input multiplier"
     # z+ on the random logit: both hold; surviving label permutation is never put down to chain convergence
     both = check_mechanism("random-logit", "m", "lrp-zplus", measured, config)
-    assert both.startswith("rank-1 chain convergence (") and " and input multiplier (" in both
+    assert both == "rank-1 chain convergence and input multiplier"
     twin = measured["random-logit"].assign()  # the same columns as the data-randomization table's
     permuted = check_mechanism("data-randomization", "m", "lrp-zplus", measured | {"data-randomization": twin}, config)
-    assert "rank-1" not in permuted and permuted.startswith("input multiplier (")
+    assert permuted == "input multiplier"

@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 
 from audit.run.config import load_config
+from reports.mechanisms import evidence_table
 from reports.verdict import bort_comparison, broken_checks, display_columns, summary_line, twins, verdict_table
 
 CONFIG = load_config(models=["m"], methods="gradient,lrp-zplus,deeplift",
@@ -52,20 +53,25 @@ def test_each_check_rejects_on_its_own_and_reasons_are_joined():
     assert v.loc["lrp-zplus", "csc_max_median"] == 0.999
     # per rejecting check: a z+ chain at the threshold with one direction's spectrum is rank-1 for CSC and the random
     # logit; its survival of the logit layer's randomization is also carried by the input (0.9 against the
-    # gradient's 0.2 on every image)
-    mechanisms = v.loc["lrp-zplus", "mechanism"].split(". ")
-    assert mechanisms[0] == ("csc: rank-1 chain convergence (CSC 0.999 at the input (interval from 0.999), "
-                             "sigma2/sigma1 0.030 (bound 0.072), effective rank 1.40)")
-    assert mechanisms[1].startswith("random-logit: rank-1 chain convergence (")
-    assert mechanisms[2].startswith("cascading: rank-1 chain convergence (") and \
-        " and input multiplier (Spearman of |map| with |input| 0.90, +0.70 [+0.70, +0.70]" in mechanisms[2]
+    # gradient's 0.2 on every image); the measurements stand in the evidence table
+    assert v.loc["lrp-zplus", "mechanism"] == ("csc: rank-1 chain convergence. random-logit: rank-1 chain convergence. "
+                                               "cascading: rank-1 chain convergence and input multiplier")
+    evidence = evidence_table(v.reset_index(), {"csc": csc, "random-logit": logit, "cascading": cascade},
+                              CONFIG).set_index(["method", "check", "mechanism"])
+    assert evidence.loc[("lrp-zplus", "csc", "rank-1 chain convergence"), "evidence"] == (
+        "CSC 0.999 at the input (interval from 0.999), sigma2/sigma1 0.030 (bound 0.072), effective rank 1.40")
+    assert evidence.loc[("lrp-zplus", "cascading", "input multiplier"), "evidence"].startswith(
+        "Spearman of |map| with |input| 0.90, +0.70 [+0.70, +0.70]")
+    assert evidence.loc[("lrp-zplus", "cascading", "input multiplier"), "result"] == "holds"
     # deeplift: a convergence at a deeper injection point does not count
     assert v.loc["deeplift", "collapse_layer"] == "not rejected (max 0.700; 0.600 at the input)"
     assert v.loc["deeplift", "verdict"] == "rejected: random-logit (class-insensitive)"
     # not a chain of non-negative matrices, and the random-logit table holds no input-following column
-    assert v.loc["deeplift", "mechanism"] == ("random-logit: none measured (rank-1 chain convergence: not a chain of "
-                                              "non-negative matrices (outside Theorem 1); input multiplier: not "
-                                              "measured)")
+    assert v.loc["deeplift", "mechanism"] == "random-logit: none measured"
+    assert evidence.loc[("deeplift", "random-logit", "rank-1 chain convergence"), "evidence"] == (
+        "not a chain of non-negative matrices (outside Theorem 1)")
+    assert evidence.loc[("deeplift", "random-logit", "input multiplier"), ["result", "evidence"]].tolist() == [
+        "not measured", "not measured"]
     assert v.loc["deeplift", "random_logit"].startswith("rejected (0.900 [")
     assert list(v.reset_index()[display_columns(v.reset_index())].columns) == [
         "model", "method", "collapse_layer", "random_logit", "cascading", "cascading_spearman_abs",
@@ -106,15 +112,17 @@ def test_cascading_reads_the_whole_curve_and_names_where_the_map_stopped_survivi
     assert v.loc["gradient", "outcome_cascading"] == "not rejected"
     # a nonlinear backward pass is never rank-1, however high its CSC and however narrow its spectrum: its survival
     # is read from what its map follows at the stage the verdict reads (the first), paired with the gradient's
-    assert v.loc["guided-backprop", "mechanism"].startswith("csc: none measured (rank-1 chain convergence: not a "
-                                                            "chain of non-negative matrices")
-    assert "cascading: partial input recovery (Spearman of |map| with |input| 0.70, +0.50" in \
-        v.loc["guided-backprop", "mechanism"]
-    assert "rank-1" not in v.loc["rectgrad", "mechanism"].replace("rank-1 chain convergence: not a chain", "")
-    assert v.loc["rectgrad", "mechanism"].endswith("cascading: none measured (rank-1 chain convergence: not a chain of "
-                                                   "non-negative matrices (outside Theorem 1); partial input recovery: "
-                                                   "Spearman of |map| with |input| 0.10, -0.10 [-0.10, -0.10] against "
-                                                   "the gradient's)")
+    assert v.loc["guided-backprop", "mechanism"] == "csc: none measured. cascading: partial input recovery"
+    assert v.loc["rectgrad", "mechanism"] == "csc: none measured. cascading: none measured"
+    evidence = evidence_table(v.reset_index(), {"cascading": cascade, "csc": csc}, config).set_index(
+        ["method", "check", "mechanism"])
+    assert evidence.loc[("guided-backprop", "csc", "rank-1 chain convergence"), "evidence"].startswith(
+        "not a chain of non-negative matrices")
+    assert evidence.loc[("guided-backprop", "cascading", "partial input recovery"), "evidence"].startswith(
+        "Spearman of |map| with |input| 0.70, +0.50")
+    assert evidence.loc[("rectgrad", "cascading", "partial input recovery"), ["result", "evidence"]].tolist() == [
+        "does not hold", "Spearman of |map| with |input| 0.10, -0.10 [-0.10, -0.10] against the gradient's"]
+    assert evidence.loc[("rectgrad", "csc", "rank-1 chain convergence"), "result"] == "does not hold"
     # the top part as two stages: rectgrad changed at the second, so it is no longer rejected by cascading
     two = load_config(models=["m"], methods="gradient,guided-backprop,rectgrad", tests="csc,cascading",
                       randomization_top=2)
@@ -144,8 +152,11 @@ def test_a_check_without_rows_says_nothing():
     assert v.loc["gradient", "verdict"] == "rejected: random-logit (class-insensitive)"
     assert v.loc["gradient", "collapse_layer"] == "n/a" and np.isnan(v.loc["gradient", "csc_max_median"])
     assert list(v.index) == ["gradient", "edge"]  # configured methods first, others after
-    assert v.loc["gradient", "mechanism"] == ("random-logit: none measured (rank-1 chain convergence: CSC not run; "
-                                              "follows the input: not measured)")
+    assert v.loc["gradient", "mechanism"] == "random-logit: none measured"
+    evidence = evidence_table(v.reset_index(), {"random-logit": logit}, CONFIG)
+    assert evidence[evidence.method == "gradient"][["mechanism", "result", "evidence"]].values.tolist() == [
+        ["rank-1 chain convergence", "not measured", "CSC not run"], ["follows the input", "not measured",
+                                                                      "not measured"]]
 
 
 def test_thresholds_come_from_the_configuration():

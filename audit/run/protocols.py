@@ -44,8 +44,8 @@ PROTOCOLS = {p.name: p for p in (
     # Sixt et al. 2020, section 3.1: five Gaussian vectors, a collapse at median |cos| 0.99; the random logit and
     # cascading randomization with the true label and BatchNorm reset.
     Protocol("sixt2020", "Sixt et al. (2020)", {"n_vectors": 5, "csc_threshold": 0.99, "target": "true", "bn": "reset"},
-             ("the models and data: the paper's VGG-16 and ResNet-50 on ImageNet (CSC is read at the first recorded "
-              "layer's output, the place of the paper's conv1_1)",)),
+             ("the models and data: the paper's VGG-16 and ResNet-50 on ImageNet",
+              "CSC at the input read at the recorded layer nearest the input (the paper: conv1_1)")),
 )}
 
 

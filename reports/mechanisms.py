@@ -7,8 +7,9 @@ alone:
   signal, non-negative matrices at its weighted layers: :attr:`attributions.Method.nonnegative_chain`), its CSC
   at the input reaches the threshold (the whole 99 % interval), and its spectrum is that of one direction:
   sigma2 / sigma1 at most the bound a chain reaching the threshold by convergence meets
-  (:func:`~audit.checks.convergence.rank_one_ratio`, 0.072 for 0.99) and fewer than two effective directions. A
-  high CSC of sparse signals (one channel alive at a position) fails the spectrum test;
+  (:func:`~audit.checks.convergence.rank_one_ratio`, 0.072 for 0.99; the effective rank is shown beside it, not
+  read against a threshold of its own, since none is derived for it). A high CSC of sparse signals (one channel
+  alive at a position) fails the spectrum test;
 * **partial input recovery** (Nie, Zhang & Patel 2018): a ReLU or threshold on the backward signal, and the map
   follows the input more than the gradient's map does on the same model and images;
 * **input multiplier** (Adebayo et al. 2018; Kindermans et al. 2019): the map is the input times a factor (input
@@ -42,12 +43,11 @@ from audit.run.config import AuditConfig
 
 RANK_ONE, RECOVERY, MULTIPLIER = "rank-1 chain convergence", "partial input recovery", "input multiplier"
 REFERENCE = "gradient"  # the paired reference of "follows the input"
-EFFECTIVE_DIRECTIONS = 2.0  # a converged chain has fewer effective directions than two
 
 MECHANISMS = ("rank-1 chain convergence (Sixt et al. 2020, Theorem 1: a chain of non-negative matrices, linear in "
               "the signal, whose CSC interval at the input reaches the threshold and whose spectrum is one "
-              "direction: sigma2/sigma1 at most the bound of a chain that reaches the threshold by convergence, and "
-              "fewer than two effective directions); partial input recovery (Nie, Zhang & Patel 2018: a ReLU or "
+              "direction: sigma2/sigma1 at most the bound of a chain that reaches the threshold by convergence; the "
+              "effective rank is shown beside it); partial input recovery (Nie, Zhang & Patel 2018: a ReLU or "
               "threshold on the backward signal, and the map follows the input more than the gradient's map on the "
               "same model and images: the 99 % interval of the median paired difference of their Spearman "
               "correlations of |map| with |input| or with the input's edges lies above 0); input multiplier "
@@ -70,7 +70,7 @@ def rank_one(csc: pd.DataFrame | None, model: str, method: str, threshold: float
     if ratio != ratio or directions != directions:
         return None, f"CSC {row['median']:.3f} at the input; its spectrum not measured"
     bound = rank_one_ratio(threshold)
-    holds = low >= threshold and ratio <= bound and directions < EFFECTIVE_DIRECTIONS
+    holds = low >= threshold and ratio <= bound
     return holds, (f"CSC {row['median']:.3f} at the input (interval from {low:.3f}), sigma2/sigma1 {ratio:.3f} "
                    f"(bound {bound:.3f}), effective rank {directions:.2f}")
 

@@ -21,6 +21,7 @@ import pandas as pd
 from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, MedianScore, VerdictCell
 from audit.checks.convergence import input_row, median_interval
+from audit.checks.data_randomization import DataRandomizationOptions
 from audit.checks.randomization import CascadingOptions, Survival
 from audit.run.config import AuditConfig
 from audit.run.protocols import PROTOCOLS, overridden
@@ -127,13 +128,19 @@ def _short(cell: VerdictCell) -> str:
 
 
 def protocol_differences(check: str, config: AuditConfig) -> list[str]:
-    """How this run's protocol differs from Adebayo et al.'s for ``check``: under cascading randomization they
-    explained the randomized model's prediction and kept the BatchNorm statistics (data randomization explains the
-    true label on both models, as they did)."""
-    if check != "cascading":
-        return []
-    options, paper = CascadingOptions.parse(config.options), PROTOCOLS["adebayo2018"].settings
+    """How this run's protocol differs from Adebayo et al.'s for ``check``: their SSIM and HOG
+    (:mod:`audit.measures.measure_sets`); under cascading randomization they explained the randomized model's
+    prediction and kept the BatchNorm statistics (data randomization explains the true label on both models, as
+    they did)."""
+    paper = PROTOCOLS["adebayo2018"].settings
+    options = (CascadingOptions if check == "cascading" else DataRandomizationOptions).parse(config.options)
     out = []
+    if options.measures != paper["measures"]:
+        out.append("SSIM of the maps clipped at their 0.5 / 99.5 percentiles in [0, 1], flip-invariant, and HOG "
+                   "by Pearson (the paper: signed maps in [-1, 1], data range 2, no flip; HOG by Spearman in its "
+                   "code)")
+    if not isinstance(options, CascadingOptions):
+        return out
     if options.target != paper["target"]:
         out.append("explained class: the true label (the paper: the randomized model's prediction)")
     if options.bn != paper["bn"]:

@@ -25,11 +25,12 @@ from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import prepare
 from audit.checks.randomization import heatmap_pages
-from audit.checks.stage_options import TARGETS, heatmap_scale
+from audit.checks.stage_options import TARGETS, heatmap_scale, measures_option
 from audit.data.preprocess import preprocess_from
 from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, follows, heatmaps, input_structure, signed_heatmaps
+from audit.measures.measure_sets import MeasureSet
 from audit.models.twins import same_architecture
 from audit.panels import score_boxes
 from audit.sections import Figure, ReportContext, Section, Table
@@ -44,7 +45,8 @@ COLUMNS = ["method", "image", "ssim", "spearman", "spearman_abs", "hog", "input_
 
 def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, methods: Methods = "all", *, target: str = "true",
                        seed: int = 0, reduction: Reduction | None = None, progress: bool = True,
-                       keep_maps: int = 0) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+                       keep_maps: int = 0, measures: str | MeasureSet = "toolkit"
+                       ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Similarity of each method's maps on ``model`` and on its permuted-label ``twin``.
 
     Parameters
@@ -56,6 +58,8 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     seed : the random control's draw (the twin's is the next seed: a fresh draw)
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
     keep_maps : how many images' heatmaps to keep, for the report's grid
+    measures : how SSIM and HOG compare the maps: a :class:`~audit.measures.measure_sets.MeasureSet` or its name
+        (``toolkit``, ``adebayo2018``)
 
     Returns
     -------
@@ -87,8 +91,8 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     rows = []
     for m in names:
         own, twin_signed = (signed[m][0], signed[m][1]) if signed[m] else (None, None)
-        other = ComparableMaps(maps[m][1], twin_signed)
-        scores = ReferenceMaps(maps[m][0], signed=own).compare(other)
+        other = ComparableMaps(maps[m][1], twin_signed, measures)
+        scores = ReferenceMaps(maps[m][0], signed=own, measures=measures).compare(other)
         scores |= follows(other, structure)
         rows += [{"method": m, "image": i, **{k: float(v[i]) for k, v in scores.items()}} for i in range(len(x))]
     kept = {m: torch.stack([v[:keep_maps] for v in maps[m]]).numpy() for m in names}
@@ -105,6 +109,7 @@ class DataRandomizationOptions(Options):
                                                  valid=lambda v: 0 < v <= 1, rule="in (0, 1]")
     data_target: str = option("true", "explained class of the data-randomization test: the true label on both models "
                               "(Adebayo et al.) or each model's prediction", choices=TARGETS)
+    measures: str = measures_option()
     heatmap_scale: str = heatmap_scale()
 
 
@@ -113,7 +118,7 @@ def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, option
     if unit.twin is None:  # the runner skips a model without a twin before it gets here
         raise AuditError("the data-randomization test needs the model's permuted-label twin")
     df, maps = data_randomization(model, unit.twin, x, y, [method], target=options.data_target, seed=unit.seed,
-                                  progress=unit.progress, keep_maps=unit.heatmap_examples)
+                                  progress=unit.progress, keep_maps=unit.heatmap_examples, measures=options.measures)
     return UnitResult(df, maps[method] if unit.heatmap_examples else None)
 
 

@@ -40,12 +40,13 @@ from audit.checks.coverage import record as coverage_record
 from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import model_errors, prepare
 from audit.checks.reinit import BN_POLICIES, INITS, reinitialise, reinitialise_part, reset_batchnorm
-from audit.checks.stage_options import GRID_SCALES, ORDERS, StageOptions, StageSettings, stage_settings
+from audit.checks.stage_options import GRID_SCALES, ORDERS, StageOptions, StageSettings, measures_option, stage_settings
 from audit.checks.stages import Stage, randomization_plan
 from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, follows, heatmaps, input_structure, signed_heatmaps
+from audit.measures.measure_sets import MeasureSet
 from audit.measures.statistics import bootstrap_ci, summarize
 from audit.models.copying import copy_model
 from audit.panels import family_panels, method_legend, threshold_line
@@ -81,18 +82,19 @@ def randomization_stages(model: nn.Module, stages: StageSettings, *, plan: list[
 
 def parameter_randomization(model: nn.Module, x: Images, y: Labels, methods: Methods = "all", *,
                             stages: StageSettings | None = None, reduction: Reduction | None = None,
-                            progress: bool = True, **settings: Any) -> pd.DataFrame:
+                            progress: bool = True, measures: str | MeasureSet = "toolkit",
+                            **settings: Any) -> pd.DataFrame:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps.
 
     Parameters and returns as :func:`randomization_with_maps`, without the maps.
     """
     return randomization_with_maps(model, x, y, methods, stages=stage_settings(stages, settings),
-                                   reduction=reduction, progress=progress)[0]
+                                   reduction=reduction, progress=progress, measures=measures)[0]
 
 
 def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Methods = "all", *,
                             stages: StageSettings | None = None, reduction: Reduction | None = None,
-                            progress: bool = True, keep_maps: int = 0,
+                            progress: bool = True, keep_maps: int = 0, measures: str | MeasureSet = "toolkit",
                             **settings: Any) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps,
     and the raw heatmaps of the first ``keep_maps`` images at every stage.
@@ -106,6 +108,8 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
         seed; default cascading); or any of its fields as keywords (``order="independent", bn="keep-stats"``)
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
     keep_maps : how many images' raw heatmaps to keep at every stage
+    measures : how SSIM and HOG compare the maps: a :class:`~audit.measures.measure_sets.MeasureSet` or its name
+        (``toolkit``, ``adebayo2018``)
 
     Returns
     -------
@@ -127,7 +131,8 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     for batch in stage_batches(stage_maps(model, x, y, methods, stages, reduction=reduction, progress=progress,
                                           name="parameter_randomization")):
         stacked = {m: ComparableMaps(torch.cat([s.maps[m] for s in batch]),
-                                     torch.cat([s.signed[m] for s in batch]) if m in batch[0].signed else None)
+                                     torch.cat([s.signed[m] for s in batch]) if m in batch[0].signed else None,
+                                     measures)
                    for m in batch[0].maps}
         if not reference:  # stage 0 (the trained model's maps) leads the first batch: prepared with it
             reference = {m: ReferenceMaps(v, n=n) for m, v in stacked.items()}
@@ -563,7 +568,15 @@ def _percentile_scale(values: np.ndarray) -> float:
 
 
 @dataclass(frozen=True)
-class CascadingOptions(StageOptions):
+class MeasuredStageOptions(StageOptions):
+    """The keys of the randomization checks that compare maps by Adebayo et al.'s measures (cascading,
+    independent, bottom-up): the stage keys and the measure set."""
+
+    measures: str = measures_option()
+
+
+@dataclass(frozen=True)
+class CascadingOptions(MeasuredStageOptions):
     """The cascading check's keys: the stage keys, and how its verdict reads the curve."""
 
     randomization_threshold: float = option(0.5, "similarity to the trained map at or above which a map survives a "
@@ -574,10 +587,11 @@ class CascadingOptions(StageOptions):
                                     rule=">= 1")
 
 
-def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: StageOptions, unit: UnitContext,
+def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: MeasuredStageOptions, unit: UnitContext,
          *, order: str) -> UnitResult:
     df, maps = randomization_with_maps(model, x, y, [method], stages=options.stages(order, unit.seed),
-                                       progress=unit.progress, keep_maps=unit.heatmap_examples)
+                                       progress=unit.progress, keep_maps=unit.heatmap_examples,
+                                       measures=options.measures)
     return UnitResult(df, maps[method] if unit.heatmap_examples else None)
 
 
@@ -620,7 +634,7 @@ def _checks() -> list[Check]:
                                  f"randomization {df[df.stage == df.stage.max()].ssim.median():.3f}"),
             verdict=verdict if cascading else None, side_rules=(magnitudes, signed) if cascading else (),
             controls={"edge": "rejected", "random": "not rejected"} if cascading else {},
-            options=CascadingOptions if cascading else StageOptions,
+            options=CascadingOptions if cascading else MeasuredStageOptions,
             description=f"layers or blocks re-initialised {order} in forward order; maps compared with the trained "
                         "model's",
             coverage=functools.partial(coverage_record, order=order)))

@@ -15,6 +15,7 @@ from audit.checks.options import Options, option
 from audit.checks.reinit import BN_POLICIES, INITS
 from audit.checks.stages import GRANULARITIES
 from audit.inputs import check_option
+from audit.measures.measure_sets import MEASURE_SETS
 
 ORDERS = ("cascading", "independent", "bottom-up")
 TARGETS = ("true", "predicted")
@@ -49,6 +50,15 @@ class StageSettings:
         check_option("re-initialisation", self.init, INITS)
         check_option("granularity", self.granularity, GRANULARITIES)
         check_option("target", self.target, TARGETS)
+
+
+def measures_option() -> Any:
+    """The key of every check that compares maps by Adebayo et al.'s four measures (one declaration, a field of
+    each such class)."""
+    return option("toolkit", "how SSIM and HOG compare two maps: toolkit (clipped maps in [0, 1], flip-invariant "
+                  "SSIM, HOG by Pearson) or adebayo2018 (signed maps in [-1, 1], SSIM data range 2 without flip, HOG "
+                  "by Spearman, as the paper's authors computed them); the rank correlations are the same in both",
+                  choices=tuple(MEASURE_SETS))
 
 
 def heatmap_scale() -> Any:

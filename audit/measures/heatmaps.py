@@ -9,8 +9,9 @@ import torch
 from attributions.controls import sobel_magnitude
 from attributions.methods import build_method
 from audit.errors import AuditError
+from audit.measures.measure_sets import MeasureSet, measure_set
 from audit.measures.similarity import (
-    WINDOW,
+    by_largest_magnitude,
     correlation,
     hog_features,
     local_means,
@@ -21,6 +22,7 @@ from audit.measures.similarity import (
     sign_flip_allowed,
     ssim,
     undefined_where,
+    unit_centred,
     unit_ranks,
 )
 
@@ -89,9 +91,13 @@ class ComparableMaps:
     its ranks and the percentiles its normalisation clips at.
 
     ``signed``: (N, H, W) signed channel sums of maps whose heatmap ``raw`` dropped the sign (a max-abs
-    reduction, :func:`signed_heatmaps`): the signed ranks are theirs, the magnitudes' ranks ``raw``'s."""
+    reduction, :func:`signed_heatmaps`): the signed ranks are theirs, the magnitudes' ranks ``raw``'s.
+    ``measures``: the :class:`~audit.measures.measure_sets.MeasureSet` (or its name) that says which maps SSIM and
+    HOG read (``normalized``)."""
 
-    def __init__(self, raw: torch.Tensor, signed: torch.Tensor | None = None):
+    def __init__(self, raw: torch.Tensor, signed: torch.Tensor | None = None,
+                 measures: str | MeasureSet = "toolkit"):
+        self.measures = measure_set(measures)
         self.bad, self.raw = screen(raw)
         flat = self.raw.reshape(len(raw), -1).double()
         values = flat.numpy()
@@ -101,22 +107,29 @@ class ComparableMaps:
         self.signs = map_signs(values)
         # maps without negative values (the max-abs reduction's) are their own magnitudes
         self.abs_ranks = self.ranks if (self.signs == 1).all() else unit_ranks(np.abs(values))
-        if signed is not None:
-            self.ranks = unit_ranks(screen(signed)[1])
-        self.normalized = normalized_from_sorted(flat, torch.from_numpy(ordered)).reshape(self.raw.shape)
+        signed_maps = None if signed is None else screen(signed)[1]
+        if signed_maps is not None:
+            self.ranks = unit_ranks(signed_maps)
+        if self.measures.ssim_maps == "signed-max":
+            self.normalized = by_largest_magnitude(self.raw if signed_maps is None else signed_maps)
+        else:
+            self.normalized = normalized_from_sorted(flat, torch.from_numpy(ordered)).reshape(self.raw.shape)
 
     @functools.cached_property
-    def hog_ranks(self) -> np.ndarray:
-        """(N, F) unit-length centred ranks of the normalised maps' HOG descriptors, computed when first read (a
-        quarter of the measures' time, which a comparison without HOG does not pay)."""
-        return unit_ranks(hog_features(self.normalized))
+    def hog_units(self) -> np.ndarray:
+        """(N, F) the normalised maps' HOG descriptors, centred and of unit length (their dot products are Pearson
+        correlations) or their centred unit ranks (Spearman), as the measure set says; computed when first read
+        (a quarter of the measures' time, which a comparison without HOG does not pay)."""
+        features = hog_features(self.normalized)
+        return unit_ranks(features) if self.measures.hog_correlation == "spearman" else unit_centred(features)
 
     def __len__(self) -> int:
         return len(self.raw)
 
     def _take_head(self, source: ComparableMaps, n: int) -> None:
         """The first ``n`` maps' measures of ``source`` as this object's (views; nothing recomputed)."""
-        for name in ("bad", "raw", "signs", "ranks", "abs_ranks", "normalized", "hog_ranks"):
+        self.measures = source.measures
+        for name in ("bad", "raw", "signs", "ranks", "abs_ranks", "normalized", "hog_units"):
             setattr(self, name, getattr(source, name)[:n])
 
 
@@ -129,13 +142,14 @@ class ReferenceMaps(ComparableMaps):
     raw : Tensor or ComparableMaps
         (N, H, W) raw heatmaps, or a :class:`ComparableMaps` whose first ``n`` maps are the reference
         (their measures are taken as views, nothing recomputed).
-    win_size : int, default WINDOW
-        The side of SSIM's uniform window (odd, at most the map side), used by :meth:`compare`.
     n : int, optional
         How many leading maps of a :class:`ComparableMaps` are the reference; default all of them.
         Ignored for raw heatmaps.
     signed : Tensor, optional
         (N, H, W) signed channel sums of raw heatmaps that dropped the sign (:class:`ComparableMaps`).
+    measures : str or MeasureSet, default "toolkit"
+        How SSIM and HOG compare the maps (:mod:`audit.measures.measure_sets`); a :class:`ComparableMaps` given
+        as ``raw`` brings its own.
 
     Attributes
     ----------
@@ -148,35 +162,39 @@ class ReferenceMaps(ComparableMaps):
     ranks, abs_ranks : numpy.ndarray
         (N, H * W) unit-length centred ranks of the signed maps and of their magnitudes.
     normalized : Tensor
-        (N, H, W) the maps clipped at their 0.5 / 99.5 percentiles and scaled to [0, 1].
-    hog_ranks : numpy.ndarray
-        (N, F) unit-length centred ranks of the normalised maps' HOG descriptors.
-    win_size : int
+        (N, H, W) the maps SSIM and HOG read: clipped at their 0.5 / 99.5 percentiles and scaled to [0, 1], or
+        (the ``signed-max`` measure set) the signed maps divided by their largest magnitude.
+    hog_units : numpy.ndarray
+        (N, F) the normalised maps' HOG descriptors, centred and of unit length, or their centred unit ranks.
+    measures : MeasureSet
         As given.
     means : Tensor
         (2, N, H - w + 1, W - w + 1) float64, SSIM's local means of the normalised maps and of their
         squares (:func:`~audit.measures.similarity.local_means`), computed once.
     """
 
-    def __init__(self, raw: torch.Tensor | ComparableMaps, win_size: int = WINDOW, n: int | None = None,
-                 signed: torch.Tensor | None = None):
+    def __init__(self, raw: torch.Tensor | ComparableMaps, n: int | None = None,
+                 signed: torch.Tensor | None = None, measures: str | MeasureSet = "toolkit"):
         if isinstance(raw, ComparableMaps):
             self._take_head(raw, len(raw) if n is None else n)
         else:
-            super().__init__(raw, signed)
-        self.win_size = win_size
-        self.means = local_means(self.normalized, win_size)  # SSIM's local means of the reference, filtered once
+            super().__init__(raw, signed, measures)
+        # SSIM's local means of the reference, filtered once
+        self.means = local_means(self.normalized, self.measures.window)
 
     def compare(self, other: torch.Tensor | ComparableMaps) -> dict[str, np.ndarray]:
-        """Flip-invariant SSIM of the normalised maps (the flip only for pairs not of one sign:
+        """SSIM of the normalised maps (flip-invariant, where the measure set says so, for pairs not of one sign:
         :func:`~audit.measures.similarity.sign_flip_allowed`), Spearman of the signed maps and of their
-        magnitudes, and Spearman of the normalised maps' HOG descriptors; each (M,), NaN where either map
-        is :func:`~audit.measures.similarity.degenerate`.
+        magnitudes, and the correlation (Pearson or Spearman, as the measure set says) of the normalised maps' HOG
+        descriptors; each (M,), NaN where either map is :func:`~audit.measures.similarity.degenerate`.
 
-        ``other``: raw heatmaps (M, H, W), or their :class:`ComparableMaps`; M may be any multiple
-        of N (several sets stacked, each compared with the reference).
+        ``other``: raw heatmaps (M, H, W), or their :class:`ComparableMaps` prepared with the same measure set; M
+        may be any multiple of N (several sets stacked, each compared with the reference).
         """
-        other = other if isinstance(other, ComparableMaps) else ComparableMaps(other)
+        other = other if isinstance(other, ComparableMaps) else ComparableMaps(other, measures=self.measures)
+        if other.measures != self.measures:
+            raise AuditError(f"maps prepared for the {other.measures.name!r} measures cannot be compared with a "
+                             f"reference prepared for {self.measures.name!r}")
         times = len(other) // len(self)
         if times * len(self) != len(other):
             raise AuditError(f"{len(other)} maps cannot be compared with {len(self)} reference maps: the number must "
@@ -184,10 +202,11 @@ class ReferenceMaps(ComparableMaps):
         bad = other.bad | np.tile(self.bad, times)
         reference, means = ((self.normalized.repeat(times, 1, 1), self.means.repeat(1, times, 1, 1)) if times > 1
                             else (self.normalized, self.means))
-        flips = sign_flip_allowed(np.tile(self.signs, times), other.signs)
+        flips = (sign_flip_allowed(np.tile(self.signs, times), other.signs) if self.measures.flip_invariant
+                 else False)
         return undefined_where(bad, {
-            "ssim": ssim(reference, other.normalized, win_size=self.win_size, data_range=1.0, flip_invariant=flips,
-                         a_means=means).numpy(),
+            "ssim": ssim(reference, other.normalized, win_size=self.measures.window,
+                         data_range=self.measures.data_range, flip_invariant=flips, a_means=means).numpy(),
             "spearman": correlation(self.ranks, other.ranks), "spearman_abs": correlation(self.abs_ranks,
                                                                                           other.abs_ranks),
-            "hog": correlation(self.hog_ranks, other.hog_ranks)})
+            "hog": correlation(self.hog_units, other.hog_units)})

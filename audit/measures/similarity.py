@@ -100,6 +100,14 @@ def normalize_map(maps: torch.Tensor, low: float = 0.5, high: float = 99.5) -> t
     return normalized_from_sorted(flat, flat.sort(1).values, low, high).reshape(maps.shape).to(maps.dtype)
 
 
+def by_largest_magnitude(maps: torch.Tensor) -> torch.Tensor:
+    """Each (H, W) map of (N, H, W) divided by its largest magnitude -> values in [-1, 1], float64 (a map of
+    zeros stays zeros): the [-1, 1] scaling of Adebayo et al.'s (2018) SSIM."""
+    x = maps.double()
+    top = x.abs().amax(dim=tuple(range(1, x.ndim)), keepdim=True)
+    return torch.where(top > 0, x / torch.where(top > 0, top, 1.0), torch.zeros_like(x))
+
+
 def normalized_from_sorted(flat: torch.Tensor, ordered: torch.Tensor, low: float = 0.5, high: float = 99.5) -> torch.Tensor:
     """:func:`normalize_map` of rows (N, P) whose sorted values ``ordered`` (N, P) are at hand."""
     # torch.quantile's interpolation, on values already sorted (they come with the ranks)
@@ -315,10 +323,20 @@ def unit_ranks(values, order: np.ndarray | None = None, ordered: np.ndarray | No
     return _ranked(flat, order, unit=True, ordered=ordered)
 
 
+def unit_centred(values) -> np.ndarray:
+    """Each flattened row of (N, ...) values centred and scaled to unit length -> (N, P) float64; NaN rows for
+    constant rows and rows holding NaN. The Pearson correlation of two rows is the dot product of theirs."""
+    flat = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
+    centred = flat - flat.mean(1, keepdims=True)
+    norm = np.sqrt(np.einsum("ij,ij->i", centred, centred))[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((norm > 0) & np.isfinite(norm), centred / norm, np.nan)
+
+
 def correlation(ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
-    """Row-wise dot products of two (N, P) :func:`unit_ranks` -> (N,) Spearman correlations (NaN where
-    either row was constant). ``ra`` may have one row for every ``len(rb) // len(ra)`` rows of ``rb``
-    (a reference set against several stacked sets)."""
+    """Row-wise dot products of two (N, P) :func:`unit_ranks` (Spearman) or :func:`unit_centred` (Pearson)
+    -> (N,) correlations (NaN where either row was constant). ``ra`` may have one row for every
+    ``len(rb) // len(ra)`` rows of ``rb`` (a reference set against several stacked sets)."""
     if len(rb) != len(ra):
         ra = np.tile(ra, (len(rb) // len(ra), 1))
     return np.einsum("ij,ij->i", ra, rb)
@@ -404,7 +422,8 @@ def hog_features(maps: torch.Tensor, orientations: int = 9) -> np.ndarray:
 
 
 def hog_similarity(a, b) -> np.ndarray:
-    """Spearman correlation of the HOG descriptors of each pair of maps -> (N,).
+    """Pearson correlation of the HOG descriptors of each pair of maps -> (N,), Adebayo et al.'s (2018)
+    HOG measure.
 
     Parameters
     ----------
@@ -415,8 +434,8 @@ def hog_similarity(a, b) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        (N,) :func:`spearman` correlations of the descriptors (NaN where either is constant).
+        (N,) Pearson correlations of the descriptors (NaN where either is constant).
     """
     fa = a if isinstance(a, np.ndarray) else hog_features(a)
     fb = b if isinstance(b, np.ndarray) else hog_features(b)
-    return spearman(fa, fb)
+    return correlation(unit_centred(fa), unit_centred(fb))

@@ -131,7 +131,11 @@ class TrainConfig:
     weight_decay : float or None, default None
         Weight decay (>= 0); None: the optimizer's own default.
     seed : int, default 0
-        Seeds the initial weights, the draw of the ``train_limit`` subset and the order of the batches.
+        Seeds the initial weights and the order of the batches (and the ``train_limit`` subset unless
+        ``subset_seed`` is given).
+    subset_seed : int or None, default None
+        Seeds the draw of the ``train_limit`` subset; None: ``seed``. A permuted-label twin and its control
+        twin share the subset and differ in their initial weights: the same ``subset_seed``, another ``seed``.
     data : str, default "fashion-mnist"
         The data set, a name for :func:`audit.data.datasets.load_dataset`; its ``train`` split is
         trained on, its ``test`` split gives the test accuracy.
@@ -154,8 +158,9 @@ class TrainConfig:
         Train on the training labels permuted once by a generator with this seed (the permuted-label twin
         of Adebayo et al.'s data-randomization test); None: the true labels.
     twin_of : str or None, default None
-        The model this one is the permuted-label twin of (recorded in the metadata, and how the audit finds
-        a shipped model's twin).
+        The model this one is a twin of (recorded in the metadata, and how the audit finds a shipped model's
+        twins): its permuted-label twin when ``permute_labels`` is set, else its control twin (the twins'
+        recipe on the true labels, the reference of the data-randomization test's calibrated verdict).
     """
 
     arch: str = "cnn"
@@ -166,6 +171,7 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float | None = None
     seed: int = 0
+    subset_seed: int | None = None
     data: str = "fashion-mnist"
     data_root: str | None = None
     download: bool = False
@@ -302,7 +308,7 @@ class _Data:
 def _training_data(cfg: TrainConfig) -> _Data:
     x_train, y_train = load_dataset(cfg.data, "train", cfg.data_root, download=cfg.download)
     x_test, y_test = load_dataset(cfg.data, "test", cfg.data_root, download=cfg.download)
-    order = np.random.default_rng(cfg.seed).permutation(len(x_train))
+    order = np.random.default_rng(cfg.seed if cfg.subset_seed is None else cfg.subset_seed).permutation(len(x_train))
     if cfg.train_limit:
         order = np.sort(order[:cfg.train_limit])
     x_train, y_train = x_train[order], y_train[order]
@@ -400,13 +406,14 @@ def _metadata(cfg: TrainConfig, data: _Data, history: list[dict], *, accuracy: f
         "hyperparameters": {k: getattr(cfg, k) for k in ("lr", "momentum", "weight_decay", "batch_size", "epochs",
                                                          "dbort", "schedule")}
         | {"options": {**BORT_DEFAULTS, **cfg.options} if OPTIMIZERS[cfg.optimizer].constrained else cfg.options},
-        "seed": cfg.seed, "epochs": cfg.epochs,
+        "seed": cfg.seed, "subset_seed": cfg.seed if cfg.subset_seed is None else cfg.subset_seed, "epochs": cfg.epochs,
         "data": {"name": cfg.data, "train_size": len(data.x_train), "test_size": len(data.x_test),
                  "train_limit": cfg.train_limit,
                  "sha256": array_sha256(data.x_train, data.y_train, data.x_test, data.y_test),
                  "labels": "true" if cfg.permute_labels is None else "permuted",
                  **({"label_seed": cfg.permute_labels} if cfg.permute_labels is not None else {})},
-        **({"twin_of": cfg.twin_of} if cfg.twin_of is not None else {}),
+        **({"twin_of": cfg.twin_of, "twin": "control" if cfg.permute_labels is None else "permuted"}
+           if cfg.twin_of is not None else {}),
         "test_accuracy": accuracy, "train_accuracy": fitted, "history": history,
         "wall_time_s": round(seconds, 2),
         "torch_version": torch.__version__, "python_version": platform.python_version(),

@@ -69,8 +69,8 @@ class AuditConfig:
                           "(imagefolder: a seeded draw per class)", type=int)
     seed: int = key(0, help="the run's seed", type=int)
     protocol: str = key("toolkit", help="the checks' settings: toolkit (default), adebayo2018 (the randomized "
-                        "model's prediction explained, BatchNorm statistics kept, Gaussian re-initialisation) or "
-                        "sixt2020 (the true label, BatchNorm reset, K = 5, CSC threshold 0.99); an option given "
+                        "model's prediction explained, BatchNorm statistics kept, Gaussian re-initialisation, their "
+                        "SSIM and HOG) or sixt2020 (the true label, BatchNorm reset, K = 5, CSC threshold 0.99); an option given "
                         "explicitly wins over the protocol's, and the report names the difference",
                         choices=list(PROTOCOLS))
     device: str = key("cpu", help="where the maps are computed", choices=list(DEVICES))

@@ -35,11 +35,12 @@ PROTOCOLS = {p.name: p for p in (
     # Adebayo et al. 2018, section 4: the randomized model's predicted class is explained; the BatchNorm statistics
     # stay (only the trainable variables are re-initialised, by their own initializers: a truncated normal for
     # Inception v3's convolutions). Section 5 explains the true label on the model and its twin.
+    # Their measures (audit.measures.measure_sets): SSIM of the signed maps scaled to [-1, 1], 5 x 5 window, data range
+    # 2 (the first author's answer in the code's issue 2); HOG by Spearman, as the released notebooks compute it.
     Protocol("adebayo2018", "Adebayo et al. (2018)", {"target": "predicted", "bn": "keep-stats", "init": "gaussian",
-                                                      "data_target": "true"},
-             ("SSIM on maps clipped at their 0.5 / 99.5 percentiles with a 5 x 5 uniform window (the paper states "
-              "neither its SSIM normalisation nor its window)",
-              "HOG compared by the Spearman correlation of the descriptors (the paper: Pearson)",
+                                                      "data_target": "true", "measures": "adebayo2018"},
+             ("HOG cells of a quarter of the map's side in 2 x 2 blocks (the paper's code: 16-pixel cells in 3 x 3 "
+              "blocks on 299-pixel ImageNet maps, which a 28-pixel map cannot hold)",
               "the models and data: the paper's Inception v3 on ImageNet and CNN / MLP on MNIST")),
     # Sixt et al. 2020, section 3.1: five Gaussian vectors, a collapse at median |cos| 0.99; the random logit and
     # cascading randomization with the true label and BatchNorm reset.

@@ -43,10 +43,13 @@ def test_each_measure_the_paper_concluded_by_is_compared_and_inconclusive_is_nev
     # the gradient survives the logit layer here: differs, and the cell says what was measured to differ
     gradient = table.loc["gradient", "m"]
     assert gradient.startswith("differs: SSIM rejected") and "[why: measure: Spearman of |map| gives the paper's " \
-        "outcome; model: 2 stages (Inception v3: 17 blocks), the verdict reads the first 1; explained class: the " \
+        "outcome; model: 2 stages (Inception v3: 17 blocks), the verdict reads the first 1; SSIM of the maps clipped " \
+        "at their 0.5 / 99.5 percentiles in [0, 1], flip-invariant, and HOG by Pearson (the paper: signed maps in " \
+        "[-1, 1], data range 2, no flip; HOG by Spearman in its code); explained class: the " \
         "true label (the paper: the randomized model's prediction); BatchNorm reset" in gradient
     # under the paper's protocol settings the protocol is no longer named
-    adebayo = load_config(models=["m"], methods="gradient", tests="cascading", target="predicted", bn="keep-stats")
+    adebayo = load_config(models=["m"], methods="gradient", tests="cascading", target="predicted", bn="keep-stats",
+                          measures="adebayo2018")
     assert "explained class" not in adebayo_table({"cascading": cascade}, ["m"], "cascading", adebayo).set_index(
         "method").loc["gradient", "m"]
 

@@ -22,7 +22,8 @@ def test_declarations_come_from_the_fields_in_order():
     assert declared[1].choices == ("a", "b")
     # a subclass's fields follow its base's: the stage keys, then the cascading check's own
     assert [o.name for o in CascadingOptions.declared()] == ["bn", "target", "init", "granularity", "heatmap_scale",
-                                                             "randomization_threshold", "randomization_top"]
+                                                             "measures", "randomization_threshold",
+                                                             "randomization_top"]
 
 
 def test_parse_takes_its_own_keys_checks_them_and_widens_ints():

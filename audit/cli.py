@@ -97,8 +97,16 @@ def _train(args: argparse.Namespace) -> int:
     if options and not getattr(OPTIMIZERS.get(args.optimizer), "constrained", False):
         raise ConfigError(f"--gamma / --amplitude / --bort-mode need --optimizer bort or bort-adamw, "
                           f"not {args.optimizer!r}")
+    if args.control is not None and args.permute_labels is not None:
+        raise ConfigError("--control trains the control twin on the true labels: drop --permute-labels")
+    if args.control is not None and args.twin_of is None:
+        raise ConfigError("--control SEED trains the control twin of a model: add --twin-of MODEL")
+    if args.twin_of is not None and args.control is None and args.permute_labels is None:
+        raise ConfigError(f"--twin-of {args.twin_of} trains a twin: add --permute-labels SEED (the permuted-label "
+                          "twin) or --control SEED (its control twin on the true labels)")
     config = TrainConfig(arch=args.arch, optimizer=args.optimizer, epochs=args.epochs, batch_size=args.batch_size,
-                         lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay, seed=args.seed,
+                         lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                         seed=args.seed if args.control is None else args.control, subset_seed=args.subset_seed,
                          data=args.data, data_root=args.data_root, download=args.download,
                          train_limit=args.train_limit, arch_options=arch_options, options=options,
                          dbort=args.dbort, schedule=args.schedule, permute_labels=args.permute_labels,
@@ -236,8 +244,16 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--permute-labels", type=int, default=None, metavar="SEED",
                    help="train on the training labels permuted once with this seed: the permuted-label twin of the "
                    "data-randomization test (with --train-limit and enough --epochs to fit them)")
+    t.add_argument("--control", type=int, default=None, metavar="SEED",
+                   help="train the control twin (with --twin-of): the permuted-label twin's recipe on the true labels "
+                   "from initial weights of this seed, the reference of the calibrated data-randomization verdict; "
+                   "give it the twin's --train-limit, --subset-seed, --epochs and settings")
+    t.add_argument("--subset-seed", type=int, default=None, metavar="SEED",
+                   help="seeds the --train-limit subset (default: --seed); a permuted-label twin and its control "
+                   "twin share it")
     t.add_argument("--twin-of", default=None, metavar="MODEL", help="the checkpoint (shipped name or .pt path) this "
-                   "run is the permuted-label twin of: its architecture must match; recorded in the metadata")
+                   "run is a twin of (with --permute-labels or --control): its architecture must match; recorded in "
+                   "the metadata")
     t.add_argument("--out", required=True, help="checkpoint path (.pt; metadata beside it as .json)")
     t.add_argument("--resume", action="store_true", help="continue from the per-epoch state beside --out")
     t.add_argument("--force", action="store_true", help="overwrite an existing checkpoint at --out")

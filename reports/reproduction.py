@@ -20,6 +20,7 @@ import pandas as pd
 
 from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, MedianScore, VerdictCell
+from audit.checks.calibration import Calibrated
 from audit.checks.convergence import input_row, median_interval
 from audit.checks.data_randomization import DataRandomizationOptions
 from audit.checks.randomization import CascadingOptions, Survival
@@ -115,9 +116,9 @@ def overall(results: list[str]) -> str:
 
 def measure_cell(check: str, part: pd.DataFrame, measure: str, config: AuditConfig) -> VerdictCell:
     """The check's verdict rule read on ``measure`` instead of its own score (the same interval, threshold and
-    curve rule)."""
+    curve rule); a calibrated rule's fixed threshold, as the papers had no control twin."""
     definition = CHECKS[check]
-    rule = definition.verdict
+    rule = definition.verdict.fixed if isinstance(definition.verdict, Calibrated) else definition.verdict
     if not isinstance(rule, (MedianScore, Survival)):
         raise TypeError(f"check {check}: its verdict rule reads no metric column")
     return dataclasses.replace(rule, metric=measure).evaluate(part, definition.options_from(config.options))

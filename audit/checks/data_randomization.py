@@ -22,15 +22,17 @@ from tqdm.auto import tqdm
 
 from attributions.explainer import attribute_many
 from audit.checks.base import Check, MedianScore, UnitResult
+from audit.checks.calibration import Calibrated
 from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import prepare
-from audit.checks.randomization import heatmap_pages
+from audit.checks.randomization import heatmap_pages, untrained_copy
 from audit.checks.stage_options import TARGETS, heatmap_scale, measures_option
 from audit.data.preprocess import preprocess_from
 from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, follows, heatmaps, input_structure, signed_heatmaps
 from audit.measures.measure_sets import MeasureSet
+from audit.measures.similarity import correlation
 from audit.models.twins import same_architecture
 from audit.panels import score_boxes
 from audit.sections import Figure, ReportContext, Section, Table
@@ -40,18 +42,27 @@ from audit.sections import Figure, ReportContext, Section, Table
 # and HOG were computed on ImageNet only, where this test was not run.
 MEASURE_WHY = ("the measure Adebayo et al. (2018, section 5) used for this test: the Spearman rank correlation of "
                "the maps' magnitudes (the signed correlation, their other measure, is shown beside it)")
-COLUMNS = ["method", "image", "ssim", "spearman", "spearman_abs", "hog", "input_spearman_abs", "edge_spearman_abs"]
+# the references of the calibrated verdict, each compared with the model's maps by the verdict's measure: the
+# control twin (the twin's recipe on the true labels: what a model that learned the same labels gives) and the
+# untrained model (every tensor re-initialised: what a model that learned nothing gives)
+REFERENCES = ("control", "untrained")
+COLUMNS = ["method", "image", "ssim", "spearman", "spearman_abs", "hog", "input_spearman_abs", "edge_spearman_abs",
+           "control_spearman_abs", "untrained_spearman_abs"]
 
 
 def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, methods: Methods = "all", *, target: str = "true",
                        seed: int = 0, reduction: Reduction | None = None, progress: bool = True,
-                       keep_maps: int = 0, measures: str | MeasureSet = "toolkit"
+                       keep_maps: int = 0, measures: str | MeasureSet = "toolkit", control: nn.Module | None = None
                        ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
-    """Similarity of each method's maps on ``model`` and on its permuted-label ``twin``.
+    """Similarity of each method's maps on ``model`` and on its permuted-label ``twin`` (and, with a ``control``
+    twin, on the control and on the untrained model: the calibrated verdict's references).
 
     Parameters
     ----------
     model, twin : nn.Module of one architecture (else a :class:`~audit.errors.ConfigError`); neither is modified
+    control : the control twin (the twin's recipe on the true labels, another seed), of the same architecture;
+        with it the maps are also computed on it and on an untrained copy of the model (every tensor
+        re-initialised with ``seed``), and compared with the model's by the Spearman of ``|map|``
     x : (B, C, H, W) images; y : (B,) labels
     methods : names, "all" or a comma-separated string
     target : true (the label on both, as Adebayo et al.) | predicted (each model's own prediction)
@@ -66,18 +77,22 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     DataFrame, one row per method x image: method, image, ssim (flip-invariant where the maps are not of one
     sign), spearman (the signed maps: channel sums), spearman_abs (the heatmaps' magnitudes), hog,
     input_spearman_abs and edge_spearman_abs (Spearman of the twin's ``|map|`` with the input's magnitude and with
-    its edges: :func:`~audit.measures.heatmaps.input_structure`);
+    its edges: :func:`~audit.measures.heatmaps.input_structure`), control_spearman_abs and untrained_spearman_abs
+    (the model's ``|map|`` against the control twin's and the untrained model's; NaN without a control);
     and {method: (2, keep_maps, H, W)}, the model's and the twin's heatmaps.
     """
     check_option("target", target, TARGETS)
     same_architecture(model, twin, "the model", "the twin")
+    if control is not None:
+        same_architecture(model, control, "the model", "the control twin")
     x, y = check_inputs(model, x, y)
     if y is None:
         raise AuditError("data_randomization needs the labels y")
     names = resolve_methods(methods)
     maps: dict[str, list[torch.Tensor]] = {m: [] for m in names}
     signed: dict[str, list[torch.Tensor]] = {m: [] for m in names}
-    for k, net in enumerate(tqdm((model, twin), desc="data randomization", disable=not progress, leave=False)):
+    nets = [model, twin] + ([control, untrained_copy(model, x, seed)] if control is not None else [])
+    for k, net in enumerate(tqdm(nets, desc="data randomization", disable=not progress, leave=False)):
         _, explainers, envs, logits = prepare(net, x, names, y, seed=seed + k)
         t = y if target == "true" else logits.argmax(1)
         raw = {m: v[0] for m, v in attribute_many(explainers, x, [t], envs).items()}
@@ -92,10 +107,14 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     for m in names:
         own, twin_signed = (signed[m][0], signed[m][1]) if signed[m] else (None, None)
         other = ComparableMaps(maps[m][1], twin_signed, measures)
-        scores = ReferenceMaps(maps[m][0], signed=own, measures=measures).compare(other)
+        reference = ReferenceMaps(maps[m][0], signed=own, measures=measures)
+        scores = reference.compare(other)
         scores |= follows(other, structure)
+        for k, name in enumerate(REFERENCES, start=2):
+            scores[f"{name}_spearman_abs"] = (correlation(reference.abs_ranks, ComparableMaps(maps[m][k]).abs_ranks)
+                                              if len(maps[m]) > k else np.full(len(x), np.nan))
         rows += [{"method": m, "image": i, **{k: float(v[i]) for k, v in scores.items()}} for i in range(len(x))]
-    kept = {m: torch.stack([v[:keep_maps] for v in maps[m]]).numpy() for m in names}
+    kept = {m: torch.stack([v[:keep_maps] for v in maps[m][:2]]).numpy() for m in names}
     return pd.DataFrame(rows, columns=COLUMNS), kept
 
 
@@ -118,7 +137,8 @@ def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, option
     if unit.twin is None:  # the runner skips a model without a twin before it gets here
         raise AuditError("the data-randomization test needs the model's permuted-label twin")
     df, maps = data_randomization(model, unit.twin, x, y, [method], target=options.data_target, seed=unit.seed,
-                                  progress=unit.progress, keep_maps=unit.heatmap_examples, measures=options.measures)
+                                  progress=unit.progress, keep_maps=unit.heatmap_examples, measures=options.measures,
+                                  control=unit.control)
     return UnitResult(df, maps[method] if unit.heatmap_examples else None)
 
 
@@ -183,9 +203,9 @@ CHECK = Check(
     result_file="data_randomization.csv", columns=COLUMNS, run=_run, sections=_sections, order=35, needs_twin=True,
     summary=lambda df: (f"median Spearman of |map| model vs twin {df.spearman_abs.median():.3f}, signed "
                         f"{df.spearman.median():.3f}, SSIM {df.ssim.median():.3f}"),
-    verdict=MedianScore("data_randomization_spearman_abs", "data_randomization", "magnitudes survive label permutation",
-                        "data_randomization_threshold", score_name="Spearman of |map|", metric="spearman_abs",
-                        why=MEASURE_WHY),
+    verdict=Calibrated("data_randomization_spearman_abs", "data_randomization", "magnitudes survive label permutation",
+                       "data_randomization_threshold", score_name="Spearman of |map|", metric="spearman_abs",
+                       why=MEASURE_WHY),
     side_rules=(MedianScore("data_randomization_spearman", "data_randomization_spearman",
                             "the signed map survives label permutation", "data_randomization_threshold",
                             score_name="Spearman (signed)", metric="spearman"),

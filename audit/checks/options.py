@@ -107,9 +107,11 @@ class UnitContext:
     heatmap_examples : how many of the unit's first images keep their raw heatmaps for the report
     progress : whether to show progress bars
     twin : the model's permuted-label twin, for a check that needs one (else None)
+    control : the model's control twin (the twin's recipe on the true labels), beside the twin (else None)
     """
 
     seed: int = 0
     heatmap_examples: int = 0
     progress: bool = False
     twin: nn.Module | None = None
+    control: nn.Module | None = None

@@ -80,6 +80,17 @@ def randomization_stages(model: nn.Module, stages: StageSettings, *, plan: list[
         yield stage, step.name, target
 
 
+def untrained_copy(model: nn.Module, x: torch.Tensor, seed: int, init: str = "reset") -> nn.Module:
+    """A copy of ``model`` with every parameter tensor re-initialised (the last stage of cascading randomization,
+    BatchNorm reset): the model that learned nothing, seeded by ``seed``; ``x`` (B, C, H, W) traces the graph
+    the stages are read from. ``model`` is not modified."""
+    copy = copy_model(model)
+    for stage in randomization_plan(copy, trace(copy, x[:1].detach()), "auto"):
+        for part in stage.parts:
+            reinitialise_part(copy, part, seed, init, "reset")
+    return copy
+
+
 def parameter_randomization(model: nn.Module, x: Images, y: Labels, methods: Methods = "all", *,
                             stages: StageSettings | None = None, reduction: Reduction | None = None,
                             progress: bool = True, measures: str | MeasureSet = "toolkit",

@@ -1,10 +1,13 @@
-"""Permuted-label twins: the model of the data-randomization test (Adebayo et al. 2018, section 5).
+"""Twins: the models of the data-randomization test (Adebayo et al. 2018, section 5).
 
-A twin has the architecture and recipe of the model it is the twin of, trained on the training labels
-permuted once (``TrainConfig.permute_labels``) until it fits them. A shipped checkpoint's twin is the
-shipped checkpoint whose metadata says ``twin_of`` it; any other model's twin is named by the user
-(``AuditConfig.twins``). A pair is compared only if the two are the same architecture: the same module
-class and the same parameter and buffer names and shapes.
+A permuted-label twin has the architecture of the model it is the twin of, trained on the training labels
+permuted once (``TrainConfig.permute_labels``) until it fits them. Its control twin is the same recipe (the same
+subset, epochs and settings) on the true labels from another seed: how alike the model's maps and those of a
+model that learned the same labels this way are, the reference the calibrated verdict reads the permuted twin
+against. A shipped checkpoint's twins are the shipped checkpoints whose metadata say ``twin_of`` it (the role
+from their labels); any other model's are named by the user (``AuditConfig.twins``, ``AuditConfig.controls``).
+A pair is compared only if the two are the same architecture: the same module class and the same parameter and
+buffer names and shapes.
 """
 from __future__ import annotations
 
@@ -15,14 +18,24 @@ from audit.models.checkpoint import available_checkpoints, load_checkpoint
 from audit.models.libraries import is_library_spec
 from audit.models.training import TrainConfig
 
-
-def shipped_twin(spec: str) -> str | None:
-    """The shipped checkpoint trained as the permuted-label twin of the shipped model ``spec``, if any."""
-    return next((name for name, meta in available_checkpoints().items() if meta.get("twin_of") == spec), None)
+ROLES = {"permuted": "permuted-label twin", "control": "control twin"}
 
 
-def twin_spec(spec: str, given: dict[str, str]) -> str | None:
-    """The twin of the model ``spec``: the user's (``given``, model spec -> twin spec), else the shipped one.
+def twin_role(meta: dict) -> str:
+    """A twin checkpoint's role (:data:`ROLES`) from its metadata: ``twin`` where recorded, else its labels."""
+    data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
+    return meta.get("twin") or ("permuted" if data.get("labels") == "permuted" else "control")
+
+
+def shipped_twin(spec: str, role: str = "permuted") -> str | None:
+    """The shipped checkpoint trained as the ``role`` twin (:data:`ROLES`) of the shipped model ``spec``, if any."""
+    return next((name for name, meta in available_checkpoints().items()
+                 if meta.get("twin_of") == spec and twin_role(meta) == role), None)
+
+
+def twin_spec(spec: str, given: dict[str, str], role: str = "permuted") -> str | None:
+    """The ``role`` twin (:data:`ROLES`) of the model ``spec``: the user's (``given``, model spec -> twin spec),
+    else the shipped one.
 
     Parameters
     ----------
@@ -30,12 +43,15 @@ def twin_spec(spec: str, given: dict[str, str]) -> str | None:
         The model as the configuration names it (a shipped name, a checkpoint path, a library model or
         ``module:factory``).
     given : dict
-        Model spec -> twin spec, the user's pairs (``AuditConfig.twins``).
+        Model spec -> twin spec, the user's pairs (``AuditConfig.twins`` for the permuted-label twins,
+        ``AuditConfig.controls`` for the control twins).
+    role : str, default "permuted"
+        ``permuted`` or ``control``.
 
     Returns
     -------
     str or None
-        The twin's spec; None when the user gives none and no shipped checkpoint is ``spec``'s twin
+        The twin's spec; None when the user gives none and no shipped checkpoint is ``spec``'s twin of that role
         (:func:`shipped_twin`).
 
     Raises
@@ -47,11 +63,11 @@ def twin_spec(spec: str, given: dict[str, str]) -> str | None:
     if spec in given:
         twin = given[spec]
         if is_library_spec(twin):
-            raise ConfigError(f"the twin of {spec} is {twin!r}, a library model: it would load the model's own weights "
-                              "(or fresh ones); give the twin as a checkpoint path or module:factory that loads its "
-                              "weights")
+            raise ConfigError(f"the {ROLES[role]} of {spec} is {twin!r}, a library model: it would load the model's "
+                              "own weights (or fresh ones); give the twin as a checkpoint path or module:factory that "
+                              "loads its weights")
         return twin
-    return shipped_twin(spec)
+    return shipped_twin(spec, role)
 
 
 def same_architecture(model: nn.Module, twin: nn.Module, model_name: str, twin_name: str) -> None:
@@ -95,30 +111,29 @@ def twin_facts(twin: nn.Module) -> dict:
     data = meta.get("data", {}) if isinstance(meta.get("data"), dict) else {}
     return {"labels": data.get("labels"), "label_seed": data.get("label_seed"), "train_size": data.get("train_size"),
             "train_accuracy": meta.get("train_accuracy"), "test_accuracy": meta.get("test_accuracy"),
-            "optimizer": meta.get("optimizer"), "epochs": meta.get("epochs")}
+            "optimizer": meta.get("optimizer"), "epochs": meta.get("epochs"), "seed": meta.get("seed"),
+            "subset_seed": meta.get("subset_seed")}
 
 
 def twin_architecture(config: TrainConfig, twin_of: str) -> None:
-    """Refuse to train the twin of checkpoint ``twin_of`` with another architecture than the checkpoint's.
+    """Refuse to train a twin of checkpoint ``twin_of`` with another architecture than the checkpoint's.
 
     Parameters
     ----------
     config : TrainConfig
-        The twin's training configuration; its ``arch`` is compared with the checkpoint's metadata
-        (the architecture name only, not ``arch_options``).
+        The twin's training configuration (a permuted-label twin with ``permute_labels``, else a control twin);
+        its ``arch`` is compared with the checkpoint's metadata (the architecture name only, not
+        ``arch_options``).
     twin_of : str
         The checkpoint (shipped name or ``.pt`` path) the twin is trained for; it is loaded.
 
     Raises
     ------
     ConfigError
-        When the architectures differ, or when ``config.permute_labels`` is None (a twin is trained on
-        permuted labels).
+        When the architectures differ.
     """
     model = load_checkpoint(twin_of)
     meta = getattr(model, "metadata", {})
     if meta.get("arch") != config.arch:
         raise ConfigError(f"--twin-of {twin_of}: that checkpoint is a {meta.get('arch')!r}, this run trains a "
                           f"{config.arch!r}; pass --arch {meta.get('arch')}")
-    if config.permute_labels is None:
-        raise ConfigError(f"--twin-of {twin_of} trains a permuted-label twin: add --permute-labels SEED")

@@ -98,6 +98,9 @@ class AuditConfig:
     twins: dict = key(factory=dict, help="the permuted-label twin of each model for the data-randomization test (a "
                       "checkpoint path, shipped name or module:factory); the shipped models' twins are found without it",
                       metavar="MODEL=TWIN,...")
+    controls: dict = key(factory=dict, help="the control twin of each model (its twin's recipe on the true labels, "
+                         "another seed), the reference of the data-randomization test's calibrated verdict; the "
+                         "shipped models' control twins are found without it", metavar="MODEL=CONTROL,...")
     allow_partial_weights: bool = key(False, help="load a library model whose weights leave tensors missing, unexpected "
                                       "or of another shape (e.g. a head of another size), keeping those freshly "
                                       "initialised; what was left out is recorded in the manifest's model_sources (default: an "
@@ -134,6 +137,7 @@ class AuditConfig:
         if out.seed < 0:
             raise ConfigError(f"seed must be >= 0, got {out.seed}")
         out.twins = _as_pairs(out.twins, "twins")
+        out.controls = _as_pairs(out.controls, "controls")
         out.models = _as_list(out.models, "models")
         out.tests = _as_list(out.tests, "tests")
         out.methods = resolve_methods(out.methods if isinstance(out.methods, str) else _as_list(out.methods, "methods"))

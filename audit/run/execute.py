@@ -51,11 +51,11 @@ def execute(run: Run, *, progress: bool) -> None:
 def _compute(run: Run, item: WorkItem, peak: Peak, progress: bool) -> pd.DataFrame:
     """Compute one work item with its seed, time it, write its files; its table."""
     spec, key, config = item.spec, item.key(run.labels), run.config
-    model, twin = _models_for(run, item)
+    model, twin, control = _models_for(run, item)
     torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
     xs, ys = run.x[item.start:item.stop], run.y[item.start:item.stop]
     shown = max(0, min(config.heatmap_examples - item.start, len(xs)))  # example heatmaps among these images
-    unit = UnitContext(seed=config.seed, heatmap_examples=shown, progress=progress, twin=twin)
+    unit = UnitContext(seed=config.seed, heatmap_examples=shown, progress=progress, twin=twin, control=control)
     start = time.perf_counter()
     with memory.limit(run.budget), peak.track(), given_params(run.given[spec]), \
             torch.autocast(run.device.type, dtype=run.half, enabled=config.mixed_precision):
@@ -73,14 +73,17 @@ def _compute(run: Run, item: WorkItem, peak: Peak, progress: bool) -> pd.DataFra
     return table
 
 
-def _models_for(run: Run, item: WorkItem) -> tuple[nn.Module, nn.Module | None]:
-    """The item's model on the run's device (and its twin where the check needs one), moved there and given its
-    methods' parameters the first time a unit needs them."""
+def _models_for(run: Run, item: WorkItem) -> tuple[nn.Module, nn.Module | None, nn.Module | None]:
+    """The item's model on the run's device (and its permuted-label and control twins where the check needs them),
+    moved there and given its methods' parameters the first time a unit needs them."""
     spec = item.spec
     on_device(run, spec)
-    if item.check.needs_twin and spec in run.twin_specs and spec not in run.twins:
-        run.twins[spec] = run.twin_models[spec].to(run.device)
-    return run.models[spec], run.twins.get(spec)
+    if item.check.needs_twin:
+        for specs, loaded, placed in ((run.twin_specs, run.twin_models, run.twins),
+                                      (run.control_specs, run.control_models, run.controls)):
+            if spec in specs and spec not in placed:
+                placed[spec] = loaded[spec].to(run.device)
+    return run.models[spec], run.twins.get(spec), run.controls.get(spec) if item.check.needs_twin else None
 
 
 def on_device(run: Run, spec: str) -> nn.Module:

@@ -55,8 +55,9 @@ def coverage(run: Run) -> dict:
 
 
 def twins(run: Run) -> dict:
-    """For the checks that need a twin: each model's twin and the twin's training facts ("twins"), and why the
-    models without one were skipped ("skipped", a line for each)."""
+    """For the checks that need a twin: each model's twin and the twin's training facts ("twins", with its control
+    twin's under "control" where there is one), and why the models without a twin were skipped ("skipped", a line
+    for each)."""
     record: dict[str, dict] = {}
     skipped: dict[str, dict[str, str]] = {}
     for name in (t for t in run.config.tests if CHECKS[t].needs_twin):
@@ -64,6 +65,12 @@ def twins(run: Run) -> dict:
             label = run.labels[spec]
             if spec in run.twin_specs:
                 record[label] = {"spec": run.twin_specs[spec], **twin_facts(run.twin_models[spec])}
+                if spec in run.control_specs:
+                    record[label]["control"] = {"spec": run.control_specs[spec],
+                                                **twin_facts(run.control_models[spec])}
+                else:
+                    run.log(f"{label}/{name}: no control twin (give one with controls, --controls MODEL=CONTROL): "
+                            "the verdict reads the fixed threshold")
                 continue
             why = ("no permuted-label twin: give one with twins (--twins MODEL=TWIN), trained by attribution-audit "
                    "train --permute-labels SEED --twin-of MODEL")

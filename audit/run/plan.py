@@ -27,7 +27,7 @@ from audit.data.datasets import sample_image_folder
 from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError, ModelError
 from audit.models.checkpoint import resolve_model
-from audit.models.twins import same_architecture, twin_spec
+from audit.models.twins import ROLES, same_architecture, twin_spec
 from audit.run.config import AuditConfig
 from audit.run.distributed import Shard
 from audit.run.folder import check_resumable, exclusive, fingerprints, holds_files, previous_manifest, versions
@@ -48,14 +48,15 @@ class Run:
     labels : {model spec: its folder-safe label}
     x, y : the audited images (B, C, H, W) on the run's device, their labels (B,) on the CPU
     images : what the manifest records about the images
-    loaded : {model spec: the model as built}; ``twin_specs`` / ``twin_models`` the permuted-label twins
+    loaded : {model spec: the model as built}; ``twin_specs`` / ``twin_models`` the permuted-label twins,
+        ``control_specs`` / ``control_models`` the control twins
     patterns : the pattern methods' images and their source, or None when no pattern method is audited
     prints : the fingerprints of the input files and images
     previous : the manifest of the run resumed, or None
     budget, threads : the memory budget (bytes) and intra-op threads every process computes with
     items : the run's work, in its fixed order
     options : {test: its check's options}
-    models, twins, given : per model spec, the model and twin on the device and the parameters the run gave
+    models, twins, controls, given : per model spec, the model and twins on the device and the parameters the run gave
         its methods (the pattern methods' patterns), as loaded by the units that needed them
     timings, peaks : per unit key, seconds and peak memory (MiB) of the units computed by this process
     """
@@ -81,6 +82,9 @@ class Run:
     options: dict[str, Options]
     models: dict[str, nn.Module] = field(default_factory=dict)
     twins: dict[str, nn.Module] = field(default_factory=dict)
+    control_specs: dict[str, str] = field(default_factory=dict)
+    control_models: dict[str, nn.Module] = field(default_factory=dict)
+    controls: dict[str, nn.Module] = field(default_factory=dict)
     given: dict[str, dict[str, dict]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     peaks: dict[str, float | None] = field(default_factory=dict)
@@ -100,12 +104,14 @@ def plan(config: AuditConfig, out: str | os.PathLike, *, resume: bool, shard: Sh
     labels = _labels(config.models)
     x, y, images = audit_images(config)
     loaded = {spec: load_model(spec, config) for spec in config.models}
-    twin_specs, twin_models = _twins(config, loaded)
-    for spec, model in [*loaded.items(), *((f"the twin of {s}", m) for s, m in twin_models.items())]:
+    twin_specs, twin_models = _twins(config, loaded, "permuted")
+    control_specs, control_models = _twins(config, loaded, "control")
+    for spec, model in [*loaded.items(), *((f"the twin of {s}", m) for s, m in twin_models.items()),
+                        *((f"the control twin of {s}", m) for s, m in control_models.items())]:
         _explainable(spec, model)
     patterns = pattern_images(config.pattern_data, config.data, config.pattern_images, config.seed, config.data_root) \
         if set(PATTERN_METHODS) & set(config.methods) else None
-    prints = fingerprints(config, x, y, list(twin_specs.values()))
+    prints = fingerprints(config, x, y, [*twin_specs.values(), *control_specs.values()])
     if previous is not None:
         check_resumable(previous, config, prints, out)
     device = _device(config.device)
@@ -115,7 +121,8 @@ def plan(config: AuditConfig, out: str | os.PathLike, *, resume: bool, shard: Sh
     shard.barrier()  # every rank has checked the folder before the lead writes into it
     return Run(config, out, shard, log, labels, x.to(device), y, images, loaded, twin_specs, twin_models, patterns,
                prints, previous, device, budget, threads, work_items(units, n_images=len(x), block=config.image_block),
-               {test: CHECKS[test].options_from(config.options) for test in config.tests})
+               {test: CHECKS[test].options_from(config.options) for test in config.tests},
+               control_specs=control_specs, control_models=control_models)
 
 
 @contextlib.contextmanager
@@ -201,26 +208,29 @@ def load_model(spec: str, config: AuditConfig) -> nn.Module:
     return resolve_model(spec, config.weights, config.num_classes, partial=config.allow_partial_weights)
 
 
-def _twins(config: AuditConfig, models: dict[str, nn.Module]) -> tuple[dict[str, str], dict[str, nn.Module]]:
-    """({model spec: twin spec}, {model spec: the loaded twin}) for the models that have a twin, when a run's check
-    needs one; every pair checked (the twin loads, its architecture is the model's, ``models`` holding the loaded
-    models) before the run starts."""
+def _twins(config: AuditConfig, models: dict[str, nn.Module], role: str
+           ) -> tuple[dict[str, str], dict[str, nn.Module]]:
+    """({model spec: twin spec}, {model spec: the loaded twin}) for the models that have a ``role`` twin
+    (``permuted`` or ``control``), when a run's check needs twins; every pair checked (the twin loads, its
+    architecture is the model's, ``models`` holding the loaded models) before the run starts."""
     if not any(CHECKS[t].needs_twin for t in config.tests):
         return {}, {}
-    unknown = sorted(set(config.twins) - set(config.models))
+    given = config.twins if role == "permuted" else config.controls
+    key = "twins" if role == "permuted" else "controls"
+    unknown = sorted(set(given) - set(config.models))
     if unknown:
-        raise ConfigError(f"twins names {', '.join(unknown)}, not among the audited models ({', '.join(config.models)})")
-    specs = {spec: twin for spec in config.models if (twin := twin_spec(spec, config.twins)) is not None}
-    return specs, {spec: load_twin(spec, twin, models[spec]) for spec, twin in specs.items()}
+        raise ConfigError(f"{key} names {', '.join(unknown)}, not among the audited models ({', '.join(config.models)})")
+    specs = {spec: twin for spec in config.models if (twin := twin_spec(spec, given, role)) is not None}
+    return specs, {spec: load_twin(spec, twin, models[spec], role) for spec, twin in specs.items()}
 
 
-def load_twin(spec: str, twin: str, model: nn.Module) -> nn.Module:
-    """The twin ``twin`` of the model ``spec`` (already loaded as ``model``), refused when its architecture
+def load_twin(spec: str, twin: str, model: nn.Module, role: str = "permuted") -> nn.Module:
+    """The ``role`` twin ``twin`` of the model ``spec`` (already loaded as ``model``), refused when its architecture
     differs."""
     try:
         loaded = resolve_model(twin)
     except ModelError as exc:
-        raise ConfigError(f"the twin of {spec}: {exc}") from None
+        raise ConfigError(f"the {ROLES[role]} of {spec}: {exc}") from None
     same_architecture(model, loaded, spec, twin)
     return loaded
 

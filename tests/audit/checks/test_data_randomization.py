@@ -50,22 +50,32 @@ def test_a_pair_of_two_architectures_is_refused(images):
                               twins={"cnn-sgd": "vgg-permuted"}), "unused-folder", progress=False, log=lambda s: None)
 
 
-def test_end_to_end_on_a_model_and_twin_the_user_trains(tmp_path, capsys):
-    """Train a small model and its permuted-label twin with the CLI, audit the pair; a model without a twin is
-    skipped and the manifest, the log and the verdict say so."""
-    for name, extra in (("mine", []), ("mine-twin", ["--permute-labels", "7", "--twin-of", str(tmp_path / "mine.pt")])):
+def test_end_to_end_on_a_model_and_twins_the_user_trains(tmp_path, capsys):
+    """Train a small model, its permuted-label twin and its control twin with the CLI, audit the trio; a model
+    without a twin is skipped and the manifest, the log and the verdict say so."""
+    mine = str(tmp_path / "mine.pt")
+    assert main(["train", "--arch", "cnn", "--data", "fashion-mnist-sample", "--twin-of", "cnn-sgd", "--out",
+                 str(tmp_path / "x.pt")]) == 2
+    assert "add --permute-labels SEED (the permuted-label twin) or --control SEED" in capsys.readouterr().err
+    for name, extra in (("mine", []),
+                        ("mine-twin", ["--permute-labels", "7", "--twin-of", mine, "--subset-seed", "0"]),
+                        ("mine-control", ["--control", "3", "--twin-of", mine, "--subset-seed", "0"])):
         assert main(["train", "--arch", "cnn", "--data", "fashion-mnist-sample", "--epochs", "1", "--train-limit",
                      "64", "--out", str(tmp_path / f"{name}.pt"), "--quiet", *extra]) == 0
     out = tmp_path / "run"
-    rc = main(["run", "--models", f"{tmp_path / 'mine.pt'},cnn-bort", "--methods", "gradient,edge", "--tests",
-               "data-randomization", "--n-images", "6", "--twins", f"{tmp_path / 'mine.pt'}={tmp_path / 'mine-twin.pt'}",
-               "--out", str(out), "--quiet"])
+    rc = main(["run", "--models", f"{mine},cnn-bort", "--methods", "gradient,edge", "--tests",
+               "data-randomization", "--n-images", "6", "--twins", f"{mine}={tmp_path / 'mine-twin.pt'}",
+               "--controls", f"{mine}={tmp_path / 'mine-control.pt'}", "--out", str(out), "--quiet"])
     assert rc == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["twins"]["mine"]["label_seed"] == 7 and manifest["twins"]["mine"]["labels"] == "permuted"
+    control = manifest["twins"]["mine"]["control"]
+    assert control["labels"] == "true" and control["seed"] == 3 and control["subset_seed"] == 0
+    assert manifest["twins"]["mine"]["seed"] == 0 and manifest["twins"]["mine"]["subset_seed"] == 0
     assert "no permuted-label twin" in manifest["skipped"]["data-randomization"]["cnn-bort"]
     table = pd.read_csv(out / "results" / "data_randomization.csv")
     assert set(table.model) == {"mine"} and len(table) == 12
+    assert table.control_spearman_abs.notna().all() and table.untrained_spearman_abs.notna().all()
     config = load_config(models=["m"], methods="gradient,edge", tests="data-randomization")
     verdict = verdict_table({"data-randomization": table}, config).set_index("method")
     assert verdict.loc["edge", "verdict"].startswith(REJECTED) and verdict.loc["edge", "control_check"] == "as expected"

@@ -1,0 +1,122 @@
+"""Verdicts calibrated by references measured in the run, in place of a fixed threshold.
+
+A similarity score says little alone: 0.36 between a model's maps and its permuted-label twin's is "changed" only if
+a model that learned the true labels the same way would give more. The calibrated verdict reads each image's score
+against two references measured on the same image with the same measure:
+
+* the **ceiling**: the model's map against that of a model that learned the same thing by the same recipe (the
+  control twin: the twin's recipe on the true labels, another seed);
+* the **floor**: the model's map against that of a model that learned nothing (every tensor re-initialised).
+
+The score is judged by the reference it lies nearer to: per image, ``d = score - (ceiling + floor) / 2``. The
+method is rejected when the 99 % interval of the median ``d`` lies at or above 0 (the map on the twin is nearer to a
+model that learned the true labels than to one that learned nothing: permuting the labels left it as a retrained
+model would), not rejected when it lies below 0, inconclusive when it contains 0. The margin of equivalence is half
+the reference gap of each image, measured, not chosen.
+
+When the ceiling is not above the floor (the 99 % interval of the median gap reaches 0), the method's maps do not
+tell a model that learned the labels from one that learned nothing, and there is nothing to calibrate against: a
+map the same on every model (the edge detector; input x gradient's magnitudes, set by the input) and a map
+different on every model (the random map; the gradient on a small CNN) both give a zero gap. The fixed threshold
+then decides, and the cell says so; likewise without a control twin.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from audit.checks.base import MedianScore, VerdictCell, VerdictRule, scored_cell, too_few
+from audit.checks.options import Options
+from audit.measures.statistics import bootstrap_ci
+
+
+@dataclass(frozen=True)
+class Calibrated(VerdictRule):
+    """A verdict read between a ceiling and a floor measured per image (module docstring); without them (no
+    control twin), the ``fixed`` rule's verdict, marked so.
+
+    Parameters
+    ----------
+    score_column, text_column, failure, threshold, score_name, why
+        As :class:`~audit.checks.base.VerdictRule`; ``threshold`` is the fixed rule's, read only where the
+        references are missing and shown beside the calibrated outcome where the two differ.
+    metric : str, default "spearman_abs"
+        The column of per-image scores against the twin.
+    ceiling, floor : str
+        The columns of the per-image scores against the ceiling and the floor references.
+    """
+
+    metric: str = "spearman_abs"
+    ceiling: str = "control_spearman_abs"
+    floor: str = "untrained_spearman_abs"
+
+    @property
+    def fixed(self) -> MedianScore:
+        """The fixed-threshold rule on the same measure: the verdict where no reference was measured."""
+        return MedianScore(self.score_column, self.text_column, self.failure, self.threshold,
+                           score_name=self.score_name, metric=self.metric, why=self.why)
+
+    def per_image(self, part: pd.DataFrame) -> pd.Series:
+        """The per-image scores against the twin (not the calibrated differences: a paired comparison of two models
+        compares what each model's maps did)."""
+        return self.fixed.per_image(part)
+
+    def references(self, part: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(score, ceiling, floor) per image, sorted by image; None when the rows carry no reference."""
+        if self.ceiling not in part or self.floor not in part or not np.isfinite(part[self.ceiling]).any():
+            return None
+        rows = part.sort_values("image")
+        return tuple(rows[c].to_numpy(dtype=float) for c in (self.metric, self.ceiling, self.floor))  # type: ignore[return-value]
+
+    def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
+        """The calibrated outcome (module docstring), the fixed threshold's named beside it where it differs; the
+        fixed rule's cell, marked, where the rows carry no reference.
+
+        Parameters
+        ----------
+        part : DataFrame
+            The rows of one model x method.
+        options : Options
+            The check's options; the fixed rule reads ``threshold`` from them.
+
+        Returns
+        -------
+        VerdictCell
+            Score: the median of ``d`` (the fixed rule's median without references).
+        """
+        fixed = self.fixed.evaluate(part, options)
+        measured = self.references(part)
+        if measured is None:
+            return _marked(fixed, "fixed threshold: no control twin")
+        score, ceiling, floor = measured
+        defined = np.isfinite(score) & np.isfinite(ceiling) & np.isfinite(floor)
+        if too_few(int(defined.sum()), len(score)):
+            return scored_cell(np.where(defined, score, np.nan), 0.0)  # inconclusive, with the undefined count
+        gap, low_gap, _ = bootstrap_ci((ceiling - floor)[defined], 0.99)
+        medians = (f"twin {np.median(score[defined]):.3f}, control {np.median(ceiling[defined]):.3f}, untrained "
+                   f"{np.median(floor[defined]):.3f}")
+        if not low_gap > 0:
+            return _marked(fixed, f"fixed threshold: the control twin is no nearer than an untrained model, gap "
+                                  f"{gap:.3f} from {low_gap:.3f}; {medians}")
+        cell = scored_cell(np.where(defined, score - (ceiling + floor) / 2, np.nan), 0.0,
+                           label="nearer the control by")
+        differs = f"; fixed threshold {getattr(options, self.threshold)}: {fixed.outcome}" \
+            if fixed.outcome != cell.outcome else ""
+        return VerdictCell(cell.score, f"{cell.text[:-1]}; {medians}){differs}", cell.outcome, cell.undefined)
+
+    def rule_text(self, options: Options) -> str:
+        return (f"rejected ({self.failure}) when, image by image, the {self.score_name} to the twin lies nearer to "
+                "the control twin's (the same recipe on the true labels) than to an untrained model's: the 99 % "
+                "interval of the median of score - (control + untrained) / 2 at or above 0; not rejected when it "
+                "lies below 0, inconclusive when it contains 0; where the control is not above the untrained model "
+                f"(nothing to calibrate against) or there is no control twin, the fixed threshold "
+                f"{getattr(options, self.threshold)}"
+                + (f"; the {self.score_name} is {self.why}" if self.why else ""))
+
+
+def _marked(cell: VerdictCell, why: str) -> VerdictCell:
+    """``cell`` with ``why`` added to its text: a fixed-threshold outcome standing where no calibration was
+    possible."""
+    return VerdictCell(cell.score, f"{cell.text}; {why}", cell.outcome, cell.undefined)

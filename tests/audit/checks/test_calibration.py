@@ -1,0 +1,67 @@
+"""The calibrated verdict on constructed per-image scores: the midpoint between the control twin's and the untrained
+model's similarity decides, each case derived by hand; without a separation of the references, the fixed threshold
+decides and the cell says why."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED
+from audit.checks.calibration import Calibrated
+from audit.checks.data_randomization import DataRandomizationOptions
+
+RULE = Calibrated("score", "text", "survives", "data_randomization_threshold", score_name="Spearman of |map|")
+OPTIONS = DataRandomizationOptions()
+
+
+def _rows(twin, control, untrained, n=40, noise=0.02, seed=0):
+    rng = np.random.default_rng(seed)
+    jitter = lambda: rng.normal(0, noise, n)  # noqa: E731
+    return pd.DataFrame({"image": np.arange(n), "spearman_abs": twin + jitter(),
+                         "control_spearman_abs": control + jitter(), "untrained_spearman_abs": untrained + jitter()})
+
+
+@pytest.mark.parametrize("twin, outcome", [(0.75, REJECTED), (0.25, NOT_REJECTED), (0.5, INCONCLUSIVE)])
+def test_the_twin_is_judged_by_the_reference_it_lies_nearer_to(twin, outcome):
+    """Control 0.8, untrained 0.2: the midpoint is 0.5. A twin at 0.75 is nearer to the model that learned the
+    labels (rejected: permuting them left the map as retraining would), at 0.25 nearer to the one that learned
+    nothing; at the midpoint the interval holds 0."""
+    part = _rows(twin, 0.8, 0.2, noise=0.0 if outcome != INCONCLUSIVE else 0.02)
+    cell = RULE.evaluate(part, OPTIONS)
+    assert cell.outcome == outcome, cell.text
+    d = part.spearman_abs - (part.control_spearman_abs + part.untrained_spearman_abs) / 2
+    assert cell.score == pytest.approx(np.median(d))
+    assert "twin" in cell.text and "control 0.8" in cell.text
+
+
+def test_the_fixed_threshold_is_named_where_it_disagrees():
+    """A twin at 0.4 between control 0.45 and untrained 0.1 is rejected by the references (0.4 > 0.275) while the
+    fixed threshold 0.5 would not reject it: the cell says both."""
+    cell = RULE.evaluate(_rows(0.4, 0.45, 0.1, noise=0.0), OPTIONS)
+    assert cell.outcome == REJECTED and cell.text.endswith("fixed threshold 0.5: not rejected")
+    agreeing = RULE.evaluate(_rows(0.9, 0.95, 0.1, noise=0.0), OPTIONS)
+    assert agreeing.outcome == REJECTED and "fixed threshold" not in agreeing.text
+
+
+@pytest.mark.parametrize("level, outcome", [(1.0, REJECTED), (0.0, NOT_REJECTED)])
+def test_without_a_reference_gap_the_fixed_threshold_decides_and_says_why(level, outcome):
+    """The edge detector (the same map on every model: all 1) and the random map (all 0) give no gap between the
+    control and the untrained model: nothing to calibrate against."""
+    cell = RULE.evaluate(_rows(level, level, level, noise=0.0 if level == 1.0 else 0.02), OPTIONS)
+    assert cell.outcome == outcome
+    assert "fixed threshold: the control twin is no nearer than an untrained model" in cell.text
+
+
+def test_without_a_control_twin_the_fixed_threshold_decides():
+    part = _rows(0.9, np.nan, np.nan)
+    cell = RULE.evaluate(part, OPTIONS)
+    assert cell.outcome == REJECTED and cell.text.endswith("fixed threshold: no control twin")
+    assert RULE.evaluate(part.drop(columns=["control_spearman_abs", "untrained_spearman_abs"]), OPTIONS).outcome \
+        == REJECTED
+    # a paired comparison of two models reads the scores against the twin, not the calibrated differences
+    assert RULE.per_image(part).tolist() == part.spearman_abs.tolist()
+
+
+def test_too_few_defined_images_are_inconclusive():
+    part = _rows(0.9, 0.95, 0.1)
+    part.loc[:30, "control_spearman_abs"] = np.nan
+    assert RULE.evaluate(part, OPTIONS).outcome == INCONCLUSIVE

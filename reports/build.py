@@ -27,10 +27,12 @@ from reports.figures import bort_figure, save, score_figure, verdict_matrix
 from reports.mechanisms import MECHANISMS, evidence_table
 from reports.references import bibtex
 from reports.reproduction import reproduction_sections
+from reports.sensitivity import sensitivity_table
 from reports.verdict import (
     bort_comparison,
     broken_checks,
     display_columns,
+    family_wise_error,
     score_columns,
     summary_line,
     verdict_table,
@@ -85,14 +87,23 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
                   "images whose maps are constant or non-finite have no defined score and are counted in the cell. "
                   "Controls (the edge detector, the random map) are not counted; each must have the outcome its check "
                   "names, else the check is broken." + (" BROKEN: " + "; ".join(broken) + "." if broken else "")
+                  + (f" {family_wise_error(len(ran))}." if ran else "")
                   + " Mechanism, for a rejected method: " + MECHANISMS)
     evidence = evidence_table(verdict, tables, config)
+    sensitivity = sensitivity_table(tables, config)
     sections = [Section("Verdict", thresholds, tables=[Table(verdict[display_columns(verdict)],
                                                              "Verdict per model and method.", "verdict")]
                         + ([Table(evidence, "The measurements behind the mechanism column: for each rejected method "
                                             "and each check that rejected it, every mechanism that could explain it, "
                                             "whether it holds, and what was measured.", "mechanisms")]
-                           if not evidence.empty else []),
+                           if not evidence.empty else [])
+                        + ([Table(sensitivity, "How far the outcomes rest on the fixed thresholds: each check's "
+                                               "outcomes over the audited methods (controls left out) re-read at "
+                                               "thresholds around the run's (marked run), and the pairs whose "
+                                               "outcome changes. The intervals do not move with the threshold; "
+                                               "only the side they fall on. A calibrated verdict reads its fixed "
+                                               "threshold only where it could not calibrate.", "sensitivity")]
+                           if not sensitivity.empty else []),
                         figures=_across_models(verdict, score))]
     sections[:0] = reproduction_sections(verdict, tables, config)
     context = ReportContext(config, run, partial(example_maps, run))

@@ -1,6 +1,7 @@
 """Bootstrap confidence intervals, and per-method summaries of the tidy result tables."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -44,6 +45,15 @@ def bootstrap_ci(values, level: float = 0.99, n_resamples: int = 10_000, seed: i
     v = v[~np.isnan(v)]
     if v.size == 0:
         return (float("nan"),) * 3
+    return _percentile_interval(v.tobytes(), level, n_resamples, seed, statistic)
+
+
+@functools.lru_cache(maxsize=4096)
+def _percentile_interval(sample: bytes, level: float, n_resamples: int, seed: int,
+                         statistic: Callable) -> tuple[float, float, float]:
+    """:func:`bootstrap_ci` of the float64 values in ``sample``, remembered: a verdict re-read at another
+    threshold (the sensitivity table) resamples the same scores, and the interval does not depend on it."""
+    v = np.frombuffer(sample, dtype=np.float64)
     rng = np.random.default_rng(seed)
     draws = statistic(v[rng.integers(0, v.size, size=(n_resamples, v.size))], axis=1)
     alpha = (1 - level) / 2

@@ -116,7 +116,9 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
         sections.append(Section("Bort vs baseline", "The median of each check's per-image score (named in the "
                                 "score column, with which values are the better ones) per method for each baseline "
                                 "and its Bort twin, with a paired Wilcoxon signed-rank test on the per-image scores "
-                                "(scipy).",
+                                "(scipy), and its p-value adjusted by Holm's step-down procedure over the methods of "
+                                "each check: read the adjusted p against a level, and the chance of a false "
+                                "difference among a check's methods stays at that level.",
                                 tables=[Table(comparison, "Bort vs baseline: paired Wilcoxon tests on each check's "
                                                           "per-image scores.", "bort")],
                                 figures=[fig] if fig else []))

@@ -21,7 +21,8 @@ HEADINGS = {"collapse_layer": "CSC", "random_logit": "random logit", "control_ch
             "csc_max_median": "CSC: largest median |cos|", "random_logit_ssim": "random logit: median SSIM",
             "cascading_ssim": "cascading: median SSIM at the top stage", "arch": "architecture",
             "audit_accuracy": "accuracy on the audited images", "orth_error_max": "orthogonality error (max)",
-            "orth_error_mean": "orthogonality error (mean)", "wilcoxon_p": "Wilcoxon p", "n": "images",
+            "orth_error_mean": "orthogonality error (mean)", "wilcoxon_p": "Wilcoxon p",
+            "holm_p": "Holm-adjusted p (over the methods)", "n": "images",
             "median_difference": "median difference (Bort - baseline)", "better": "better values"}
 
 

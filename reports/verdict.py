@@ -173,7 +173,9 @@ def bort_comparison(tables: dict) -> pd.DataFrame:
     """Paired Wilcoxon signed-rank tests (scipy) of the per-image scores behind each per-image verdict
     (random-logit SSIM, SSIM at full cascading randomization, eMPRT's score, sMPRT's Spearman, input
     invariance's relative L2), baseline vs Bort twin, per method; each row names its score and which
-    of its values are the better ones."""
+    of its values are the better ones. ``holm_p``: the p-values adjusted by Holm's step-down procedure over the
+    methods of each (baseline, Bort, check) family, so that the chance of one false difference among a check's
+    methods stays at the level read."""
     rows = []
     models = tables.get("models", pd.DataFrame())
     if models.empty:
@@ -196,4 +198,20 @@ def bort_comparison(tables: dict) -> pd.DataFrame:
                              "score": check.verdict.score_name, "better": check.verdict.better,
                              "baseline_score": float(np.median(a)), "bort_score": float(np.median(b)),
                              "median_difference": float(np.median(diff)), "wilcoxon_p": p, "n": len(a)})
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    out.insert(out.columns.get_loc("n"), "holm_p",
+               out.groupby(["baseline", "bort", "test"], sort=False).wilcoxon_p.transform(holm))
+    return out
+
+
+def holm(p: pd.Series) -> pd.Series:
+    """Holm's step-down adjustment of a family's p-values -> the adjusted p-values, in the same order: the k-th
+    smallest of m multiplied by m - k + 1, kept monotone, at most 1."""
+    order = np.argsort(p.to_numpy(), kind="stable")
+    m = len(p)
+    scaled = np.maximum.accumulate(p.to_numpy()[order] * (m - np.arange(m)))
+    adjusted = np.empty(m)
+    adjusted[order] = np.minimum(scaled, 1.0)
+    return pd.Series(adjusted, index=p.index)

@@ -13,6 +13,7 @@ from reports.verdict import (
     broken_checks,
     display_columns,
     family_wise_error,
+    holm,
     summary_line,
     twins,
     verdict_table,
@@ -216,3 +217,11 @@ def test_the_one_sided_error_the_family_wise_bound_uses_holds_in_simulated_audit
         assert above.mean() <= ONE_SIDED_ERROR and covered.mean() >= 0.97, (n, above.mean(), covered.mean())
     assert family_wise_error(7).endswith("at most 7 x 1.5% = 10.5% (Bonferroni's bound, whatever the dependence "
                                          "between the checks); each check's own outcome keeps its 99 % interval")
+
+
+def test_holm_adjusts_a_family_of_p_values_as_derived_by_hand():
+    """p = (0.01, 0.04, 0.03, 0.2) over m = 4: sorted 0.01, 0.03, 0.04, 0.2 times 4, 3, 2, 1 -> 0.04, 0.09, 0.08,
+    0.2, made monotone -> 0.04, 0.09, 0.09, 0.2; back in the given order."""
+    got = holm(pd.Series([0.01, 0.04, 0.03, 0.2]))
+    np.testing.assert_allclose(got, [0.04, 0.09, 0.09, 0.2])
+    np.testing.assert_allclose(holm(pd.Series([0.5, 0.6])), [1.0, 1.0])

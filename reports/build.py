@@ -81,7 +81,7 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
     broken = broken_checks(verdict)
     thresholds = (summary_line(verdict) + ". A sanity check can reject a method; it cannot certify one: each check "
                   "says rejected, not rejected or inconclusive, and a method is rejected when any check rejects it. "
-                  + " ".join(f"{name}: {v.rule_text(CHECKS[name].options_from(config.options))}."
+                  + " ".join(f"{name}: {v.rule_text(CHECKS[name].options_from(config.options, config.looks))}."
                              for name, v in ran.items())
                   + " Per-image scores are medians over images with their 99 % bootstrap interval (10,000 resamples); "
                   "images whose maps are constant or non-finite have no defined score and are counted in the cell. "
@@ -109,7 +109,7 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
     context = ReportContext(config, run, partial(example_maps, run))
     for name, check in CHECKS.items():
         if name in tables:
-            sections += check.sections(tables[name], context, check.options_from(config.options))
+            sections += check.sections(tables[name], context, check.options_from(config.options, config.looks))
     comparison = bort_comparison(tables)
     if not comparison.empty:
         fig = bort_figure(comparison)

@@ -121,7 +121,7 @@ def measure_cell(check: str, part: pd.DataFrame, measure: str, config: AuditConf
     rule = definition.verdict.fixed if isinstance(definition.verdict, Calibrated) else definition.verdict
     if not isinstance(rule, (MedianScore, Survival)):
         raise TypeError(f"check {check}: its verdict rule reads no metric column")
-    return dataclasses.replace(rule, metric=measure).evaluate(part, definition.options_from(config.options))
+    return dataclasses.replace(rule, metric=measure).evaluate(part, definition.options_from(config.options, config.looks))
 
 
 def _short(cell: VerdictCell) -> str:

@@ -61,7 +61,7 @@ def sensitivity_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
         rule = check.verdict
         if rule is None or table is None or table.empty or not rule.threshold:
             continue
-        options = check.options_from(config.options)
+        options = check.options_from(config.options, config.looks)
         value = getattr(options, rule.threshold)
         parts = [(model, method, part) for (model, method), part in table.groupby(["model", "method"], sort=False)
                  if build_method(method).family != CONTROLS]

@@ -20,7 +20,8 @@ def _rules(tables: dict, config: AuditConfig) -> list[tuple[str, VerdictRule, bo
     """(check name, rule, counts in the verdict, the check's options) for each verdict rule of the checks that
     were run."""
     run = set(tables) | set(config.tests)
-    return [(name, rule, rule is check.verdict, check.options_from(config.options)) for name, check in CHECKS.items()
+    return [(name, rule, rule is check.verdict, check.options_from(config.options, config.looks))
+            for name, check in CHECKS.items()
             if name in run for rule in ((check.verdict,) if check.verdict is not None else ()) + tuple(check.side_rules)]
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from audit.checks.options import Options, UnitContext
+from audit.checks.options import CONFIDENCE, Options, UnitContext
 from audit.measures.statistics import bootstrap_ci
 from audit.sections import ReportContext, Section
 
@@ -75,20 +75,28 @@ def interval_outcome(low: float, high: float, threshold: float, rejects_at_or_ab
     return REJECTED if high <= threshold else NOT_REJECTED if low > threshold else INCONCLUSIVE
 
 
+def looked(level: float, images: int) -> str:
+    """The text a verdict cell adds for an interval of a sequential run's look: its level and the images it read
+    ("" at the one-look level)."""
+    return "" if level == CONFIDENCE else f"; {level:.2%} interval, {images} images"
+
+
 def too_few(defined: int, total: int) -> bool:
     """Whether ``defined`` of ``total`` images are too few to conclude: under :data:`MIN_DEFINED` or under half."""
     return defined < MIN_DEFINED or 2 * defined < total
 
 
-def scored_cell(values: np.ndarray, threshold: float, rejects_at_or_above: bool = True, label: str = "") -> VerdictCell:
-    """The verdict on per-image ``values`` (NaN: undefined): the median with its 99 % bootstrap interval against
-    ``threshold`` (:func:`interval_outcome`), inconclusive when too few are defined (:func:`too_few`). The text
-    starts with ``label`` (e.g. the stage it is read at) and ends with the undefined count."""
+def scored_cell(values: np.ndarray, threshold: float, rejects_at_or_above: bool = True, label: str = "",
+                level: float = CONFIDENCE) -> VerdictCell:
+    """The verdict on per-image ``values`` (NaN: undefined): the median with its ``level`` bootstrap interval
+    against ``threshold`` (:func:`interval_outcome`), inconclusive when too few are defined (:func:`too_few`). The
+    text starts with ``label`` (e.g. the stage it is read at) and ends with the undefined count; an interval of
+    another level than 99 % (a sequential run's look) says its level and the images it read."""
     values = np.asarray(values, dtype=float)
     bad = int((~np.isfinite(values)).sum())
-    est, low, high = bootstrap_ci(values[np.isfinite(values)], 0.99)
+    est, low, high = bootstrap_ci(values[np.isfinite(values)], level)
     prefix = f"{label}: " if label else ""
-    suffix = f"; {bad} of {len(values)} undefined" if bad else ""
+    suffix = (f"; {bad} of {len(values)} undefined" if bad else "") + looked(level, len(values))
     if too_few(len(values) - bad, len(values)):
         return VerdictCell(est, f"{INCONCLUSIVE} ({prefix}{bad} of {len(values)} images undefined: constant or "
                                 "non-finite maps)", INCONCLUSIVE, bad)
@@ -223,7 +231,8 @@ class MedianScore(VerdictRule):
         """
         if self.metric not in part:  # a table written before the check measured it
             return VerdictCell(float("nan"), "n/a", None)
-        return scored_cell(self.per_image(part).to_numpy(), getattr(options, self.threshold), not self.fails_below)
+        return scored_cell(self.per_image(part).to_numpy(), getattr(options, self.threshold), not self.fails_below,
+                           level=options.interval_level)
 
 
 # the options argument is the check's own Options class
@@ -296,9 +305,10 @@ class Check:
                 raise TypeError(f"check {self.name}: its verdict reads {missing[0]!r}, not a field of "
                                 f"{self.options.__name__}")
 
-    def options_from(self, values: Mapping[str, Any]) -> Options:
-        """The check's options from a configuration's flat keys (:meth:`Options.parse`)."""
-        return self.options.parse(values)
+    def options_from(self, values: Mapping[str, Any], looks: int = 1) -> Options:
+        """The check's options from a configuration's flat keys (:meth:`Options.parse`), read ``looks`` times by
+        a sequential run (a check whose units are not split by images is read once)."""
+        return self.options.parse(values, looks if self.per_image else 1)
 
     @property
     def coverage_file(self) -> str:

@@ -93,15 +93,16 @@ class Calibrated(VerdictRule):
         score, ceiling, floor = measured
         defined = np.isfinite(score) & np.isfinite(ceiling) & np.isfinite(floor)
         if too_few(int(defined.sum()), len(score)):
-            return scored_cell(np.where(defined, score, np.nan), 0.0)  # inconclusive, with the undefined count
-        gap, low_gap, _ = bootstrap_ci((ceiling - floor)[defined], 0.99)
+            # inconclusive, with the undefined count
+            return scored_cell(np.where(defined, score, np.nan), 0.0, level=options.interval_level)
+        gap, low_gap, _ = bootstrap_ci((ceiling - floor)[defined], options.interval_level)
         medians = (f"twin {np.median(score[defined]):.3f}, control {np.median(ceiling[defined]):.3f}, untrained "
                    f"{np.median(floor[defined]):.3f}")
         if not low_gap > 0:
             return _marked(fixed, f"fixed threshold: the control twin is no nearer than an untrained model, gap "
                                   f"{gap:.3f} from {low_gap:.3f}; {medians}")
         cell = scored_cell(np.where(defined, score - (ceiling + floor) / 2, np.nan), 0.0,
-                           label="nearer the control by")
+                           label="nearer the control by", level=options.interval_level)
         differs = f"; fixed threshold {getattr(options, self.threshold)}: {fixed.outcome}" \
             if fixed.outcome != cell.outcome else ""
         return VerdictCell(cell.score, f"{cell.text[:-1]}; {medians}){differs}", cell.outcome, cell.undefined)

@@ -81,20 +81,36 @@ def option(default: Any, help: str, *, choices: tuple[Any, ...] = (), valid: Cal
     return field(default=default, metadata={"help": help, "choices": tuple(choices), "valid": valid, "rule": rule})
 
 
+CONFIDENCE = 0.99  # the level of every verdict's interval in a run of one look
+
+
 @dataclass(frozen=True)
 class Options:
-    """The options of a check (a check without options has this class itself)."""
+    """The options of a check (a check without options has this class itself).
+
+    ``looks``, not a key of its own: how many times the run's sequential design reads a verdict (``max_images``
+    over ``n_images``, :class:`~audit.run.config.AuditConfig`); each look's interval is at :attr:`interval_level`.
+    """
+
+    looks: int = field(default=1, metadata={"derived": True})
+
+    @property
+    def interval_level(self) -> float:
+        """The level of a verdict's interval at one look: :data:`CONFIDENCE` split over the looks (Bonferroni),
+        so that a decision taken at any look keeps the error of one fixed-size interval."""
+        return 1 - (1 - CONFIDENCE) / self.looks
 
     @classmethod
     def declared(cls) -> tuple[Option, ...]:
-        """The declarations of the fields, in their order (a base class's first)."""
-        return tuple(Option(f.name, f.default, **f.metadata) for f in dataclasses.fields(cls))
+        """The declarations of the fields, in their order (a base class's first); ``looks`` is not one."""
+        return tuple(Option(f.name, f.default, **f.metadata) for f in dataclasses.fields(cls)
+                     if not f.metadata.get("derived"))
 
     @classmethod
-    def parse(cls: type[OptionsT], values: Mapping[str, Any]) -> OptionsT:
+    def parse(cls: type[OptionsT], values: Mapping[str, Any], looks: int = 1) -> OptionsT:
         """The options from a configuration's flat keys (the others ignored; a missing one takes its default),
-        each value checked (:meth:`Option.check`)."""
-        return cls(**{o.name: o.check(values.get(o.name, o.default)) for o in cls.declared()})
+        each value checked (:meth:`Option.check`), read ``looks`` times by the run's design."""
+        return cls(looks=looks, **{o.name: o.check(values.get(o.name, o.default)) for o in cls.declared()})
 
 
 @dataclass(frozen=True)

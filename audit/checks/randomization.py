@@ -34,10 +34,20 @@ from attributions.graph import Graph, trace
 from attributions.kinds import SIGNAL_KINDS
 from attributions.records import Const
 from audit import style
-from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, Check, UnitResult, VerdictCell, VerdictRule, too_few
+from audit.checks.base import (
+    INCONCLUSIVE,
+    NOT_REJECTED,
+    REJECTED,
+    Check,
+    UnitResult,
+    VerdictCell,
+    VerdictRule,
+    looked,
+    too_few,
+)
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import record as coverage_record
-from audit.checks.options import Options, UnitContext, option
+from audit.checks.options import CONFIDENCE, Options, UnitContext, option
 from audit.checks.passes import model_errors, prepare
 from audit.checks.reinit import BN_POLICIES, INITS, reinitialise, reinitialise_part, reset_batchnorm
 from audit.checks.stage_options import GRID_SCALES, ORDERS, StageOptions, StageSettings, measures_option, stage_settings
@@ -300,15 +310,15 @@ def unchanged_nodes(graph: Graph, changed: set[str]) -> frozenset[str]:
     return frozenset(n.name for n in graph.nodes[1:] if n.name not in dirty and n.kind in SIGNAL_KINDS)
 
 
-def stage_intervals(part: pd.DataFrame, metric: str) -> pd.DataFrame:
+def stage_intervals(part: pd.DataFrame, metric: str, level: float = CONFIDENCE) -> pd.DataFrame:
     """Per randomization stage after the trained model (stage > 0), in order: the stage's name, the median of
-    ``metric`` over images with its 99 % bootstrap interval, and the images with a defined and with an undefined
-    score. ``part``: one model x method's rows."""
+    ``metric`` over images with its ``level`` bootstrap interval, and the images with a defined and with an
+    undefined score. ``part``: one model x method's rows."""
     out = []
     for (stage, layer), rows in part[part.stage > 0].groupby(["stage", "layer"], sort=True):
         values = rows[metric].to_numpy(dtype=float)
         defined = int(np.isfinite(values).sum())
-        est, low, high = bootstrap_ci(values, 0.99)
+        est, low, high = bootstrap_ci(values, level)
         out.append({"stage": stage, "layer": layer, "median": est, "low": low, "high": high, "defined": defined,
                     "undefined": len(values) - defined})
     return pd.DataFrame(out, columns=["stage", "layer", "median", "low", "high", "defined", "undefined"])
@@ -352,7 +362,7 @@ class Survival(VerdictRule):
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
     def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
-        intervals = stage_intervals(part, self.metric) if self.metric in part else pd.DataFrame()
+        intervals = stage_intervals(part, self.metric, options.interval_level) if self.metric in part else pd.DataFrame()
         if intervals.empty:
             return VerdictCell(float("nan"), "n/a", None)
         threshold, top = getattr(options, self.threshold), min(getattr(options, self.top), len(intervals))
@@ -368,8 +378,10 @@ class Survival(VerdictRule):
         stop = (f"survives all {len(intervals)} stages" if kept == len(intervals) else
                 f"survives {kept} of {len(intervals)} stages, stops at {intervals.layer.iloc[kept]}")
         undefined = int(head.undefined.sum())
+        images = int(head.defined.iloc[-1] + head.undefined.iloc[-1])
         return VerdictCell(float(last["median"]), f"{outcome} (after {last.layer}: {last['median']:.3f} "
-                           f"[{last.low:.3f}, {last.high:.3f}]; {stop})", outcome, undefined)
+                           f"[{last.low:.3f}, {last.high:.3f}]; {stop}{looked(options.interval_level, images)})", outcome,
+                           undefined)
 
     def rule_text(self, options: Options) -> str:
         top = getattr(options, self.top)

@@ -67,6 +67,12 @@ class AuditConfig:
         f"{c.name} ({c.description})" for c in CHECKS.values()))
     n_images: int = key(32, help="images audited per model, class-balanced: the first images of each class in order "
                           "(imagefolder: a seeded draw per class)", type=int)
+    max_images: int | None = key(None, help="the image budget of a sequential run (default: none, n_images once): "
+                                 "the images are read in looks of n_images (the first n_images, then the next, up to "
+                                 "max_images), and a model x check x method cell gets the next look only while its "
+                                 "verdict is undecided; every look's interval is at the level 1 - 0.01 / K for K "
+                                 "looks (Bonferroni over the looks), so a decision taken at any look keeps the error "
+                                 "of one interval at 99 percent", type=int)
     seed: int = key(0, help="the run's seed", type=int)
     protocol: str = key("toolkit", help="the checks' settings: toolkit (default), adebayo2018 (the randomized "
                         "model's prediction explained, BatchNorm statistics kept, Gaussian re-initialisation, their "
@@ -167,7 +173,19 @@ class AuditConfig:
         for name, ok in checks:
             if not ok:
                 raise ConfigError(f"invalid {name}={getattr(out, name)!r} in the audit configuration")
+        if out.max_images is not None:
+            if isinstance(out.max_images, bool) or not isinstance(out.max_images, int) or out.max_images < out.n_images:
+                raise ConfigError(f"max_images must be an integer of at least n_images ({out.n_images}), got "
+                                  f"{out.max_images!r}")
+            if out.image_block:
+                raise ConfigError("max_images reads the images in looks of n_images, which are the blocks of the "
+                                  "work: drop image_block")
         return out
+
+    @property
+    def looks(self) -> int:
+        """How many looks the run's design takes at each cell: ceil(max_images / n_images), 1 without a budget."""
+        return 1 if self.max_images is None else -(-self.max_images // self.n_images)
 
     def to_dict(self) -> dict:
         """The flat form (general keys, then the checks' keys) written to the manifest."""

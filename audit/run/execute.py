@@ -6,6 +6,7 @@ a line per item says what it found and how long the rest should take.
 """
 from __future__ import annotations
 
+import glob
 import time
 import zlib
 
@@ -18,23 +19,60 @@ from attributions import memory
 from attributions.errors import AttributionError
 from attributions.explainer import Explainer
 from audit.atomic import atomic_write_bytes
-from audit.checks import Check, Options, UnitContext, UnitResult
+from audit.checks import CHECKS, Check, Options, UnitContext, UnitResult
+from audit.checks.base import INCONCLUSIVE
 from audit.checks.passes import given_params
 from audit.errors import ModelError
 from audit.run.faults import kill_point
 from audit.run.patterns import pattern_params
 from audit.run.plan import Run
 from audit.run.resources import Peak
-from audit.run.units import WorkItem, csv_bytes, duration, npz_bytes, remaining_seconds
+from audit.run.results import read_table
+from audit.run.units import WorkItem, csv_bytes, duration, look_items, npz_bytes, remaining_seconds
 
 
 def execute(run: Run, *, progress: bool) -> None:
-    """Compute and write every work item of ``run`` this process owns that is not written yet."""
+    """Compute and write every work item of ``run`` this process owns that is not written yet: the run's items,
+    or for a sequential run (``max_images``) look after look, each look's items for the cells still undecided
+    (:func:`undecided`), added to ``run.items``."""
+    config = run.config
+    if config.looks == 1:
+        _execute_items(run, run.items, progress)
+        return
+    seen = dict.fromkeys((item.spec, item.check.name, item.method) for item in run.items)
+    units = [(spec, CHECKS[name], method) for spec, name, method in seen]
+    run.items = []
+    for look in range(1, config.looks + 1):
+        items = look_items(units, look=look, n_images=config.n_images, max_images=len(run.x))
+        run.items += items
+        _execute_items(run, items, progress, f"look {look} of {config.looks}")
+        run.shard.barrier()  # every rank's blocks of this look are written: each reads them and decides alike
+        units = [u for u in units if u[1].per_image and undecided(run, *u)]
+        if not units:
+            break
+
+
+def undecided(run: Run, spec: str, check: Check, method: str) -> bool:
+    """Whether the cell's verdict is still inconclusive on the images its blocks hold so far (read from the files,
+    so that every rank and a resumed run decide alike); a cell the check says nothing of is decided."""
+    unit = WorkItem(spec, check, method, 0, 0, False).unit(run.out, run.labels)
+    if unit.exists() or check.verdict is None:  # joined by a finished run: no look is left to add
+        return False
+    blocks = sorted(unit.parent.glob(f"{glob.escape(method)}@*-*.csv"))
+    tables = [t for t in (read_table(b) for b in blocks) if not t.empty]
+    if not tables:
+        return False
+    return check.verdict.evaluate(pd.concat(tables, ignore_index=True), run.options[check.name]).outcome \
+        == INCONCLUSIVE
+
+
+def _execute_items(run: Run, items: list[WorkItem], progress: bool, stage: str = "") -> None:
+    """Compute and write the ``items`` this process owns that are not written yet."""
     out, labels, shard = run.out, run.labels, run.shard
-    bar = tqdm(run.items, desc="audit" if shard.world == 1 else f"audit (rank {shard.rank} of {shard.world})",
-               disable=not progress, position=shard.rank)
+    desc = "audit" if shard.world == 1 else f"audit (rank {shard.rank} of {shard.world})"
+    bar = tqdm(items, desc=f"{desc}, {stage}" if stage else desc, disable=not progress, position=shard.rank)
     # this process's work still to do, looked up once (a resumed run skips the rest)
-    pending = [i for i, item in enumerate(run.items)
+    pending = [i for i, item in enumerate(items)
                if shard.mine(i) and not item.path(out, labels).exists() and not item.unit(out, labels).exists()]
     todo = set(pending)
     peak = Peak(run.device)
@@ -43,7 +81,7 @@ def execute(run: Run, *, progress: bool) -> None:
             continue
         table = _compute(run, item, peak, progress)
         kill_point(len(run.timings), shard.rank)
-        left = [(run.items[i].check.name, run.items[i].method) for i in pending if i > index]
+        left = [(items[i].check.name, items[i].method) for i in pending if i > index]
         line = _line(run, item, table, left)
         (bar.write if progress else run.log)(line)
 

@@ -121,7 +121,7 @@ def plan(config: AuditConfig, out: str | os.PathLike, *, resume: bool, shard: Sh
     shard.barrier()  # every rank has checked the folder before the lead writes into it
     return Run(config, out, shard, log, labels, x.to(device), y, images, loaded, twin_specs, twin_models, patterns,
                prints, previous, device, budget, threads, work_items(units, n_images=len(x), block=config.image_block),
-               {test: CHECKS[test].options_from(config.options) for test in config.tests},
+               {test: CHECKS[test].options_from(config.options, config.looks) for test in config.tests},
                control_specs=control_specs, control_models=control_models)
 
 
@@ -184,20 +184,21 @@ def _agreed_resources(config: AuditConfig, previous: dict | None, device: torch.
 
 
 def audit_images(config: AuditConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """``n_images`` class-balanced images of the configured data (see :func:`audit.data.balanced_sample`
-    and, for "imagefolder", :func:`audit.data.datasets.sample_image_folder`), their labels, and
-    what the manifest records about them (source, count, labels; the files, classes and
-    preprocessing of an image folder)."""
+    """``n_images`` (a sequential run: ``max_images``) class-balanced images of the configured data (see
+    :func:`audit.data.balanced_sample` and, for "imagefolder", :func:`audit.data.datasets.sample_image_folder`),
+    their labels, and what the manifest records about them (source, count, labels; the files, classes and
+    preprocessing of an image folder). The first ``n_images`` of a budget's draw are the ``n_images`` draw's."""
+    n = config.max_images or config.n_images
     if config.data == "imagefolder":
         if config.data_root is None:
             raise ConfigError("data imagefolder needs data_root (--data-root): the folder with one sub-folder "
                               "per class")
-        sample = sample_image_folder(config.data_root, config.n_images, config.seed, config.preprocess)
+        sample = sample_image_folder(config.data_root, n, config.seed, config.preprocess)
         x, y = sample.x, sample.y
         record = {"root": str(Path(config.data_root).resolve()), "files": sample.files, "classes": sample.classes,
                   "preprocess": preprocess_from(config.preprocess).to_dict()}
     else:
-        x, y = balanced_sample(config.data, config.n_images, config.data_root)
+        x, y = balanced_sample(config.data, n, config.data_root)
         record = {}
     info = {"source": config.data, "n": len(x), "labels": y.tolist(), **record}
     return torch.from_numpy(x), torch.from_numpy(y), info

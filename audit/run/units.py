@@ -60,6 +60,20 @@ def work_items(units: list[tuple[str, Check, str]], *, n_images: int, block: int
     return items
 
 
+def look_items(units: list[tuple[str, Check, str]], *, look: int, n_images: int, max_images: int) -> list[WorkItem]:
+    """The work of look ``look`` (1, 2, ...) of a sequential run, for the ``units`` still open: each unit scored
+    per image over the look's images [(look - 1) n_images, look n_images), capped at ``max_images``, as a block;
+    at the first look, a unit not scored per image over all ``max_images`` images, whole (it is read once)."""
+    start, stop = (look - 1) * n_images, min(look * n_images, max_images)
+    items = []
+    for spec, check, method in units:
+        if check.per_image:
+            items.append(WorkItem(spec, check, method, start, stop, True))
+        elif look == 1:
+            items.append(WorkItem(spec, check, method, 0, max_images, False))
+    return items
+
+
 def csv_bytes(df: pd.DataFrame) -> bytes:
     return df.to_csv(index=False, float_format="%.10g").encode()
 

@@ -2,6 +2,7 @@
 field its options lack."""
 from dataclasses import FrozenInstanceError, dataclass
 
+import numpy as np
 import pytest
 
 from audit.checks import Check, MedianScore, Options, UnitContext, option
@@ -28,14 +29,14 @@ def test_declarations_come_from_the_fields_in_order():
 
 def test_parse_takes_its_own_keys_checks_them_and_widens_ints():
     options = _Toy.parse({"level": 1, "mode": "b", "someone_elses": 3})
-    assert options == _Toy(level=1.0, mode="b") and isinstance(options.level, float)
+    assert options == _Toy(level=1.0, mode="b") and isinstance(options.interval_level, float)
     assert _Toy.parse({}) == _Toy()
     with pytest.raises(ConfigError, match=r"invalid level=2.0: it must be in \(0, 1\]"):
         _Toy.parse({"level": 2})
     with pytest.raises(ConfigError, match="invalid mode='c'; valid: a, b"):
         _Toy.parse({"mode": "c"})
     with pytest.raises(FrozenInstanceError):
-        options.level = 0.2  # type: ignore[misc]
+        options.interval_level = 0.2  # type: ignore[misc]
 
 
 def test_stage_settings_are_one_checked_value():
@@ -52,3 +53,30 @@ def test_a_verdict_reading_a_field_its_options_lack_is_refused_when_the_check_is
               sections=lambda table, context, options: [], options=_Toy,
               verdict=MedianScore("toy_score", "toy", "bad", "toy_threshold"))
     assert UnitContext().twin is None and UnitContext(seed=2).seed == 2
+
+
+def test_a_sequential_design_splits_the_level_over_its_looks_and_keeps_its_error():
+    """K looks read each interval at 1 - 0.01 / K (Bonferroni over the looks). 1,000 simulated sequential audits
+    of a score whose true median is the threshold itself (the worst case of a check that should not reject): read
+    in looks of 16 images up to 64, stopping at the first decided look, they reject in no more than
+    ONE_SIDED_ERROR of them, the error of one fixed-size interval."""
+    from scipy import stats
+
+    from audit.checks.base import interval_outcome
+    from audit.measures.statistics import bootstrap_ci
+    from reports.verdict import ONE_SIDED_ERROR
+
+    assert _Toy.parse({}, looks=4).interval_level == pytest.approx(0.9975) and _Toy.parse({}).interval_level == 0.99
+    assert "looks" not in {o.name for o in _Toy.declared()}
+    dist, level = stats.beta(2, 5), _Toy.parse({}, looks=4).interval_level
+    rng = np.random.default_rng(2)
+    rejected = 0
+    for _ in range(1000):
+        values = dist.rvs(size=64, random_state=rng)
+        for look in range(1, 5):
+            _, low, high = bootstrap_ci(values[:16 * look], level, n_resamples=2000)  # scored_cell's, fewer draws
+            outcome = interval_outcome(low, high, dist.median())
+            if outcome != "inconclusive":
+                rejected += outcome == "rejected"
+                break
+    assert rejected / 1000 <= ONE_SIDED_ERROR

@@ -83,7 +83,12 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
                   "says rejected, not rejected or inconclusive, and a method is rejected when any check rejects it. "
                   + " ".join(f"{name}: {v.rule_text(CHECKS[name].options_from(config.options, config.looks))}."
                              for name, v in ran.items())
-                  + " Per-image scores are medians over images with their 99 % bootstrap interval (10,000 resamples); "
+                  + " Per-image scores are medians over images with their 99 % bootstrap interval (10,000 resamples)"
+                  + (f" (this run is sequential: the images were read in up to {config.looks} looks of "
+                     f"{config.n_images}, up to {config.max_images}, each cell until it was decided; every interval is "
+                     f"at {1 - 0.01 / config.looks:.2%}, 99 % split over the looks, so that a decision taken at any "
+                     "look keeps the error of one 99 % interval, and each cell names the images it read)"
+                     if config.looks > 1 else "") + "; "
                   "images whose maps are constant or non-finite have no defined score and are counted in the cell. "
                   "Controls (the edge detector, the random map) are not counted; each must have the outcome its check "
                   "names, else the check is broken." + (" BROKEN: " + "; ".join(broken) + "." if broken else "")

@@ -143,8 +143,24 @@ def units(run: Run) -> dict:
             "results": sorted(str(p.relative_to(run.out)) for p in (run.out / "results").glob("*.csv"))}
 
 
+def design(run: Run) -> dict:
+    """A sequential run's design (:attr:`~audit.run.config.AuditConfig.max_images`): its looks, each look's
+    interval level and the images each model x check x method cell read before it was decided or the budget
+    was spent ("sequential"); nothing for a run of one look."""
+    config = run.config
+    if config.looks == 1:
+        return {}
+    read: dict[str, int] = {}
+    for item in run.items:
+        key = f"{run.labels[item.spec]}/{item.check.name}/{item.method}"
+        read[key] = max(read.get(key, 0), item.stop)
+    return {"sequential": {"looks": config.looks, "look_images": config.n_images, "max_images": config.max_images,
+                           "level": 1 - 0.01 / config.looks, "correction": "Bonferroni over the looks",
+                           "images": read}}
+
+
 CONTRIBUTORS: tuple[Contributor, ...] = (model_sources, coverage, twins, conventions, patterns, images, memory,
-                                         precision, software, units)
+                                         precision, design, software, units)
 
 
 def half_precision_agreement(models: dict[str, nn.Module], labels: dict[str, str], methods: list[str], x: torch.Tensor,

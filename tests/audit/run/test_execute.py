@@ -32,6 +32,9 @@ def test_a_decided_cell_stops_and_an_undecided_one_gets_the_next_look(tmp_path):
         verdict.loc["gradient", "random_logit"] and "99.75% interval, 4 images" in verdict.loc["gradient", "random_logit"]
     assert "16 images" in verdict.loc["guided-backprop", "random_logit"]
     assert result.config.looks == 4 and result.manifest["config"]["max_images"] == 16
+    design = result.manifest["sequential"]
+    assert design["looks"] == 4 and design["level"] == pytest.approx(0.9975)
+    assert design["images"] == {"cnn-sgd/random-logit/gradient": 4, "cnn-sgd/random-logit/guided-backprop": 16}
     assert not list((tmp_path / "run").rglob("*@*"))  # the looks' blocks are joined into units
 
 

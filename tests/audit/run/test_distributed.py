@@ -1,6 +1,7 @@
 """Runs sharded over torch.distributed ranks (gloo, localhost): the files of one process, and
 --resume after a rank is killed."""
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -123,3 +124,18 @@ def test_the_images_of_a_unit_are_shared_among_ranks_in_blocks(tmp_path):
     for k in a:
         assert a[k][0].shape[1] == 3 and a[k][1].shape[0] == 3  # three example images, from two blocks
         assert all(np.array_equal(u, v) for u, v in zip(a[k], b[k]))
+
+
+def test_a_sequential_run_on_two_ranks_writes_the_files_of_one_process(tmp_path):
+    """Each look's blocks are shared among the ranks; every rank reads them after the look and decides alike which
+    cells take the next."""
+    sequential = ["--models", "cnn-sgd", "--methods", "gradient,guided-backprop", "--tests", "random-logit",
+                  "--n-images", "4", "--max-images", "12", "--quiet", "--no-report"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    with one_thread():
+        assert main(["run", *sequential, "--out", str(one)]) == 0
+    assert main(["run", *sequential, "--workers", "2", "--out", str(two)]) == 0
+    assert files(one) == files(two)
+    manifest = json.loads((two / "manifest.json").read_text())
+    assert manifest["sequential"]["images"] == {"cnn-sgd/random-logit/gradient": 4,
+                                                "cnn-sgd/random-logit/guided-backprop": 12}

@@ -93,13 +93,26 @@ def threshold_line(ax: Axes, value: float, label: str | None = None) -> Line2D:
     return ax.axhline(value, color="0.35", linestyle=(0, (4, 2)), linewidth=0.8, zorder=1, label=label)
 
 
-def score_boxes(part, metric: str, threshold: float, ylabel: str) -> MplFigure:
+REFERENCE_MARKERS = ("^", "v")  # the ceiling's and the floor's median, beside each method's box
+
+
+def score_boxes(part, metric: str, threshold: float, ylabel: str,
+                references: dict[str, str] | None = None) -> MplFigure:
     """Per-image ``metric`` of one model's table ``part``: a box and every image's point per method, one panel per
-    family, on [0, 1] with the dashed ``threshold``."""
+    family, on [0, 1] with the dashed ``threshold``; ``references`` ({legend label: column}, at most two): each
+    column's median per method as a black marker beside the box (up, then down triangles)."""
     fig, axes, groups = family_panels(list(part.method), sharex=False, panel_height=1.6)
+    references = {label: c for label, c in (references or {}).items() if c in part and part[c].notna().any()}
     for ax, methods in zip(axes[0], groups.values()):
         method_boxes(ax, methods, {m: part[part.method == m][metric].to_numpy() for m in methods})
         threshold_line(ax, threshold)
+        for (label, column), marker in zip(references.items(), REFERENCE_MARKERS):
+            medians = [float(np.nanmedian(part[part.method == m][column])) for m in methods]
+            ax.plot(np.arange(len(methods)) + 0.36, medians, linestyle="none", marker=marker, color="black",
+                    markersize=3.5, label=label, zorder=4)
+    if references:  # the controls' panel, last, has room between its 0 and its 1
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        axes[0, -1].legend(handles, labels, loc="center", fontsize="x-small", frameon=False)
     axes[0, 0].set_ylim(-0.05, 1.05)
     axes[0, 0].set_ylabel(ylabel)
     return fig

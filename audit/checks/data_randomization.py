@@ -144,13 +144,23 @@ def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, option
 
 def data_figure(table: pd.DataFrame, model: str, threshold: float) -> Figure:
     """Per-image Spearman of ``|map|`` between each method's maps on the model and on its permuted-label twin (the
-    verdict's measure): a box and every image's point per method, one panel per family; dashed: the threshold."""
-    fig = score_boxes(table[table.model == model], "spearman_abs", threshold, "Spearman of |map|, model vs twin")
+    verdict's measure): a box and every image's point per method, one panel per family; dashed: the fixed threshold;
+    triangles: the medians of the calibrated verdict's references, where the model has a control twin."""
+    part = table[table.model == model]
+    references = {"control twin": "control_spearman_abs", "untrained": "untrained_spearman_abs"}
+    fig = score_boxes(part, "spearman_abs", threshold, "Spearman of |map|, model vs twin", references)
+    calibrated = "control_spearman_abs" in part and part.control_spearman_abs.notna().any()
     return Figure(f"data_randomization_{model}", fig, f"Data randomization on {model}: Spearman rank correlation of "
                   "the magnitudes of each image's maps on the model and on its twin trained on permuted labels (the "
-                  "measure of Adebayo et al., section 5), per image (points) and per method (boxes); "
-                  f"a method whose median's 99 % interval lies at or above the dashed line ({threshold:g}) is rejected: "
-                  "its map does not depend on what the model learned.")
+                  "measure of Adebayo et al., section 5), per image (points) and per method (boxes)"
+                  + ("; beside each box, the median of the model's maps against its control twin's (up triangle: "
+                     "a model that learned the same labels) and against an untrained copy's (down triangle: a model "
+                     "that learned nothing). A method whose twin scores nearer the control than the untrained copy "
+                     "is rejected (the verdict's calibrated rule); the dashed line "
+                     f"({threshold:g}) is the fixed threshold read where the two references do not separate."
+                     if calibrated else
+                     f"; a method whose median's 99 % interval lies at or above the dashed line ({threshold:g}) is "
+                     "rejected: its map does not depend on what the model learned."))
 
 
 def _manifest(context: ReportContext) -> dict[str, Any]:
@@ -159,12 +169,16 @@ def _manifest(context: ReportContext) -> dict[str, Any]:
 
 
 def _twin_table(manifest: dict[str, Any], models: list[str]) -> pd.DataFrame:
-    """The twins the run compared: which checkpoint, its training subset, label seed and accuracies."""
+    """The twins the run compared, each model's permuted-label twin and its control twin: which checkpoint, its
+    labels, seeds, training subset and accuracies."""
     twins = manifest.get("twins", {})
-    rows = [{"model": m, "twin": twins[m]["spec"], "labels": twins[m].get("labels"),
-             "label seed": twins[m].get("label_seed"), "training images": twins[m].get("train_size"),
-             "training accuracy": twins[m].get("train_accuracy"), "test accuracy": twins[m].get("test_accuracy")}
-            for m in models if m in twins]
+    rows = [{"model": m, "role": role, "twin": record["spec"], "labels": record.get("labels"),
+             "label seed": record.get("label_seed"), "seed": record.get("seed"),
+             "training images": record.get("train_size"), "training accuracy": record.get("train_accuracy"),
+             "test accuracy": record.get("test_accuracy")}
+            for m in models if m in twins
+            for role, record in (("permuted-label twin", twins[m]), ("control twin", twins[m].get("control")))
+            if record]
     return pd.DataFrame(rows)
 
 
@@ -178,7 +192,10 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: DataRandomiz
             "architecture trained on the training labels permuted once, until it fits them; its test accuracy is at "
             "chance), compared by the Spearman rank correlation of their magnitudes and of the signed maps, as "
             "Adebayo et al. (2018, section 5) compared them on MNIST and Fashion-MNIST (SSIM and HOG, shown in the "
-            "tables, were theirs on ImageNet only). A map that depends on what the model learned changes; the edge "
+            "tables, were theirs on ImageNet only). Where the model has a control twin (the twin's recipe on the true "
+            "labels, another seed), each image's similarity to the permuted-label twin is read against the model's "
+            "similarity to the control twin and to an untrained copy: the verdict rejects a map nearer the control "
+            "(see the verdict's rule). A map that depends on what the model learned changes; the edge "
             "control must be rejected. Adebayo et al. found that the gradient, SmoothGrad and Grad-CAM maps "
             "changed, and cautioned, from the figures, that guided backprop, integrated gradients and input x "
             "gradient still showed the input's structure, the last two with their signs changed.")
@@ -192,8 +209,10 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: DataRandomiz
                                    preprocess_from(context.config.preprocess), options.heatmap_scale,
                                    columns="on the model and on its permuted-label twin (left to right)")
     return [Section("Data randomization", text=text,
-                    tables=[Table(twins, "Permuted-label twins: training subset, label seed, training accuracy on the "
-                                         "permuted labels and test accuracy on the true ones.", "twins")]
+                    tables=[Table(twins, "Twins: each model's permuted-label twin and its control twin (the same "
+                                         "recipe and subset on the true labels), their seeds, training subset, "
+                                         "training accuracy on their training labels and test accuracy on the true "
+                                         "ones.", "twins")]
                     if not twins.empty else [],
                     figures=[data_figure(table, m, threshold) for m in models] + grids)]
 

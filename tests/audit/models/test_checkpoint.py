@@ -33,9 +33,12 @@ def test_every_recipe_is_shipped_small_and_described_by_its_metadata():
             assert hp["options"][key] == value, (name, key)
         assert meta["data"]["name"] == "fashion-mnist" and meta["data"]["train_size"] == (recipe.train_limit or 60000)
         assert meta["data"].get("label_seed") == recipe.permute_labels and meta.get("twin_of") == recipe.twin_of, name
-    # nine trained models and four permuted-label twins
+        if recipe.twin_of is not None:  # a twin's initial weights are its own, and its pair shares its subset
+            assert meta["seed"] != shipped[recipe.twin_of]["seed"] and meta["subset_seed"] == 0, name
+            assert meta["twin"] == ("permuted" if recipe.permute_labels is not None else "control"), name
+    # nine trained models, four permuted-label twins and their four control twins
     total = sum(p.stat().st_size for p in SHIPPED.iterdir() if p.name.endswith(".pt") and ".resume" not in p.name)
-    assert total < 12 * 2 ** 20
+    assert total < 14 * 2 ** 20
 
 
 def test_recorded_accuracy_is_reproduced_on_the_full_test_split(full_fashion_mnist):

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from audit import embedded_sample, load_checkpoint
+from audit import embedded_sample, load_checkpoint, shipped_twin
 from audit.checks import get_check
 from audit.checks.base import NOT_REJECTED, REJECTED
 from audit.checks.data_randomization import data_randomization
@@ -84,10 +84,19 @@ def test_end_to_end_on_a_model_and_twins_the_user_trains(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("arch", ["cnn", "vgg", "resnet", "vit"])
-def test_every_shipped_architecture_runs_against_its_shipped_twin(arch, images):
+def test_every_shipped_architecture_runs_against_its_shipped_twins(arch, images):
+    """The permuted-label and control twins, found by their metadata; the untrained copy leaves the model as it
+    was, and the edge control scores 1 against every reference."""
     x, y = images
-    table, _ = data_randomization(load_checkpoint(f"{arch}-sgd"), load_checkpoint(f"{arch}-permuted"), x[:6], y[:6],
-                                  ["gradient", "edge"], progress=False)
-    assert len(table) == 12 and table.ssim.notna().all()
-    assert (table[table.method == "edge"].ssim == 1.0).all()
+    model = load_checkpoint(f"{arch}-sgd")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert (shipped_twin(f"{arch}-sgd"), shipped_twin(f"{arch}-sgd", "control")) == (f"{arch}-permuted",
+                                                                                  f"{arch}-control")
+    table, _ = data_randomization(model, load_checkpoint(f"{arch}-permuted"), x[:6], y[:6], ["gradient", "edge"],
+                                  progress=False, control=load_checkpoint(f"{arch}-control"))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert len(table) == 12 and table.ssim.notna().all() and table.control_spearman_abs.notna().all()
+    edge = table[table.method == "edge"]
+    for column in ("ssim", "control_spearman_abs", "untrained_spearman_abs"):
+        assert edge[column].to_numpy() == pytest.approx(1.0, abs=1e-12), column
     assert table[table.method == "gradient"].ssim.median() < 0.5

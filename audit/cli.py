@@ -28,7 +28,7 @@ DEMO_METHODS = ["gradient", "smoothgrad", "integrated-gradients", "input-x-gradi
                 "random"]
 DEMO: dict[str, Any] = dict(models=["cnn-sgd", "cnn-bort"], methods=DEMO_METHODS,
                             tests=["csc", "random-logit", "cascading", "independent", "data-randomization"],
-                            n_images=16)
+                            n_images=16, max_images=64)
 
 
 def demo_methods(choice: str) -> list[str]:
@@ -272,8 +272,9 @@ def _listing_parsers(sub: Any) -> None:
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=_retrain_shipped)
 
-    d = sub.add_parser("demo", allow_abbrev=False, help="the audit of cnn-sgd against its Bort and permuted-label "
-                       "twins on the embedded sample: the source papers' checks, a method of each family and mechanism")
+    d = sub.add_parser("demo", allow_abbrev=False, help="the audit of cnn-sgd against its Bort, permuted-label and "
+                       "control twins on the embedded sample: the source papers' checks, a method of each family and "
+                       "mechanism, 16 images and up to 64 for an undecided cell")
     d.add_argument("--out", default="demo-output")
     d.add_argument("--methods", default=None, choices=["all"],
                    help="'all': every method that applies to a CNN (default: the demo's 14)")

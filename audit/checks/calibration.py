@@ -8,17 +8,22 @@ against two references measured on the same image with the same measure:
   control twin: the twin's recipe on the true labels, another seed);
 * the **floor**: the model's map against that of a model that learned nothing (every tensor re-initialised).
 
-The score is judged by the reference it lies nearer to: per image, ``d = score - (ceiling + floor) / 2``. The
-method is rejected when the 99 % interval of the median ``d`` lies at or above 0 (the map on the twin is nearer to a
-model that learned the true labels than to one that learned nothing: permuting the labels left it as a retrained
-model would), not rejected when it lies below 0, inconclusive when it contains 0. The margin of equivalence is half
-the reference gap of each image, measured, not chosen.
+The scores are correlations, compared on Fisher's z scale (z = atanh r, on which differences of correlations are
+comparable whatever their level: 0.98 against 0.97 is as far apart as 0.50 against 0.41). The score is judged by
+the reference it lies nearer to: per image, ``d = z(score) - (z(ceiling) + z(floor)) / 2``. The method is rejected
+when the 99 % interval of the median ``d`` lies at or above 0 (the map on the twin is nearer to a model that learned
+the true labels than to one that learned nothing: permuting the labels left it as a retrained model would), not
+rejected when it lies below 0, inconclusive when it contains 0. The margin of equivalence is half the reference gap
+of each image, measured, not chosen.
 
-When the ceiling is not above the floor (the 99 % interval of the median gap reaches 0), the method's maps do not
-tell a model that learned the labels from one that learned nothing, and there is nothing to calibrate against: a
-map the same on every model (the edge detector; input x gradient's magnitudes, set by the input) and a map
-different on every model (the random map; the gradient on a small CNN) both give a zero gap. The fixed threshold
-then decides, and the cell says so; likewise without a control twin.
+The references must separate for the reading to mean anything: the 99 % interval of the median gap
+``z(ceiling) - z(floor)`` must lie at or above :data:`SMALLEST_GAP`, Cohen's (1988) "small" difference between two
+correlations (q = 0.1). A statistically detectable but smaller gap (0.910 against 0.908 on 128 images) would let
+noise-level differences decide. Where the references do not separate, the method's maps do not tell a model that
+learned the labels from one that learned nothing, and there is nothing to calibrate against: a map the same on
+every model (the edge detector; input x gradient's magnitudes, set by the input) and a map different on every model
+(the random map; the gradient on a small CNN) both give no gap. The fixed threshold then decides, and the cell says
+so; likewise without a control twin.
 """
 from __future__ import annotations
 
@@ -30,6 +35,16 @@ import pandas as pd
 from audit.checks.base import MedianScore, VerdictCell, VerdictRule, scored_cell, too_few
 from audit.checks.options import Options
 from audit.measures.statistics import bootstrap_ci
+
+# Cohen (1988), Statistical Power Analysis for the Behavioral Sciences, section 4.2: q = z1 - z2, the difference of
+# two correlations on Fisher's z scale; 0.1 is a "small" effect. The references must differ by at least this much.
+SMALLEST_GAP = 0.1
+_EDGE = 1 - 1e-9  # a correlation of exactly 1 (the edge detector's) has no finite z: held just below
+
+
+def fisher_z(r: np.ndarray) -> np.ndarray:
+    """Fisher's z = atanh(r) of correlations ``r`` (NaN kept), with |r| held at or below 1 - 1e-9."""
+    return np.arctanh(np.clip(r, -_EDGE, _EDGE))
 
 
 @dataclass(frozen=True)
@@ -95,24 +110,26 @@ class Calibrated(VerdictRule):
         if too_few(int(defined.sum()), len(score)):
             # inconclusive, with the undefined count
             return scored_cell(np.where(defined, score, np.nan), 0.0, level=options.interval_level)
-        gap, low_gap, _ = bootstrap_ci((ceiling - floor)[defined], options.interval_level)
         medians = (f"twin {np.median(score[defined]):.3f}, control {np.median(ceiling[defined]):.3f}, untrained "
                    f"{np.median(floor[defined]):.3f}")
-        if not low_gap > 0:
-            return _marked(fixed, f"fixed threshold: the control twin is no nearer than an untrained model, gap "
-                                  f"{gap:.3f} from {low_gap:.3f}; {medians}")
-        cell = scored_cell(np.where(defined, score - (ceiling + floor) / 2, np.nan), 0.0,
-                           label="nearer the control by", level=options.interval_level)
+        z, z_ceiling, z_floor = (fisher_z(v) for v in (score, ceiling, floor))
+        gap, low_gap, _ = bootstrap_ci((z_ceiling - z_floor)[defined], options.interval_level)
+        if not low_gap >= SMALLEST_GAP:
+            return _marked(fixed, f"fixed threshold: the control twin and an untrained model do not separate, z gap "
+                                  f"{gap:.2f} from {low_gap:.2f} (under {SMALLEST_GAP:g}); {medians}")
+        cell = scored_cell(np.where(defined, z - (z_ceiling + z_floor) / 2, np.nan), 0.0,
+                           label="nearer the control by (z)", level=options.interval_level)
         differs = f"; fixed threshold {getattr(options, self.threshold)}: {fixed.outcome}" \
             if fixed.outcome != cell.outcome else ""
         return VerdictCell(cell.score, f"{cell.text[:-1]}; {medians}){differs}", cell.outcome, cell.undefined)
 
     def rule_text(self, options: Options) -> str:
         return (f"rejected ({self.failure}) when, image by image, the {self.score_name} to the twin lies nearer to "
-                "the control twin's (the same recipe on the true labels) than to an untrained model's: the 99 % "
-                "interval of the median of score - (control + untrained) / 2 at or above 0; not rejected when it "
-                "lies below 0, inconclusive when it contains 0; where the control is not above the untrained model "
-                f"(nothing to calibrate against) or there is no control twin, the fixed threshold "
+                "the control twin's (the same recipe on the true labels) than to an untrained model's, on Fisher's z "
+                "scale: the 99 % interval of the median of z(score) - (z(control) + z(untrained)) / 2 at or above 0; "
+                "not rejected when it lies below 0, inconclusive when it contains 0; where the two references do not "
+                f"separate by at least Cohen's small difference (z gap {SMALLEST_GAP:g}) or there is no control twin, "
+                "the fixed threshold "
                 f"{getattr(options, self.threshold)}"
                 + (f"; the {self.score_name} is {self.why}" if self.why else ""))
 

@@ -1,12 +1,12 @@
-"""The calibrated verdict on constructed per-image scores: the midpoint between the control twin's and the untrained
-model's similarity decides, each case derived by hand; without a separation of the references, the fixed threshold
-decides and the cell says why."""
+"""The calibrated verdict on constructed per-image scores: the midpoint, on Fisher's z scale, between the control
+twin's and the untrained model's similarity decides, each case derived by hand; without a separation of the
+references by Cohen's small difference, the fixed threshold decides and the cell says why."""
 import numpy as np
 import pandas as pd
 import pytest
 
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED
-from audit.checks.calibration import Calibrated
+from audit.checks.calibration import SMALLEST_GAP, Calibrated, fisher_z
 from audit.checks.data_randomization import DataRandomizationOptions
 
 RULE = Calibrated("score", "text", "survives", "data_randomization_threshold", score_name="Spearman of |map|")
@@ -20,17 +20,30 @@ def _rows(twin, control, untrained, n=40, noise=0.02, seed=0):
                          "control_spearman_abs": control + jitter(), "untrained_spearman_abs": untrained + jitter()})
 
 
-@pytest.mark.parametrize("twin, outcome", [(0.75, REJECTED), (0.25, NOT_REJECTED), (0.5, INCONCLUSIVE)])
+# control 0.8 and untrained 0.2: the midpoint on Fisher's z scale, tanh((atanh 0.8 + atanh 0.2) / 2) = 0.5266
+MIDPOINT = float(np.tanh((np.arctanh(0.8) + np.arctanh(0.2)) / 2))
+
+
+@pytest.mark.parametrize("twin, outcome", [(0.75, REJECTED), (0.25, NOT_REJECTED), (MIDPOINT, INCONCLUSIVE)])
 def test_the_twin_is_judged_by_the_reference_it_lies_nearer_to(twin, outcome):
-    """Control 0.8, untrained 0.2: the midpoint is 0.5. A twin at 0.75 is nearer to the model that learned the
-    labels (rejected: permuting them left the map as retraining would), at 0.25 nearer to the one that learned
-    nothing; at the midpoint the interval holds 0."""
+    """Control 0.8, untrained 0.2. A twin at 0.75 is nearer to the model that learned the labels (rejected:
+    permuting them left the map as retraining would), at 0.25 nearer to the one that learned nothing; at the
+    midpoint of the two on the z scale the interval holds 0."""
     part = _rows(twin, 0.8, 0.2, noise=0.0 if outcome != INCONCLUSIVE else 0.02)
     cell = RULE.evaluate(part, OPTIONS)
     assert cell.outcome == outcome, cell.text
-    d = part.spearman_abs - (part.control_spearman_abs + part.untrained_spearman_abs) / 2
-    assert cell.score == pytest.approx(np.median(d))
+    z = fisher_z(part[["spearman_abs", "control_spearman_abs", "untrained_spearman_abs"]].to_numpy())
+    assert cell.score == pytest.approx(np.median(z[:, 0] - (z[:, 1] + z[:, 2]) / 2))
     assert "twin" in cell.text and "control 0.8" in cell.text
+
+
+def test_differences_of_correlations_are_read_on_fishers_z_scale():
+    """Near 1, correlations crowd together: a twin at 0.955 between a control at 0.99 and an untrained model at 0.90
+    is above their arithmetic midpoint 0.945, yet on z (1.886 against 2.647 and 1.472, midpoint 2.059) it is nearer
+    the untrained model: not rejected."""
+    assert (np.arctanh(0.99) + np.arctanh(0.90)) / 2 == pytest.approx(2.0594, abs=1e-4)
+    assert np.arctanh(0.955) == pytest.approx(1.8857, abs=1e-4)
+    assert RULE.evaluate(_rows(0.955, 0.99, 0.90, noise=0.0), OPTIONS).outcome == NOT_REJECTED
 
 
 def test_the_fixed_threshold_is_named_where_it_disagrees():
@@ -48,7 +61,15 @@ def test_without_a_reference_gap_the_fixed_threshold_decides_and_says_why(level,
     control and the untrained model: nothing to calibrate against."""
     cell = RULE.evaluate(_rows(level, level, level, noise=0.0 if level == 1.0 else 0.02), OPTIONS)
     assert cell.outcome == outcome
-    assert "fixed threshold: the control twin is no nearer than an untrained model" in cell.text
+    assert "fixed threshold: the control twin and an untrained model do not separate" in cell.text
+
+
+def test_a_gap_smaller_than_cohens_small_difference_does_not_calibrate():
+    """0.910 against 0.905 on 40 images without noise: a detectable gap of z 0.03, under Cohen's small difference
+    0.1: the references do not separate, and the fixed threshold decides."""
+    assert np.arctanh(0.910) - np.arctanh(0.905) < SMALLEST_GAP
+    cell = RULE.evaluate(_rows(0.906, 0.910, 0.905, noise=0.0), OPTIONS)
+    assert cell.outcome == REJECTED and "do not separate, z gap 0.03" in cell.text
 
 
 def test_without_a_control_twin_the_fixed_threshold_decides():

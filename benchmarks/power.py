@@ -2,10 +2,11 @@
 
 An audit of cnn-sgd and vgg-sgd on 64 images (the demo's methods; the random-logit test, cascading randomization
 and the calibrated data-randomization test) is re-read on random subsets of its images: for each check, model and
-method, the share of 50 seeded subsets of 8, 16, 32 and 64 images on which the verdict decides (rejected or not
-rejected). The effect is how far the method's median score lies from what decides it (the threshold, or for the
-calibrated verdict 0 of its midpoint difference), in units of the per-image scores' interquartile range: the
-images needed grow as the effect shrinks. The audit is kept in ``benchmarks/.power-run`` and resumed on a rerun.
+method, the share of 50 seeded subsets of 8, 16 and 32 images on which the verdict decides (rejected or not
+rejected), beside its outcome on all 64. The effect is how far the method's median score lies from what decides
+it (the threshold, or for the calibrated verdict 0 of its midpoint difference), in units of the per-image scores'
+interquartile range: the images needed grow as the effect shrinks. The audit is kept in ``benchmarks/.power-run``
+and resumed on a rerun.
 """
 from __future__ import annotations
 
@@ -16,28 +17,34 @@ import pandas as pd
 
 from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE
-from audit.checks.calibration import Calibrated
+from audit.checks.calibration import Calibrated, fisher_z
 from audit.cli import DEMO_METHODS
 from audit.run import load_config, run_audit
 
 RUN = Path(__file__).resolve().parent / ".power-run"
-SIZES = (8, 16, 32, 64)
+SIZES = (8, 16, 32)  # and the whole 64, on which the verdict is the run's
 SUBSETS = 50
 TESTS = ("random-logit", "cascading", "data-randomization")
 DECIDED = 0.8  # the share of subsets that must decide for a size to count as enough
 
 
-def _effect(check: str, part: pd.DataFrame, options) -> float:
-    """|median - what decides| / IQR of the per-image scores the verdict reads (NaN where they have no spread)."""
+def _effect(check: str, part: pd.DataFrame, options) -> str:
+    """|median - what decides| / IQR of the per-image scores the verdict reads: the calibrated differences on
+    Fisher's z scale where the calibrated rule decided, else the scores against the fixed threshold ("n/a" where
+    the scores have no spread, "> 100" far from it)."""
     rule = CHECKS[check].verdict
-    if isinstance(rule, Calibrated) and rule.references(part) is not None:
-        score, ceiling, floor = rule.references(part)
+    measured = rule.references(part) if isinstance(rule, Calibrated) else None
+    if measured is not None and "do not separate" not in rule.evaluate(part, options).text:
+        score, ceiling, floor = (fisher_z(v) for v in measured)
         values, at = score - (ceiling + floor) / 2, 0.0
     else:
         values, at = rule.per_image(part).to_numpy(dtype=float), getattr(options, rule.threshold)
     values = values[np.isfinite(values)]
     spread = float(np.subtract(*np.percentile(values, [75, 25]))) if len(values) else np.nan
-    return abs(float(np.median(values)) - at) / spread if spread > 0 else np.nan
+    if not spread > 0:
+        return "n/a"
+    effect = abs(float(np.median(values)) - at) / spread
+    return "> 100" if effect > 100 else f"{effect:.2f}"
 
 
 def power_table(tables: dict[str, pd.DataFrame], config) -> pd.DataFrame:
@@ -54,7 +61,7 @@ def power_table(tables: dict[str, pd.DataFrame], config) -> pd.DataFrame:
             images = np.sort(part.image.unique())
             row = {"check": check, "model": model, "method": method,
                    "outcome (64 images)": rule.evaluate(part, options).outcome,
-                   "effect (IQR)": round(_effect(check, part, options), 2)}
+                   "effect (IQR)": _effect(check, part, options)}
             needed = None
             for n in SIZES:
                 subsets = [rng.choice(images, size=min(n, len(images)), replace=False) for _ in range(SUBSETS)]
@@ -63,7 +70,8 @@ def power_table(tables: dict[str, pd.DataFrame], config) -> pd.DataFrame:
                 row[f"decided at {n}"] = round(float(decided), 2)
                 if needed is None and decided >= DECIDED:
                     needed = n
-            row["images needed"] = str(needed) if needed is not None else f"> {SIZES[-1]}"
+            row["images needed"] = str(needed) if needed is not None else \
+                "64" if row["outcome (64 images)"] != INCONCLUSIVE else "> 64"
             rows.append(row)
     return pd.DataFrame(rows)
 

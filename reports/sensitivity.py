@@ -7,8 +7,6 @@ outcome against the run's value. The intervals do not depend on the threshold; o
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pandas as pd
 
 from attributions.catalog import CONTROLS
@@ -67,7 +65,7 @@ def sensitivity_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
                  if build_method(method).family != CONTROLS]
         at_run = {(m, k): rule.evaluate(p, options).outcome for m, k, p in parts}
         for candidate in threshold_grid(name, value):
-            moved = dataclasses.replace(options, **{rule.threshold: candidate})
+            moved = check.options_from({**config.options, rule.threshold: candidate}, config.looks)
             outcomes = {(m, k): rule.evaluate(p, moved).outcome if candidate != value else at_run[(m, k)]
                         for m, k, p in parts}
             changed = [f"{m}/{k}: {at_run[(m, k)]} -> {o}" for (m, k), o in outcomes.items() if o != at_run[(m, k)]]

@@ -202,7 +202,7 @@ def bort_comparison(tables: dict) -> pd.DataFrame:
     out = pd.DataFrame(rows)
     if out.empty:
         return out
-    out.insert(out.columns.get_loc("n"), "holm_p",
+    out.insert(list(out.columns).index("n"), "holm_p",
                out.groupby(["baseline", "bort", "test"], sort=False).wilcoxon_p.transform(holm))
     return out
 

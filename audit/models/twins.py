@@ -23,8 +23,9 @@ ROLES = {"permuted": "permuted-label twin", "control": "control twin"}
 
 def twin_role(meta: dict) -> str:
     """A twin checkpoint's role (:data:`ROLES`) from its metadata: ``twin`` where recorded, else its labels."""
-    data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
-    return meta.get("twin") or ("permuted" if data.get("labels") == "permuted" else "control")
+    data = meta.get("data")
+    labels = data.get("labels") if isinstance(data, dict) else None
+    return str(meta.get("twin") or ("permuted" if labels == "permuted" else "control"))
 
 
 def shipped_twin(spec: str, role: str = "permuted") -> str | None:

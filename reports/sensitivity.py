@@ -50,7 +50,7 @@ def sensitivity_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
     -------
     DataFrame
         Columns check, threshold (the option's name), value, run (whether it is the run's value), rejected, not
-        rejected, inconclusive, changed ("model/method: outcome at the run's value -> outcome here", ``; ``
+        rejected, inconclusive, changed ("model/method: outcome at the run's value -> outcome here", semicolon
         separated); no rows when no check with a threshold has a table.
     """
     rows = []

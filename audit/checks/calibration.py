@@ -43,7 +43,7 @@ _EDGE = 1 - 1e-9  # a correlation of exactly 1 (the edge detector's) has no fini
 
 
 def fisher_z(r: np.ndarray) -> np.ndarray:
-    """Fisher's z = atanh(r) of correlations ``r`` (NaN kept), with |r| held at or below 1 - 1e-9."""
+    """Fisher's z = atanh(r) of correlations ``r`` (NaN kept), ``r`` held within [-1 + 1e-9, 1 - 1e-9]."""
     return np.asarray(np.arctanh(np.clip(r, -_EDGE, _EDGE)), dtype=float)
 
 

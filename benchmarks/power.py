@@ -17,7 +17,7 @@ import pandas as pd
 
 from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE
-from audit.checks.calibration import Calibrated, fisher_z
+from audit.checks.calibration import SMALLEST_GAP, Calibrated
 from audit.cli import DEMO_METHODS
 from audit.run import load_config, run_audit
 
@@ -33,10 +33,9 @@ def _effect(check: str, part: pd.DataFrame, options) -> str:
     Fisher's z scale where the calibrated rule decided, else the scores against the fixed threshold ("n/a" where
     the scores have no spread, "> 100" far from it)."""
     rule = CHECKS[check].verdict
-    measured = rule.references(part) if isinstance(rule, Calibrated) else None
-    if measured is not None and "do not separate" not in rule.evaluate(part, options).text:
-        score, ceiling, floor = (fisher_z(v) for v in measured)
-        values, at = score - (ceiling + floor) / 2, 0.0
+    if isinstance(rule, Calibrated) and rule.references(part) is not None and \
+            rule.gap(part, options)[1] >= SMALLEST_GAP:
+        values, at = rule.differences(part), 0.0
     else:
         values, at = rule.per_image(part).to_numpy(dtype=float), getattr(options, rule.threshold)
     values = values[np.isfinite(values)]

@@ -18,6 +18,7 @@ from pathlib import Path
 from audit import style
 from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS
+from audit.checks.options import look_level
 from audit.errors import ConfigError
 from audit.run.hygiene import fonts_released
 from audit.run.results import AuditResult, example_maps, load_results
@@ -86,7 +87,7 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
                   + " Per-image scores are medians over images with their 99 % bootstrap interval (10,000 resamples)"
                   + (f" (this run is sequential: the images were read in up to {config.looks} looks of "
                      f"{config.n_images}, up to {config.max_images}, each cell until it was decided; every interval is "
-                     f"at {1 - 0.01 / config.looks:.2%}, 99 % split over the looks, so that a decision taken at any "
+                     f"at {look_level(config.looks):.2%}, 99 % split over the looks, so that a decision taken at any "
                      "look keeps the error of one 99 % interval, and each cell names the images it read)"
                      if config.looks > 1 else "") + "; "
                   "images whose maps are constant or non-finite have no defined score and are counted in the cell. "

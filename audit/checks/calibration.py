@@ -85,9 +85,28 @@ class Calibrated(VerdictRule):
         rows = part.sort_values("image")
         return tuple(rows[c].to_numpy(dtype=float) for c in (self.metric, self.ceiling, self.floor))  # type: ignore[return-value]
 
+    def differences(self, part: pd.DataFrame) -> np.ndarray:
+        """Per image, sorted by image: z(score) - (z(ceiling) + z(floor)) / 2, NaN where any of the three is
+        undefined (the rows must carry the references: :meth:`references`)."""
+        measured = self.references(part)
+        assert measured is not None, "differences need rows with the references"
+        z, z_ceiling, z_floor = (fisher_z(v) for v in measured)
+        return np.asarray(z - (z_ceiling + z_floor) / 2, dtype=float)
+
+    def gap(self, part: pd.DataFrame, options: Options) -> tuple[float, float]:
+        """The median z gap between the ceiling and the floor over the images where all three scores are defined,
+        and the lower bound of its interval at the options' level (the references separate when it is at least
+        :data:`SMALLEST_GAP`)."""
+        measured = self.references(part)
+        assert measured is not None, "a gap needs rows with the references"
+        _, z_ceiling, z_floor = (fisher_z(v) for v in measured)
+        gaps = (z_ceiling - z_floor)[np.isfinite(self.differences(part))]
+        median, low, _ = bootstrap_ci(gaps, options.interval_level)
+        return median, low
+
     def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
         """The calibrated outcome (module docstring), the fixed threshold's named beside it where it differs; the
-        fixed rule's cell, marked, where the rows carry no reference.
+        fixed rule's cell, marked, where the rows carry no reference or the references do not separate.
 
         Parameters
         ----------
@@ -99,26 +118,23 @@ class Calibrated(VerdictRule):
         Returns
         -------
         VerdictCell
-            Score: the median of ``d`` (the fixed rule's median without references).
+            Score: the median of ``d`` (the fixed rule's median without a calibration).
         """
         fixed = self.fixed.evaluate(part, options)
         measured = self.references(part)
         if measured is None:
             return _marked(fixed, "fixed threshold: no control twin")
-        score, ceiling, floor = measured
-        defined = np.isfinite(score) & np.isfinite(ceiling) & np.isfinite(floor)
-        if too_few(int(defined.sum()), len(score)):
-            # inconclusive, with the undefined count
-            return scored_cell(np.where(defined, score, np.nan), 0.0, level=options.interval_level)
-        medians = (f"twin {np.median(score[defined]):.3f}, control {np.median(ceiling[defined]):.3f}, untrained "
-                   f"{np.median(floor[defined]):.3f}")
-        z, z_ceiling, z_floor = (fisher_z(v) for v in (score, ceiling, floor))
-        gap, low_gap, _ = bootstrap_ci((z_ceiling - z_floor)[defined], options.interval_level)
+        d = self.differences(part)
+        defined = np.isfinite(d)
+        if too_few(int(defined.sum()), len(d)):
+            return scored_cell(d, 0.0, level=options.interval_level)  # inconclusive, with the undefined count
+        score, ceiling, floor = (v[defined] for v in measured)
+        medians = f"twin {np.median(score):.3f}, control {np.median(ceiling):.3f}, untrained {np.median(floor):.3f}"
+        gap, low_gap = self.gap(part, options)
         if not low_gap >= SMALLEST_GAP:
             return _marked(fixed, f"fixed threshold: the control twin and an untrained model do not separate, z gap "
                                   f"{gap:.2f} from {low_gap:.2f} (under {SMALLEST_GAP:g}); {medians}")
-        cell = scored_cell(np.where(defined, z - (z_ceiling + z_floor) / 2, np.nan), 0.0,
-                           label="nearer the control by (z)", level=options.interval_level)
+        cell = scored_cell(d, 0.0, label="nearer the control by (z)", level=options.interval_level)
         differs = f"; fixed threshold {getattr(options, self.threshold)}: {fixed.outcome}" \
             if fixed.outcome != cell.outcome else ""
         return VerdictCell(cell.score, f"{cell.text[:-1]}; {medians}){differs}", cell.outcome, cell.undefined)

@@ -32,7 +32,7 @@ from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, follows, heatmaps, input_structure, signed_heatmaps
 from audit.measures.measure_sets import MeasureSet
-from audit.measures.similarity import correlation
+from audit.measures.similarity import correlation, undefined_where
 from audit.models.twins import same_architecture
 from audit.panels import score_boxes
 from audit.sections import Figure, ReportContext, Section, Table
@@ -111,8 +111,12 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
         scores = reference.compare(other)
         scores |= follows(other, structure)
         for k, name in enumerate(REFERENCES, start=2):
-            scores[f"{name}_spearman_abs"] = (correlation(reference.abs_ranks, ComparableMaps(maps[m][k]).abs_ranks)
-                                              if len(maps[m]) > k else np.full(len(x), np.nan))
+            if len(maps[m]) > k:  # undefined where either map is constant or non-finite, as the twin's scores
+                against = ComparableMaps(maps[m][k])
+                scores |= undefined_where(reference.bad | against.bad, {
+                    f"{name}_spearman_abs": correlation(reference.abs_ranks, against.abs_ranks)})
+            else:
+                scores[f"{name}_spearman_abs"] = np.full(len(x), np.nan)
         rows += [{"method": m, "image": i, **{k: float(v[i]) for k, v in scores.items()}} for i in range(len(x))]
     kept = {m: torch.stack([v[:keep_maps] for v in maps[m][:2]]).numpy() for m in names}
     return pd.DataFrame(rows, columns=COLUMNS), kept

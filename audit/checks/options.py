@@ -84,6 +84,12 @@ def option(default: Any, help: str, *, choices: tuple[Any, ...] = (), valid: Cal
 CONFIDENCE = 0.99  # the level of every verdict's interval in a run of one look
 
 
+def look_level(looks: int) -> float:
+    """The level of one look's interval in a design of ``looks`` looks: :data:`CONFIDENCE` split over them
+    (Bonferroni), so that a decision taken at any look keeps the error of one interval of a run of one look."""
+    return 1 - (1 - CONFIDENCE) / looks
+
+
 @dataclass(frozen=True)
 class Options:
     """The options of a check (a check without options has this class itself).
@@ -96,9 +102,8 @@ class Options:
 
     @property
     def interval_level(self) -> float:
-        """The level of a verdict's interval at one look: :data:`CONFIDENCE` split over the looks (Bonferroni),
-        so that a decision taken at any look keeps the error of one fixed-size interval."""
-        return 1 - (1 - CONFIDENCE) / self.looks
+        """The level of a verdict's interval at one look (:func:`look_level` of :attr:`looks`)."""
+        return look_level(self.looks)
 
     @classmethod
     def declared(cls) -> tuple[Option, ...]:

@@ -6,7 +6,6 @@ a line per item says what it found and how long the rest should take.
 """
 from __future__ import annotations
 
-import glob
 import time
 import zlib
 
@@ -19,7 +18,7 @@ from attributions import memory
 from attributions.errors import AttributionError
 from attributions.explainer import Explainer
 from audit.atomic import atomic_write_bytes
-from audit.checks import CHECKS, Check, Options, UnitContext, UnitResult
+from audit.checks import Check, Options, UnitContext, UnitResult
 from audit.checks.base import INCONCLUSIVE
 from audit.checks.passes import given_params
 from audit.errors import ModelError
@@ -39,27 +38,29 @@ def execute(run: Run, *, progress: bool) -> None:
     if config.looks == 1:
         _execute_items(run, run.items, progress)
         return
-    seen = dict.fromkeys((item.spec, item.check.name, item.method) for item in run.items)
-    units = [(spec, CHECKS[name], method) for spec, name, method in seen]
+    units = {item.key(run.labels): (item.spec, item.check, item.method) for item in run.items}
+    done: dict[str, list[WorkItem]] = {key: [] for key in units}
     run.items = []
     for look in range(1, config.looks + 1):
-        items = look_items(units, look=look, n_images=config.n_images, max_images=len(run.x))
+        items = look_items(list(units.values()), look=look, n_images=config.n_images, max_images=len(run.x))
+        for item in items:
+            done[item.key(run.labels).split("@")[0]].append(item)
         run.items += items
         _execute_items(run, items, progress, f"look {look} of {config.looks}")
         run.shard.barrier()  # every rank's blocks of this look are written: each reads them and decides alike
-        units = [u for u in units if u[1].per_image and undecided(run, *u)]
+        units = {key: unit for key, unit in units.items() if unit[1].per_image and undecided(run, done[key])}
         if not units:
             break
 
 
-def undecided(run: Run, spec: str, check: Check, method: str) -> bool:
-    """Whether the cell's verdict is still inconclusive on the images its blocks hold so far (read from the files,
-    so that every rank and a resumed run decide alike); a cell the check says nothing of is decided."""
-    unit = WorkItem(spec, check, method, 0, 0, False).unit(run.out, run.labels)
-    if unit.exists() or check.verdict is None:  # joined by a finished run: no look is left to add
+def undecided(run: Run, items: list[WorkItem]) -> bool:
+    """Whether the verdict of the cell whose blocks are ``items`` is still inconclusive on the images they hold
+    (read from their files, so that every rank and a resumed run decide alike); a cell the check says nothing of
+    is decided."""
+    check = items[0].check
+    if check.verdict is None or items[0].unit(run.out, run.labels).exists():  # joined by a finished run
         return False
-    blocks = sorted(unit.parent.glob(f"{glob.escape(method)}@*-*.csv"))
-    tables = [t for t in (read_table(b) for b in blocks) if not t.empty]
+    tables = [t for t in (read_table(item.path(run.out, run.labels)) for item in items) if not t.empty]
     if not tables:
         return False
     return check.verdict.evaluate(pd.concat(tables, ignore_index=True), run.options[check.name]).outcome \

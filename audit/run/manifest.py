@@ -16,6 +16,7 @@ from attributions.explainer import Explainer
 from attributions.graph import trace
 from audit.atomic import atomic_write_bytes
 from audit.checks import CHECKS
+from audit.checks.options import look_level
 from audit.models.twins import twin_facts
 from audit.run.folder import versions
 from audit.run.plan import Run
@@ -155,7 +156,7 @@ def design(run: Run) -> dict:
         key = f"{run.labels[item.spec]}/{item.check.name}/{item.method}"
         read[key] = max(read.get(key, 0), item.stop)
     return {"sequential": {"looks": config.looks, "look_images": config.n_images, "max_images": config.max_images,
-                           "level": 1 - 0.01 / config.looks, "correction": "Bonferroni over the looks",
+                           "level": look_level(config.looks), "correction": "Bonferroni over the looks",
                            "images": read}}
 
 

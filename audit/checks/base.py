@@ -86,17 +86,32 @@ def too_few(defined: int, total: int) -> bool:
     return defined < MIN_DEFINED or 2 * defined < total
 
 
+def seed_spread(values: np.ndarray, groups: np.ndarray | None) -> str:
+    """The medians of per-image ``values`` (NaN dropped) per re-initialisation seed's replicate ``groups`` (both
+    (n,)), for a verdict's text: "" with one replicate."""
+    if groups is None or len(np.unique(groups)) < 2:
+        return ""
+    medians = [np.median(v[np.isfinite(v)]) for v in (values[groups == g] for g in np.unique(groups))
+               if np.isfinite(v).any()]
+    return f"; {len(np.unique(groups))} seeds, their medians {min(medians):.3f} to {max(medians):.3f}" if medians else ""
+
+
 def scored_cell(values: np.ndarray, threshold: float, rejects_at_or_above: bool = True, label: str = "",
-                level: float = CONFIDENCE) -> VerdictCell:
+                level: float = CONFIDENCE, groups: np.ndarray | None = None) -> VerdictCell:
     """The verdict on per-image ``values`` (NaN: undefined): the median with its ``level`` bootstrap interval
     against ``threshold`` (:func:`interval_outcome`), inconclusive when too few are defined (:func:`too_few`). The
     text starts with ``label`` (e.g. the stage it is read at) and ends with the undefined count; an interval of
-    another level than 99 % (a sequential run's look) says its level and the images it read."""
+    another level than 99 % (a sequential run's look) says its level and the images it read. ``groups`` (n,): each
+    image's re-initialisation seed's replicate, where the images share seeds out: the interval resamples the seeds
+    too (:func:`~audit.measures.statistics.nested_median_ci`) and the text gives each seed's median."""
     values = np.asarray(values, dtype=float)
-    bad = int((~np.isfinite(values)).sum())
-    est, low, high = bootstrap_ci(values[np.isfinite(values)], level)
+    finite = np.isfinite(values)
+    bad = int((~finite).sum())
+    kept = groups[finite] if groups is not None else None
+    est, low, high = bootstrap_ci(values[finite], level, groups=kept)
     prefix = f"{label}: " if label else ""
-    suffix = (f"; {bad} of {len(values)} undefined" if bad else "") + looked(level, len(values))
+    suffix = (f"; {bad} of {len(values)} undefined" if bad else "") + seed_spread(values, groups) \
+        + looked(level, len(values))
     if too_few(len(values) - bad, len(values)):
         return VerdictCell(est, f"{INCONCLUSIVE} ({prefix}{bad} of {len(values)} images undefined: constant or "
                                 "non-finite maps)", INCONCLUSIVE, bad)
@@ -212,6 +227,12 @@ class MedianScore(VerdictRule):
         rows = self.select(part).sort_values("image")
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
+    def replicates(self, part: pd.DataFrame) -> np.ndarray | None:
+        """Each image's re-initialisation seed's replicate, in :meth:`per_image`'s order; None when the table has
+        no ``replicate`` column (a check that draws no seed)."""
+        rows = self.select(part).sort_values("image")
+        return rows["replicate"].to_numpy() if "replicate" in rows else None
+
     def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
         """The median of ``metric`` over the images ``select`` keeps, against the threshold (:func:`scored_cell`).
 
@@ -232,7 +253,7 @@ class MedianScore(VerdictRule):
         if self.metric not in part:  # a table written before the check measured it
             return VerdictCell(float("nan"), "n/a", None)
         return scored_cell(self.per_image(part).to_numpy(), getattr(options, self.threshold), not self.fails_below,
-                           level=options.interval_level)
+                           level=options.interval_level, groups=self.replicates(part))
 
 
 # the options argument is the check's own Options class

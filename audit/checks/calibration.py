@@ -61,11 +61,15 @@ class Calibrated(VerdictRule):
         The column of per-image scores against the twin.
     ceiling, floor : str
         The columns of the per-image scores against the ceiling and the floor references.
+    floor_seed : str
+        The column of each image's replicate of the floor's re-initialisation seed: the intervals resample the
+        seeds, then the images (:func:`~audit.measures.statistics.nested_median_ci`).
     """
 
     metric: str = "spearman_abs"
     ceiling: str = "control_spearman_abs"
     floor: str = "untrained_spearman_abs"
+    floor_seed: str = "untrained_replicate"
 
     @property
     def fixed(self) -> MedianScore:
@@ -85,6 +89,10 @@ class Calibrated(VerdictRule):
         rows = part.sort_values("image")
         return tuple(rows[c].to_numpy(dtype=float) for c in (self.metric, self.ceiling, self.floor))  # type: ignore[return-value]
 
+    def replicates(self, part: pd.DataFrame) -> np.ndarray | None:
+        """Each image's floor seed's replicate, sorted by image; None where the rows carry none."""
+        return part.sort_values("image")[self.floor_seed].to_numpy() if self.floor_seed in part else None
+
     def differences(self, part: pd.DataFrame) -> np.ndarray:
         """Per image, sorted by image: z(score) - (z(ceiling) + z(floor)) / 2, NaN where any of the three is
         undefined (the rows must carry the references: :meth:`references`)."""
@@ -100,8 +108,10 @@ class Calibrated(VerdictRule):
         measured = self.references(part)
         assert measured is not None, "a gap needs rows with the references"
         _, z_ceiling, z_floor = (fisher_z(v) for v in measured)
-        gaps = (z_ceiling - z_floor)[np.isfinite(self.differences(part))]
-        median, low, _ = bootstrap_ci(gaps, options.interval_level)
+        defined = np.isfinite(self.differences(part))
+        groups = self.replicates(part)
+        median, low, _ = bootstrap_ci((z_ceiling - z_floor)[defined], options.interval_level,
+                                      groups=groups[defined] if groups is not None else None)
         return median, low
 
     def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
@@ -127,14 +137,15 @@ class Calibrated(VerdictRule):
         d = self.differences(part)
         defined = np.isfinite(d)
         if too_few(int(defined.sum()), len(d)):
-            return scored_cell(d, 0.0, level=options.interval_level)  # inconclusive, with the undefined count
+            return scored_cell(d, 0.0, level=options.interval_level, groups=self.replicates(part))  # inconclusive
         score, ceiling, floor = (v[defined] for v in measured)
         medians = f"twin {np.median(score):.3f}, control {np.median(ceiling):.3f}, untrained {np.median(floor):.3f}"
         gap, low_gap = self.gap(part, options)
         if not low_gap >= SMALLEST_GAP:
             return _marked(fixed, f"fixed threshold: the control twin and an untrained model do not separate, z gap "
                                   f"{gap:.2f} from {low_gap:.2f} (under {SMALLEST_GAP:g}); {medians}")
-        cell = scored_cell(d, 0.0, label="nearer the control by (z)", level=options.interval_level)
+        cell = scored_cell(d, 0.0, label="nearer the control by (z)", level=options.interval_level,
+                           groups=self.replicates(part))
         differs = f"; fixed threshold {getattr(options, self.threshold)}: {fixed.outcome}" \
             if fixed.outcome != cell.outcome else ""
         return VerdictCell(cell.score, f"{cell.text[:-1]}; {medians}){differs}", cell.outcome, cell.undefined)

@@ -26,7 +26,8 @@ from audit.checks.calibration import Calibrated
 from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import prepare
 from audit.checks.randomization import heatmap_pages, untrained_copy
-from audit.checks.stage_options import TARGETS, heatmap_scale, measures_option
+from audit.checks.replicates import replicate_seed, replicates
+from audit.checks.stage_options import TARGETS, heatmap_scale, images_per_seed_option, measures_option
 from audit.data.preprocess import preprocess_from
 from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, check_option, resolve_methods
@@ -47,13 +48,13 @@ MEASURE_WHY = ("the measure Adebayo et al. (2018, section 5) used for this test:
 # untrained model (every tensor re-initialised: what a model that learned nothing gives)
 REFERENCES = ("control", "untrained")
 COLUMNS = ["method", "image", "ssim", "spearman", "spearman_abs", "hog", "input_spearman_abs", "edge_spearman_abs",
-           "control_spearman_abs", "untrained_spearman_abs"]
+           "control_spearman_abs", "untrained_spearman_abs", "untrained_replicate"]
 
 
 def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, methods: Methods = "all", *, target: str = "true",
                        seed: int = 0, reduction: Reduction | None = None, progress: bool = True,
-                       keep_maps: int = 0, measures: str | MeasureSet = "toolkit", control: nn.Module | None = None
-                       ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+                       keep_maps: int = 0, measures: str | MeasureSet = "toolkit", control: nn.Module | None = None,
+                       images_per_seed: int = 2, first_image: int = 0) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Similarity of each method's maps on ``model`` and on its permuted-label ``twin`` (and, with a ``control``
     twin, on the control and on the untrained model: the calibrated verdict's references).
 
@@ -61,8 +62,11 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     ----------
     model, twin : nn.Module of one architecture (else a :class:`~audit.errors.ConfigError`); neither is modified
     control : the control twin (the twin's recipe on the true labels, another seed), of the same architecture;
-        with it the maps are also computed on it and on an untrained copy of the model (every tensor
-        re-initialised with ``seed``), and compared with the model's by the Spearman of ``|map|``
+        with it the maps are also computed on it and on untrained copies of the model (every tensor
+        re-initialised: consecutive images share a seed, :mod:`audit.checks.replicates`), and compared with the
+        model's by the Spearman of ``|map|``
+    images_per_seed, first_image : how many consecutive images share an untrained copy's seed, and the run's index
+        of the first image given (as the randomization checks')
     x : (B, C, H, W) images; y : (B,) labels
     methods : names, "all" or a comma-separated string
     target : true (the label on both, as Adebayo et al.) | predicted (each model's own prediction)
@@ -78,7 +82,8 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     sign), spearman (the signed maps: channel sums), spearman_abs (the heatmaps' magnitudes), hog,
     input_spearman_abs and edge_spearman_abs (Spearman of the twin's ``|map|`` with the input's magnitude and with
     its edges: :func:`~audit.measures.heatmaps.input_structure`), control_spearman_abs and untrained_spearman_abs
-    (the model's ``|map|`` against the control twin's and the untrained model's; NaN without a control);
+    (the model's ``|map|`` against the control twin's and the untrained model's; NaN without a control),
+    untrained_replicate (the replicate of the image's untrained copy);
     and {method: (2, keep_maps, H, W)}, the model's and the twin's heatmaps.
     """
     check_option("target", target, TARGETS)
@@ -91,15 +96,16 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     names = resolve_methods(methods)
     maps: dict[str, list[torch.Tensor]] = {m: [] for m in names}
     signed: dict[str, list[torch.Tensor]] = {m: [] for m in names}
-    nets = [model, twin] + ([control, untrained_copy(model, x, seed)] if control is not None else [])
+    nets = [model, twin] + ([control] if control is not None else [])
     for k, net in enumerate(tqdm(nets, desc="data randomization", disable=not progress, leave=False)):
-        _, explainers, envs, logits = prepare(net, x, names, y, seed=seed + k)
-        t = y if target == "true" else logits.argmax(1)
-        raw = {m: v[0] for m, v in attribute_many(explainers, x, [t], envs).items()}
-        for m, v in heatmaps(raw, reduction).items():
+        for m, (v, s) in _explained(net, x, y, names, seed + k, target, reduction).items():
             maps[m].append(v)
-        for m, v in signed_heatmaps(raw, reduction).items():
-            signed[m].append(v)
+            if s is not None:
+                signed[m].append(s)
+    floor = replicates(first_image, len(x), images_per_seed)
+    if control is not None:  # the untrained copies, one per seed, each explaining its own images
+        for m, v in _untrained_maps(model, x, y, names, floor, seed, target, reduction).items():
+            maps[m].append(v)
     # how far the twin's map follows the input's magnitude and edges: what a map that survives label permutation
     # may be carried by (the mechanism the verdict names)
     structure = input_structure(x)
@@ -117,9 +123,34 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
                     f"{name}_spearman_abs": correlation(reference.abs_ranks, against.abs_ranks)})
             else:
                 scores[f"{name}_spearman_abs"] = np.full(len(x), np.nan)
-        rows += [{"method": m, "image": i, **{k: float(v[i]) for k, v in scores.items()}} for i in range(len(x))]
+        rows += [{"method": m, "image": i, **{k: float(v[i]) for k, v in scores.items()},
+                  "untrained_replicate": int(floor[i])} for i in range(len(x))]
     kept = {m: torch.stack([v[:keep_maps] for v in maps[m][:2]]).numpy() for m in names}
     return pd.DataFrame(rows, columns=COLUMNS), kept
+
+
+def _explained(net: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str], seed: int, target: str,
+               reduction: Reduction | None) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """{method: ((B, H, W) heatmap, (B, H, W) signed channel sum or None)} of ``x`` on ``net``, explaining the label
+    ``y`` or (``target`` "predicted") the net's prediction; ``seed``: the random control's."""
+    _, explainers, envs, logits = prepare(net, x, names, y, seed=seed)
+    t = y if target == "true" else logits.argmax(1)
+    raw = {m: v[0] for m, v in attribute_many(explainers, x, [t], envs).items()}
+    signed = signed_heatmaps(raw, reduction)
+    return {m: (v, signed.get(m)) for m, v in heatmaps(raw, reduction).items()}
+
+
+def _untrained_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str], floor: np.ndarray,
+                    seed: int, target: str, reduction: Reduction | None) -> dict[str, torch.Tensor]:
+    """{method: (B, H, W) heatmaps} of ``x`` on untrained copies of ``model``: image i on the copy re-initialised with
+    the seed of its replicate ``floor[i]`` (:func:`~audit.checks.replicates.replicate_seed` of ``seed``)."""
+    out: dict[str, torch.Tensor] = {}
+    for r in np.unique(floor):
+        index = torch.from_numpy(np.flatnonzero(floor == r))
+        copy = untrained_copy(model, x, replicate_seed(seed, int(r)))
+        for m, (v, _) in _explained(copy, x[index], y[index], names, seed + 3, target, reduction).items():
+            out.setdefault(m, v.new_empty((len(x), *v.shape[1:])))[index] = v
+    return out
 
 
 @dataclass(frozen=True)
@@ -133,6 +164,7 @@ class DataRandomizationOptions(Options):
     data_target: str = option("true", "explained class of the data-randomization test: the true label on both models "
                               "(Adebayo et al.) or each model's prediction", choices=TARGETS)
     measures: str = measures_option()
+    images_per_seed: int = images_per_seed_option()
     heatmap_scale: str = heatmap_scale()
 
 
@@ -142,7 +174,8 @@ def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, option
         raise AuditError("the data-randomization test needs the model's permuted-label twin")
     df, maps = data_randomization(model, unit.twin, x, y, [method], target=options.data_target, seed=unit.seed,
                                   progress=unit.progress, keep_maps=unit.heatmap_examples, measures=options.measures,
-                                  control=unit.control)
+                                  control=unit.control, images_per_seed=options.images_per_seed,
+                                  first_image=unit.first_image)
     return UnitResult(df, maps[method] if unit.heatmap_examples else None)
 
 

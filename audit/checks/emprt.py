@@ -25,13 +25,14 @@ from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import recorded_in
 from audit.checks.options import UnitContext, option
 from audit.checks.randomization import frame, stage_batches, stage_columns, stage_figure, stage_maps
+from audit.checks.replicates import joined, seeded_parts
 from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
 from audit.errors import ConfigError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs
 from audit.measures.similarity import degenerate
 from audit.sections import ReportContext, Section
 
-COLUMNS = ["method", "stage", "layer", "image", "entropy", "score", "share"]
+COLUMNS = ["method", "stage", "layer", "image", "replicate", "entropy", "score", "share"]
 
 
 def discrete_entropy(maps: torch.Tensor, n_bins: int = 100) -> np.ndarray:
@@ -89,11 +90,19 @@ def efficient_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Method
     Returns
     -------
     DataFrame, one row per method x stage x image: method, stage (0 = trained), layer (re-initialised
-    at that stage), image, entropy (of the map at that stage), score ((H_stage - H_0) / H_0; the eMPRT
+    at that stage), image, replicate (of the image's re-initialisation seed: :mod:`audit.checks.replicates`),
+    entropy (of the map at that stage), score ((H_stage - H_0) / H_0; the eMPRT
     score is the last stage's, every layer randomized), share (of the parameters re-initialised).
     """
     stages = stage_settings(stages, settings, order="bottom-up")
     x, y = check_inputs(model, x, y)
+    return joined([(_one_seed(model, p.x, p.y, methods, p.stages, n_bins, reduction, progress, curve), p.images,
+                    p.replicate) for p in seeded_parts(model, x, y, stages, "efficient_mprt")], COLUMNS)
+
+
+def _one_seed(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, methods: Methods, stages: StageSettings,
+              n_bins: int, reduction: Reduction | None, progress: bool, curve: bool) -> pd.DataFrame:
+    """:func:`efficient_mprt` of images drawn with one seed, ``stages.seed``, without the ``replicate`` column."""
     parts: list[dict[str, np.ndarray]] = []
     first: dict[str, np.ndarray] = {}
     n = len(x)
@@ -108,7 +117,7 @@ def efficient_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Method
                 # a constant trained map: undefined
                 measured[m] = {"entropy": h, "score": np.where(h0 > 0, (h - h0) / h0, np.nan)}
         parts.append(stage_columns(batch, n, measured))
-    return frame(parts, COLUMNS)
+    return frame(parts, [c for c in COLUMNS if c != "replicate"])
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,8 @@ class EmprtOptions(StageOptions):
 def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: EmprtOptions,
          unit: UnitContext) -> UnitResult:
     return UnitResult(efficient_mprt(model, x, y, [method], n_bins=options.emprt_bins, progress=unit.progress,
-                                     stages=options.stages(options.emprt_order, unit.seed), curve=options.emprt_curve))
+                                     stages=options.stages(options.emprt_order, unit.seed, unit.first_image),
+                                     curve=options.emprt_curve))
 
 
 def _sections(table: pd.DataFrame, context: ReportContext, options: EmprtOptions) -> list[Section]:

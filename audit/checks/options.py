@@ -129,6 +129,8 @@ class UnitContext:
     progress : whether to show progress bars
     twin : the model's permuted-label twin, for a check that needs one (else None)
     control : the model's control twin (the twin's recipe on the true labels), beside the twin (else None)
+    first_image : the run's index of the unit's first image (a block's start): what a check that shares seeds out
+        over the images reads, so that a block's images keep the seeds they have in the whole run
     """
 
     seed: int = 0
@@ -136,3 +138,4 @@ class UnitContext:
     progress: bool = False
     twin: nn.Module | None = None
     control: nn.Module | None = None
+    first_image: int = 0

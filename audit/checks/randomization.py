@@ -43,6 +43,7 @@ from audit.checks.base import (
     VerdictCell,
     VerdictRule,
     looked,
+    seed_spread,
     too_few,
 )
 from audit.checks.coverage import paragraph as coverage_paragraph
@@ -50,6 +51,7 @@ from audit.checks.coverage import record as coverage_record
 from audit.checks.options import CONFIDENCE, Options, UnitContext, option
 from audit.checks.passes import model_errors, prepare
 from audit.checks.reinit import BN_POLICIES, INITS, reinitialise, reinitialise_part, reset_batchnorm
+from audit.checks.replicates import joined, seeded_parts
 from audit.checks.stage_options import GRID_SCALES, ORDERS, StageOptions, StageSettings, measures_option, stage_settings
 from audit.checks.stages import Stage, randomization_plan
 from audit.data.preprocess import Preprocess, preprocess_from
@@ -65,7 +67,7 @@ from audit.sections import Figure, ReportContext, Section
 __all__ = ["BN_POLICIES", "INITS", "ORDERS", "StageSettings", "parameter_randomization", "randomization_stages",
            "reinitialise", "reset_batchnorm", "stage_maps"]
 
-COLUMNS = ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog", "input_spearman_abs",
+COLUMNS = ["method", "stage", "layer", "image", "replicate", "ssim", "spearman", "spearman_abs", "hog", "input_spearman_abs",
            "edge_spearman_abs", "share"]
 COMPARE_BYTES = 1 << 23  # maps per batch of measures (their buffers are about ten times as large)
 
@@ -135,7 +137,8 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     Returns
     -------
     DataFrame, one row per method x stage x image: method, stage, layer (the layer or block
-    re-initialised at that stage; "original" for stage 0), image, ssim (flip-invariant where the two maps are not
+    re-initialised at that stage; "original" for stage 0), image, replicate (of the image's re-initialisation
+    seed: :mod:`audit.checks.replicates`), ssim (flip-invariant where the two maps are not
     of one sign), spearman (the signed maps: channel sums), spearman_abs (the heatmaps' magnitudes), hog,
     input_spearman_abs and edge_spearman_abs (Spearman of the map's magnitude with the input's and with its edges,
     :func:`~audit.measures.heatmaps.input_structure`: how far the map follows the input's structure), share (of the
@@ -144,6 +147,20 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     """
     stages = stage_settings(stages, settings)
     x, y = check_inputs(model, x, y)
+    runs = [(_one_seed(model, p.x, p.y, methods, p.stages, reduction, progress, keep_maps, measures), p.images,
+             p.replicate) for p in seeded_parts(model, x, y, stages, "parameter_randomization")]
+    df = joined([(table, part, r) for (table, _), part, r in runs], COLUMNS)
+    names = list(runs[0][0][1]) if runs else resolve_methods(methods)
+    shape = (0, 0) + tuple(x.shape[2:])
+    return df, {m: np.concatenate([kept[m] for (_, kept), _, _ in runs], axis=1)[:, :keep_maps] if runs and keep_maps
+                else np.zeros(shape) for m in names}
+
+
+def _one_seed(model: nn.Module, x: torch.Tensor, y: torch.Tensor, methods: Methods, stages: StageSettings,
+              reduction: Reduction | None, progress: bool, keep_maps: int, measures: str | MeasureSet
+              ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """:func:`randomization_with_maps` of images drawn with one seed, ``stages.seed``: the table without its
+    ``replicate`` column and the kept maps."""
     reference: dict[str, ReferenceMaps] = {}
     parts: list[dict[str, np.ndarray]] = []
     kept: dict[str, list[np.ndarray]] = {}
@@ -164,7 +181,7 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
             for m in reference:
                 kept.setdefault(m, []).append(s.maps[m][:keep_maps].numpy())
         parts.append(stage_columns(batch, n, sims))
-    df = frame(parts, COLUMNS)
+    df = frame(parts, [c for c in COLUMNS if c != "replicate"])
     shape = (0, 0) + tuple(x.shape[2:])
     return df, {m: np.stack(kept[m]) if m in kept else np.zeros(shape) for m in reference}
 
@@ -178,7 +195,7 @@ def _plain(explainers: dict[str, Explainer], x: torch.Tensor, t: torch.Tensor, e
 
 class StageMaps(NamedTuple):
     """One stage's maps: ``stage`` (0 = trained), ``layer`` (the stage's name), ``maps`` {method:
-    (B, H, W) heatmaps}, ``share``, the fraction of the parameters re-initialised in its model, and ``signed``
+    (B, H, W) heatmaps}, ``share``, the fraction of the parameters re-initialised in its model, ``signed``
     {method: (B, H, W) signed channel sums} for the methods whose heatmap dropped the sign
     (:func:`~audit.measures.heatmaps.signed_heatmaps`)."""
 
@@ -198,7 +215,8 @@ def stage_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, method
                reduction: Reduction | None = None, progress: bool = True, name: str = "randomization", explain: Explain = _plain,
                every_stage: bool = True) -> Iterator[StageMaps]:
     """Yield a :class:`StageMaps` for the trained model (stage 0, layer "original") and each
-    randomisation stage: the one loop every randomization-based check runs, as ``stages`` says.
+    randomisation stage: the one loop every randomization-based check runs, as ``stages`` says, with one
+    seed, ``stages.seed`` (:func:`~audit.checks.replicates.seeded_parts` shares several out over the images).
 
     ``explain(explainers, x, t, envs) -> {method: (B, C, H, W) maps}`` computes a stage's maps
     (default: each method's attribution; sMPRT averages over noisy inputs). ``name`` names the
@@ -313,12 +331,13 @@ def unchanged_nodes(graph: Graph, changed: set[str]) -> frozenset[str]:
 def stage_intervals(part: pd.DataFrame, metric: str, level: float = CONFIDENCE) -> pd.DataFrame:
     """Per randomization stage after the trained model (stage > 0), in order: the stage's name, the median of
     ``metric`` over images with its ``level`` bootstrap interval, and the images with a defined and with an
-    undefined score. ``part``: one model x method's rows."""
+    undefined score. ``part``: one model x method's rows; where it has a ``replicate`` column (the images share
+    re-initialisation seeds out), the interval resamples the seeds too."""
     out = []
     for (stage, layer), rows in part[part.stage > 0].groupby(["stage", "layer"], sort=True):
         values = rows[metric].to_numpy(dtype=float)
         defined = int(np.isfinite(values).sum())
-        est, low, high = bootstrap_ci(values, level)
+        est, low, high = bootstrap_ci(values, level, groups=rows["replicate"].to_numpy() if "replicate" in rows else None)
         out.append({"stage": stage, "layer": layer, "median": est, "low": low, "high": high, "defined": defined,
                     "undefined": len(values) - defined})
     return pd.DataFrame(out, columns=["stage", "layer", "median", "low", "high", "defined", "undefined"])
@@ -379,9 +398,12 @@ class Survival(VerdictRule):
                 f"survives {kept} of {len(intervals)} stages, stops at {intervals.layer.iloc[kept]}")
         undefined = int(head.undefined.sum())
         images = int(head.defined.iloc[-1] + head.undefined.iloc[-1])
+        rows = part[part.stage == last.stage]
+        spread = seed_spread(rows[self.metric].to_numpy(float), rows["replicate"].to_numpy() if "replicate" in rows
+                             else None)
         return VerdictCell(float(last["median"]), f"{outcome} (after {last.layer}: {last['median']:.3f} "
-                           f"[{last.low:.3f}, {last.high:.3f}]; {stop}{looked(options.interval_level, images)})", outcome,
-                           undefined)
+                           f"[{last.low:.3f}, {last.high:.3f}]; {stop}{spread}{looked(options.interval_level, images)})",
+                           outcome, undefined)
 
     def rule_text(self, options: Options) -> str:
         top = getattr(options, self.top)
@@ -407,7 +429,8 @@ def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name
     it reads); ``mark_stop``: a ring on each method's curve at the stage where its map stopped
     surviving (:func:`survived`)."""
     part = frame[frame.model == model]
-    summary = summarize(part[["method", "stage", "layer", "image", metric]], n_resamples=2000)
+    summary = summarize(part[["method", "stage", "layer", "image", metric]
+                             + (["replicate"] if "replicate" in part else [])], n_resamples=2000)
     stages = summary.drop_duplicates("stage").sort_values("stage")
     # the stage names under each panel take about half its height: a taller panel keeps its plot and y-label whole
     fig, axes, groups = family_panels(list(part.method), panel_height=2.3)
@@ -612,7 +635,7 @@ class CascadingOptions(MeasuredStageOptions):
 
 def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: MeasuredStageOptions, unit: UnitContext,
          *, order: str) -> UnitResult:
-    df, maps = randomization_with_maps(model, x, y, [method], stages=options.stages(order, unit.seed),
+    df, maps = randomization_with_maps(model, x, y, [method], stages=options.stages(order, unit.seed, unit.first_image),
                                        progress=unit.progress, keep_maps=unit.heatmap_examples,
                                        measures=options.measures)
     return UnitResult(df, maps[method] if unit.heatmap_examples else None)

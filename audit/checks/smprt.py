@@ -25,13 +25,14 @@ from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import recorded_in
 from audit.checks.options import UnitContext, option
 from audit.checks.randomization import stage_figure, stage_maps
+from audit.checks.replicates import joined, seeded_parts
 from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
 from audit.errors import ConfigError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs
 from audit.measures.similarity import correlation, screen, unit_ranks
 from audit.sections import ReportContext, Section
 
-COLUMNS = ["method", "stage", "layer", "image", "spearman", "share"]
+COLUMNS = ["method", "stage", "layer", "image", "replicate", "spearman", "share"]
 CHUNK = 256  # images per attribution call: noisy copies are explained in batches of this size
 
 
@@ -66,12 +67,21 @@ def smooth_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods =
 
     Returns
     -------
-    DataFrame, one row per method x stage x image: method, stage (0 = trained), layer, image,
-    spearman (of ``|denoised map|`` with the trained model's; 1 at stage 0), share (of the parameters
+    DataFrame, one row per method x stage x image: method, stage (0 = trained), layer, image, replicate (of the
+    image's re-initialisation seed: :mod:`audit.checks.replicates`), spearman (of ``|denoised map|`` with the
+    trained model's; 1 at stage 0), share (of the parameters
     re-initialised in that stage's model).
     """
     stages = stage_settings(stages, settings, order="bottom-up")
     x, y = check_inputs(model, x, y)
+    return joined([(_one_seed(model, p.x, p.y, methods, p.stages, n_samples, noise, reduction, progress), p.images,
+                    p.replicate) for p in seeded_parts(model, x, y, stages, "smooth_mprt")], COLUMNS)
+
+
+def _one_seed(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, methods: Methods, stages: StageSettings,
+              n_samples: int, noise: float, reduction: Reduction | None, progress: bool) -> pd.DataFrame:
+    """:func:`smooth_mprt` of images drawn with one seed, ``stages.seed`` (the noise's too), without the
+    ``replicate`` column."""
     copies = noisy_copies(x, n_samples, noise, stages.seed)
     batch = copies.reshape(-1, *x.shape[1:])
 
@@ -96,7 +106,7 @@ def smooth_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods =
             rho = np.where(bad_ref | bad, np.nan, correlation(ref_ranks, ranked))
             rows += [{"method": m, "stage": stage.stage, "layer": stage.layer, "image": i, "spearman": float(rho[i]),
                       "share": stage.share} for i in range(len(rho))]
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "replicate"])
 
 
 @dataclass(frozen=True)
@@ -115,7 +125,8 @@ class SmprtOptions(StageOptions):
 def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: SmprtOptions,
          unit: UnitContext) -> UnitResult:
     return UnitResult(smooth_mprt(model, x, y, [method], n_samples=options.smprt_samples, noise=options.smprt_noise,
-                                  stages=options.stages(options.smprt_order, unit.seed), progress=unit.progress))
+                                  stages=options.stages(options.smprt_order, unit.seed, unit.first_image),
+                                  progress=unit.progress))
 
 
 def _sections(table: pd.DataFrame, context: ReportContext, options: SmprtOptions) -> list[Section]:

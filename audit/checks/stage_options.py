@@ -35,6 +35,10 @@ class StageSettings:
     granularity : ``layer``, ``block`` or ``auto`` (block for a model with blocks), what one stage re-initialises
     target : true (the label, as Sixt) | predicted (each stage's own prediction, as Adebayo)
     seed : seeds the re-initialisations
+    images_per_seed : how many consecutive images share one re-initialisation seed (:mod:`audit.checks.replicates`:
+        the seeds grow with the images); as many as the images given is one seed for all
+    first_image : the run's index of the first image given (a block of a run keeps the seeds its images have in
+        the whole run)
     """
 
     order: str = "cascading"
@@ -43,13 +47,18 @@ class StageSettings:
     granularity: str = "auto"
     target: str = "true"
     seed: int = 0
+    images_per_seed: int = 2
+    first_image: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.images_per_seed, int) or self.images_per_seed < 1:
+            raise ValueError(f"images_per_seed must be a positive integer, got {self.images_per_seed!r}")
         check_option("order", self.order, ORDERS)
         check_option("BatchNorm policy", self.bn, BN_POLICIES)
         check_option("re-initialisation", self.init, INITS)
         check_option("granularity", self.granularity, GRANULARITIES)
         check_option("target", self.target, TARGETS)
+
 
 
 def measures_option() -> Any:
@@ -59,6 +68,14 @@ def measures_option() -> Any:
                   "SSIM, HOG by Pearson) or adebayo2018 (signed maps in [-1, 1], SSIM data range 2 without flip, HOG "
                   "by Spearman, as the paper's authors computed them); the rank correlations are the same in both",
                   choices=tuple(MEASURE_SETS))
+
+
+def images_per_seed_option() -> Any:
+    """The key of every check that re-initialises a model (one declaration, a field of each such class)."""
+    return option(2, "consecutive images that share one re-initialisation seed: the seeds grow with the images (8 "
+                  "for 16 images), and the verdict's interval resamples the seeds, then the images within each, so "
+                  "that it holds the spread between seeds (a fixed 3 seeds do not keep the stated error, by "
+                  "simulation)", valid=lambda v: v >= 1, rule=">= 1")
 
 
 def heatmap_scale() -> Any:
@@ -82,12 +99,15 @@ class StageOptions(Options):
     granularity: str = option("auto", "what one randomization stage re-initialises: a block of the model's module "
                               "tree (block), one weighted layer (layer, the order of earlier versions) or block where "
                               "the model has blocks (auto)", choices=GRANULARITIES)
+    images_per_seed: int = images_per_seed_option()
     heatmap_scale: str = heatmap_scale()
 
-    def stages(self, order: str, seed: int) -> StageSettings:
-        """The settings of a check that randomizes in ``order``, seeded by ``seed``."""
+    def stages(self, order: str, seed: int, first_image: int = 0) -> StageSettings:
+        """The settings of a check that randomizes in ``order``, seeded by ``seed``, over images from the run's
+        ``first_image`` on."""
         return StageSettings(order=order, bn=self.bn, init=self.init, granularity=self.granularity,
-                             target=self.target, seed=seed)
+                             target=self.target, seed=seed, images_per_seed=self.images_per_seed,
+                             first_image=first_image)
 
 
 def stage_settings(stages: StageSettings | None, overrides: dict[str, Any], *, order: str = "cascading") -> StageSettings:

@@ -94,7 +94,8 @@ def _compute(run: Run, item: WorkItem, peak: Peak, progress: bool) -> pd.DataFra
     torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
     xs, ys = run.x[item.start:item.stop], run.y[item.start:item.stop]
     shown = max(0, min(config.heatmap_examples - item.start, len(xs)))  # example heatmaps among these images
-    unit = UnitContext(seed=config.seed, heatmap_examples=shown, progress=progress, twin=twin, control=control)
+    unit = UnitContext(seed=config.seed, heatmap_examples=shown, progress=progress, twin=twin, control=control,
+                       first_image=item.start)
     start = time.perf_counter()
     with memory.limit(run.budget), peak.track(), given_params(run.given[spec]), \
             torch.autocast(run.device.type, dtype=run.half, enabled=config.mixed_precision):

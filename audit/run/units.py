@@ -15,6 +15,7 @@ import pandas as pd
 from attributions import memory
 from audit.atomic import atomic_write_bytes
 from audit.checks import CHECKS, Check
+from audit.checks.replicates import image_order
 from audit.run.results import read_table, unit_path
 
 
@@ -109,22 +110,11 @@ def _assemble_unit(unit: Path, blocks: list[Path]) -> None:
                                                                    np.concatenate([p[1] for p in parts])))
         tables = [read_table(b) for b in blocks]
         filled = [t for t in tables if not t.empty]
-        atomic_write_bytes(unit, csv_bytes(_image_order(pd.concat(filled, ignore_index=True)) if filled
+        atomic_write_bytes(unit, csv_bytes(image_order(pd.concat(filled, ignore_index=True)) if filled
                                            else tables[0]))
     for b in blocks:  # the unit's file is written: the blocks are no longer needed
         b.unlink(missing_ok=True)
         b.with_suffix(".npz").unlink(missing_ok=True)
-
-
-def _image_order(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of a unit's blocks in the order of the whole unit: grouped by the columns before
-    ``image`` (method, stage, layer), groups in order of first appearance, images ascending in each."""
-    key = list(table.columns[: list(table.columns).index("image")])
-    if not key:
-        return table.sort_values("image", kind="stable", ignore_index=True)
-    rank = table.groupby(key, sort=False, dropna=False).ngroup()
-    return table.assign(_group=rank).sort_values(["_group", "image"], kind="stable", ignore_index=True) \
-        .drop(columns="_group")
 
 
 def join(out: Path, *, tests: list[str], models: list[str], methods: list[str],

@@ -2,7 +2,7 @@
 pairing, on tables made by hand where the answer is known."""
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import integrate, optimize, stats
 
 from audit.measures.statistics import bootstrap_ci
 from audit.run.config import load_config
@@ -225,3 +225,33 @@ def test_holm_adjusts_a_family_of_p_values_as_derived_by_hand():
     got = holm(pd.Series([0.01, 0.04, 0.03, 0.2]))
     np.testing.assert_allclose(got, [0.04, 0.09, 0.09, 0.2])
     np.testing.assert_allclose(holm(pd.Series([0.5, 0.6])), [1.0, 1.0])
+
+
+def test_the_nested_interval_holds_that_error_over_eight_seeds_where_three_do_not():
+    """1,000 simulated audits of 16, 32 and 64 images shared out over 8 re-initialisation seeds, each seed shifting
+    its images' scores by a normal draw whose spread is 0.5 and 0.8 times the images' own (the largest ratios
+    measured on the shipped cnn, vgg and vit: 0.5 after the logit layer, 0.8 at full randomization): the nested
+    interval lies wholly above the population median in at most ONE_SIDED_ERROR of them and covers it in at least
+    97 %. Over 3 seeds it does not hold (the spread between three draws is too poorly known)."""
+    dist = stats.beta(2, 5)
+    rng = np.random.default_rng(2)
+
+    def audits(ratio: float, seeds: int, n: int) -> tuple[float, float]:
+        shift = stats.norm(0, ratio * dist.std())
+        # the population's median: where the mixture's distribution function is 1/2
+        median = optimize.brentq(lambda q: integrate.quad(lambda u: dist.pdf(u) * shift.cdf(q - u), 0, 1)[0] - 0.5,
+                                 -1, 2)
+        bounds = []
+        for k in range(1000):
+            groups = np.arange(n) % seeds
+            values = dist.rvs(size=n, random_state=rng) + shift.rvs(size=seeds, random_state=rng)[groups]
+            bounds.append(bootstrap_ci(values, 0.99, n_resamples=2000, seed=k, groups=groups)[1:])
+        low, high = np.array(bounds).T
+        return float((low > median).mean()), float(((low <= median) & (median <= high)).mean())
+
+    for ratio in (0.5, 0.8):
+        for n in (16, 32, 64):
+            above, covered = audits(ratio, 8, n)
+            assert above <= ONE_SIDED_ERROR and covered >= 0.97, (ratio, n, above, covered)
+    above, covered = audits(0.8, 3, 64)
+    assert above > ONE_SIDED_ERROR and covered < 0.97, (above, covered)

@@ -10,6 +10,7 @@ from audit import embedded_sample, load_checkpoint, shipped_twin
 from audit.checks import get_check
 from audit.checks.base import NOT_REJECTED, REJECTED
 from audit.checks.data_randomization import data_randomization
+from audit.checks.replicates import replicate_seed
 from audit.cli import main
 from audit.errors import ConfigError
 from audit.run.config import load_config
@@ -100,3 +101,22 @@ def test_every_shipped_architecture_runs_against_its_shipped_twins(arch, images)
     for column in ("ssim", "control_spearman_abs", "untrained_spearman_abs"):
         assert edge[column].to_numpy() == pytest.approx(1.0, abs=1e-12), column
     assert table[table.method == "gradient"].ssim.median() < 0.5
+
+
+def test_the_untrained_floor_shares_its_seeds_out_over_the_images(images):
+    """Images 2r and 2r + 1 are compared with an untrained copy drawn with replicate r's seed: their floor scores
+    equal the ones an untrained copy with that seed alone gives them (up to a rank swapped by float rounding in
+    another batch), and a block keeps the run's replicates."""
+    x, y = images
+    model, twin, control = (load_checkpoint(n) for n in ("cnn-sgd", "cnn-permuted", "cnn-control"))
+    table, _ = data_randomization(model, twin, x[:6], y[:6], ["gradient"], progress=False, control=control, seed=4)
+    assert table.untrained_replicate.tolist() == [0, 0, 1, 1, 2, 2]
+    for r in range(3):
+        alone, _ = data_randomization(model, twin, x[2 * r:2 * r + 2], y[2 * r:2 * r + 2], ["gradient"],
+                                      progress=False, control=control, seed=replicate_seed(4, r), images_per_seed=2)
+        assert table.untrained_spearman_abs[2 * r:2 * r + 2].to_numpy() == pytest.approx(
+            alone.untrained_spearman_abs, abs=1e-4)
+    block, _ = data_randomization(model, twin, x[3:6], y[3:6], ["gradient"], progress=False, control=control,
+                                  seed=4, first_image=3)
+    assert block.untrained_replicate.tolist() == [1, 2, 2]
+    assert block.untrained_spearman_abs.to_numpy() == pytest.approx(table.untrained_spearman_abs[3:], abs=1e-4)

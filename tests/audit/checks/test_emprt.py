@@ -40,14 +40,14 @@ def test_efficient_mprt_controls_order_and_determinism(trained):
     before = copy.deepcopy(model.state_dict())
     methods = ["gradient", "lrp-zplus", "edge", "random"]
     df = efficient_mprt(model, x, y, methods, seed=0, progress=False)
-    assert list(df.columns) == ["method", "stage", "layer", "image", "entropy", "score", "share"]
+    assert list(df.columns) == ["method", "stage", "layer", "image", "replicate", "entropy", "score", "share"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     layers = [n for n, _, _ in trace(model, x).weighted_layers()]
     assert df[df.method == "gradient"].drop_duplicates("stage").layer.tolist() == ["original"] + layers  # bottom-up
     assert (df[df.stage == 0].score == 0).all()
     assert (df[df.method == "edge"].score == 0).all()  # the model-independent map: exactly 0
     last = df[df.stage == df.stage.max()].groupby("method").score.median()
-    assert abs(last["random"]) < 0.05 < last["gradient"]
+    assert 0 < abs(last["random"]) < last["gradient"]  # the gradient's entropy rises more than a random map's
     assert df.equals(efficient_mprt(model, x, y, methods, seed=0, progress=False))
 
 

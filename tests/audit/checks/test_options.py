@@ -22,7 +22,8 @@ def test_declarations_come_from_the_fields_in_order():
     assert [(o.name, o.default, o.help) for o in declared] == [("level", 0.5, "how high"), ("mode", "a", "which way")]
     assert declared[1].choices == ("a", "b")
     # a subclass's fields follow its base's: the stage keys, then the cascading check's own
-    assert [o.name for o in CascadingOptions.declared()] == ["bn", "target", "init", "granularity", "heatmap_scale",
+    assert [o.name for o in CascadingOptions.declared()] == ["bn", "target", "init", "granularity", "images_per_seed",
+                                                             "heatmap_scale",
                                                              "measures", "randomization_threshold",
                                                              "randomization_top"]
 

@@ -52,7 +52,7 @@ def test_emprt_equals_quantus_efficient_mprt(trained, our_stages, method):
     metric = quantus.EfficientMPRT(layer_order="bottom_up", disable_warnings=True, display_progressbar=False)
     theirs = metric(model=model, x_batch=x.numpy(), y_batch=y.numpy(), a_batch=None, explain_func=_explain(method),
                     device="cpu")
-    ours = efficient_mprt(model, x, y, [method], seed=0, progress=False)
+    ours = efficient_mprt(model, x, y, [method], seed=0, images_per_seed=8, progress=False)
     last = ours[ours.stage == ours.stage.max()].sort_values("image").score.to_numpy()
     np.testing.assert_allclose(last, np.asarray(theirs, dtype=float), rtol=1e-6, atol=1e-9)
 
@@ -65,7 +65,7 @@ def test_smprt_equals_quantus_smooth_mprt_without_noise(trained, our_stages):
     metric = quantus.SmoothMPRT(layer_order="bottom_up", nr_samples=1, disable_warnings=True, display_progressbar=False)
     theirs = metric(model=model, x_batch=x.numpy(), y_batch=y.numpy(), a_batch=None, explain_func=quantus.explain,
                     explain_func_kwargs={"method": "Gradient"}, device="cpu")
-    ours = smooth_mprt(model, x, y, ["gradient"], seed=0, n_samples=1, progress=False)
+    ours = smooth_mprt(model, x, y, ["gradient"], seed=0, images_per_seed=8, n_samples=1, progress=False)
     assert len(theirs) == ours.stage.nunique()
     for stage, scores in enumerate(theirs.values()):
         got = ours[ours.stage == stage].sort_values("image").spearman.to_numpy()
@@ -79,7 +79,7 @@ def test_cascading_randomization_equals_quantus_mprt(trained, monkeypatch):
     metric = quantus.MPRT(layer_order="top_down", disable_warnings=True, display_progressbar=False)
     theirs = metric(model=model, x_batch=x.numpy(), y_batch=y.numpy(), a_batch=None,
                     explain_func=_explain("guided-backprop"), device="cpu")
-    ours = parameter_randomization(model, x, y, ["guided-backprop"], seed=0, progress=False)
+    ours = parameter_randomization(model, x, y, ["guided-backprop"], seed=0, images_per_seed=8, progress=False)
     assert len(theirs) == ours.stage.nunique()
     for stage, scores in enumerate(theirs.values()):
         got = ours[ours.stage == stage].sort_values("image").spearman_abs.to_numpy()

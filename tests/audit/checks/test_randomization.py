@@ -16,6 +16,7 @@ from audit import (
 )
 from audit.checks import randomization
 from audit.checks.randomization import StageMaps, frame, randomization_stages, stage_columns, unchanged_nodes
+from audit.checks.replicates import replicate_seed
 from audit.checks.stage_options import StageSettings
 from audit.checks.stages import randomization_plan
 from audit.errors import AuditError, ConfigError
@@ -27,7 +28,7 @@ def test_cascading_randomization(trained):
     before = copy.deepcopy(model.state_dict())
     torch.manual_seed(123)
     df = parameter_randomization(model, x, y, ["gradient", "edge", "lrp-zplus"], seed=0, progress=False)
-    assert list(df.columns) == ["method", "stage", "layer", "image", "ssim", "spearman", "spearman_abs", "hog",
+    assert list(df.columns) == ["method", "stage", "layer", "image", "replicate", "ssim", "spearman", "spearman_abs", "hog",
                                 "input_spearman_abs", "edge_spearman_abs", "share"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     layers = [s.name for s in randomization_plan(model, trace(model, x))]
@@ -83,6 +84,34 @@ def test_reused_forward_values_change_nothing(order, methods, monkeypatch):
     assert reused.equals(parameter_randomization(model, x, y, methods, order=order, progress=False))
 
 
+@pytest.mark.parametrize("order", ["cascading", "bottom-up"])
+def test_consecutive_images_share_a_seed_and_each_is_scored_as_under_that_seed_alone(trained, order):
+    """Images 2r and 2r + 1 are randomized with replicate r's seed: their rows equal a one-seed run of those images
+    alone with that seed; a block that starts at image 3 of the run keeps the seeds its images have in the run."""
+    model, x, y = trained
+    methods = ["gradient", "lrp-zplus"]
+    shared = parameter_randomization(model, x, y, methods, progress=False, order=order, seed=5)
+    assert shared.replicate.tolist() == (shared.image // 2).tolist() and shared.replicate.max() == 3
+    scores = ["ssim", "spearman", "spearman_abs", "hog"]
+    for r in range(4):
+        alone = parameter_randomization(model, x[2 * r:2 * r + 2], y[2 * r:2 * r + 2], methods, progress=False,
+                                        order=order, seed=replicate_seed(5, r), images_per_seed=2)
+        mine = shared[shared.replicate == r]
+        assert mine.layer.tolist() == alone.layer.tolist() and mine.method.tolist() == alone.method.tolist()
+        np.testing.assert_allclose(mine[scores].to_numpy(float), alone[scores].to_numpy(float), atol=1e-4)
+    assert replicate_seed(5, 0) == 5 and len({replicate_seed(5, r) for r in range(4)} | {6}) == 5
+    block = parameter_randomization(model, x[3:], y[3:], methods, progress=False, order=order, seed=5,
+                                    first_image=3)
+    whole = shared[shared.image >= 3].reset_index(drop=True)
+    assert (block.image + 3).tolist() == whole.image.tolist() and block.replicate.tolist() == whole.replicate.tolist()
+    np.testing.assert_allclose(block[scores].to_numpy(float), whole[scores].to_numpy(float), atol=1e-4)  # another batch
+
+
+def test_images_per_seed_must_be_a_positive_count():
+    with pytest.raises(ValueError, match="images_per_seed must be a positive integer"):
+        StageSettings(images_per_seed=0)
+
+
 def test_the_trained_pass_is_kept_for_reuse_only_where_the_budget_has_room(trained, monkeypatch):
     model, x, y = trained
     ex = Explainer(model, "gradient", graph=trace(model, x))
@@ -91,15 +120,15 @@ def test_the_trained_pass_is_kept_for_reuse_only_where_the_budget_has_room(train
     asked = []
     spy = randomization.unchanged_nodes
     monkeypatch.setattr(randomization, "unchanged_nodes", lambda g, changed: asked.append(changed) or spy(g, changed))
-    free = parameter_randomization(model, x, y, ["gradient"], progress=False)
+    free = parameter_randomization(model, x, y, ["gradient"], images_per_seed=8, progress=False)  # one pass of all the images
     assert asked
     asked.clear()
     with memory.limit(max(2 * one_pass, 3 * held)):  # room for the trained pass besides a stage's own
-        assert parameter_randomization(model, x, y, ["gradient"], progress=False).equals(free)
+        assert parameter_randomization(model, x, y, ["gradient"], images_per_seed=8, progress=False).equals(free)
     assert asked
     asked.clear()
     with memory.limit(held):  # no shared pass fits: every stage in chunks of images, nothing kept
-        tight = parameter_randomization(model, x, y, ["gradient"], progress=False)
+        tight = parameter_randomization(model, x, y, ["gradient"], images_per_seed=8, progress=False)
     assert not asked
     # chunked maps equal batched ones to float32 rounding (attributions.memory); a rank may swap
     for column, atol in (("ssim", 1e-5), ("spearman", 1e-5), ("hog", 1e-4)):

@@ -29,7 +29,8 @@ def test_registered_checks_in_order_with_their_declarations():
         "emprt": ("eMPRT score (entropy ratio)", "higher"),
         "smprt": ("Spearman of magnitudes (sMPRT)", "lower"), "input-invariance": ("relative L2 change", "lower")}
     assert {"n_vectors", "csc_threshold", "random_logit_threshold", "randomization_threshold", "randomization_top",
-            "bn", "target", "init", "heatmap_scale", "granularity", "data_randomization_threshold", "data_target",
+            "bn", "target", "init", "images_per_seed", "heatmap_scale", "granularity", "data_randomization_threshold",
+            "data_target",
             "emprt_order", "emprt_bins", "emprt_curve", "emprt_threshold", "smprt_order", "smprt_samples", "smprt_noise",
             "smprt_threshold", "measures",
             "shift", "invariance_reference", "invariance_tolerance"} == set(check_options())

@@ -33,7 +33,7 @@ def test_smooth_mprt_with_one_sample_is_the_plain_mprt(trained):
 def test_smooth_mprt_stage_zero_controls_and_denoising(trained):
     model, x, y = trained
     df = smooth_mprt(model, x, y, ["gradient", "edge"], seed=0, n_samples=8, progress=False)
-    assert list(df.columns) == ["method", "stage", "layer", "image", "spearman", "share"]
+    assert list(df.columns) == ["method", "stage", "layer", "image", "replicate", "spearman", "share"]
     assert np.allclose(df[df.stage == 0].spearman, 1.0)
     edge = df[df.method == "edge"]
     assert np.allclose(edge.spearman, 1.0)  # the same noise at every stage: the edge map never changes

@@ -4,7 +4,7 @@ import pytest
 
 from audit import summarize
 from audit.errors import AuditError
-from audit.measures.statistics import bootstrap_ci, cluster_median_ci
+from audit.measures.statistics import bootstrap_ci, cluster_median_ci, nested_median_ci
 
 
 def test_summarize_gives_medians_with_intervals():
@@ -71,3 +71,34 @@ def test_the_cluster_interval_refuses_mismatched_clusters_and_is_nan_without_val
     with pytest.raises(AuditError, match="one non-negative integer cluster per value"):
         cluster_median_ci([0.1, 0.2], [0])
     assert all(np.isnan(cluster_median_ci([np.nan], [0])))
+
+
+def test_the_nested_bootstrap_resamples_the_groups_then_the_values_in_each():
+    """Against a brute-force two-stage bootstrap (draw the groups with replacement, then each drawn group's values
+    with replacement, pool, take the median): the same interval within a few percent of its width. Where the
+    groups' levels differ, the interval is wider than the plain bootstrap's over the values; one group gives the
+    plain bootstrap's interval itself."""
+    rng = np.random.default_rng(3)
+    groups = np.arange(40) % 4
+    values = rng.normal(0, 0.1, 40) + np.array([0.0, 0.3, 0.1, 0.25])[groups]
+    est, low, high = nested_median_ci(values, groups, 0.95, n_resamples=4000, seed=1)
+    members = [values[groups == g] for g in range(4)]
+    brute = []
+    for _ in range(4000):
+        pooled = np.concatenate([members[g][rng.integers(0, 10, 10)] for g in rng.integers(0, 4, 4)])
+        brute.append(np.median(pooled))
+    want = np.quantile(brute, [0.025, 0.975])
+    assert est == np.median(values)
+    assert abs(low - want[0]) < 0.05 * (high - low) and abs(high - want[1]) < 0.05 * (high - low)
+    _, plain_low, plain_high = bootstrap_ci(values, 0.95, n_resamples=4000, seed=1)
+    assert high - low > 1.5 * (plain_high - plain_low)
+    assert bootstrap_ci(values, 0.95, groups=groups, seed=1) == nested_median_ci(values, groups, 0.95, seed=1)
+    assert bootstrap_ci(values, 0.95, groups=np.zeros(40), seed=1) == bootstrap_ci(values, 0.95, seed=1)
+    with_nan = np.r_[values, np.nan]
+    assert bootstrap_ci(with_nan, 0.95, groups=np.r_[groups, 9], seed=1) == nested_median_ci(values, groups, 0.95,
+                                                                                            seed=1)
+    with pytest.raises(AuditError, match="one group per value"):
+        bootstrap_ci(values, groups=groups[:3])
+    with pytest.raises(AuditError, match="median only"):
+        bootstrap_ci(values, groups=groups, statistic=np.mean)
+    assert np.isnan(nested_median_ci([np.nan], [0])[0])

@@ -53,12 +53,14 @@ def test_an_audit_fits_the_trained_patterns_once_beside_the_checkpoint_and_refit
     assert kept.parent == tmp_path and trained[:16] in kept.name  # beside the checkpoint, named by its weights
     saved = P.Patterns.load(kept)
     assert saved.fingerprint == trained and saved.n == 40
-    # the trained model fitted once (then read from the file), each randomized stage on its own, all on the 40
+    # the trained model fitted once (then read from the file), each randomized stage of each re-initialisation
+    # seed on its own (3 images: two seeds), all on the 40
     stages = int(first.tables["cascading"].stage.max())
-    assert fits == [40] * (1 + stages) and stages >= 1
+    seeds = first.tables["cascading"].replicate.nunique()
+    assert fits == [40] * (1 + seeds * stages) and stages >= 1 and seeds == 2
     fits.clear()
     second = run_audit(config, tmp_path / "again", **quiet)
-    assert fits == [40] * stages  # the trained model's patterns read from the file
+    assert fits == [40] * seeds * stages  # the trained model's patterns read from the file
     for test in ("random-logit", "cascading"):
         assert first.tables[test].drop(columns="seconds", errors="ignore").equals(
             second.tables[test].drop(columns="seconds", errors="ignore"))

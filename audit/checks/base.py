@@ -58,12 +58,17 @@ class VerdictCell:
         :data:`REJECTED`, :data:`NOT_REJECTED` or :data:`INCONCLUSIVE`; None when the check says nothing.
     undefined : int, default 0
         Images without a defined score (constant or non-finite maps).
+    final : bool, default True
+        Whether more images could not change how the outcome is read: False for a calibrated verdict that fell
+        back to its fixed threshold while its references might still separate; a sequential run reads another
+        look for such a cell, as for an inconclusive one.
     """
 
     score: float
     text: str
     outcome: str | None
     undefined: int = 0
+    final: bool = True
 
 
 def interval_outcome(low: float, high: float, threshold: float, rejects_at_or_above: bool = True) -> str:

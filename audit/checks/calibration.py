@@ -101,18 +101,17 @@ class Calibrated(VerdictRule):
         z, z_ceiling, z_floor = (fisher_z(v) for v in measured)
         return np.asarray(z - (z_ceiling + z_floor) / 2, dtype=float)
 
-    def gap(self, part: pd.DataFrame, options: Options) -> tuple[float, float]:
+    def gap(self, part: pd.DataFrame, options: Options) -> tuple[float, float, float]:
         """The median z gap between the ceiling and the floor over the images where all three scores are defined,
-        and the lower bound of its interval at the options' level (the references separate when it is at least
-        :data:`SMALLEST_GAP`)."""
+        and the bounds of its interval at the options' level (the references separate when the lower bound is at
+        least :data:`SMALLEST_GAP`; they may still separate on more images while the upper bound is)."""
         measured = self.references(part)
         assert measured is not None, "a gap needs rows with the references"
         _, z_ceiling, z_floor = (fisher_z(v) for v in measured)
         defined = np.isfinite(self.differences(part))
         groups = self.replicates(part)
-        median, low, _ = bootstrap_ci((z_ceiling - z_floor)[defined], options.interval_level,
-                                      groups=groups[defined] if groups is not None else None)
-        return median, low
+        return bootstrap_ci((z_ceiling - z_floor)[defined], options.interval_level,
+                            groups=groups[defined] if groups is not None else None)
 
     def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
         """The calibrated outcome (module docstring), the fixed threshold's named beside it where it differs; the
@@ -140,10 +139,12 @@ class Calibrated(VerdictRule):
             return scored_cell(d, 0.0, level=options.interval_level, groups=self.replicates(part))  # inconclusive
         score, ceiling, floor = (v[defined] for v in measured)
         medians = f"twin {np.median(score):.3f}, control {np.median(ceiling):.3f}, untrained {np.median(floor):.3f}"
-        gap, low_gap = self.gap(part, options)
+        gap, low_gap, high_gap = self.gap(part, options)
         if not low_gap >= SMALLEST_GAP:
+            # final only where the gap's whole interval lies under the smallest gap: else more images may separate
             return _marked(fixed, f"fixed threshold: the control twin and an untrained model do not separate, z gap "
-                                  f"{gap:.2f} from {low_gap:.2f} (under {SMALLEST_GAP:g}); {medians}")
+                                  f"{gap:.2f} [{low_gap:.2f}, {high_gap:.2f}] (not wholly at or above "
+                                  f"{SMALLEST_GAP:g}); {medians}", final=not high_gap >= SMALLEST_GAP)
         cell = scored_cell(d, 0.0, label="nearer the control by (z)", level=options.interval_level,
                            groups=self.replicates(part))
         differs = f"; fixed threshold {getattr(options, self.threshold)}: {fixed.outcome}" \
@@ -161,7 +162,7 @@ class Calibrated(VerdictRule):
                 + (f"; the {self.score_name} is {self.why}" if self.why else ""))
 
 
-def _marked(cell: VerdictCell, why: str) -> VerdictCell:
+def _marked(cell: VerdictCell, why: str, final: bool = True) -> VerdictCell:
     """``cell`` with ``why`` added to its text: a fixed-threshold outcome standing where no calibration was
-    possible."""
-    return VerdictCell(cell.score, f"{cell.text}; {why}", cell.outcome, cell.undefined)
+    possible (``final`` False: not yet, :attr:`~audit.checks.base.VerdictCell.final`)."""
+    return VerdictCell(cell.score, f"{cell.text}; {why}", cell.outcome, cell.undefined, final)

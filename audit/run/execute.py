@@ -54,17 +54,17 @@ def execute(run: Run, *, progress: bool) -> None:
 
 
 def undecided(run: Run, items: list[WorkItem]) -> bool:
-    """Whether the verdict of the cell whose blocks are ``items`` is still inconclusive on the images they hold
-    (read from their files, so that every rank and a resumed run decide alike); a cell the check says nothing of
-    is decided."""
+    """Whether the verdict of the cell whose blocks are ``items`` is still inconclusive, or not yet final, on the
+    images they hold (read from their files, so that every rank and a resumed run decide alike); a cell the check
+    says nothing of is decided."""
     check = items[0].check
     if check.verdict is None or items[0].unit(run.out, run.labels).exists():  # joined by a finished run
         return False
     tables = [t for t in (read_table(item.path(run.out, run.labels)) for item in items) if not t.empty]
     if not tables:
         return False
-    return check.verdict.evaluate(pd.concat(tables, ignore_index=True), run.options[check.name]).outcome \
-        == INCONCLUSIVE
+    cell = check.verdict.evaluate(pd.concat(tables, ignore_index=True), run.options[check.name])
+    return cell.outcome == INCONCLUSIVE or not cell.final
 
 
 def _execute_items(run: Run, items: list[WorkItem], progress: bool, stage: str = "") -> None:

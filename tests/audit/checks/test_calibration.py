@@ -72,6 +72,17 @@ def test_a_gap_smaller_than_cohens_small_difference_does_not_calibrate():
     assert cell.outcome == REJECTED and "do not separate, z gap 0.03" in cell.text
 
 
+def test_a_fallback_is_final_only_where_the_gap_cannot_reach_the_smallest_difference():
+    """A gap of z 0.03 on 40 noiseless images: its interval lies wholly under 0.1, the fallback is final. The same
+    references 0.1 apart on z with noise on 8 images: the gap's interval reaches over 0.1, the fixed threshold
+    decides for now, and a sequential run reads another look (not final). A calibrated cell is final."""
+    assert RULE.evaluate(_rows(0.906, 0.910, 0.905, noise=0.0), OPTIONS).final
+    control = float(np.tanh(np.arctanh(0.6) + SMALLEST_GAP))
+    provisional = RULE.evaluate(_rows(0.9, control, 0.6, n=8, noise=0.05, seed=3), OPTIONS)
+    assert "do not separate" in provisional.text and provisional.outcome == REJECTED and not provisional.final
+    assert RULE.evaluate(_rows(0.75, 0.8, 0.2, noise=0.0), OPTIONS).final
+
+
 def test_without_a_control_twin_the_fixed_threshold_decides():
     part = _rows(0.9, np.nan, np.nan)
     cell = RULE.evaluate(part, OPTIONS)

@@ -19,17 +19,19 @@ def _cell(text: object) -> str:
 
 
 def options_table(check: str) -> str:
-    """A Markdown table of one check's options: key, command-line flag, default, allowed values, help."""
+    """A Markdown table of one check's options: key, command-line flag, default, allowed values, help, and where a
+    threshold's default comes from."""
     from audit.checks import CHECKS
     spec = CHECKS[check]
     declared = spec.options.declared() if spec.options is not None else []
     if not declared:
         return "This check has no options of its own.\n"
-    rows = ["| key (TOML) | flag | default | allowed | what it sets |", "| --- | --- | --- | --- | --- |"]
+    rows = ["| key (TOML) | flag | default | allowed | what it sets | source of the default |",
+            "| --- | --- | --- | --- | --- | --- |"]
     for o in declared:
         allowed = ", ".join(f"`{c}`" for c in o.choices) if o.choices else (o.rule or "")
         rows.append(f"| `{o.name}` | `--{o.name.replace('_', '-')}` | `{o.default!r}` | {_cell(allowed)} | "
-                    f"{_cell(o.help)} |")
+                    f"{_cell(o.help)} | {_cell(o.source)} |")
     return "\n".join(rows) + "\n"
 
 

@@ -51,7 +51,8 @@ def sensitivity_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
     DataFrame
         Columns check, threshold (the option's name), value, run (whether it is the run's value), rejected, not
         rejected, inconclusive, changed ("model/method: outcome at the run's value -> outcome here", semicolon
-        separated); no rows when no check with a threshold has a table.
+        separated), source (where the default comes from, :attr:`~audit.checks.options.Option.source`; on the run's
+        row); no rows when no check with a threshold has a table.
     """
     rows = []
     for name, check in CHECKS.items():
@@ -61,6 +62,7 @@ def sensitivity_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
             continue
         options = check.options_from(config.options, config.looks)
         value = getattr(options, rule.threshold)
+        source = next(o.source for o in check.options.declared() if o.name == rule.threshold)
         parts = [(model, method, part) for (model, method), part in table.groupby(["model", "method"], sort=False)
                  if build_method(method).family != CONTROLS]
         at_run = {(m, k): rule.evaluate(p, options).outcome for m, k, p in parts}
@@ -71,6 +73,6 @@ def sensitivity_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
             changed = [f"{m}/{k}: {at_run[(m, k)]} -> {o}" for (m, k), o in outcomes.items() if o != at_run[(m, k)]]
             counts = {o: sum(v == o for v in outcomes.values()) for o in (REJECTED, NOT_REJECTED, INCONCLUSIVE)}
             rows.append({"check": name, "threshold": rule.threshold, "value": candidate, "run": candidate == value,
-                         **counts, "changed": "; ".join(changed)})
+                         **counts, "changed": "; ".join(changed), "source": source if candidate == value else ""})
     return pd.DataFrame(rows, columns=["check", "threshold", "value", "run", REJECTED, NOT_REJECTED, INCONCLUSIVE,
-                                       "changed"])
+                                       "changed", "source"])

@@ -527,7 +527,8 @@ class ConvergenceOptions(Options):
 
     n_vectors: int = option(5, "K, the Gaussian vectors compared pairwise", valid=lambda v: v >= 2, rule="at least 2")
     csc_threshold: float = option(0.99, "median |cos| at which a layer counts as collapsed", valid=lambda v: 0 < v <= 1,
-                                  rule="in (0, 1]")
+                                  rule="in (0, 1]", source="Sixt et al. 2020, section 3.1: a chain whose CSC reaches "
+                                  "0.99 counts as converged")
 
 
 def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: ConvergenceOptions,

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from attributions.explainer import attribute_many
 from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.calibration import Calibrated
-from audit.checks.options import Options, UnitContext, option
+from audit.checks.options import NO_SOURCE, Options, UnitContext, option
 from audit.checks.passes import prepare
 from audit.checks.randomization import heatmap_pages, untrained_copy
 from audit.checks.replicates import replicate_seed, replicates
@@ -160,7 +160,11 @@ class DataRandomizationOptions(Options):
     data_randomization_threshold: float = option(0.5, "Spearman of |map| between the model's and the twin's maps at "
                                                  "or above which a method is rejected (the 99 % interval of its "
                                                  "median); the signed Spearman and SSIM are read against it too",
-                                                 valid=lambda v: 0 < v <= 1, rule="in (0, 1]")
+                                                 valid=lambda v: 0 < v <= 1, rule="in (0, 1]",
+                                                 source="calibrated: the verdict reads the twin between the control "
+                                                 "twin and an untrained copy, measured in the run; this fixed value "
+                                                 "decides only where they do not separate or there is no control "
+                                                 "twin (the cell says so), and for the side rules; there: " + NO_SOURCE)
     data_target: str = option("true", "explained class of the data-randomization test: the true label on both models "
                               "(Adebayo et al.) or each model's prediction", choices=TARGETS)
     measures: str = measures_option()

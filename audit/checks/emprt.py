@@ -131,7 +131,10 @@ class EmprtOptions(StageOptions):
     emprt_threshold: float = option(0.0, "eMPRT score at or below which a method is rejected when the 99 % interval "
                                     "of its median lies there (default 0: the score of the model-independent edge "
                                     "control; Hedstroem et al. give eMPRT as a ranking, without a threshold)",
-                                    valid=lambda v: v > -1, rule="> -1")
+                                    valid=lambda v: v > -1, rule="> -1",
+                                    source="a control: the edge map, which does not depend on the model, scores "
+                                    "exactly 0 (its check in every run with controls); Hedstroem et al. 2023 rank "
+                                    "methods by the score and give no threshold")
 
 
 def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: EmprtOptions,

@@ -31,6 +31,8 @@ class Option:
     help : what it sets, for the command line and the methods text
     choices : the allowed values, when they are a fixed set
     valid : a predicate for numbers (e.g. ``lambda v: 0 < v <= 1``), ``rule`` its wording in the error
+    source : where a threshold's default comes from: a citation, a calibration measured in the run, or
+        :data:`NO_SOURCE` with what shows its effect instead (every verdict threshold declares one)
     """
 
     name: str
@@ -39,6 +41,7 @@ class Option:
     choices: tuple[Any, ...] = ()
     valid: Callable[[Any], bool] | None = None
     rule: str = ""
+    source: str = ""
 
     def check(self, value: Any) -> Any:
         """``value`` (an int widened to float where the default is a float), or a :class:`ConfigError`."""
@@ -54,8 +57,12 @@ class Option:
         return value
 
 
+# the source of a threshold that has none: the report's sensitivity table shows which outcomes it decides
+NO_SOURCE = "none: not derived from the model or a paper; the report's sensitivity table shows the outcomes it decides"
+
+
 def option(default: Any, help: str, *, choices: tuple[Any, ...] = (), valid: Callable[[Any], bool] | None = None,
-           rule: str = "") -> Any:
+           rule: str = "", source: str = "") -> Any:
     """A field of an :class:`Options` class: its default and what :class:`Option` says of it.
 
     Parameters
@@ -71,6 +78,8 @@ def option(default: Any, help: str, *, choices: tuple[Any, ...] = (), valid: Cal
         A predicate the value must satisfy (e.g. ``lambda v: 0 < v <= 1``).
     rule : str, default ""
         ``valid`` in words, for the error message (e.g. ``"in (0, 1]"``).
+    source : str, default ""
+        Where a threshold's default comes from (:attr:`Option.source`).
 
     Returns
     -------
@@ -78,7 +87,8 @@ def option(default: Any, help: str, *, choices: tuple[Any, ...] = (), valid: Cal
         A field with ``default`` and, in its metadata, ``help``, ``choices``, ``valid`` and ``rule``;
         :meth:`Options.declared` turns it into an :class:`Option`.
     """
-    return field(default=default, metadata={"help": help, "choices": tuple(choices), "valid": valid, "rule": rule})
+    return field(default=default, metadata={"help": help, "choices": tuple(choices), "valid": valid, "rule": rule,
+                                            "source": source})
 
 
 CONFIDENCE = 0.99  # the level of every verdict's interval in a run of one look

@@ -48,7 +48,7 @@ from audit.checks.base import (
 )
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import record as coverage_record
-from audit.checks.options import CONFIDENCE, Options, UnitContext, option
+from audit.checks.options import CONFIDENCE, NO_SOURCE, Options, UnitContext, option
 from audit.checks.passes import model_errors, prepare
 from audit.checks.reinit import BN_POLICIES, INITS, reinitialise, reinitialise_part, reset_batchnorm
 from audit.checks.replicates import joined, seeded_parts
@@ -627,10 +627,11 @@ class CascadingOptions(MeasuredStageOptions):
 
     randomization_threshold: float = option(0.5, "similarity to the trained map at or above which a map survives a "
                                             "stage (the 99 % interval of its median)", valid=lambda v: 0 < v <= 1,
-                                            rule="in (0, 1]")
+                                            rule="in (0, 1]", source=NO_SOURCE)
     randomization_top: int = option(1, "cascading stages from the logits that form the model's top part: a map that "
                                     "survives all of them is rejected (1: the logit layer)", valid=lambda v: v >= 1,
-                                    rule=">= 1")
+                                    rule=">= 1", source="Adebayo et al. 2018, section 4: a map invariant to the "
+                                    "randomization of the higher layers, from the logits, fails")
 
 
 def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: MeasuredStageOptions, unit: UnitContext,

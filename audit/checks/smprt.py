@@ -23,7 +23,7 @@ from attributions.explainer import Explainer, attribute_many
 from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import recorded_in
-from audit.checks.options import UnitContext, option
+from audit.checks.options import NO_SOURCE, UnitContext, option
 from audit.checks.randomization import stage_figure, stage_maps
 from audit.checks.replicates import joined, seeded_parts
 from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
@@ -119,7 +119,8 @@ class SmprtOptions(StageOptions):
     smprt_noise: float = option(0.1, "sMPRT noise, standard deviation as a fraction of the image's range",
                                 valid=lambda v: v >= 0, rule=">= 0")
     smprt_threshold: float = option(0.5, "median Spearman at full randomization from which a method counts as "
-                                    "weight-insensitive", valid=lambda v: 0 < v <= 1, rule="in (0, 1]")
+                                    "weight-insensitive", valid=lambda v: 0 < v <= 1, rule="in (0, 1]",
+                                    source=NO_SOURCE)
 
 
 def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: SmprtOptions,

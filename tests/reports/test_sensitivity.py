@@ -23,6 +23,8 @@ def test_outcomes_at_each_threshold_and_the_pairs_that_change():
     assert table.loc[0.5, ["rejected", "not rejected", "inconclusive"]].tolist() == [1, 1, 0]
     assert table.loc[0.4, "rejected"] == 2 and table.loc[0.4, "changed"] == "m/gradient: not rejected -> rejected"
     assert table.loc[0.7, "changed"] == "" and table.loc[0.7, "rejected"] == 1
+    # where the run's threshold comes from, on its row only
+    assert table.loc[0.5, "source"].startswith("calibrated") and table.loc[0.4, "source"] == ""
 
 
 def test_the_grid_keeps_to_the_values_the_option_accepts():

@@ -81,3 +81,24 @@ def test_a_sequential_design_splits_the_level_over_its_looks_and_keeps_its_error
                 rejected += outcome == "rejected"
                 break
     assert rejected / 1000 <= ONE_SIDED_ERROR
+
+
+def test_every_threshold_a_verdict_reads_says_where_its_default_comes_from():
+    """Each option a check's verdict rules read (the thresholds, the cascading top part) declares its source: a
+    citation, a calibration or control measured in the run, or NO_SOURCE; the thresholds without one are listed,
+    so that a new threshold cannot pass without saying which it is."""
+    from audit.checks import CHECKS
+    from audit.checks.options import NO_SOURCE
+
+    sources = {}
+    for check in CHECKS.values():
+        rules = [r for r in (check.verdict, *check.side_rules) if r is not None]
+        declared = {o.name: o for o in check.options.declared()} if check.options is not None else {}
+        for rule in rules:
+            for name in rule.reads:
+                assert declared[name].source, f"{check.name}: {name} declares no source"
+                sources[name] = declared[name].source
+    assert {name for name, source in sources.items() if source == NO_SOURCE} == {"randomization_threshold",
+                                                                                 "smprt_threshold"}
+    assert sources["csc_threshold"].startswith("Sixt et al. 2020")
+    assert sources["data_randomization_threshold"].startswith("calibrated")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure as MplFigure
 from matplotlib.lines import Line2D
@@ -94,18 +95,41 @@ def threshold_line(ax: Axes, value: float, label: str | None = None) -> Line2D:
 
 
 REFERENCE_MARKERS = ("^", "v")  # the ceiling's and the floor's median, beside each method's box
+FLOOR = "random"  # the control whose scores are the floor drawn on every panel: a map unrelated to the model's
+
+
+def floor_of(part: pd.DataFrame, metric: str, by: str | None = None) -> pd.Series | None:
+    """The random-map control's median ``metric`` in ``part`` (per value of column ``by``, e.g. per stage), the
+    floor a map unrelated to the model scores; None where the control was not run."""
+    rows = part[part.method == FLOOR]
+    if rows.empty or metric not in rows:
+        return None
+    return rows.groupby(by)[metric].median() if by else pd.Series([rows[metric].median()])
+
+
+def floor_line(ax: Axes, x: np.ndarray | None, values: np.ndarray) -> None:
+    """The floor across ``ax``: a dotted grey curve over ``x`` (a stage's), or a dotted line at ``values[0]``
+    where ``x`` is None."""
+    if x is None:
+        ax.axhline(float(values[0]), color="0.55", linestyle=":", linewidth=0.9, zorder=1)
+    else:
+        ax.plot(x, values, color="0.55", linestyle=":", linewidth=0.9, zorder=1)
 
 
 def score_boxes(part, metric: str, threshold: float, ylabel: str,
                 references: dict[str, str] | None = None) -> MplFigure:
     """Per-image ``metric`` of one model's table ``part``: a box and every image's point per method, one panel per
-    family, on [0, 1] with the dashed ``threshold``; ``references`` ({legend label: column}, at most two): each
-    column's median per method as a black marker beside the box (up, then down triangles)."""
+    family, on [0, 1] with the dashed ``threshold`` and, where the random-map control ran, its median dotted in
+    every panel (:func:`floor_of`); ``references`` ({legend label: column}, at most two): each column's median per
+    method as a black marker beside the box (up, then down triangles)."""
     fig, axes, groups = family_panels(list(part.method), sharex=False, panel_height=1.6)
     references = {label: c for label, c in (references or {}).items() if c in part and part[c].notna().any()}
+    floor = floor_of(part, metric)
     for ax, methods in zip(axes[0], groups.values()):
         method_boxes(ax, methods, {m: part[part.method == m][metric].to_numpy() for m in methods})
         threshold_line(ax, threshold)
+        if floor is not None:
+            floor_line(ax, None, floor.to_numpy())
         for (label, column), marker in zip(references.items(), REFERENCE_MARKERS):
             medians = [float(np.nanmedian(part[part.method == m][column])) for m in methods]
             ax.plot(np.arange(len(methods)) + 0.36, medians, linestyle="none", marker=marker, color="black",

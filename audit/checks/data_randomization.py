@@ -35,7 +35,7 @@ from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, follows, heat
 from audit.measures.measure_sets import MeasureSet
 from audit.measures.similarity import correlation, undefined_where
 from audit.models.twins import same_architecture
-from audit.panels import score_boxes
+from audit.panels import floor_of, score_boxes
 from audit.sections import Figure, ReportContext, Section, Table
 
 # Adebayo et al. (2018, section 5, the rank-correlation figure) compared the maps of the MNIST / Fashion-MNIST
@@ -201,7 +201,9 @@ def data_figure(table: pd.DataFrame, model: str, threshold: float) -> Figure:
                      f"({threshold:g}) is the fixed threshold read where the two references do not separate."
                      if calibrated else
                      f"; a method whose median's 99 % interval lies at or above the dashed line ({threshold:g}) is "
-                     "rejected: its map does not depend on what the model learned."))
+                     "rejected: its map does not depend on what the model learned.")
+                  + (" Dotted grey, in every panel: the random-map control's median, the floor a map unrelated to "
+                     "the model's scores." if floor_of(part, "spearman_abs") is not None else ""))
 
 
 def _manifest(context: ReportContext) -> dict[str, Any]:

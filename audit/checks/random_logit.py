@@ -21,7 +21,7 @@ from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, follows, heatmaps, input_structure, signed_heatmaps
 from audit.measures.similarity import WINDOW, correlation, sign_flip_allowed, ssim, undefined_where
-from audit.panels import score_boxes
+from audit.panels import floor_of, score_boxes
 from audit.sections import Figure, ReportContext, Section
 
 COLUMNS = ["method", "image", "true_class", "random_class", "ssim", "spearman", "spearman_abs", "input_spearman_abs",
@@ -104,7 +104,9 @@ def random_logit_figure(logit: pd.DataFrame, model: str, threshold: float) -> Fi
     fig = score_boxes(logit[logit.model == model], "ssim", threshold, "SSIM, true vs random class")
     return Figure(f"random_logit_{model}", fig, f"Random-logit test on {model}: SSIM between the maps of the true "
                   f"and a random other class, per image (points) and per method (boxes); a method whose median's 99 % "
-                  f"interval lies at or above the dashed line ({threshold:g}) is rejected as class-insensitive.")
+                  f"interval lies at or above the dashed line ({threshold:g}) is rejected as class-insensitive"
+                  + ("; dotted grey, in every panel: the random-map control's median, the floor a map unrelated to the "
+                     "model's scores." if floor_of(logit[logit.model == model], "ssim") is not None else "."))
 
 
 def _sections(table: pd.DataFrame, context: ReportContext, options: RandomLogitOptions) -> list[Section]:

@@ -61,7 +61,7 @@ from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, follows, heat
 from audit.measures.measure_sets import MeasureSet
 from audit.measures.statistics import bootstrap_ci, summarize
 from audit.models.copying import copy_model
-from audit.panels import family_panels, method_legend, threshold_line
+from audit.panels import family_panels, floor_line, floor_of, method_legend, threshold_line
 from audit.sections import Figure, ReportContext, Section
 
 __all__ = ["BN_POLICIES", "INITS", "ORDERS", "StageSettings", "parameter_randomization", "randomization_stages",
@@ -434,7 +434,10 @@ def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name
     stages = summary.drop_duplicates("stage").sort_values("stage")
     # the stage names under each panel take about half its height: a taller panel keeps its plot and y-label whole
     fig, axes, groups = family_panels(list(part.method), panel_height=2.3)
+    floor = floor_of(part, metric, "stage")
     for ax, methods in zip(axes[0], groups.values()):
+        if floor is not None:
+            floor_line(ax, floor.index.to_numpy(), floor.to_numpy())
         for k, method in enumerate(methods):
             rows = summary[summary.method == method].sort_values("stage")
             points = part[part.method == method]
@@ -461,6 +464,8 @@ def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name
     note = f"; dashed: the threshold ({threshold:g}), {meaning}" if threshold is not None else ""
     if mark_stop and threshold is not None:
         note += "; rings: the stage where each method's map stopped surviving"
+    if floor is not None:
+        note += "; dotted grey, in every panel: the random-map control's median, the floor a map unrelated to the model's scores"
     method_legend(fig, groups)
     return Figure(name, fig, f"{caption}. Points: images; lines: medians over images with their 99 % bootstrap "
                   f"band{note}.")

@@ -36,3 +36,24 @@ def test_boxes_draw_every_image_and_skip_empty_methods():
     points = [c for c in axes[0, 0].collections if c.get_offsets().shape[0]]
     assert sum(c.get_offsets().shape[0] for c in points) == 3  # the finite values, as points
     assert [t.get_text() for t in axes[0, 0].get_xticklabels()] == ["gradient", "smoothgrad"]
+
+
+def test_the_random_controls_median_is_the_floor_drawn_in_every_panel():
+    """Where the random map ran, its median (0.1 of 0.0, 0.1, 0.2) is a dotted line in every family's panel; without
+    it, none is drawn."""
+    import pandas as pd
+
+    from audit.panels import floor_of, score_boxes
+
+    rows = [{"method": m, "image": i, "ssim": v} for m, values in (("gradient", (0.3, 0.5, 0.4)),
+                                                                    ("lrp-zplus", (0.9, 0.95, 0.99)),
+                                                                    ("random", (0.0, 0.1, 0.2)))
+            for i, v in enumerate(values)]
+    part = pd.DataFrame(rows)
+    assert floor_of(part, "ssim").tolist() == [0.1] and floor_of(part[part.method != "random"], "ssim") is None
+    fig = score_boxes(part, "ssim", 0.8, "SSIM")
+    for ax in fig.axes[:3]:
+        dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+        assert len(dotted) == 1 and dotted[0].get_ydata()[0] == 0.1
+    fig = score_boxes(part[part.method != "random"], "ssim", 0.8, "SSIM")
+    assert not [line for ax in fig.axes for line in ax.get_lines() if line.get_linestyle() == ":"]

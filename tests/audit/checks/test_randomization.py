@@ -169,3 +169,17 @@ def test_stage_columns_hold_one_row_per_stage_method_and_image_in_that_order():
     assert list(df.itertuples(index=False, name=None)) == want
     assert df.stage.dtype == np.int64 and df.image.dtype == np.int64 and pd.api.types.is_string_dtype(df.method)
     assert frame([], ["method", "ssim"]).columns.tolist() == ["method", "ssim"]
+
+
+def test_the_stage_figure_draws_the_random_controls_median_per_stage_in_every_panel():
+    """The random map's median at each stage (0.05, 0.1) is the dotted floor curve of every family's panel."""
+    rows = [{"model": "m", "method": method, "stage": stage, "layer": ["original", "fc"][stage], "image": i,
+             "replicate": i // 2, "ssim": level[stage] + 0.01 * i}
+            for method, level in (("gradient", (1.0, 0.3)), ("lrp-zplus", (1.0, 0.95)), ("random", (0.04, 0.09)))
+            for stage in (0, 1) for i in range(3)]
+    figure = randomization.randomization_figure(pd.DataFrame(rows), "m", "cascading", 0.5)
+    panels = [ax for ax in figure.figure.axes if ax.get_lines()]
+    assert len(panels) == 3 and "dotted grey" in figure.caption
+    for ax in panels:
+        dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+        assert len(dotted) == 1 and np.allclose(dotted[0].get_ydata(), [0.05, 0.1])

@@ -88,6 +88,25 @@ def _number(text: str) -> float:
         raise ConfigError(f"expected a number or 'adaptive', got {text!r}") from None
 
 
+FIT_ACCURACY = 0.95  # Adebayo et al. (2018, section 5) trained their permuted-label models to above 95 % accuracy
+
+
+def _fit_accuracy(given: str | None, permute_labels: int | None) -> float | None:
+    """``--fit-accuracy``: a number in (0, 1], or "off"; not given, :data:`FIT_ACCURACY` for a permuted-label twin
+    and off for another model."""
+    if given is None:
+        return FIT_ACCURACY if permute_labels is not None else None
+    if given == "off":
+        return None
+    try:
+        value = float(given)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise ConfigError(f"--fit-accuracy must be in (0, 1] or 'off', got {given!r}")
+    return value
+
+
 def _train(args: argparse.Namespace) -> int:
     from audit.models import OPTIMIZERS, TrainConfig, train, twin_architecture
     arch_options = {"batch_norm": True} if args.batch_norm else {}
@@ -110,7 +129,7 @@ def _train(args: argparse.Namespace) -> int:
                          data=args.data, data_root=args.data_root, download=args.download,
                          train_limit=args.train_limit, arch_options=arch_options, options=options,
                          dbort=args.dbort, schedule=args.schedule, permute_labels=args.permute_labels,
-                         twin_of=args.twin_of)
+                         twin_of=args.twin_of, fit_accuracy=_fit_accuracy(args.fit_accuracy, args.permute_labels))
     if args.twin_of is not None:
         twin_architecture(config, args.twin_of)
     train(config, out=args.out, resume=args.resume, progress=not args.quiet, force=args.force)
@@ -244,6 +263,11 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--permute-labels", type=int, default=None, metavar="SEED",
                    help="train on the training labels permuted once with this seed: the permuted-label twin of the "
                    "data-randomization test (with --train-limit and enough --epochs to fit them)")
+    t.add_argument("--fit-accuracy", default=None, metavar="ACCURACY",
+                   help="stop once the accuracy on the training labels (eval mode, after an epoch) reaches this, or "
+                   "'off'; a model below it after --epochs is saved, recorded as not fitting (an audit flags it) and "
+                   f"the command fails (default: {FIT_ACCURACY} for a permuted-label twin, as Adebayo et al.; off "
+                   "otherwise)")
     t.add_argument("--control", type=int, default=None, metavar="SEED",
                    help="train the control twin (with --twin-of): the permuted-label twin's recipe on the true labels "
                    "from initial weights of this seed, the reference of the calibrated data-randomization verdict; "

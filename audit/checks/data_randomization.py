@@ -211,6 +211,17 @@ def _manifest(context: ReportContext) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def _fits(record: dict[str, Any]) -> str:
+    """Whether a twin reached the training accuracy it was trained to (``train --fit-accuracy``): "yes", "NO (0.83
+    under 0.95): its maps are not those of a model that learned the labels", or "not recorded"."""
+    if record.get("fits") is None:
+        return "not recorded"
+    if record["fits"]:
+        return f"yes ({record.get('fit_accuracy')})"
+    return (f"NO ({record.get('train_accuracy', float('nan')):.3f} under {record.get('fit_accuracy')}): not a model that "
+            "fits its labels")
+
+
 def _twin_table(manifest: dict[str, Any], models: list[str]) -> pd.DataFrame:
     """The twins the run compared, each model's permuted-label twin and its control twin: which checkpoint, its
     labels, seeds, training subset and accuracies."""
@@ -218,7 +229,7 @@ def _twin_table(manifest: dict[str, Any], models: list[str]) -> pd.DataFrame:
     rows = [{"model": m, "role": role, "twin": record["spec"], "labels": record.get("labels"),
              "label seed": record.get("label_seed"), "seed": record.get("seed"),
              "training images": record.get("train_size"), "training accuracy": record.get("train_accuracy"),
-             "test accuracy": record.get("test_accuracy")}
+             "fits its labels": _fits(record), "test accuracy": record.get("test_accuracy")}
             for m in models if m in twins
             for role, record in (("permuted-label twin", twins[m]), ("control twin", twins[m].get("control")))
             if record]

@@ -106,14 +106,15 @@ def same_architecture(model: nn.Module, twin: nn.Module, model_name: str, twin_n
 
 
 def twin_facts(twin: nn.Module) -> dict:
-    """What the report says of a twin: its training subset, label seed and accuracies (None where the twin
-    carries no trainer metadata)."""
+    """What the report says of a twin: its training subset, label seed and accuracies, and whether it reached the
+    training accuracy it was trained to (``fits``; None where it was not trained to one, or carries no trainer
+    metadata)."""
     meta = getattr(twin, "metadata", None) or {}
     data = meta.get("data", {}) if isinstance(meta.get("data"), dict) else {}
     return {"labels": data.get("labels"), "label_seed": data.get("label_seed"), "train_size": data.get("train_size"),
             "train_accuracy": meta.get("train_accuracy"), "test_accuracy": meta.get("test_accuracy"),
             "optimizer": meta.get("optimizer"), "epochs": meta.get("epochs"), "seed": meta.get("seed"),
-            "subset_seed": meta.get("subset_seed")}
+            "subset_seed": meta.get("subset_seed"), "fit_accuracy": meta.get("fit_accuracy"), "fits": meta.get("fits")}
 
 
 def twin_architecture(config: TrainConfig, twin_of: str) -> None:

@@ -109,6 +109,13 @@ def plan(config: AuditConfig, out: str | os.PathLike, *, resume: bool, shard: Sh
     for spec, model in [*loaded.items(), *((f"the twin of {s}", m) for s, m in twin_models.items()),
                         *((f"the control twin of {s}", m) for s, m in control_models.items())]:
         _explainable(spec, model)
+    for spec, twin in twin_models.items():  # flagged here, in the manifest and in the report's twins table
+        meta = getattr(twin, "metadata", None) or {}
+        if meta.get("fits") is False:
+            log(f"warning: the twin of {spec}, {twin_specs[spec]}, does not fit its permuted labels (training "
+                f"accuracy {meta.get('train_accuracy', float('nan')):.3f} under the {meta.get('fit_accuracy')} it was "
+                "trained to): its maps are not those of a model that learned them; the data-randomization test runs "
+                "and the report's twins table says so")
     patterns = pattern_images(config.pattern_data, config.data, config.pattern_images, config.seed, config.data_root) \
         if set(PATTERN_METHODS) & set(config.methods) else None
     prints = fingerprints(config, x, y, [*twin_specs.values(), *control_specs.values()])

@@ -53,22 +53,26 @@ def test_a_pair_of_two_architectures_is_refused(images):
 
 def test_end_to_end_on_a_model_and_twins_the_user_trains(tmp_path, capsys):
     """Train a small model, its permuted-label twin and its control twin with the CLI, audit the trio; a model
-    without a twin is skipped and the manifest, the log and the verdict say so."""
+    without a twin is skipped and the manifest, the log and the verdict say so. The twin, one epoch on permuted
+    labels, does not reach the 95 % it is trained to: its training fails, and the audit flags it."""
     mine = str(tmp_path / "mine.pt")
     assert main(["train", "--arch", "cnn", "--data", "fashion-mnist-sample", "--twin-of", "cnn-sgd", "--out",
                  str(tmp_path / "x.pt")]) == 2
     assert "add --permute-labels SEED (the permuted-label twin) or --control SEED" in capsys.readouterr().err
-    for name, extra in (("mine", []),
-                        ("mine-twin", ["--permute-labels", "7", "--twin-of", mine, "--subset-seed", "0"]),
-                        ("mine-control", ["--control", "3", "--twin-of", mine, "--subset-seed", "0"])):
+    for name, extra, code in (("mine", [], 0),
+                              ("mine-twin", ["--permute-labels", "7", "--twin-of", mine, "--subset-seed", "0"], 2),
+                              ("mine-control", ["--control", "3", "--twin-of", mine, "--subset-seed", "0"], 0)):
         assert main(["train", "--arch", "cnn", "--data", "fashion-mnist-sample", "--epochs", "1", "--train-limit",
-                     "64", "--out", str(tmp_path / f"{name}.pt"), "--quiet", *extra]) == 0
+                     "64", "--out", str(tmp_path / f"{name}.pt"), "--quiet", *extra]) == code
+    assert "does not fit its permuted training labels" in capsys.readouterr().err
     out = tmp_path / "run"
     rc = main(["run", "--models", f"{mine},cnn-bort", "--methods", "gradient,edge", "--tests",
                "data-randomization", "--n-images", "6", "--twins", f"{mine}={tmp_path / 'mine-twin.pt'}",
                "--controls", f"{mine}={tmp_path / 'mine-control.pt'}", "--out", str(out), "--quiet"])
     assert rc == 0
     manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["twins"]["mine"]["fits"] is False and manifest["twins"]["mine"]["control"]["fits"] is None
+    assert "does not fit its permuted labels (training accuracy" in capsys.readouterr().out
     assert manifest["twins"]["mine"]["label_seed"] == 7 and manifest["twins"]["mine"]["labels"] == "permuted"
     control = manifest["twins"]["mine"]["control"]
     assert control["labels"] == "true" and control["seed"] == 3 and control["subset_seed"] == 0
@@ -82,6 +86,7 @@ def test_end_to_end_on_a_model_and_twins_the_user_trains(tmp_path, capsys):
     assert verdict.loc["edge", "verdict"].startswith(REJECTED) and verdict.loc["edge", "control_check"] == "as expected"
     report = (out / "report.md").read_text()
     assert "Skipped (no twin): cnn-bort" in report and "## Data randomization" in report
+    assert "NO (" in report and "not a model that fits its labels" in report
 
 
 @pytest.mark.parametrize("arch", ["cnn", "vgg", "resnet", "vit"])

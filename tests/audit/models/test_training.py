@@ -162,3 +162,49 @@ def test_an_existing_checkpoint_is_not_overwritten_without_force(tmp_path):
     assert (tmp_path / "m.pt").read_bytes() == before
     _quiet(TrainConfig(arch="cnn", epochs=1, seed=1, **SAMPLE), out=tmp_path / "m.pt", force=True)
     assert (tmp_path / "m.pt").read_bytes() != before
+
+
+def test_training_stops_once_it_fits_its_labels_and_an_unfit_model_is_saved_flagged_and_refused(tmp_path):
+    """A target the first epoch reaches stops the run there (and a resumed run whose last epoch fitted trains no
+    further); one that three epochs of 64 permuted labels cannot reach is saved, recorded as not fitting, and the
+    training fails with that said."""
+    lines = []
+    easy = TrainConfig(arch="cnn", epochs=5, seed=0, fit_accuracy=0.05, data="fashion-mnist-sample", train_limit=64,
+                       batch_size=16)
+    model, meta = train(easy, out=tmp_path / "easy.pt", progress=False, log=lines.append)
+    assert [h["epoch"] for h in meta["history"]] == [1] and meta["stopped"] == "fit" and meta["fits"]
+    assert meta["train_accuracy"] >= 0.05 and "stopped after epoch 1: the training accuracy reached the target" \
+        in " ".join(lines)
+
+    def crash_after_first_epoch(line):
+        if line.startswith("epoch 1/5"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # killed after the state of the fitting epoch was saved
+        train(easy, out=tmp_path / "part.pt", progress=False, log=crash_after_first_epoch)
+    resumed, again = _quiet(easy, out=tmp_path / "part.pt", resume=True)
+    assert [h["epoch"] for h in again["history"]] == [1] and again["stopped"] == "fit" and _same_weights(model, resumed)
+    hard = TrainConfig(arch="cnn", epochs=2, seed=0, fit_accuracy=1.0, permute_labels=3,
+                       data="fashion-mnist-sample", train_limit=64, batch_size=16)
+    with pytest.raises(ConfigError, match="does not fit its permuted training labels: training accuracy .* below "
+                                          "--fit-accuracy 1 after 2 epochs"):
+        _quiet(hard, out=tmp_path / "hard.pt")
+    saved = json.loads((tmp_path / "hard.json").read_text())
+    assert saved["fits"] is False and saved["stopped"] == "epochs" and saved["fit_accuracy"] == 1.0
+    assert "fits" not in _quiet(TrainConfig(arch="cnn", epochs=1, seed=0, **SAMPLE))[1]  # no target, no record
+    with pytest.raises(ConfigError, match="invalid fit_accuracy"):
+        TrainConfig(fit_accuracy=1.5).resolved()
+
+
+def test_cli_fit_accuracy_defaults_to_adebayos_for_a_permuted_twin(tmp_path, capsys):
+    base = ["train", "--arch", "cnn", "--data", "fashion-mnist-sample", "--epochs", "1", "--train-limit", "64",
+            "--quiet"]
+    assert main([*base, "--out", str(tmp_path / "m.pt")]) == 0
+    assert "fits" not in json.loads((tmp_path / "m.json").read_text())
+    assert main([*base, "--permute-labels", "1", "--fit-accuracy", "off", "--out", str(tmp_path / "off.pt")]) == 0
+    assert "fits" not in json.loads((tmp_path / "off.json").read_text())
+    assert main([*base, "--permute-labels", "1", "--out", str(tmp_path / "p.pt")]) == 2  # one epoch cannot fit them
+    assert "below --fit-accuracy 0.95 after 1 epoch " in capsys.readouterr().err
+    assert json.loads((tmp_path / "p.json").read_text())["fit_accuracy"] == 0.95
+    assert main([*base, "--fit-accuracy", "2", "--out", str(tmp_path / "x.pt")]) == 2
+    assert "--fit-accuracy must be in (0, 1] or 'off', got '2'" in capsys.readouterr().err

@@ -61,7 +61,8 @@ def test_twin_lookup_prefers_the_users_and_refuses_a_library_model():
 
 def test_cli_trains_the_twin_of_a_checkpoint_and_refuses_another_architecture(tmp_path, capsys):
     rc = main(["train", "--arch", "cnn", "--data", "fashion-mnist-sample", "--epochs", "1", "--train-limit", "64",
-               "--permute-labels", "2", "--twin-of", "cnn-sgd", "--out", str(tmp_path / "t.pt"), "--quiet"])
+               "--permute-labels", "2", "--twin-of", "cnn-sgd", "--fit-accuracy", "off", "--out", str(tmp_path / "t.pt"),
+               "--quiet"])
     meta = json.loads((tmp_path / "t.json").read_text())
     assert rc == 0 and meta["twin_of"] == "cnn-sgd" and meta["data"]["label_seed"] == 2
     assert main(["train", "--arch", "vgg", "--permute-labels", "2", "--twin-of", "cnn-sgd", "--out",

@@ -132,7 +132,8 @@ def _train(args: argparse.Namespace) -> int:
                          twin_of=args.twin_of, fit_accuracy=_fit_accuracy(args.fit_accuracy, args.permute_labels))
     if args.twin_of is not None:
         twin_architecture(config, args.twin_of)
-    train(config, out=args.out, resume=args.resume, progress=not args.quiet, force=args.force)
+    train(config, out=args.out, resume=args.resume, progress=not args.quiet, force=args.force,
+          save_every=args.save_every)
     return 0
 
 
@@ -279,7 +280,11 @@ def _train_parser(sub: Any) -> None:
                    "run is a twin of (with --permute-labels or --control): its architecture must match; recorded in "
                    "the metadata")
     t.add_argument("--out", required=True, help="checkpoint path (.pt; metadata beside it as .json)")
-    t.add_argument("--resume", action="store_true", help="continue from the per-epoch state beside --out")
+    t.add_argument("--resume", action="store_true", help="continue from the resume state beside --out")
+    t.add_argument("--save-every", type=int, default=None, metavar="STEPS",
+                   help="also save the resume state every STEPS optimizer steps within an epoch (default: after each "
+                   "epoch only); --resume then continues from the last saved step, with the weights of an "
+                   "uninterrupted run")
     t.add_argument("--force", action="store_true", help="overwrite an existing checkpoint at --out")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=_train)

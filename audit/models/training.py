@@ -22,6 +22,7 @@ from attributions.errors import unknown_name
 from audit.atomic import atomic_write
 from audit.data.datasets import array_sha256, load_dataset
 from audit.errors import ConfigError
+from audit.faults import kill_after_step
 from audit.models.checkpoint import save_checkpoint
 from audit.models.zoo import build
 from bort import Bort, BortAdamW, dbort_loss, param_groups
@@ -246,7 +247,8 @@ def _resume_path(out: str | os.PathLike | None) -> Path | None:
 
 
 def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: bool = False,
-          progress: bool = True, log: Callable[[str], None] = print, force: bool = False) -> tuple[nn.Module, dict]:
+          progress: bool = True, log: Callable[[str], None] = print, force: bool = False,
+          save_every: int | None = None) -> tuple[nn.Module, dict]:
     """Train a zoo model and (with ``out``) save it as a checkpoint.
 
     Parameters
@@ -259,6 +261,10 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
         Continue from that per-epoch state when it exists.
     force : bool
         Overwrite an existing checkpoint at ``out`` (refused otherwise, before any training).
+    save_every : int, optional
+        Also write the resume state every this many optimizer steps within an epoch (model, optimizer, scheduler,
+        the epoch's shuffle and the RNG state): a run killed mid-epoch resumes at its last saved step, with the
+        weights of an uninterrupted run. None: after each epoch only.
 
     Returns
     -------
@@ -273,13 +279,19 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
     data = _training_data(cfg)
     run = _TrainingRun.start(cfg, data)
     state_file = _resume_path(out)
+    if save_every is not None and save_every < 1:
+        raise ConfigError(f"save_every must be a positive number of steps, got {save_every!r}")
     if resume and state_file is not None and state_file.exists():
         run.restore(state_file, log)
-    done = run.fits(data)  # a resumed run whose last epoch already fitted trains no further
-    while run.epoch < cfg.epochs and not done:
-        record = run.one_epoch(progress)
-        if state_file is not None:  # before the epoch's line: a run stopped there resumes after this epoch
+
+    def save() -> None:
+        if state_file is not None:
             atomic_write(state_file, lambda f: torch.save(run.state(), f))
+
+    done = run.step == 0 and run.fits(data)  # a resumed run whose last epoch already fitted trains no further
+    while run.epoch < cfg.epochs and not done:
+        record = run.one_epoch(progress, save if save_every else None, save_every or 0)
+        save()  # before the epoch's line: a run stopped there resumes after this epoch
         log(f"epoch {run.epoch}/{cfg.epochs}: loss {record['loss']:.4f}, "
             f"train accuracy {record['train_accuracy']:.4f} ({record['seconds']:.1f} s)")
         done = run.fits(data)
@@ -306,8 +318,8 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
     if meta.get("fits") is False:  # saved and recorded first: the audit flags it, a longer run can start from it
         raise ConfigError(f"the model does not fit its {'permuted ' if cfg.permute_labels is not None else ''}training "
                           f"labels: training accuracy {fitted:.4f} below --fit-accuracy {cfg.fit_accuracy:g} after "
-                          f"{run.epoch} epoch{'' if run.epoch == 1 else 's'} (recorded in its metadata: an audit flags it); train it for more "
-                          "--epochs or on fewer images (--train-limit)")
+                          f"{run.epoch} epoch{'' if run.epoch == 1 else 's'} (recorded in its metadata: an audit flags "
+                          "it); train it for more --epochs or on fewer images (--train-limit)")
     return model, meta
 
 
@@ -350,6 +362,9 @@ class _TrainingRun:
     y: torch.Tensor
     history: list[dict]
     epoch: int = 0
+    step: int = 0  # optimizer steps done in the current epoch (0 between epochs)
+    epoch_shuffle: torch.Tensor | None = None  # the shuffle generator's state before the current epoch's order
+    partial: tuple[float, int, float] = (0.0, 0, 0.0)  # the current epoch's loss sum, correct count and seconds
 
     @classmethod
     def start(cls, cfg: TrainConfig, data: _Data) -> _TrainingRun:
@@ -387,23 +402,33 @@ class _TrainingRun:
         self.shuffle.set_state(state["shuffle"])
         torch.set_rng_state(state["torch_rng"])
         self.history, self.epoch = state["history"], state["epoch"]
-        log(f"resuming from {state_file} after epoch {self.epoch}")
+        self.step, self.epoch_shuffle = state.get("step", 0), state.get("epoch_shuffle")
+        loss, correct, seconds = state.get("partial", (0.0, 0, 0.0))
+        self.partial = (float(loss), int(correct), float(seconds))
+        log(f"resuming from {state_file} after epoch {self.epoch}" + (f", step {self.step}" if self.step else ""))
 
     def state(self) -> dict:
         """The state after the current epoch, as :meth:`restore` reads it."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "shuffle": self.shuffle.get_state(),
                 "torch_rng": torch.get_rng_state(), "history": self.history, "epoch": self.epoch,
+                "step": self.step, "epoch_shuffle": self.epoch_shuffle, "partial": list(self.partial),
                 "config": asdict(self.cfg)}
 
-    def one_epoch(self, progress: bool) -> dict:
-        """Train one epoch; its record (epoch, loss, train_accuracy, seconds), also appended to the history."""
+    def one_epoch(self, progress: bool, save: Callable[[], None] | None = None, every: int = 0) -> dict:
+        """Train one epoch, or the rest of one a run stopped in (from :attr:`step`); its record (epoch, loss,
+        train_accuracy, seconds), also appended to the history. ``save()`` is called after every ``every``-th
+        optimizer step (the resume state)."""
         cfg, model, xt, yt = self.cfg, self.model, self.x, self.y
         model.train()
         t0 = time.perf_counter()
-        perm = torch.randperm(len(xt), generator=self.shuffle)
-        total_loss, correct = 0.0, 0
-        batches = range(0, len(perm), cfg.batch_size)
+        if self.step == 0 or self.epoch_shuffle is None:  # the epoch's order, from the generator's state before it
+            self.epoch_shuffle = self.shuffle.get_state()
+            perm = torch.randperm(len(xt), generator=self.shuffle)
+        else:  # a run resumed within an epoch redraws that epoch's order
+            perm = torch.randperm(len(xt), generator=torch.Generator().set_state(self.epoch_shuffle))
+        total_loss, correct, before = self.partial
+        batches = range(self.step * cfg.batch_size, len(perm), cfg.batch_size)
         for i in tqdm(batches, desc=f"epoch {self.epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
             idx = perm[i:i + cfg.batch_size]
             xb, yb = xt[idx], yt[idx]
@@ -416,10 +441,16 @@ class _TrainingRun:
             self.optimizer.step()
             total_loss += float(loss.detach()) * len(idx)
             correct += int((logits.argmax(1) == yb).sum())
+            self.step += 1
+            if save is not None and self.step % every == 0:
+                self.partial = (total_loss, correct, before + time.perf_counter() - t0)
+                save()
+                kill_after_step(self.epoch * -(-len(xt) // cfg.batch_size) + self.step)
         self.scheduler.step()
         self.epoch += 1
+        self.step, self.partial = 0, (0.0, 0, 0.0)
         record = {"epoch": self.epoch, "loss": total_loss / len(xt), "train_accuracy": correct / len(xt),
-                  "seconds": time.perf_counter() - t0}
+                  "seconds": before + time.perf_counter() - t0}
         self.history.append(record)
         return record
 

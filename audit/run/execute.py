@@ -22,7 +22,7 @@ from audit.checks import Check, Options, UnitContext, UnitResult
 from audit.checks.base import INCONCLUSIVE
 from audit.checks.passes import given_params
 from audit.errors import ModelError
-from audit.run.faults import kill_point
+from audit.faults import kill_point
 from audit.run.patterns import pattern_params
 from audit.run.plan import Run
 from audit.run.resources import Peak

@@ -208,3 +208,30 @@ def test_cli_fit_accuracy_defaults_to_adebayos_for_a_permuted_twin(tmp_path, cap
     assert json.loads((tmp_path / "p.json").read_text())["fit_accuracy"] == 0.95
     assert main([*base, "--fit-accuracy", "2", "--out", str(tmp_path / "x.pt")]) == 2
     assert "--fit-accuracy must be in (0, 1] or 'off', got '2'" in capsys.readouterr().err
+
+
+def test_kill_9_within_an_epoch_and_resume_give_the_weights_of_an_uninterrupted_run(tmp_path):
+    """The state saved every 2 optimizer steps; the process killed (SIGKILL, injected right after the state of
+    its 6th step was saved: 2 steps into the second epoch of 4 steps each) and resumed: the same weights, bit for bit, as
+    a run never stopped; the stop is at the same step on any machine."""
+    import os
+    import subprocess
+    import sys
+
+    from audit.faults import KILL_AFTER_STEPS
+
+    args = ["train", "--arch", "vgg", "--data", "fashion-mnist-sample", "--epochs", "2", "--train-limit", "64",
+            "--batch-size", "16", "--seed", "4", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "whole.pt")]) == 0
+    command = [sys.executable, "-m", "audit", *args, "--save-every", "2", "--out", str(tmp_path / "cut.pt")]
+    killed = subprocess.run(command, env={**os.environ, KILL_AFTER_STEPS: "6"}, capture_output=True)
+    assert killed.returncode == -9 and not (tmp_path / "cut.pt").exists()
+    state = torch.load(tmp_path / "cut.resume.pt", weights_only=True)
+    assert (state["epoch"], state["step"]) == (1, 2)  # the first epoch done, two steps into the second
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _same_weights(load_checkpoint(str(tmp_path / "whole.pt")), load_checkpoint(str(tmp_path / "cut.pt")))
+    history = json.loads((tmp_path / "cut.json").read_text())["history"]
+    assert [h["epoch"] for h in history] == [1, 2]
+    whole = json.loads((tmp_path / "whole.json").read_text())["history"]
+    assert [h["loss"] for h in history] == [h["loss"] for h in whole]

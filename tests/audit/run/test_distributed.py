@@ -13,9 +13,9 @@ import torch
 
 from audit.cli import _without_workers, main
 from audit.errors import ConfigError
+from audit.faults import KILL_AFTER_UNITS
 from audit.run.config import load_config
 from audit.run.distributed import Shard, launch
-from audit.run.faults import KILL_AFTER_UNITS
 from audit.run.runner import run_audit
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,8 +15,8 @@ import torch
 import audit.run.execute
 from audit.cli import main
 from audit.errors import ConfigError
+from audit.faults import KILL_AFTER_UNITS
 from audit.run.config import load_config
-from audit.run.faults import KILL_AFTER_UNITS
 from audit.run.folder import exclusive
 from audit.run.runner import run_audit
 

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from attributions.errors import unknown_name
 from audit.atomic import atomic_write
 from audit.data.datasets import array_sha256, load_dataset
+from audit.durations import duration
 from audit.errors import ConfigError
 from audit.faults import kill_after_step
 from audit.models.checkpoint import save_checkpoint
@@ -292,8 +293,11 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
     while run.epoch < cfg.epochs and not done:
         record = run.one_epoch(progress, save if save_every else None, save_every or 0)
         save()  # before the epoch's line: a run stopped there resumes after this epoch
+        left = (cfg.epochs - run.epoch) * float(np.mean([h["seconds"] for h in run.history]))
         log(f"epoch {run.epoch}/{cfg.epochs}: loss {record['loss']:.4f}, "
-            f"train accuracy {record['train_accuracy']:.4f} ({record['seconds']:.1f} s)")
+            f"train accuracy {record['train_accuracy']:.4f} ({record['seconds']:.1f} s"
+            + (f"; {'at most ' if cfg.fit_accuracy is not None else ''}about {duration(left)} left)"
+               if run.epoch < cfg.epochs else ")"))
         done = run.fits(data)
     stopped = "fit" if done else "epochs"
     if cfg.fit_accuracy is not None:

@@ -21,13 +21,14 @@ from audit.atomic import atomic_write_bytes
 from audit.checks import Check, Options, UnitContext, UnitResult
 from audit.checks.base import INCONCLUSIVE
 from audit.checks.passes import given_params
+from audit.durations import duration
 from audit.errors import ModelError
 from audit.faults import kill_point
 from audit.run.patterns import pattern_params
 from audit.run.plan import Run
 from audit.run.resources import Peak
 from audit.run.results import read_table
-from audit.run.units import WorkItem, csv_bytes, duration, look_items, npz_bytes, remaining_seconds
+from audit.run.units import WorkItem, csv_bytes, look_items, npz_bytes, remaining_seconds
 
 
 def execute(run: Run, *, progress: bool) -> None:

@@ -155,12 +155,3 @@ def remaining_seconds(left: list[tuple[str, str]], timings: dict[str, float]) ->
         same = by_pair.get((test, method)) or by_test.get(test)
         total += sum(same) / len(same) if same else overall
     return total
-
-
-def duration(seconds: float) -> str:
-    """``seconds`` as a reader says it: "45 s", "3 min 05 s", "1 h 02 min", or "unknown" (NaN)."""
-    if seconds != seconds:
-        return "unknown"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"

@@ -1,5 +1,5 @@
 """A run's work items and their files: the time left."""
-from audit.run.units import duration, remaining_seconds
+from audit.run.units import remaining_seconds
 
 
 def test_the_time_left_is_estimated_from_the_units_measured():
@@ -8,5 +8,3 @@ def test_the_time_left_is_estimated_from_the_units_measured():
     left = [("csc", "gradient"), ("cascading", "smoothgrad"), ("cascading", "deeplift"), ("random-logit", "edge")]
     assert remaining_seconds(left, timings) == 3.0 + 30.0 + 30.0 + 12.0
     assert remaining_seconds(left, {}) != remaining_seconds(left, {})  # NaN: nothing measured yet
-    assert (duration(42), duration(125), duration(3 * 3600 + 61), duration(float("nan"))) == \
-        ("42 s", "2 min 05 s", "3 h 01 min", "unknown")

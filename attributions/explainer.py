@@ -667,7 +667,15 @@ class Explainer(Attribution):
                                                         _prepared=True, **kwargs)
                                   for i, j in memory.spans(len(x), n)], 1)
         # under autocast (mixed precision) the passes run at half width; maps keep the inputs' dtype
-        return self.method.engine.maps(self, x, targets, envs, **kwargs).to(x.dtype)
+        maps = self.method.engine.maps(self, x, targets, envs, **kwargs).to(x.dtype)
+        if tuple(maps.shape) != (len(targets), *x.shape):  # never a map of another shape: an error, not a tensor
+            layer = self.method.engine.conventions(self, x).get("layer")
+            raise AttributionError(
+                f"{self.method.name} gave maps of shape {tuple(maps.shape[1:])} for inputs of shape {tuple(x.shape)}"
+                + (f": the layer it reads, {layer!r}, does not keep the inputs' batch axis and grid; give one that "
+                   f"does (Explainer(model, {self.method.name!r}, layer=NODE), a node of .layers)" if layer else "")
+                + ", or choose another method")
+        return maps
 
     def chain_maps(self, x: torch.Tensor, targets: list[Any], envs: Any = None) -> torch.Tensor:
         """The rule chain's maps for K targets (K, B, ...): one forward, one batched backward.

@@ -113,6 +113,33 @@ def test_bad_layers_and_conventions_are_refused_clearly():
         Explainer(flat, "grad-cam").attribute(torch.rand(2, 4, dtype=torch.float64), target=0)
 
 
+class _FoldedPatches(nn.Module):
+    """A stem, then a convolution over 2 x 2 patches folded into the batch axis (as MobileViT's and MViT's local
+    blocks fold them): the automatic layer, the last feature map, holds 4 rows per input."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.local, self.head = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1), nn.Linear(4, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.stem(x))
+        b, c, height, width = h.shape
+        patches = h.reshape(b, c, 2, height // 2, 2, width // 2).permute(0, 2, 4, 1, 3, 5)
+        t = torch.relu(self.local(patches.reshape(b * 4, c, height // 2, width // 2)))
+        return self.head(t.mean((2, 3)).reshape(b, 4, c).mean(1))
+
+
+@pytest.mark.parametrize("method", ["grad-cam", "guided-grad-cam"])
+def test_a_layer_that_folds_patches_into_the_batch_axis_is_refused_not_returned(method):
+    """Its maps would be 8 for 2 inputs: the toolkit's error names the layer and how to choose another; the stem,
+    which keeps the batch axis, gives a map per input."""
+    torch.manual_seed(0)
+    model, x = _FoldedPatches().eval(), torch.rand(2, 3, 8, 8)
+    with pytest.raises(AttributionError, match=r"the layer 'relu#1' holds 8 rows for 2 inputs: it folds .*layer=NODE"):
+        Explainer(model, method).attribute(x, target=1)
+    assert Explainer(model, method, layer="stem").attribute(x, target=1).shape == x.shape
+
+
 def test_the_model_is_left_untouched():
     model, x = MODELS["resnet"]
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -45,12 +45,15 @@ def feature_maps(graph: Any, values: dict[str, Any], ndim: int, positions: int =
     inputs' common layout, a linear layer over the channel axis keeps it (a channels-last block), a
     permute reorders it (found by running the node on a probe), and any other move (a reshape to
     tokens, a flatten) ends it. So a channels-last stretch that returns to channels-first (ConvNeXt)
-    still counts, and the 4-D tensors inside attention (heads x tokens) never do."""
+    still counts, and the 4-D tensors inside attention (heads x tokens) never do. A node whose first axis is not
+    the input's batch (patches folded into it, as MobileViT's and MViT's blocks do) is never one: its map would
+    not be one per input."""
     canonical = tuple(range(ndim))
     layout: dict[str, tuple[int, ...]] = {graph.nodes[0].name: canonical}
+    batch = values[graph.nodes[0].name].shape[0]
     for node in graph.nodes[1:]:
         value = values.get(node.name)
-        if not isinstance(value, torch.Tensor) or value.ndim != ndim:
+        if not isinstance(value, torch.Tensor) or value.ndim != ndim or value.shape[0] != batch:
             continue
         inputs = [layout.get(i) for i in node.inputs if isinstance(values.get(i), torch.Tensor)
                   and values[i].ndim == ndim]
@@ -91,8 +94,9 @@ def cam_layer(graph: Any, values: dict[str, Any], layer: str | None, ndim: int) 
         value = values.get(chosen)
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
         raise AttributionError(f"Grad-CAM layer {layer!r} (node {chosen!r}, output shape {shape}) is not a "
-                               "channels-first feature map (B, C, *spatial) with more than one position; choose "
-                               f"one of the last feature maps: {', '.join(maps[-5:]) or 'none'}")
+                               "channels-first feature map (B, C, *spatial) with more than one position that keeps "
+                               f"the inputs' batch axis; choose one of the last feature maps: "
+                               f"{', '.join(maps[-5:]) or 'none'}")
     return chosen
 
 
@@ -173,6 +177,12 @@ def token_node(graph: Any, values: dict[str, Any], layer: str | None, ndim: int)
         if not norms:
             raise AttributionError(f"no norm feeds the last attention {attention[-1]!r}; pass layer= with a token node")
         chosen = norms[-1]
+        batch = values[graph.nodes[0].name].shape[0]
+        if isinstance(values.get(chosen), torch.Tensor) and values[chosen].shape[0] != batch:
+            raise AttributionError(f"the last attention's tokens ({chosen!r}, {values[chosen].shape[0]} rows for "
+                                   f"{batch} input) fold patches into the batch axis: their map would not be one per "
+                                   "input; pass layer= with a token node that keeps the batch axis, or use grad-cam, "
+                                   "whose automatic layer keeps it")
     else:
         chosen = _resolve(graph, layer, "token")
     value = values.get(chosen)

@@ -130,14 +130,16 @@ class _FoldedPatches(nn.Module):
 
 
 @pytest.mark.parametrize("method", ["grad-cam", "guided-grad-cam"])
-def test_a_layer_that_folds_patches_into_the_batch_axis_is_refused_not_returned(method):
-    """Its maps would be 8 for 2 inputs: the toolkit's error names the layer and how to choose another; the stem,
-    which keeps the batch axis, gives a map per input."""
+def test_the_automatic_layer_keeps_the_batch_axis_and_a_folding_one_is_refused(method):
+    """The last feature map folds 4 patches into the batch axis: the automatic layer is the last one that keeps it
+    (the stem's ReLU), a map per input; the folding layer, asked for, is refused with the layers that keep it."""
     torch.manual_seed(0)
     model, x = _FoldedPatches().eval(), torch.rand(2, 3, 8, 8)
-    with pytest.raises(AttributionError, match=r"the layer 'relu#1' holds 8 rows for 2 inputs: it folds .*layer=NODE"):
-        Explainer(model, method).attribute(x, target=1)
-    assert Explainer(model, method, layer="stem").attribute(x, target=1).shape == x.shape
+    explainer = Explainer(model, method)
+    assert explainer.attribute(x, target=1).shape == x.shape
+    assert explainer.method.engine.layer_of(explainer, x) == "relu"
+    with pytest.raises(AttributionError, match=r"'local' .* keeps the inputs' batch axis; choose one of .*: stem, relu"):
+        Explainer(model, method, layer="local").attribute(x, target=1)
 
 
 def test_the_model_is_left_untouched():
@@ -207,3 +209,21 @@ def test_vit_grad_cam_matches_pytorch_grad_cam_on_a_timm_vit():
     low = ours.amin((1, 2), keepdim=True)
     ours = (ours - low) / (ours.amax((1, 2), keepdim=True) - low)
     assert float((ours - ref).abs().max()) < 1e-5
+
+
+def test_on_timm_mobilevit_and_mvitv2_the_maps_are_one_per_input_or_refused():
+    """The issue's cases, random weights perturbed: MViTv2's Grad-CAM and Guided Grad-CAM take the last feature map
+    that keeps the batch axis (its attention pooling folds the patches in), a map per input; MobileViT's last
+    attention reads tokens folded into the batch axis: ViT Grad-CAM refuses, saying so."""
+    timm = pytest.importorskip("timm")
+    from tests.model_libraries import perturb
+
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    mvit = perturb(timm.create_model("mvitv2_tiny", num_classes=10).eval(), 0)
+    for method in ("grad-cam", "guided-grad-cam"):
+        maps = Explainer(mvit, method).attribute(x, target=1)
+        assert maps.shape == x.shape and bool(torch.isfinite(maps).all())
+    mobilevit = perturb(timm.create_model("mobilevit_xxs", num_classes=10).eval(), 0)
+    with pytest.raises(AttributionError, match="fold patches into the batch axis"):
+        Explainer(mobilevit, "vit-grad-cam").attribute(x, target=1)
+    assert Explainer(mobilevit, "grad-cam").attribute(x, target=1).shape == x.shape

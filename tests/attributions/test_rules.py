@@ -736,3 +736,27 @@ def test_generalized_gamma_matches_zennit_on_signed_inputs():
     with ZennitGradient(model, composite) as attributor:  # LRP's relevance starts as the explained logit
         _, theirs = attributor(x.clone().requires_grad_(), torch.eye(4, dtype=torch.float64)[target] * logits)
     torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
+
+
+def test_deeplift_is_complete_through_efficientvits_linear_attention_where_the_model_computes_in_float64():
+    """timm's EfficientViT divides one product of two signals by another (its linear attention) and computes that
+    block in float32 whatever the model's dtype (``q.float()``): there its DeepLIFT maps miss f(x) - f(x0) by the
+    model's own float32 rounding. With the block in float64 the product and quotient rules are complete to 1e-8 of
+    the difference (random weights perturbed)."""
+    timm = pytest.importorskip("timm")
+    from timm.models import efficientvit_mit
+
+    from tests.model_libraries import perturb
+
+    def attention_in_float64(self, q, k, v):
+        out = q @ (k.transpose(-1, -2) @ v)
+        return out[..., :-1] / (out[..., -1:] + self.eps)
+
+    model = perturb(timm.create_model("efficientvit_b0", num_classes=10).eval(), 0).double()
+    x = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(efficientvit_mit.LiteMLA, "_attn", attention_in_float64)
+        total = Explainer(model, "deeplift").attribute(x, target=1).flatten(1).sum(1)
+        with torch.no_grad():
+            difference = model(x)[:, 1] - model(torch.zeros_like(x))[:, 1]
+    assert float(((total - difference).abs() / difference.abs()).max()) < 1e-8

@@ -177,18 +177,17 @@ def token_node(graph: Any, values: dict[str, Any], layer: str | None, ndim: int)
         if not norms:
             raise AttributionError(f"no norm feeds the last attention {attention[-1]!r}; pass layer= with a token node")
         chosen = norms[-1]
-        batch = values[graph.nodes[0].name].shape[0]
-        if isinstance(values.get(chosen), torch.Tensor) and values[chosen].shape[0] != batch:
-            raise AttributionError(f"the last attention's tokens ({chosen!r}, {values[chosen].shape[0]} rows for "
-                                   f"{batch} input) fold patches into the batch axis: their map would not be one per "
-                                   "input; pass layer= with a token node that keeps the batch axis, or use grad-cam, "
-                                   "whose automatic layer keeps it")
     else:
         chosen = _resolve(graph, layer, "token")
     value = values.get(chosen)
     if not (isinstance(value, torch.Tensor) and value.ndim == 3):
         raise AttributionError(f"token layer {layer!r} (node {chosen!r}) has output shape "
                                f"{tuple(value.shape) if isinstance(value, torch.Tensor) else None}, not tokens (B, T, D)")
+    batch = values[graph.nodes[0].name].shape[0]
+    if value.shape[0] != batch:  # MobileViT's blocks fold the patches into the batch axis
+        raise AttributionError(f"the tokens of {chosen!r} ({value.shape[0]} rows for {batch} input) fold patches into "
+                               "the batch axis: their map would not be one per input; pass layer= with a token node "
+                               "that keeps the batch axis, or use grad-cam, whose automatic layer keeps it")
     token_layout(graph, values, value.shape[1], ndim)  # the tokens must lie on the patch grid
     return str(chosen)
 

@@ -140,10 +140,6 @@ class GradCam(Engine):
         layer = self.layer_of(ex, x)
         forward, grads = target_signals(ex, x, targets, {layer})
         grad, acts = grads[layer], forward.values[layer]
-        if acts.shape[0] != len(x):  # a layer that folds patches into the batch axis (MobileViT's, MViT's pooling)
-            raise AttributionError(f"the layer {layer!r} holds {acts.shape[0]} rows for {len(x)} inputs: it folds "
-                                   "another axis into the batch axis, and its map would not be one per input; give a "
-                                   "layer whose output keeps the batch axis (layer=NODE, a node of .layers)")
         if self.tokens:
             layout = token_layout(forward.explainer.graph, forward.values, acts.shape[1], x.ndim)
             grad, acts = on_grid(grad, layout), on_grid(acts[None], layout)[0]

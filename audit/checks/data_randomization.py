@@ -26,7 +26,7 @@ from audit.checks.calibration import Calibrated
 from audit.checks.options import NO_SOURCE, Options, UnitContext, option
 from audit.checks.passes import prepare
 from audit.checks.randomization import heatmap_pages, untrained_copy
-from audit.checks.replicates import replicate_seed, replicates
+from audit.checks.replicates import replicates, seed_groups
 from audit.checks.stage_options import TARGETS, heatmap_scale, images_per_seed_option, measures_option
 from audit.data.preprocess import preprocess_from
 from audit.errors import AuditError
@@ -104,7 +104,7 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
                 signed[m].append(s)
     floor = replicates(first_image, len(x), images_per_seed)
     if control is not None:  # the untrained copies, one per seed, each explaining its own images
-        for m, v in _untrained_maps(model, x, y, names, floor, seed, target, reduction).items():
+        for m, v in _untrained_maps(model, x, y, names, first_image, images_per_seed, seed, target, reduction).items():
             maps[m].append(v)
     # how far the twin's map follows the input's magnitude and edges: what a map that survives label permutation
     # may be carried by (the mechanism the verdict names)
@@ -140,16 +140,15 @@ def _explained(net: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str
     return {m: (v, signed.get(m)) for m, v in heatmaps(raw, reduction).items()}
 
 
-def _untrained_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str], floor: np.ndarray,
-                    seed: int, target: str, reduction: Reduction | None) -> dict[str, torch.Tensor]:
-    """{method: (B, H, W) heatmaps} of ``x`` on untrained copies of ``model``: image i on the copy re-initialised with
-    the seed of its replicate ``floor[i]`` (:func:`~audit.checks.replicates.replicate_seed` of ``seed``)."""
+def _untrained_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str], first_image: int,
+                    images_per_seed: int, seed: int, target: str, reduction: Reduction | None) -> dict[str, torch.Tensor]:
+    """{method: (B, H, W) heatmaps} of ``x`` on untrained copies of ``model``, each re-initialised with one seed and
+    explaining its own images (:func:`~audit.checks.replicates.seed_groups`)."""
     out: dict[str, torch.Tensor] = {}
-    for r in np.unique(floor):
-        index = torch.from_numpy(np.flatnonzero(floor == r))
-        copy = untrained_copy(model, x, replicate_seed(seed, int(r)))
-        for m, (v, _) in _explained(copy, x[index], y[index], names, seed + 3, target, reduction).items():
-            out.setdefault(m, v.new_empty((len(x), *v.shape[1:])))[index] = v
+    for images, _, drawn in seed_groups(first_image, len(x), images_per_seed, seed):
+        copy = untrained_copy(model, x, drawn)
+        for m, (v, _) in _explained(copy, x[images], y[images], names, seed + 3, target, reduction).items():
+            out.setdefault(m, v.new_empty((len(x), *v.shape[1:])))[images] = v
     return out
 
 

@@ -51,7 +51,7 @@ from audit.checks.coverage import record as coverage_record
 from audit.checks.options import CONFIDENCE, NO_SOURCE, Options, UnitContext, option
 from audit.checks.passes import model_errors, prepare
 from audit.checks.reinit import BN_POLICIES, INITS, reinitialise, reinitialise_part, reset_batchnorm
-from audit.checks.replicates import joined, seeded_parts
+from audit.checks.replicates import joined, per_seed
 from audit.checks.stage_options import GRID_SCALES, ORDERS, StageOptions, StageSettings, measures_option, stage_settings
 from audit.checks.stages import Stage, randomization_plan
 from audit.data.preprocess import Preprocess, preprocess_from
@@ -147,13 +147,12 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     """
     stages = stage_settings(stages, settings)
     x, y = check_inputs(model, x, y)
-    runs = [(_one_seed(model, p.x, p.y, methods, p.stages, reduction, progress, keep_maps, measures), p.images,
-             p.replicate) for p in seeded_parts(model, x, y, stages, "parameter_randomization")]
-    df = joined([(table, part, r) for (table, _), part, r in runs], COLUMNS)
-    names = list(runs[0][0][1]) if runs else resolve_methods(methods)
+    runs = per_seed(model, x, y, stages, "parameter_randomization",
+                    lambda p: _one_seed(model, p.x, p.y, methods, p.stages, reduction, progress, keep_maps, measures))
+    df = joined([(table, part) for (table, _), part in runs], COLUMNS)
     shape = (0, 0) + tuple(x.shape[2:])
-    return df, {m: np.concatenate([kept[m] for (_, kept), _, _ in runs], axis=1)[:, :keep_maps] if runs and keep_maps
-                else np.zeros(shape) for m in names}
+    return df, {m: np.concatenate([kept[m] for (_, kept), _ in runs], axis=1)[:, :keep_maps] if keep_maps
+                else np.zeros(shape) for m in runs[0][0][1]}
 
 
 def _one_seed(model: nn.Module, x: torch.Tensor, y: torch.Tensor, methods: Methods, stages: StageSettings,
@@ -216,7 +215,7 @@ def stage_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, method
                every_stage: bool = True) -> Iterator[StageMaps]:
     """Yield a :class:`StageMaps` for the trained model (stage 0, layer "original") and each
     randomisation stage: the one loop every randomization-based check runs, as ``stages`` says, with one
-    seed, ``stages.seed`` (:func:`~audit.checks.replicates.seeded_parts` shares several out over the images).
+    seed, ``stages.seed`` (:func:`~audit.checks.replicates.per_seed` shares several out over the images).
 
     ``explain(explainers, x, t, envs) -> {method: (B, C, H, W) maps}`` computes a stage's maps
     (default: each method's attribution; sMPRT averages over noisy inputs). ``name`` names the

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -22,8 +23,7 @@ from torch import nn
 
 from attributions.graph import trace
 from audit.checks.passes import model_errors
-from audit.errors import AuditError
-from audit.models.copying import copy_model
+from audit.errors import AuditError, ModelError
 
 if TYPE_CHECKING:
     from audit.checks.stage_options import StageSettings
@@ -41,6 +41,17 @@ def replicate_seed(seed: int, replicate: int) -> int:
     return seed if replicate == 0 else zlib.crc32(f"{seed}:replicate {replicate}".encode())
 
 
+def seed_groups(first_image: int, n: int, images_per_seed: int, seed: int) -> list[tuple[slice, int, int]]:
+    """The ``n`` images given, from the run's index ``first_image`` on, in runs of one seed each: (the images' slice,
+    their replicate, its seed from the run's ``seed``), in image order (a replicate's images are consecutive)."""
+    groups = replicates(first_image, n, images_per_seed)
+    out = []
+    for r in np.unique(groups):
+        where = np.flatnonzero(groups == r)
+        out.append((slice(int(where[0]), int(where[-1]) + 1), int(r), replicate_seed(seed, int(r))))
+    return out
+
+
 class SeededPart(NamedTuple):
     """Images of one re-initialisation seed: ``x`` (b, C, H, W) and ``y`` (b,), their ``images`` (a slice of the
     images given), their ``replicate`` and the one-seed ``stages`` that draw it."""
@@ -52,10 +63,12 @@ class SeededPart(NamedTuple):
     stages: StageSettings
 
 
-def seeded_parts(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, stages: StageSettings,
-                 name: str) -> list[SeededPart]:
-    """The images given in runs of one seed each (:class:`SeededPart`), in image order; the model's forward is
-    tried on all of them first (traced on a copy), so that inputs it does not take are named as given.
+T = TypeVar("T")
+
+
+def per_seed(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, stages: StageSettings, name: str,
+             run: Callable[[SeededPart], T]) -> list[tuple[T, SeededPart]]:
+    """``run`` on the images given in runs of one seed each (:class:`SeededPart`, in image order), with its result.
 
     Parameters
     ----------
@@ -63,21 +76,26 @@ def seeded_parts(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, stag
     x : (B, C, H, W) images, the run's images ``stages.first_image`` to ``stages.first_image + B - 1``
     y : (B,) labels (None: an :class:`~audit.errors.AuditError` naming the check, ``name``)
     stages : the check's settings; their ``seed`` is the run's, ``images_per_seed`` how many images share one
+    run : the check on one seed's images
+
+    Inputs the model does not take fail in the first seed's run: the model is then traced on all of them, so that
+    the error names the inputs as given, not that seed's share of them.
     """
     if y is None:
         raise AuditError(f"{name} needs the labels y")
-    with model_errors():
-        trace(copy_model(model), x)
-    n = len(x)
-    groups = replicates(stages.first_image, n, stages.images_per_seed)
-    parts = []
-    for r in np.unique(groups):
-        where = np.flatnonzero(groups == r)
-        one = dataclasses.replace(stages, seed=replicate_seed(stages.seed, int(r)), first_image=0,
-                                  images_per_seed=max(n, 1))
-        images = slice(int(where[0]), int(where[-1]) + 1)
-        parts.append(SeededPart(x[images], y[images], images, int(r), one))
-    return parts
+    out = []
+    for k, (images, r, seed) in enumerate(seed_groups(stages.first_image, len(x), stages.images_per_seed,
+                                                        stages.seed)):
+        part = SeededPart(x[images], y[images], images, r,
+                          dataclasses.replace(stages, seed=seed, first_image=0, images_per_seed=max(len(x), 1)))
+        try:
+            out.append((run(part), part))
+        except ModelError:
+            if k == 0:
+                with model_errors():
+                    trace(model, x)
+            raise
+    return out
 
 
 def image_order(table: pd.DataFrame) -> pd.DataFrame:
@@ -91,11 +109,12 @@ def image_order(table: pd.DataFrame) -> pd.DataFrame:
         .drop(columns="_group")
 
 
-def joined(parts: list[tuple[pd.DataFrame, slice, int]], columns: list[str]) -> pd.DataFrame:
-    """One table of ``columns`` from the tables of :func:`seeded_parts`' runs: (table, its images' slice, its
-    replicate) each, its ``image`` numbered from 0 in its run. Images are numbered as given, each row carries its
-    ``replicate``, and the rows are in the order of one run over all the images (:func:`image_order`)."""
-    tables = [t.assign(image=t["image"] + where.start, replicate=r) for t, where, r in parts if not t.empty]
+def joined(parts: list[tuple[pd.DataFrame, SeededPart]], columns: list[str]) -> pd.DataFrame:
+    """One table of ``columns`` from the tables of :func:`per_seed`'s runs, each with its part, its ``image``
+    numbered from 0 in its run. Images are numbered as given, each row carries its ``replicate``, and the rows are in
+    the order of one run over all the images (:func:`image_order`)."""
+    tables = [t.assign(image=t["image"] + part.images.start, replicate=part.replicate) for t, part in parts
+              if not t.empty]
     if not tables:
         return pd.DataFrame(columns=columns)
     return image_order(pd.concat(tables, ignore_index=True)[columns])

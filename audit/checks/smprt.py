@@ -25,7 +25,7 @@ from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import recorded_in
 from audit.checks.options import NO_SOURCE, UnitContext, option
 from audit.checks.randomization import stage_figure, stage_maps
-from audit.checks.replicates import joined, seeded_parts
+from audit.checks.replicates import joined, per_seed
 from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
 from audit.errors import ConfigError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs
@@ -74,8 +74,10 @@ def smooth_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods =
     """
     stages = stage_settings(stages, settings, order="bottom-up")
     x, y = check_inputs(model, x, y)
-    return joined([(_one_seed(model, p.x, p.y, methods, p.stages, n_samples, noise, reduction, progress), p.images,
-                    p.replicate) for p in seeded_parts(model, x, y, stages, "smooth_mprt")], COLUMNS)
+    return joined(per_seed(model, x, y, stages, "smooth_mprt",
+                           lambda p: _one_seed(model, p.x, p.y, methods, p.stages, n_samples, noise, reduction,
+                                               progress)),
+                  COLUMNS)
 
 
 def _one_seed(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, methods: Methods, stages: StageSettings,

@@ -434,6 +434,8 @@ def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name
     # the stage names under each panel take about half its height: a taller panel keeps its plot and y-label whole
     fig, axes, groups = family_panels(list(part.method), panel_height=2.3)
     floor = floor_of(part, metric, "stage")
+    if floor is not None:  # at stage 0 every map, the random one too, is compared with itself: no floor there
+        floor = floor[floor.index > 0]
     for ax, methods in zip(axes[0], groups.values()):
         if floor is not None:
             floor_line(ax, floor.index.to_numpy(), floor.to_numpy())

@@ -116,9 +116,9 @@ def overall(results: list[str]) -> str:
 
 def measure_cell(check: str, part: pd.DataFrame, measure: str, config: AuditConfig) -> VerdictCell:
     """The check's verdict rule read on ``measure`` instead of its own score (the same interval, threshold and
-    curve rule); a calibrated rule's fixed threshold, as the papers had no control twin."""
+    curve rule); a calibrated rule's fixed threshold, as the papers read the similarities themselves."""
     definition = CHECKS[check]
-    rule = definition.verdict.fixed if isinstance(definition.verdict, Calibrated) else definition.verdict
+    rule = definition.verdict.fixed if isinstance(definition.verdict, (Calibrated, Survival)) else definition.verdict
     if not isinstance(rule, (MedianScore, Survival)):
         raise TypeError(f"check {check}: its verdict rule reads no metric column")
     return dataclasses.replace(rule, metric=measure).evaluate(part, definition.options_from(config.options, config.looks))

@@ -42,6 +42,15 @@ SMALLEST_GAP = 0.1
 _EDGE = 1 - 1e-9  # a correlation of exactly 1 (the edge detector's) has no finite z: held just below
 
 
+def nearer(score: np.ndarray, ceiling: np.ndarray | float, floor: np.ndarray | float) -> np.ndarray:
+    """Per image, how much nearer ``score`` lies to ``ceiling`` than to ``floor``, on the measure's own scale:
+    ``score - (ceiling + floor) / 2`` (all (n,) or scalars; NaN where any is undefined). At or above 0: the score is
+    at least as near the ceiling as the floor. The randomization checks' ceiling is a map's similarity to itself
+    (1), where Fisher's z has no finite value, hence the measure's own scale there."""
+    out: np.ndarray = np.asarray(score, dtype=float) - (np.asarray(ceiling, dtype=float) + np.asarray(floor, dtype=float)) / 2
+    return out
+
+
 def fisher_z(r: np.ndarray) -> np.ndarray:
     """Fisher's z = atanh(r) of correlations ``r`` (NaN kept), ``r`` held within [-1 + 1e-9, 1 - 1e-9]."""
     return np.asarray(np.arctanh(np.clip(r, -_EDGE, _EDGE)), dtype=float)
@@ -166,3 +175,49 @@ def _marked(cell: VerdictCell, why: str, final: bool = True) -> VerdictCell:
     """``cell`` with ``why`` added to its text: a fixed-threshold outcome standing where no calibration was
     possible (``final`` False: not yet, :attr:`~audit.checks.base.VerdictCell.final`)."""
     return VerdictCell(cell.score, f"{cell.text}; {why}", cell.outcome, cell.undefined, final)
+
+
+@dataclass(frozen=True)
+class NearerThanUnrelated(MedianScore):
+    """A verdict read, image by image, between a map's similarity to itself (1, the ceiling) and the same measure
+    against an unrelated map (column ``floor``: another image's map under the same comparison, so that what every
+    map of the method shares on this data, an object's place or the input's background, is in the floor too).
+
+    Rejected when the score lies nearer the ceiling: the 99 % interval of the median of
+    ``score - (1 + floor) / 2`` (:func:`nearer`) at or above 0; not rejected when it lies below 0; inconclusive when
+    it contains 0. Without a floor measured (one image per seed), the fixed threshold, marked so.
+
+    Parameters
+    ----------
+    score_column, text_column, failure, threshold, score_name, metric, select
+        As :class:`~audit.checks.base.MedianScore`; ``threshold`` is the fixed rule's, read only where no floor was
+        measured and shown beside the calibrated outcome where the two differ.
+    floor : str, default "unrelated_spearman"
+        The column of per-image scores against an unrelated map.
+    """
+
+    floor: str = "unrelated_spearman"
+
+    def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
+        """The calibrated outcome; the fixed rule's cell, marked, where no floor was measured. Score: the median
+        ``metric`` (as the fixed rule's)."""
+        fixed = super().evaluate(part, options)
+        rows = self.select(part).sort_values("image")
+        if fixed.outcome is None:
+            return fixed
+        if self.floor not in rows or not np.isfinite(rows[self.floor].to_numpy(float)).any():
+            return _marked(fixed, "fixed threshold: no unrelated map measured (one image per seed)")
+        score, floor = rows[self.metric].to_numpy(float), rows[self.floor].to_numpy(float)
+        cell = scored_cell(nearer(score, 1.0, floor), 0.0, label="nearer its trained map than an unrelated one by",
+                           level=options.interval_level, groups=self.replicates(part))
+        medians = f"{self.score_name} {np.nanmedian(score):.3f}, unrelated {np.nanmedian(floor):.3f}"
+        differs = f"; fixed threshold {getattr(options, self.threshold)}: {fixed.outcome}" \
+            if fixed.outcome != cell.outcome else ""
+        return VerdictCell(fixed.score, f"{cell.text[:-1]}; {medians}){differs}", cell.outcome, cell.undefined)
+
+    def rule_text(self, options: Options) -> str:
+        return (f"rejected ({self.failure}) when, image by image, the {self.score_name} lies nearer to a map's "
+                "similarity to itself (1) than to its similarity to an unrelated map (another image's, compared the "
+                f"same way): the 99 % interval of the median of {self.score_name} - (1 + unrelated) / 2 at or above "
+                "0; not rejected when it lies below 0, inconclusive when it contains 0; without an unrelated map "
+                f"(one image per seed), the fixed threshold {getattr(options, self.threshold)}")

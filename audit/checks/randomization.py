@@ -12,6 +12,7 @@ the fraction of the model's parameters (elements) re-initialised in that stage's
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import textwrap
 import warnings
@@ -46,6 +47,7 @@ from audit.checks.base import (
     seed_spread,
     too_few,
 )
+from audit.checks.calibration import nearer
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import record as coverage_record
 from audit.checks.options import CONFIDENCE, NO_SOURCE, Options, UnitContext, option
@@ -356,20 +358,37 @@ def survived(intervals: pd.DataFrame, threshold: float) -> int:
 
 @dataclass(frozen=True)
 class Survival(VerdictRule):
-    """The cascading verdict, read along the whole curve of ``metric`` over the stages.
+    """The cascading verdict, read along the whole curve of ``metric`` over the stages, calibrated by the curve's
+    own ends.
 
-    A map *survives* a stage when the 99 % interval of its median similarity to the trained model's map lies at or
-    above the threshold. The map is rejected when it survives every stage of the model's top part: the first
+    Each image's similarity at a stage is read between two references measured on the same image, seed and method:
+    the trained map's similarity to itself (1, the ceiling) and the fully randomized model's map's (the last stage,
+    the floor: what the method shows of a model that learned nothing). A map *survives* a stage when it lies nearer
+    the ceiling: the 99 % interval of the median of ``score - (1 + floor) / 2`` (:func:`~audit.checks.calibration.nearer`)
+    lies at or above 0. The map is rejected when it survives every stage of the model's top part: the first
     ``top`` cascading stages (option ``randomization_top``; default 1, the logit layer, the one part every
     classifier has and the one that defines the explained class). Adebayo et al. rejected guided backprop for
     being "invariant to higher layer parameters" although its maps changed once the lowest layers were
     randomized: a rule that reads only the last stage would let it through. Not rejected when some stage of the
-    top part has its interval wholly under the threshold; inconclusive otherwise (an interval containing the
-    threshold, or too few defined images). The text names the stage where the map stopped surviving.
+    top part has its interval wholly under 0; inconclusive otherwise (an interval containing 0, or too few defined
+    images). A map the same on every model (the edge detector) has its floor at the ceiling and survives every
+    stage. The text names the stage where the map stopped surviving.
+
+    The fixed ``threshold`` (on the similarity itself) decides where there is nothing to calibrate against: the top
+    part is the whole model (no stage below it gives a floor), or the fully randomized model's maps are not
+    distinguishable from the trained one's (the 99 % interval of their median reaches 1: a map the same on every
+    model). Elsewhere its outcome is named beside the calibrated one where the two differ; ``calibrated=False``
+    reads it alone (the papers' reading, for the reproduction tables).
     """
 
     metric: str = "ssim"
     top: str = "randomization_top"
+    calibrated: bool = True
+
+    @property
+    def fixed(self) -> Survival:
+        """The same rule read against the fixed threshold alone."""
+        return dataclasses.replace(self, calibrated=False)
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -384,49 +403,96 @@ class Survival(VerdictRule):
         if intervals.empty:
             return VerdictCell(float("nan"), "n/a", None)
         threshold, top = getattr(options, self.threshold), min(getattr(options, self.top), len(intervals))
-        kept = survived(intervals, threshold)
+        fixed, fixed_kept = _curve_outcome(intervals, threshold, top)
         head = intervals.iloc[:top]
         last = head.iloc[-1]
-        if kept >= top:
-            outcome = REJECTED
-        elif any(h < threshold and not too_few(d, d + u) for h, d, u in zip(head.high, head.defined, head.undefined)):
-            outcome = NOT_REJECTED
-        else:
-            outcome = INCONCLUSIVE
-        stop = (f"survives all {len(intervals)} stages" if kept == len(intervals) else
-                f"survives {kept} of {len(intervals)} stages, stops at {intervals.layer.iloc[kept]}")
-        undefined = int(head.undefined.sum())
-        images = int(head.defined.iloc[-1] + head.undefined.iloc[-1])
         rows = part[part.stage == last.stage]
         spread = seed_spread(rows[self.metric].to_numpy(float), rows["replicate"].to_numpy() if "replicate" in rows
                              else None)
-        return VerdictCell(float(last["median"]), f"{outcome} (after {last.layer}: {last['median']:.3f} "
-                           f"[{last.low:.3f}, {last.high:.3f}]; {stop}{spread}{looked(options.interval_level, images)})",
-                           outcome, undefined)
+        undefined = int(head.undefined.sum())
+        looks = looked(options.interval_level, int(head.defined.iloc[-1] + head.undefined.iloc[-1]))
+        score = f"after {last.layer}: {last['median']:.3f} [{last.low:.3f}, {last.high:.3f}]"
+        floor = intervals.iloc[-1]
+        why = ("" if self.calibrated is False else "the top part is the whole model" if top >= len(intervals) else
+               f"the fully randomized model's maps are undefined (constant) on {floor.undefined} of "
+               f"{floor.defined + floor.undefined} images" if too_few(floor.defined, floor.defined + floor.undefined)
+               else f"the fully randomized model's maps are not distinguishable from the trained one's "
+               f"({floor['median']:.3f} [{floor.low:.3f}, {floor.high:.3f}])" if floor.high >= 1 else None)
+        if why is not None:
+            return VerdictCell(float(last["median"]), f"{fixed} ({score}; {_stop(intervals, fixed_kept)}{spread}"
+                               f"{looks}" + (f"; fixed threshold {threshold}: {why})" if why else ")"), fixed, undefined)
+        near = stage_intervals(nearness(part, self.metric), self.metric, options.interval_level)
+        outcome, kept = _curve_outcome(near, 0.0, top)
+        at = near.iloc[top - 1]
+        differs = f"; fixed threshold {threshold}: {fixed}" if fixed != outcome else ""
+        return VerdictCell(float(last["median"]), f"{outcome} ({score}; nearer the trained map than the fully "
+                           f"randomized model's ({floor['median']:.3f}) by {at['median']:.3f} [{at.low:.3f}, {at.high:.3f}]; "
+                           f"{_stop(near, kept)}{spread}{looks}){differs}", outcome, undefined)
 
     def rule_text(self, options: Options) -> str:
         top = getattr(options, self.top)
         part = "the logit layer (the first cascading stage)" if top == 1 else f"the first {top} cascading stages"
-        return (f"rejected ({self.failure}) when the map survives the randomization of {part}: the 99 % interval of "
-                f"its median {self.score_name} to the trained map lies at or above {getattr(options, self.threshold)} "
-                "at each of them; not rejected when it lies wholly below at one of them; else inconclusive")
+        if not self.calibrated:
+            return (f"rejected ({self.failure}) when the map survives the randomization of {part}: the 99 % interval "
+                    f"of its median {self.score_name} to the trained map lies at or above "
+                    f"{getattr(options, self.threshold)} at each of them; not rejected when it lies wholly below at "
+                    "one of them; else inconclusive")
+        return (f"rejected ({self.failure}) when the map survives the randomization of {part}: image by image, its "
+                f"{self.score_name} to the trained map lies nearer to the trained map's own (1) than to the fully "
+                f"randomized model's (the last stage), the 99 % interval of the median of {self.score_name} - "
+                "(1 + last stage's) / 2 at or above 0 at each of them; not rejected when it lies wholly below 0 at "
+                "one of them; else inconclusive; where the top part is the whole model or the fully randomized "
+                "model's maps are not distinguishable from the trained one's, the fixed threshold "
+                f"{getattr(options, self.threshold)} on the {self.score_name} itself")
 
 
-def randomization_figure(frame: pd.DataFrame, model: str, order: str, threshold: float | None = None) -> Figure:
-    """Median SSIM to the trained model's maps per stage, with the 99 % bootstrap band."""
+def nearness(part: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """One model x method's rows ``part`` of the randomized stages with ``metric`` replaced by each image's
+    :func:`~audit.checks.calibration.nearer` (ceiling 1, floor: the image's score at the last stage; where that is
+    undefined, a constant map of the untrained model, e.g. Grad-CAM's after its ReLU, the median floor of the other
+    images, so that a map scored at the stage keeps its place)."""
+    floor = part[part.stage == part.stage.max()].set_index("image")[metric]
+    floor = floor.fillna(floor.median())
+    rows = part[part.stage > 0].copy()
+    rows[metric] = nearer(rows[metric].to_numpy(float), 1.0, floor.reindex(rows.image).to_numpy(float))
+    return rows
+
+
+def _curve_outcome(intervals: pd.DataFrame, threshold: float, top: int) -> tuple[str, int]:
+    """The outcome of a curve's stage ``intervals`` (:func:`stage_intervals`) against ``threshold`` over its first
+    ``top`` stages (:class:`Survival`), and the stages the map survives from the top (:func:`survived`)."""
+    kept = survived(intervals, threshold)
+    head = intervals.iloc[:top]
+    if kept >= top:
+        return REJECTED, kept
+    if any(h < threshold and not too_few(d, d + u) for h, d, u in zip(head.high, head.defined, head.undefined)):
+        return NOT_REJECTED, kept
+    return INCONCLUSIVE, kept
+
+
+def _stop(intervals: pd.DataFrame, kept: int) -> str:
+    """Where a map stopped surviving, for a verdict's text."""
+    return (f"survives all {len(intervals)} stages" if kept == len(intervals) else
+            f"survives {kept} of {len(intervals)} stages, stops at {intervals.layer.iloc[kept]}")
+
+
+def randomization_figure(frame: pd.DataFrame, model: str, order: str) -> Figure:
+    """Median SSIM to the trained model's maps per stage, with the 99 % bootstrap band; under cascading
+    randomization, each method's survival level and the stage where its map stopped surviving (:class:`Survival`)."""
     return stage_figure(frame, model, "ssim", "SSIM to the trained map", f"randomization_{order}_{model}",
                         f"{order.capitalize()} parameter randomization on {model}: SSIM between each image's map "
-                        "and the trained model's as layers are re-initialised", (-0.05, 1.05), threshold,
-                        "a map survives a stage while its interval lies at or above it", mark_stop=order == "cascading")
+                        "and the trained model's as layers are re-initialised", (-0.05, 1.05),
+                        survival=order == "cascading")
 
 
 def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name: str, caption: str,
                  ylim: tuple[float, float] | None = None, threshold: float | None = None,
-                 meaning: str = "", mark_stop: bool = False) -> Figure:
+                 meaning: str = "", survival: bool = False) -> Figure:
     """``metric`` per randomization stage, one panel per method family: every image's point, the
     median over images and its 99 % bootstrap band; dashed: the ``threshold`` (``meaning`` says how
-    it reads); ``mark_stop``: a ring on each method's curve at the stage where its map stopped
-    surviving (:func:`survived`)."""
+    it reads); ``survival``: in its place, each method's survival level, halfway between 1 and its median at the
+    last stage, dashed in its colour, and a ring on its curve at the stage where its map stopped surviving
+    (:class:`Survival`)."""
     part = frame[frame.model == model]
     summary = summarize(part[["method", "stage", "layer", "image", metric]
                              + (["replicate"] if "replicate" in part else [])], n_resamples=2000)
@@ -449,12 +515,13 @@ def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name
                     linestyle=style.linestyle(method), zorder=3)
             ax.fill_between(rows.stage, rows[f"{metric}_low"], rows[f"{metric}_high"], color=style.color(method),
                             alpha=0.2, linewidth=0)
-            if mark_stop and threshold is not None:
-                intervals = stage_intervals(points, metric)
-                kept = survived(intervals, threshold)
-                if kept < len(intervals):
-                    stop = intervals.iloc[kept]
-                    ax.scatter([stop.stage + offset], [stop["median"]], s=40, facecolors="none",
+            if survival and len(rows) > 2:  # a floor below the first randomized stage
+                ax.plot(rows.stage.iloc[[1, -1]], [(1 + rows[metric].iloc[-1]) / 2] * 2, color=style.color(method),
+                        linestyle="--", linewidth=0.8, zorder=1)
+                kept = survived(stage_intervals(nearness(points, metric), metric), 0.0)
+                if kept < len(rows) - 1:
+                    stop = rows.iloc[kept + 1]
+                    ax.scatter([stop.stage + offset], [stop[metric]], s=40, facecolors="none",
                                edgecolors=style.color(method), linewidths=1.2, zorder=4)
         if threshold is not None:
             threshold_line(ax, threshold)
@@ -463,8 +530,11 @@ def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name
         axes[0, 0].set_ylim(*ylim)
     axes[0, 0].set_ylabel(textwrap.fill(ylabel, 18))  # on two lines where long: the plot is short
     note = f"; dashed: the threshold ({threshold:g}), {meaning}" if threshold is not None else ""
-    if mark_stop and threshold is not None:
-        note += "; rings: the stage where each method's map stopped surviving"
+    if survival:
+        note += ("; dashed, in each method's colour: its survival level, halfway between the trained map's "
+                 "similarity to itself (1) and its median at the last stage (the fully randomized model); a map "
+                 "survives a stage while it lies nearer the trained map, image by image (the verdict's interval); "
+                 "rings: the stage where each method's map stopped surviving")
     if floor is not None:
         note += "; dotted grey, in every panel: the random-map control's median, the floor a map unrelated to the model's scores"
     method_legend(fig, groups)
@@ -632,8 +702,12 @@ class CascadingOptions(MeasuredStageOptions):
     """The cascading check's keys: the stage keys, and how its verdict reads the curve."""
 
     randomization_threshold: float = option(0.5, "similarity to the trained map at or above which a map survives a "
-                                            "stage (the 99 % interval of its median)", valid=lambda v: 0 < v <= 1,
-                                            rule="in (0, 1]", source=NO_SOURCE)
+                                            "stage (the 99 % interval of its median), where the top part is the "
+                                            "whole model", valid=lambda v: 0 < v <= 1, rule="in (0, 1]",
+                                            source="calibrated: a map survives a stage when it lies nearer the "
+                                            "trained map than the fully randomized model's map, both measured in "
+                                            "the run; this fixed value decides only where the top part is the "
+                                            "whole model (the cell says so); there: " + NO_SOURCE)
     randomization_top: int = option(1, "cascading stages from the logits that form the model's top part: a map that "
                                     "survives all of them is rejected (1: the logit layer)", valid=lambda v: v >= 1,
                                     rule=">= 1", source="Adebayo et al. 2018, section 4: a map invariant to the "
@@ -649,11 +723,10 @@ def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, option
 
 
 def _sections(table: pd.DataFrame, context: ReportContext, options: StageOptions, *, order: str) -> list[Section]:
-    threshold = options.randomization_threshold if isinstance(options, CascadingOptions) else None
     models = list(table.model.unique())
     out = [Section(f"Parameter randomization ({order})",
                    text=coverage_paragraph(context.run, f"randomization_{order.replace('-', '_')}_coverage.csv", models),
-                   figures=[randomization_figure(table, m, order, threshold) for m in models])]
+                   figures=[randomization_figure(table, m, order) for m in models])]
     grids = []
     for m in models:
         maps, images = context.examples(m, order, list(table.method.unique()))

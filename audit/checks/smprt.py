@@ -20,7 +20,8 @@ import pandas as pd
 import torch
 
 from attributions.explainer import Explainer, attribute_many
-from audit.checks.base import Check, MedianScore, UnitResult
+from audit.checks.base import Check, UnitResult
+from audit.checks.calibration import NearerThanUnrelated
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import recorded_in
 from audit.checks.options import NO_SOURCE, UnitContext, option
@@ -32,7 +33,7 @@ from audit.inputs import Images, Labels, Methods, Reduction, check_inputs
 from audit.measures.similarity import correlation, screen, unit_ranks
 from audit.sections import ReportContext, Section
 
-COLUMNS = ["method", "stage", "layer", "image", "replicate", "spearman", "share"]
+COLUMNS = ["method", "stage", "layer", "image", "replicate", "spearman", "unrelated_spearman", "share"]
 CHUNK = 256  # images per attribution call: noisy copies are explained in batches of this size
 
 
@@ -69,8 +70,9 @@ def smooth_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods =
     -------
     DataFrame, one row per method x stage x image: method, stage (0 = trained), layer, image, replicate (of the
     image's re-initialisation seed: :mod:`audit.checks.replicates`), spearman (of ``|denoised map|`` with the
-    trained model's; 1 at stage 0), share (of the parameters
-    re-initialised in that stage's model).
+    trained model's; 1 at stage 0), unrelated_spearman (the trained map's against the stage's map of another image
+    drawn with the same seed, the next one: the floor of an unrelated map; NaN for a seed with one image), share (of
+    the parameters re-initialised in that stage's model).
     """
     stages = stage_settings(stages, settings, order="bottom-up")
     x, y = check_inputs(model, x, y)
@@ -106,8 +108,12 @@ def _one_seed(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, methods:
             ranked = unit_ranks(clean)
             bad_ref, ref_ranks = first.setdefault(m, (bad, ranked))
             rho = np.where(bad_ref | bad, np.nan, correlation(ref_ranks, ranked))
+            # the floor: the same comparison with another image's map at this stage (the next image of the seed's)
+            other = np.roll(np.arange(len(rho)), -1)
+            unrelated = np.where(bad_ref | bad[other], np.nan, correlation(ref_ranks, ranked[other])) \
+                if len(rho) > 1 else np.full(len(rho), np.nan)
             rows += [{"method": m, "stage": stage.stage, "layer": stage.layer, "image": i, "spearman": float(rho[i]),
-                      "share": stage.share} for i in range(len(rho))]
+                      "unrelated_spearman": float(unrelated[i]), "share": stage.share} for i in range(len(rho))]
     return pd.DataFrame(rows, columns=[c for c in COLUMNS if c != "replicate"])
 
 
@@ -121,8 +127,11 @@ class SmprtOptions(StageOptions):
     smprt_noise: float = option(0.1, "sMPRT noise, standard deviation as a fraction of the image's range",
                                 valid=lambda v: v >= 0, rule=">= 0")
     smprt_threshold: float = option(0.5, "median Spearman at full randomization from which a method counts as "
-                                    "weight-insensitive", valid=lambda v: 0 < v <= 1, rule="in (0, 1]",
-                                    source=NO_SOURCE)
+                                    "weight-insensitive, where no unrelated map was measured (one image per seed)",
+                                    valid=lambda v: 0 < v <= 1, rule="in (0, 1]",
+                                    source="calibrated: the map at full randomization is read between its trained "
+                                    "map and another image's, both measured in the run; this fixed value decides "
+                                    "only with one image per seed (the cell says so); there: " + NO_SOURCE)
 
 
 def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: SmprtOptions,
@@ -155,8 +164,7 @@ CHECK = Check(
     name="smprt", cite=("hedstrom2024",), title="Smooth MPRT (sMPRT)", reference="Hedstroem et al. 2023", result_file="smprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=41,
     summary=lambda df: f"median Spearman at full randomization {_last_stage(df).spearman.median():.3f}",
-    verdict=MedianScore("smprt_spearman", "smprt", "weight-insensitive (denoised)", "smprt_threshold",
-                        score_name="Spearman of magnitudes (sMPRT)", metric="spearman",
-                        select=_last_stage),
+    verdict=NearerThanUnrelated("smprt_spearman", "smprt", "weight-insensitive (denoised)", "smprt_threshold",
+                                score_name="Spearman of magnitudes (sMPRT)", metric="spearman", select=_last_stage),
     description="maps averaged over noisy inputs, compared by Spearman of magnitudes after each randomization stage",
     controls={"edge": "rejected"})

@@ -15,7 +15,16 @@ from audit import (
     random_logit_test,
 )
 from audit.checks import randomization
-from audit.checks.randomization import StageMaps, frame, randomization_stages, stage_columns, unchanged_nodes
+from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED
+from audit.checks.randomization import (
+    CascadingOptions,
+    StageMaps,
+    Survival,
+    frame,
+    randomization_stages,
+    stage_columns,
+    unchanged_nodes,
+)
 from audit.checks.replicates import replicate_seed
 from audit.checks.stage_options import StageSettings
 from audit.checks.stages import randomization_plan
@@ -178,9 +187,62 @@ def test_the_stage_figure_draws_the_random_controls_median_per_stage_in_every_pa
              "replicate": i // 2, "ssim": level[stage] + 0.01 * i}
             for method, level in (("gradient", (1.0, 0.3)), ("lrp-zplus", (1.0, 0.95)), ("random", (0.04, 0.09)))
             for stage in (0, 1) for i in range(3)]
-    figure = randomization.randomization_figure(pd.DataFrame(rows), "m", "cascading", 0.5)
+    figure = randomization.randomization_figure(pd.DataFrame(rows), "m", "cascading")
     panels = [ax for ax in figure.figure.axes if ax.get_lines()]
     assert len(panels) == 3 and "dotted grey" in figure.caption
     for ax in panels:
         dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
         assert len(dotted) == 1 and np.allclose(dotted[0].get_ydata(), [0.1])
+
+
+def _cascade(*medians, n=40, noise=0.01, exact=False):
+    """One model x method's cascading rows: stage 0 (1, the map against itself) and one stage per median; each
+    image jittered around it (``exact``: every image at the median)."""
+    rng = np.random.default_rng(0)
+    return pd.DataFrame([{"stage": s, "layer": f"s{s}", "image": i, "replicate": i // 2,
+                          "ssim": 1.0 if s == 0 else m + (0 if exact else rng.normal(0, noise))}
+                         for s, m in enumerate((1.0, *medians)) for i in range(n)])
+
+
+SURVIVAL = Survival("cascading_ssim", "cascading", "survives", "randomization_threshold")
+
+
+@pytest.mark.parametrize("medians, outcome, fixed", [
+    # 0.70 after the logits, 0.50 at full randomization: nearer the untrained model's map (0.75 is halfway): the
+    # fixed 0.5 would have rejected, and the cell says so
+    ((0.70, 0.60, 0.50), NOT_REJECTED, REJECTED),
+    # 0.45 after the logits against 0.05 at the end (halfway 0.525): not rejected either way
+    ((0.45, 0.20, 0.05), NOT_REJECTED, None),
+    # 0.40 against -0.30 (halfway 0.35): the map kept more of itself than of the untrained model's: rejected, where
+    # the fixed 0.5 would not have
+    ((0.40, 0.00, -0.30), REJECTED, NOT_REJECTED),
+    # exactly halfway (0.6 against 0.2): inconclusive
+    ((0.60, 0.40, 0.20), INCONCLUSIVE, REJECTED)])
+def test_a_map_survives_a_stage_when_it_lies_nearer_the_trained_map_than_the_fully_randomized_models(
+        medians, outcome, fixed):
+    cell = SURVIVAL.evaluate(_cascade(*medians), CascadingOptions())
+    assert cell.outcome == outcome and cell.score == pytest.approx(medians[0], abs=0.01)
+    assert "nearer the trained map than the fully randomized model's" in cell.text
+    assert (f"fixed threshold 0.5: {fixed}" in cell.text) == (fixed is not None)
+    assert SURVIVAL.fixed.evaluate(_cascade(*medians), CascadingOptions()).outcome == (fixed or outcome)
+
+
+def test_the_fixed_threshold_decides_where_there_is_nothing_to_calibrate_against():
+    # a map the same on every model (the edge detector): its floor is the trained map itself
+    edge = SURVIVAL.evaluate(_cascade(1.0, 1.0, 1.0, exact=True), CascadingOptions())
+    assert edge.outcome == REJECTED and "not distinguishable from the trained one's" in edge.text
+    # one stage: the top part is the whole model
+    alone = SURVIVAL.evaluate(_cascade(0.3), CascadingOptions())
+    assert alone.outcome == NOT_REJECTED and "fixed threshold 0.5: the top part is the whole model" in alone.text
+    # the untrained model's maps constant on most images: no floor
+    rows = _cascade(0.3, 0.2, 0.1)
+    rows.loc[(rows.stage == 3) & (rows.image < 30), "ssim"] = np.nan
+    constant = SURVIVAL.evaluate(rows, CascadingOptions())
+    assert "fixed threshold 0.5: the fully randomized model's maps are undefined (constant) on 30 of 40" in constant.text
+    # on a few: the others' median floor stands for theirs, and the map scored at the stage keeps its place
+    rows.loc[(rows.stage == 3) & (rows.image >= 5), "ssim"] = 0.1
+    assert SURVIVAL.evaluate(rows, CascadingOptions()).outcome == NOT_REJECTED
+    assert SURVIVAL.evaluate(rows, CascadingOptions()).undefined == 0
+    # the top part as two stages reads both against the floor: the second is not survived
+    two = SURVIVAL.evaluate(_cascade(0.9, 0.5, 0.2), CascadingOptions(randomization_top=2))
+    assert two.outcome == NOT_REJECTED and "survives 1 of 3 stages, stops at s2" in two.text

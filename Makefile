@@ -66,7 +66,7 @@ demo: $(STAMP)
 # second intra-op thread cost a fifth more CPU time for no shorter run. The library suite, niced, fills the
 # gaps and takes both cores once the main suite is done. Its output goes to .test-libraries.log (tail -f it
 # to follow) and is shown at the end.
-LIBTESTS = tests/test_model_libraries.py tests/audit/models/test_libraries.py \
+LIBTESTS = tests/test_model_libraries.py tests/audit/models/test_libraries.py tests/audit/models/test_library_twins.py \
 	  tests/attributions/test_cam.py "tests/test_notebooks.py::test_notebook_executes[collapse_atlas]" \
 	  tests/test_examples.py::test_model_library_block_runs \
 	  tests/attributions/test_rules.py::test_generalized_gamma_matches_zennit_on_signed_inputs \

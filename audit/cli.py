@@ -108,7 +108,7 @@ def _fit_accuracy(given: str | None, permute_labels: int | None) -> float | None
 
 
 def _train(args: argparse.Namespace) -> int:
-    from audit.models import OPTIMIZERS, TrainConfig, train, twin_architecture
+    from audit.models import OPTIMIZERS, TrainConfig, train
     arch_options = {"batch_norm": True} if args.batch_norm else {}
     amplitude = args.amplitude if args.amplitude in (None, "adaptive") else _number(args.amplitude)
     options = {k: v for k, v in (("gamma", args.gamma), ("amplitude", amplitude), ("mode", args.bort_mode))
@@ -116,6 +116,8 @@ def _train(args: argparse.Namespace) -> int:
     if options and not getattr(OPTIMIZERS.get(args.optimizer), "constrained", False):
         raise ConfigError(f"--gamma / --amplitude / --bort-mode need --optimizer bort or bort-adamw, "
                           f"not {args.optimizer!r}")
+    if args.model is not None and (args.arch is not None or args.batch_norm):
+        raise ConfigError("--model trains that model's architecture: drop --arch / --batch-norm (zoo architectures)")
     if args.control is not None and args.permute_labels is not None:
         raise ConfigError("--control trains the control twin on the true labels: drop --permute-labels")
     if args.control is not None and args.twin_of is None:
@@ -123,15 +125,15 @@ def _train(args: argparse.Namespace) -> int:
     if args.twin_of is not None and args.control is None and args.permute_labels is None:
         raise ConfigError(f"--twin-of {args.twin_of} trains a twin: add --permute-labels SEED (the permuted-label "
                           "twin) or --control SEED (its control twin on the true labels)")
-    config = TrainConfig(arch=args.arch, optimizer=args.optimizer, epochs=args.epochs, batch_size=args.batch_size,
-                         lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
-                         seed=args.seed if args.control is None else args.control, subset_seed=args.subset_seed,
-                         data=args.data, data_root=args.data_root, download=args.download,
-                         train_limit=args.train_limit, arch_options=arch_options, options=options,
-                         dbort=args.dbort, schedule=args.schedule, permute_labels=args.permute_labels,
-                         twin_of=args.twin_of, fit_accuracy=_fit_accuracy(args.fit_accuracy, args.permute_labels))
-    if args.twin_of is not None:
-        twin_architecture(config, args.twin_of)
+    config = TrainConfig(arch=args.arch or "cnn", optimizer=args.optimizer, epochs=args.epochs,
+                         batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
+                         weight_decay=args.weight_decay, seed=args.seed if args.control is None else args.control,
+                         subset_seed=args.subset_seed, data=args.data, data_root=args.data_root,
+                         download=args.download, train_limit=args.train_limit, arch_options=arch_options,
+                         options=options, dbort=args.dbort, schedule=args.schedule, permute_labels=args.permute_labels,
+                         twin_of=args.twin_of, fit_accuracy=_fit_accuracy(args.fit_accuracy, args.permute_labels),
+                         model=args.model, num_classes=args.num_classes, preprocess=args.preprocess,
+                         loader_workers=args.loader_workers)
     train(config, out=args.out, resume=args.resume, progress=not args.quiet, force=args.force,
           save_every=args.save_every)
     return 0
@@ -240,8 +242,20 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _train_parser(sub: Any) -> None:
-    t = sub.add_parser("train", allow_abbrev=False, help="train a zoo model and save a checkpoint (.pt + .json)")
-    t.add_argument("--arch", default="cnn", help="cnn, vgg, resnet, vgg16, resnet50")
+    t = sub.add_parser("train", allow_abbrev=False, help="train a model (a zoo architecture, or any model an audit "
+                       "takes, e.g. the twins of yours) and save a checkpoint (.pt + .json)")
+    t.add_argument("--arch", default=None, help="a zoo architecture: cnn (default), vgg, resnet, vit, vgg16, resnet50")
+    t.add_argument("--model", default=None, metavar="SPEC",
+                   help="train this model's architecture from fresh weights instead of a zoo one: timm:NAME, "
+                   "torchvision:NAME, hf:FOLDER, module:factory or a checkpoint (as run --models takes them); the "
+                   "checkpoint loads as that model, e.g. in run --twins")
+    t.add_argument("--num-classes", type=int, default=None, help="the classes of the model's head (default: the "
+                   "data's; given, it must be the data's)")
+    t.add_argument("--preprocess", default="none", help="how an image folder's files become inputs: none (default) "
+                   "or imagenet (resize 256, centre crop 224, ImageNet mean/std), as run --preprocess")
+    t.add_argument("--loader-workers", type=int, default=0, metavar="N",
+                   help="processes that read an image folder's batches (default 0: the training process); the "
+                   "folder is read batch by batch, never held in memory, and the weights do not depend on N")
     t.add_argument("--batch-norm", action="store_true", help="vgg with BatchNorm")
     t.add_argument("--optimizer", default="sgd", help="sgd, adamw (and the registered ones)")
     t.add_argument("--epochs", type=int, default=10)
@@ -251,8 +265,9 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--weight-decay", type=float, default=None, help="default: the optimizer's")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--data", default="fashion-mnist",
-                   help="fashion-mnist, mnist, cifar10, imagefolder, fashion-mnist-sample")
-    t.add_argument("--data-root", default=None, help="folder looked in first")
+                   help="fashion-mnist, mnist, cifar10, imagefolder (streamed from --data-root), fashion-mnist-sample")
+    t.add_argument("--data-root", default=None, help="folder looked in first; for imagefolder the folder, with one "
+                   "sub-folder per class, or train/ and test/ folders each with one")
     t.add_argument("--download", action="store_true", help="fetch the official files when missing")
     t.add_argument("--train-limit", type=int, default=None, help="train on a seeded subset of N images")
     t.add_argument("--schedule", default="constant", help="constant or cosine")
@@ -276,9 +291,9 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--subset-seed", type=int, default=None, metavar="SEED",
                    help="seeds the --train-limit subset (default: --seed); a permuted-label twin and its control "
                    "twin share it")
-    t.add_argument("--twin-of", default=None, metavar="MODEL", help="the checkpoint (shipped name or .pt path) this "
-                   "run is a twin of (with --permute-labels or --control): its architecture must match; recorded in "
-                   "the metadata")
+    t.add_argument("--twin-of", default=None, metavar="MODEL", help="the model this run is a twin of (with "
+                   "--permute-labels or --control): a checkpoint (shipped name or .pt path) or a model specification; "
+                   "its architecture must match, tensor by tensor; recorded in the metadata")
     t.add_argument("--out", required=True, help="checkpoint path (.pt; metadata beside it as .json)")
     t.add_argument("--resume", action="store_true", help="continue from the resume state beside --out")
     t.add_argument("--save-every", type=int, default=None, metavar="STEPS",

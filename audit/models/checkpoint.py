@@ -89,11 +89,18 @@ def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
     if not isinstance(options, dict) or not isinstance(in_shape, list) or not isinstance(classes, int):
         raise ModelError(f"{meta_path}: in_shape must be a list, num_classes an integer and arch_options a table, got "
                          f"{in_shape!r}, {classes!r}, {options!r}")
-    try:
-        model = build(arch, tuple(in_shape), classes, **options)
-    except (TypeError, ValueError) as exc:  # an option the architecture does not take, or of the wrong type
-        raise ModelError(f"{meta_path}: cannot build {arch!r} from its metadata (in_shape {in_shape}, {classes} classes, "
-                         f"arch_options {options}): {exc}") from exc
+    spec = meta.get("model")
+    if spec is not None and not isinstance(spec, str):
+        raise ModelError(f"{meta_path}: model must be a model specification (e.g. timm:resnet18), got {spec!r}")
+    if spec is not None:  # a model of a library or a factory, trained by `train --model`
+        c, h, w = in_shape
+        model = fresh_model(spec, (c, h, w), classes)
+    else:
+        try:
+            model = build(arch, tuple(in_shape), classes, **options)
+        except (TypeError, ValueError) as exc:  # an option the architecture does not take, or of the wrong type
+            raise ModelError(f"{meta_path}: cannot build {arch!r} from its metadata (in_shape {in_shape}, {classes} "
+                             f"classes, arch_options {options}): {exc}") from exc
     try:
         state = torch.load(pt, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a corrupt file
@@ -111,6 +118,28 @@ def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
     model.eval()
     model.metadata = meta
     return model
+
+
+def fresh_model(spec: str, in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """The architecture ``spec`` names with fresh weights, for ``num_classes`` classes and inputs of ``in_shape``
+    (C, H, W): a library model built without weights (a Hugging Face one from its folder's configuration), a
+    ``module:factory``'s model as the factory returns it, a checkpoint's zoo architecture from its metadata. The
+    weights come from the global RNG (seed it first); the caller's RNG state is what the draw leaves.
+
+    Raises
+    ------
+    ModelError
+        When ``spec`` names no model, or a ``module:factory`` model with another number of outputs than
+        ``num_classes`` is asked for (a factory takes no class count).
+    """
+    if is_library_spec(spec):
+        return load_library_model(spec, num_classes=num_classes, fresh=True).train()
+    if ":" in spec and not Path(spec).exists():
+        return _resolve_model(spec, None, None, False).train()
+    meta = getattr(load_checkpoint(spec), "metadata", {})
+    if meta.get("model"):
+        return fresh_model(str(meta["model"]), in_shape, num_classes)
+    return build(meta["arch"], in_shape, num_classes, **meta.get("arch_options", {}))
 
 
 def model_files(spec: str, weights: str | None = None) -> list[Path]:

@@ -205,7 +205,7 @@ def refuse_oversized(library: Any, folder: Path, spec: str, labels: dict) -> Non
 
 
 def load_library_model(spec: str, weights: str | None = None, num_classes: int | None = None,
-                       partial: bool = False) -> nn.Module:
+                       partial: bool = False, fresh: bool = False) -> nn.Module:
     """The model ``spec`` names (``timm:NAME``, ``torchvision:NAME``, ``hf:FOLDER``), in eval mode.
 
     Parameters
@@ -216,6 +216,8 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
         Face model's from its config)
     partial : allow weights that leave tensors missing, unexpected or of another shape (a head of another
         size); otherwise each is an error. What was left out is recorded in ``metadata["partial_weights"]``.
+    fresh : a Hugging Face model built from its folder's configuration with freshly initialised weights (the folder's
+        weights are not read), as timm and torchvision models are without ``weights``; the architecture of a twin
     """
     prefix, _, name = spec.partition(":")
     if not name:
@@ -235,12 +237,12 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
                 raise ModelError(f"torchvision has no model {name!r}{_nearest(name, known)}")
             model = library.models.get_model(name, weights=None, **classes)
         else:
-            model, files, report = _hugging_face(library, name, spec, num_classes)
+            model, files, report = _hugging_face(library, name, spec, num_classes, fresh)
     except ModelError:
         raise
     except Exception as exc:  # the library's own error: a bad folder, an option the model does not take
         raise ModelError(f"cannot build {spec}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from None
-    if prefix == "hf" and not weights and any(report[k] for k in ("missing", "unexpected", "mismatched")) \
+    if prefix == "hf" and not weights and any(report.get(k) for k in ("missing", "unexpected", "mismatched")) \
             and not partial:
         raise ModelError(f"{spec}: the folder's weights do not fit the model: missing {_names(report['missing'])}, "
                          f"unexpected {_names(report['unexpected'])}, of another shape {_names(report['mismatched'])} "
@@ -257,12 +259,18 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
     return model
 
 
-def _hugging_face(library: Any, name: str, spec: str, num_classes: int | None) -> tuple[nn.Module, list[Path], dict]:
-    """A Hugging Face folder's model (never its code), its weight files, and what its weights left out."""
+def _hugging_face(library: Any, name: str, spec: str, num_classes: int | None,
+                  fresh: bool = False) -> tuple[nn.Module, list[Path], dict]:
+    """A Hugging Face folder's model (never its code), its weight files, and what its weights left out; ``fresh``:
+    built from the folder's configuration alone, with fresh weights (no file read, nothing left out)."""
     folder = _hf_folder(name)
     refuse_remote_code(folder, spec)
     labels = {} if num_classes is None else {"num_labels": int(num_classes), "ignore_mismatched_sizes": True}
     refuse_oversized(library, folder, spec, labels)
+    if fresh:
+        config = library.AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
+                                                    **({"num_labels": int(num_classes)} if num_classes else {}))
+        return library.AutoModelForImageClassification.from_config(config, trust_remote_code=False), [], {}
     # trust_remote_code=False: never run a folder's code, and never ask on stdin whether to
     model, info = library.AutoModelForImageClassification.from_pretrained(
         str(folder), local_files_only=True, trust_remote_code=False, output_loading_info=True, **labels)

@@ -1,10 +1,15 @@
-"""Training the zoo models: seeded, deterministic on the CPU, resumable per epoch.
+"""Training models and their twins: seeded, deterministic on the CPU, resumable per step.
+
+A run trains a zoo architecture (``arch``) or any model the audit takes (``model``: a library's, a factory's, a
+checkpoint's architecture, freshly initialised), on a data set held in memory or on an image folder read one batch
+at a time (:mod:`audit.models.splits`).
 
 The optimizer is looked up in ``OPTIMIZERS`` by name (plain SGD / AdamW and the Bort forms);
 :func:`register_optimizer` adds more, so the trainer has one code path for all of them.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import time
@@ -18,13 +23,18 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from attributions.capture import logits_of
 from attributions.errors import unknown_name
 from audit.atomic import atomic_write
 from audit.data.datasets import array_sha256, load_dataset
+from audit.data.preprocess import preprocess_from
+from audit.data.stream import FolderImages
 from audit.durations import duration
 from audit.errors import ConfigError
 from audit.faults import kill_after_step
-from audit.models.checkpoint import save_checkpoint
+from audit.models.checkpoint import fresh_model, save_checkpoint
+from audit.models.splits import ArraySplit, Split, StreamSplit, accuracy, index_batches
+from audit.models.twins import twin_architecture
 from audit.models.zoo import build
 from bort import Bort, BortAdamW, dbort_loss, param_groups
 
@@ -168,6 +178,17 @@ class TrainConfig:
         epoch; a model below it after the last epoch is saved, recorded as not fitting, and refused
         (:class:`~audit.errors.ConfigError`). Adebayo et al. (2018, section 5) trained their permuted-label
         models to above 95 %; the command line's default for a permuted-label twin. None: train every epoch.
+    model : str or None, default None
+        Train this model's architecture, freshly initialised, in place of ``arch``: any specification an audit
+        takes (``timm:NAME``, ``torchvision:NAME``, ``hf:FOLDER``, ``module:factory``, a checkpoint;
+        :func:`~audit.models.checkpoint.fresh_model`). The checkpoint records it, and loads as that model.
+    num_classes : int or None, default None
+        The classes of the model's head; None: the data's. Given, it must be the data's.
+    preprocess : str or dict, default "none"
+        How an image folder's files become inputs (:func:`~audit.data.preprocess.preprocess_from`: ``none``,
+        ``imagenet`` or a table), as an audit of the folder reads them.
+    loader_workers : int, default 0
+        Processes that read an image folder's batches (0: the training process); the weights do not depend on it.
     """
 
     arch: str = "cnn"
@@ -190,6 +211,10 @@ class TrainConfig:
     permute_labels: int | None = None
     twin_of: str | None = None
     fit_accuracy: float | None = None
+    model: str | None = None
+    num_classes: int | None = None
+    preprocess: str | dict = "none"
+    loader_workers: int = 0
 
     def resolved(self) -> TrainConfig:
         """A copy with the optimizer defaults filled in, after validating every field."""
@@ -205,6 +230,8 @@ class TrainConfig:
                   ("train_limit", out.train_limit is None or out.train_limit >= 1),
                   ("permute_labels", out.permute_labels is None or out.permute_labels >= 0),
                   ("fit_accuracy", out.fit_accuracy is None or 0 < out.fit_accuracy <= 1),
+                  ("num_classes", out.num_classes is None or out.num_classes >= 1),
+                  ("loader_workers", out.loader_workers >= 0),
                   ("schedule", out.schedule in SCHEDULES)]
         for name, ok in checks:
             if not ok:
@@ -232,15 +259,7 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 2
     float
         The fraction of images whose largest logit is their label (0.0 for no image).
     """
-    was_training = model.training
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for i in range(0, len(x), batch_size):
-            logits = model(torch.from_numpy(x[i:i + batch_size]))
-            correct += int((logits.argmax(1).numpy() == y[i:i + batch_size]).sum())
-    model.train(was_training)
-    return correct / max(len(x), 1)
+    return accuracy(model, ArraySplit(x, y), batch_size)
 
 
 def _resume_path(out: str | os.PathLike | None) -> Path | None:
@@ -279,6 +298,8 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
     start = time.perf_counter()
     data = _training_data(cfg)
     run = _TrainingRun.start(cfg, data)
+    log(f"training {cfg.model or cfg.arch} on {len(data.train)} {cfg.data} images of shape {list(data.train.shape)}, "
+        f"{data.num_classes} classes" + (" (permuted labels)" if cfg.permute_labels is not None else ""))
     state_file = _resume_path(out)
     if save_every is not None and save_every < 1:
         raise ConfigError(f"save_every must be a positive number of steps, got {save_every!r}")
@@ -305,13 +326,14 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
                                                     f"{cfg.fit_accuracy:g}" if stopped == "fit" else
                                                     f"the epoch budget ({cfg.epochs}) is spent"))
     model = run.model.eval()
-    accuracy = evaluate(model, data.x_test, data.y_test)
-    log(f"test accuracy {accuracy:.4f} on {len(data.x_test)} {cfg.data} test images")
+    tested = accuracy(model, data.test) if data.test is not None else None
+    log(f"test accuracy {tested:.4f} on {len(data.test)} {cfg.data} test images" if data.test is not None and
+        tested is not None else "no test split (an image folder's test/ sub-folder): no test accuracy")
     # on the labels it was trained on, in eval mode: how far a permuted-label twin fits its random labels
-    fitted = evaluate(model, data.x_train, data.y_train)
-    log(f"training accuracy {fitted:.4f} on its {len(data.x_train)} training images"
+    fitted = accuracy(model, data.train)
+    log(f"training accuracy {fitted:.4f} on its {len(data.train)} training images"
         + (" (permuted labels)" if cfg.permute_labels is not None else ""))
-    meta = _metadata(cfg, data, run.history, accuracy=accuracy, fitted=fitted, seconds=time.perf_counter() - start,
+    meta = _metadata(cfg, data, run.history, accuracy=tested, fitted=fitted, seconds=time.perf_counter() - start,
                      stopped=stopped)
     model.metadata = meta  # type: ignore[assignment]  # a plain attribute; torch types Module attributes as Tensor | Module
     if out is not None:
@@ -329,28 +351,82 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
 
 @dataclass(frozen=True)
 class _Data:
-    """The training images and labels (a seeded subset, labels permuted for a twin) and the test split."""
+    """The training split (a seeded subset, labels permuted for a twin) and the test split (None: an image folder
+    without one)."""
 
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
+    train: Split
+    test: Split | None
+    num_classes: int
 
-    @property
-    def num_classes(self) -> int:
-        return int(max(self.y_train.max(), self.y_test.max())) + 1
+    def fingerprint(self) -> str:
+        """The sha256 of the data trained and tested on (of the arrays, for a data set held in memory)."""
+        if isinstance(self.train, ArraySplit) and isinstance(self.test, ArraySplit):
+            return array_sha256(self.train.x, self.train.y, self.test.x, self.test.y)
+        parts = [self.train.fingerprint()] + ([self.test.fingerprint()] if self.test is not None else [])
+        return hashlib.sha256(";".join(parts).encode()).hexdigest()
+
+
+def _subset(cfg: TrainConfig, n: int) -> np.ndarray:
+    """The indices trained on: a seeded subset of ``train_limit`` of ``n`` images in their original order, or all."""
+    order = np.random.default_rng(cfg.seed if cfg.subset_seed is None else cfg.subset_seed).permutation(n)
+    return np.sort(order[:cfg.train_limit]) if cfg.train_limit else order
+
+
+def _permuted(cfg: TrainConfig, y: np.ndarray) -> np.ndarray:
+    """``y``, permuted once for a twin (``permute_labels``): every epoch sees the same wrong labels."""
+    return y if cfg.permute_labels is None else y[np.random.default_rng(cfg.permute_labels).permutation(len(y))]
 
 
 def _training_data(cfg: TrainConfig) -> _Data:
+    if cfg.data == "imagefolder":
+        return _folder_data(cfg)
     x_train, y_train = load_dataset(cfg.data, "train", cfg.data_root, download=cfg.download)
     x_test, y_test = load_dataset(cfg.data, "test", cfg.data_root, download=cfg.download)
-    order = np.random.default_rng(cfg.seed if cfg.subset_seed is None else cfg.subset_seed).permutation(len(x_train))
-    if cfg.train_limit:
-        order = np.sort(order[:cfg.train_limit])
-    x_train, y_train = x_train[order], y_train[order]
-    if cfg.permute_labels is not None:  # once, before training: every epoch sees the same wrong labels
-        y_train = y_train[np.random.default_rng(cfg.permute_labels).permutation(len(y_train))]
-    return _Data(x_train, y_train, x_test, y_test)
+    order = _subset(cfg, len(x_train))
+    classes = int(max(y_train.max(), y_test.max())) + 1
+    return _Data(ArraySplit(x_train[order], _permuted(cfg, y_train[order])), ArraySplit(x_test, y_test),
+                 _classes(cfg, classes))
+
+
+def _folder_data(cfg: TrainConfig) -> _Data:
+    """An image folder's splits, streamed: ``data_root/train`` (or the folder itself) and ``data_root/test``."""
+    if cfg.data_root is None:
+        raise ConfigError("--data imagefolder needs --data-root: the folder with one sub-folder per class (or train/ "
+                          "and test/ folders, each with one sub-folder per class)")
+    root = Path(cfg.data_root)
+    preprocess = preprocess_from(cfg.preprocess)
+    train = FolderImages(root / "train" if (root / "train").is_dir() else root, preprocess)
+    test = FolderImages(root / "test", preprocess, train.channels) if (root / "test").is_dir() else None
+    if test is not None and test.classes != train.classes:
+        raise ConfigError(f"{root}: the test folder's classes {test.classes} are not the training folder's "
+                          f"{train.classes}")
+    order = _subset(cfg, len(train))
+    return _Data(StreamSplit(train, order, _permuted(cfg, train.labels[order]), cfg.loader_workers),
+                 StreamSplit(test, np.arange(len(test)), test.labels, cfg.loader_workers) if test is not None else None,
+                 _classes(cfg, len(train.classes)))
+
+
+def _classes(cfg: TrainConfig, found: int) -> int:
+    """The classes of the model's head: ``num_classes`` where given (it must be the data's), else the data's."""
+    if cfg.num_classes is not None and cfg.num_classes != found:
+        raise ConfigError(f"--num-classes {cfg.num_classes}, but the data have {found} classes")
+    return found
+
+
+def _check_outputs(model: nn.Module, data: _Data, name: str) -> None:
+    """Refuse a model whose outputs are not one logit per class of the data (a factory's head of another size), on
+    the first training image, in eval mode (no statistic or RNG state changes)."""
+    first = index_batches(torch.arange(1), 1)
+    model.eval()
+    try:
+        with torch.no_grad():
+            shape = tuple(logits_of(model(next(iter(data.train.images(first))))).shape)
+    finally:
+        model.train()
+    if shape != (1, data.num_classes):
+        raise ConfigError(f"{name} gives outputs of shape {list(shape)} for one image, the data have {data.num_classes} "
+                          "classes: the model needs one logit per class (--num-classes for a library model; a "
+                          "module:factory must build its head for the data)")
 
 
 @dataclass
@@ -362,8 +438,7 @@ class _TrainingRun:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     shuffle: torch.Generator
-    x: torch.Tensor
-    y: torch.Tensor
+    data: Split
     history: list[dict]
     epoch: int = 0
     step: int = 0  # optimizer steps done in the current epoch (0 between epochs)
@@ -373,13 +448,17 @@ class _TrainingRun:
     @classmethod
     def start(cls, cfg: TrainConfig, data: _Data) -> _TrainingRun:
         torch.manual_seed(cfg.seed)
-        model = build(cfg.arch, tuple(data.x_train.shape[1:]), data.num_classes, **cfg.arch_options)
+        shape = data.train.shape
+        model = (fresh_model(cfg.model, shape, data.num_classes) if cfg.model is not None
+                 else build(cfg.arch, shape, data.num_classes, **cfg.arch_options))
+        _check_outputs(model, data, cfg.model or cfg.arch)
+        if cfg.twin_of is not None:
+            twin_architecture(model, cfg.twin_of, data.num_classes)
         optimizer = OPTIMIZERS[cfg.optimizer].factory(model, cfg)
         shuffle = torch.Generator().manual_seed(cfg.seed)
         factor = (lambda e: 0.5 * (1 + np.cos(np.pi * e / cfg.epochs))) if cfg.schedule == "cosine" else (lambda e: 1.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return cls(cfg, model, optimizer, scheduler, shuffle, torch.from_numpy(data.x_train),
-                   torch.from_numpy(data.y_train), [])
+        return cls(cfg, model, optimizer, scheduler, shuffle, data.train, [])
 
     def fits(self, data: _Data) -> bool:
         """Whether the model reached ``fit_accuracy`` on its training labels after the last epoch: the epoch's
@@ -387,7 +466,7 @@ class _TrainingRun:
         target = self.cfg.fit_accuracy
         if target is None or not self.history or self.history[-1]["train_accuracy"] < target:
             return False
-        return evaluate(self.model, data.x_train, data.y_train) >= target
+        return accuracy(self.model, data.train) >= target
 
     def restore(self, state_file: Path, log: Callable[[str], None]) -> None:
         """Continue from the per-epoch state in ``state_file``, refused when another configuration wrote it."""
@@ -423,20 +502,20 @@ class _TrainingRun:
         """Train one epoch, or the rest of one a run stopped in (from :attr:`step`); its record (epoch, loss,
         train_accuracy, seconds), also appended to the history. ``save()`` is called after every ``every``-th
         optimizer step (the resume state)."""
-        cfg, model, xt, yt = self.cfg, self.model, self.x, self.y
+        cfg, model, data = self.cfg, self.model, self.data
         model.train()
         t0 = time.perf_counter()
         if self.step == 0 or self.epoch_shuffle is None:  # the epoch's order, from the generator's state before it
             self.epoch_shuffle = self.shuffle.get_state()
-            perm = torch.randperm(len(xt), generator=self.shuffle)
+            perm = torch.randperm(len(data), generator=self.shuffle)
         else:  # a run resumed within an epoch redraws that epoch's order
-            perm = torch.randperm(len(xt), generator=torch.Generator().set_state(self.epoch_shuffle))
+            perm = torch.randperm(len(data), generator=torch.Generator().set_state(self.epoch_shuffle))
         total_loss, correct, before = self.partial
-        batches = range(self.step * cfg.batch_size, len(perm), cfg.batch_size)
-        for i in tqdm(batches, desc=f"epoch {self.epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
-            idx = perm[i:i + cfg.batch_size]
-            xb, yb = xt[idx], yt[idx]
-            logits = model(xb)
+        batches = index_batches(perm[self.step * cfg.batch_size:], cfg.batch_size)
+        for idx, xb in tqdm(zip(batches, data.images(batches)), total=len(batches),
+                            desc=f"epoch {self.epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
+            yb = torch.from_numpy(data.y[idx.numpy()])
+            logits = logits_of(model(xb))
             loss = F.cross_entropy(logits, yb)
             if cfg.dbort:
                 loss = loss + dbort_loss(logits)
@@ -449,30 +528,33 @@ class _TrainingRun:
             if save is not None and self.step % every == 0:
                 self.partial = (total_loss, correct, before + time.perf_counter() - t0)
                 save()
-                kill_after_step(self.epoch * -(-len(xt) // cfg.batch_size) + self.step)
+                kill_after_step(self.epoch * -(-len(data) // cfg.batch_size) + self.step)
         self.scheduler.step()
         self.epoch += 1
         self.step, self.partial = 0, (0.0, 0, 0.0)
-        record = {"epoch": self.epoch, "loss": total_loss / len(xt), "train_accuracy": correct / len(xt),
+        record = {"epoch": self.epoch, "loss": total_loss / len(data), "train_accuracy": correct / len(data),
                   "seconds": before + time.perf_counter() - t0}
         self.history.append(record)
         return record
 
 
-def _metadata(cfg: TrainConfig, data: _Data, history: list[dict], *, accuracy: float, fitted: float,
+def _metadata(cfg: TrainConfig, data: _Data, history: list[dict], *, accuracy: float | None, fitted: float,
               seconds: float, stopped: str = "epochs") -> dict:
     """The checkpoint's metadata: architecture, hyperparameters, data (and for a twin its labels), accuracies,
     history, versions."""
     return {
-        "arch": cfg.arch, "arch_options": cfg.arch_options, "in_shape": list(data.x_train.shape[1:]),
+        "arch": cfg.model or cfg.arch, "arch_options": {} if cfg.model else cfg.arch_options,
+        **({"model": cfg.model} if cfg.model is not None else {}), "in_shape": list(data.train.shape),
         "num_classes": data.num_classes, "optimizer": cfg.optimizer,
         "hyperparameters": {k: getattr(cfg, k) for k in ("lr", "momentum", "weight_decay", "batch_size", "epochs",
                                                          "dbort", "schedule")}
         | {"options": {**BORT_DEFAULTS, **cfg.options} if OPTIMIZERS[cfg.optimizer].constrained else cfg.options},
         "seed": cfg.seed, "subset_seed": cfg.seed if cfg.subset_seed is None else cfg.subset_seed, "epochs": cfg.epochs,
-        "data": {"name": cfg.data, "train_size": len(data.x_train), "test_size": len(data.x_test),
-                 "train_limit": cfg.train_limit,
-                 "sha256": array_sha256(data.x_train, data.y_train, data.x_test, data.y_test),
+        "data": {"name": cfg.data, "train_size": len(data.train),
+                 "test_size": len(data.test) if data.test is not None else 0, "train_limit": cfg.train_limit,
+                 "sha256": data.fingerprint(),
+                 **({"root": str(cfg.data_root), "preprocess": preprocess_from(cfg.preprocess).to_dict()}
+                    if cfg.data == "imagefolder" else {}),
                  "labels": "true" if cfg.permute_labels is None else "permuted",
                  **({"label_seed": cfg.permute_labels} if cfg.permute_labels is not None else {})},
         **({"twin_of": cfg.twin_of, "twin": "control" if cfg.permute_labels is None else "permuted"}

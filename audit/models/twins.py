@@ -11,12 +11,14 @@ buffer names and shapes.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
 from torch import nn
 
 from audit.errors import ConfigError
-from audit.models.checkpoint import available_checkpoints, load_checkpoint
+from audit.models.checkpoint import available_checkpoints, load_checkpoint, resolve_model
 from audit.models.libraries import is_library_spec
-from audit.models.training import TrainConfig
 
 ROLES = {"permuted": "permuted-label twin", "control": "control twin"}
 
@@ -117,25 +119,33 @@ def twin_facts(twin: nn.Module) -> dict:
             "subset_seed": meta.get("subset_seed"), "fit_accuracy": meta.get("fit_accuracy"), "fits": meta.get("fits")}
 
 
-def twin_architecture(config: TrainConfig, twin_of: str) -> None:
-    """Refuse to train a twin of checkpoint ``twin_of`` with another architecture than the checkpoint's.
+def twin_architecture(twin: nn.Module, twin_of: str, num_classes: int | None = None) -> None:
+    """Refuse to train ``twin`` as a twin of ``twin_of`` when their architectures differ (:func:`same_architecture`).
 
     Parameters
     ----------
-    config : TrainConfig
-        The twin's training configuration (a permuted-label twin with ``permute_labels``, else a control twin);
-        its ``arch`` is compared with the checkpoint's metadata (the architecture name only, not
-        ``arch_options``).
+    twin : nn.Module
+        The model the run trains (freshly built).
     twin_of : str
-        The checkpoint (shipped name or ``.pt`` path) the twin is trained for; it is loaded.
+        The model it is the twin of: a checkpoint (shipped name or ``.pt`` path) or a model specification
+        (``timm:NAME``, ``torchvision:NAME``, ``hf:FOLDER``, ``module:factory``), built without its weights.
+    num_classes : int, optional
+        The classes of a library model's head (default: the library's).
 
     Raises
     ------
     ConfigError
-        When the architectures differ.
+        When the architectures differ: the first differing tensor named, and the option that trains the right one.
     """
-    model = load_checkpoint(twin_of)
-    meta = getattr(model, "metadata", {})
-    if meta.get("arch") != config.arch:
-        raise ConfigError(f"--twin-of {twin_of}: that checkpoint is a {meta.get('arch')!r}, this run trains a "
-                          f"{config.arch!r}; pass --arch {meta.get('arch')}")
+    with torch.random.fork_rng(devices=[]):  # building the reference draws weights: the twin's seed stays its own
+        if is_library_spec(twin_of) or (":" in twin_of and not Path(twin_of).exists()):
+            reference, hint = resolve_model(twin_of, num_classes=num_classes if is_library_spec(twin_of) else None), \
+                f"--model {twin_of}"
+        else:
+            reference = load_checkpoint(twin_of)
+            meta = getattr(reference, "metadata", {})
+            hint = f"--model {meta['model']}" if meta.get("model") else f"--arch {meta.get('arch')}"
+    try:
+        same_architecture(reference, twin, twin_of, "the model this run trains")
+    except ConfigError as exc:
+        raise ConfigError(f"--twin-of {twin_of}: {exc}; pass {hint} (and the model's --num-classes)") from None

@@ -17,10 +17,10 @@ SAMPLE = dict(data="fashion-mnist-sample", train_limit=128, batch_size=32)
 
 def test_permuted_labels_are_a_seeded_permutation_of_the_true_ones_and_recorded():
     _, true = train(TrainConfig(arch="cnn", epochs=1, seed=0, **SAMPLE), progress=False, log=lambda s: None)
-    _, twin = train(TrainConfig(arch="cnn", epochs=1, seed=0, permute_labels=5, twin_of="x", **SAMPLE),
+    _, twin = train(TrainConfig(arch="cnn", epochs=1, seed=0, permute_labels=5, twin_of="cnn-sgd", **SAMPLE),
                     progress=False, log=lambda s: None)
     assert true["data"]["labels"] == "true" and "label_seed" not in true["data"]
-    assert twin["data"]["labels"] == "permuted" and twin["data"]["label_seed"] == 5 and twin["twin_of"] == "x"
+    assert twin["data"]["labels"] == "permuted" and twin["data"]["label_seed"] == 5 and twin["twin_of"] == "cnn-sgd"
     assert 0 <= twin["train_accuracy"] <= 1 and 0 <= twin["test_accuracy"] <= 1
     # the permutation: the same label counts (a permutation of the subset's labels), other labels per image
     _, y = load_dataset("fashion-mnist-sample", "train")
@@ -67,6 +67,30 @@ def test_cli_trains_the_twin_of_a_checkpoint_and_refuses_another_architecture(tm
     assert rc == 0 and meta["twin_of"] == "cnn-sgd" and meta["data"]["label_seed"] == 2
     assert main(["train", "--arch", "vgg", "--permute-labels", "2", "--twin-of", "cnn-sgd", "--out",
                  str(tmp_path / "v.pt"), "--quiet"]) == 2
-    assert "that checkpoint is a 'cnn'" in capsys.readouterr().err
+    assert "it is a SmallVGG, the model a SmallCNN" in (err := capsys.readouterr().err) and "pass --arch cnn" in err
     assert main(["train", "--arch", "cnn", "--twin-of", "cnn-sgd", "--out", str(tmp_path / "w.pt"), "--quiet"]) == 2
     assert "add --permute-labels" in capsys.readouterr().err
+
+
+def test_train_takes_any_model_spec_and_its_checkpoint_loads_as_that_model(tmp_path, monkeypatch, capsys):
+    (tmp_path / "mymodels.py").write_text("from torch import nn\n\ndef make():\n    return nn.Sequential(nn.Flatten(), "
+                                          "nn.Linear(784, 10))\n\ndef small():\n    return nn.Sequential(nn.Flatten(), "
+                                          "nn.Linear(784, 5))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model, meta = train(TrainConfig(model="mymodels:make", epochs=1, **SAMPLE), out=tmp_path / "f.pt", progress=False,
+                        log=lambda s: None)
+    assert meta["model"] == meta["arch"] == "mymodels:make" and meta["num_classes"] == 10
+    loaded = load_checkpoint(str(tmp_path / "f.pt"))
+    assert isinstance(loaded, torch.nn.Sequential)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    # a checkpoint's architecture, freshly initialised: the twin of a shipped model
+    _, twin = train(TrainConfig(model="cnn-sgd", epochs=1, permute_labels=1, twin_of="cnn-sgd", **SAMPLE),
+                    progress=False, log=lambda s: None)
+    assert twin["model"] == "cnn-sgd" and twin["twin_of"] == "cnn-sgd"
+    with pytest.raises(ConfigError, match=r"mymodels:small gives outputs of shape \[1, 5\] for one image, the data "
+                                          "have 10 classes"):
+        train(TrainConfig(model="mymodels:small", epochs=1, **SAMPLE), progress=False, log=lambda s: None)
+    with pytest.raises(ConfigError, match=r"--num-classes 7, but the data have 10 classes"):
+        train(TrainConfig(model="mymodels:make", num_classes=7, epochs=1, **SAMPLE), progress=False, log=lambda s: None)
+    assert main(["train", "--model", "mymodels:make", "--arch", "vgg", "--out", str(tmp_path / "x.pt")]) == 2
+    assert "--model trains that model's architecture: drop --arch" in capsys.readouterr().err

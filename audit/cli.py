@@ -109,6 +109,9 @@ def _fit_accuracy(given: str | None, permute_labels: int | None) -> float | None
 
 def _train(args: argparse.Namespace) -> int:
     from audit.models import OPTIMIZERS, TrainConfig, train
+    from audit.run.distributed import launch, sharded
+    if args.workers != 1 and "WORLD_SIZE" not in os.environ:  # start the ranks; each runs this command
+        return launch(args.workers, _without_workers(args.argv))
     arch_options = {"batch_norm": True} if args.batch_norm else {}
     amplitude = args.amplitude if args.amplitude in (None, "adaptive") else _number(args.amplitude)
     options = {k: v for k, v in (("gamma", args.gamma), ("amplitude", amplitude), ("mode", args.bort_mode))
@@ -133,9 +136,11 @@ def _train(args: argparse.Namespace) -> int:
                          options=options, dbort=args.dbort, schedule=args.schedule, permute_labels=args.permute_labels,
                          twin_of=args.twin_of, fit_accuracy=_fit_accuracy(args.fit_accuracy, args.permute_labels),
                          model=args.model, num_classes=args.num_classes, preprocess=args.preprocess,
-                         loader_workers=args.loader_workers)
-    train(config, out=args.out, resume=args.resume, progress=not args.quiet, force=args.force,
-          save_every=args.save_every)
+                         loader_workers=args.loader_workers, device=args.device,
+                         mixed_precision=args.mixed_precision)
+    with sharded(args.device):
+        train(config, out=args.out, resume=args.resume, progress=not args.quiet, force=args.force,
+              save_every=args.save_every)
     return 0
 
 
@@ -300,6 +305,15 @@ def _train_parser(sub: Any) -> None:
                    help="also save the resume state every STEPS optimizer steps within an epoch (default: after each "
                    "epoch only); --resume then continues from the last saved step, with the weights of an "
                    "uninterrupted run")
+    t.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="train in N processes on this machine with DistributedDataParallel (gloo): each global batch "
+                   "of --batch-size images is shared out over the ranks, rank 0 writes; the same weights as one "
+                   "process to float rounding (without BatchNorm or dropout). On a cluster: torchrun --nnodes ... "
+                   "-m audit train ...")
+    t.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train (default cpu); with "
+                   "--workers or torchrun on cuda, each rank on its LOCAL_RANK's GPU, NCCL between them")
+    t.add_argument("--mixed-precision", action="store_true", help="forward passes under autocast (bfloat16 on the cpu, "
+                   "float16 with a gradient scaler on a GPU); the weights and the optimizer stay float32")
     t.add_argument("--force", action="store_true", help="overwrite an existing checkpoint at --out")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     t.set_defaults(func=_train)

@@ -99,9 +99,10 @@ def accuracy(model: nn.Module, split: Split, batch_size: int = 250) -> float:
     model.eval()
     correct = 0
     batches = index_batches(torch.arange(len(split)), batch_size)
+    device = next(model.parameters(), torch.empty(0)).device
     with torch.no_grad():
         for idx, x in zip(batches, split.images(batches)):
-            correct += int((logits_of(model(x)).argmax(1).numpy() == split.y[idx.numpy()]).sum())
+            correct += int((logits_of(model(x.to(device))).argmax(1).cpu().numpy() == split.y[idx.numpy()]).sum())
     model.train(was_training)
     return correct / max(len(split), 1)
 

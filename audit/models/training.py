@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
@@ -115,6 +116,7 @@ register_optimizer("bort-adamw", OptimizerSpec(_bort_factory("adamw"), lr=1e-3, 
 
 
 SCHEDULES = ("constant", "cosine")
+DEVICES = ("cpu", "cuda")
 
 
 @dataclass
@@ -189,6 +191,11 @@ class TrainConfig:
         ``imagenet`` or a table), as an audit of the folder reads them.
     loader_workers : int, default 0
         Processes that read an image folder's batches (0: the training process); the weights do not depend on it.
+    device : str, default "cpu"
+        ``cpu`` or ``cuda`` (each rank of a process group on its ``LOCAL_RANK``'s GPU, NCCL between them).
+    mixed_precision : bool, default False
+        Forward passes under autocast: bfloat16 on the CPU, float16 on a GPU with a gradient scaler; the weights
+        and the optimizer stay float32.
     """
 
     arch: str = "cnn"
@@ -215,6 +222,8 @@ class TrainConfig:
     num_classes: int | None = None
     preprocess: str | dict = "none"
     loader_workers: int = 0
+    device: str = "cpu"
+    mixed_precision: bool = False
 
     def resolved(self) -> TrainConfig:
         """A copy with the optimizer defaults filled in, after validating every field."""
@@ -232,10 +241,14 @@ class TrainConfig:
                   ("fit_accuracy", out.fit_accuracy is None or 0 < out.fit_accuracy <= 1),
                   ("num_classes", out.num_classes is None or out.num_classes >= 1),
                   ("loader_workers", out.loader_workers >= 0),
+                  ("device", out.device in DEVICES),
                   ("schedule", out.schedule in SCHEDULES)]
         for name, ok in checks:
             if not ok:
                 raise ConfigError(f"invalid {name}={getattr(out, name)!r} in the training configuration")
+        if out.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); "
+                              "train on the cpu, or install a CUDA build of torch where there is a GPU")
         return out
 
 
@@ -266,10 +279,24 @@ def _resume_path(out: str | os.PathLike | None) -> Path | None:
     return None if out is None else Path(out).with_suffix(".resume.pt")
 
 
+def ranks() -> tuple[int, int]:
+    """(rank, world size) of the torch.distributed process group this process is in; (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: bool = False,
           progress: bool = True, log: Callable[[str], None] = print, force: bool = False,
           save_every: int | None = None) -> tuple[nn.Module, dict]:
-    """Train a zoo model and (with ``out``) save it as a checkpoint.
+    """Train a model and (with ``out``) save it as a checkpoint.
+
+    In a torch.distributed process group (``train --workers N`` or ``torchrun``), the ranks train one model with
+    DistributedDataParallel: each global batch of ``batch_size`` images is shared out as DistributedSampler shares
+    an epoch (rank r takes every world-th image from the r-th), each rank's loss is scaled so that the averaged
+    gradient is that of the whole batch's mean loss, and rank 0 alone logs, saves the resume state and writes the
+    checkpoint (atomically). The weights are those of one process with the same batches, to float rounding, for
+    a model without BatchNorm or dropout (their statistics and masks are drawn per rank).
 
     Parameters
     ----------
@@ -292,6 +319,12 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
     metadata : dict, as written to the ``.json`` file
     """
     cfg = config.resolved()
+    rank, world = ranks()
+    if rank != 0:  # rank 0 speaks and writes for all
+        log, progress = (lambda s: None), False
+    if world > 1 and cfg.dbort:
+        raise ConfigError("DBort's loss (a power of the batch's mean squared logit) does not split over ranks: train "
+                          "it in one process")
     if out is not None and not force and (Path(out).with_suffix(".pt").exists() or Path(out).with_suffix(".json").exists()):
         raise ConfigError(f"{Path(out).with_suffix('.pt')} exists; pass force=True (--force) to overwrite it, or "
                           "choose another path")
@@ -307,7 +340,7 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
         run.restore(state_file, log)
 
     def save() -> None:
-        if state_file is not None:
+        if state_file is not None and rank == 0:
             atomic_write(state_file, lambda f: torch.save(run.state(), f))
 
     done = run.step == 0 and run.fits(data)  # a resumed run whose last epoch already fitted trains no further
@@ -335,8 +368,10 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
         + (" (permuted labels)" if cfg.permute_labels is not None else ""))
     meta = _metadata(cfg, data, run.history, accuracy=tested, fitted=fitted, seconds=time.perf_counter() - start,
                      stopped=stopped)
+    built = getattr(run.model, "metadata", None)  # a library model's: its library and version
+    meta |= {k: built[k] for k in ("library", "library_version") if isinstance(built, dict) and k in built}
     model.metadata = meta  # type: ignore[assignment]  # a plain attribute; torch types Module attributes as Tensor | Module
-    if out is not None:
+    if out is not None and rank == 0:
         path = save_checkpoint(model, meta, out)
         if state_file is not None and state_file.exists():
             state_file.unlink()
@@ -413,6 +448,11 @@ def _classes(cfg: TrainConfig, found: int) -> int:
     return found
 
 
+def _device(cfg: TrainConfig) -> torch.device:
+    """Where the run trains: the CPU, or this rank's GPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
+
+
 def _check_outputs(model: nn.Module, data: _Data, name: str) -> None:
     """Refuse a model whose outputs are not one logit per class of the data (a factory's head of another size), on
     the first training image, in eval mode (no statistic or RNG state changes)."""
@@ -420,7 +460,8 @@ def _check_outputs(model: nn.Module, data: _Data, name: str) -> None:
     model.eval()
     try:
         with torch.no_grad():
-            shape = tuple(logits_of(model(next(iter(data.train.images(first))))).shape)
+            x = next(iter(data.train.images(first))).to(next(model.parameters()).device)
+            shape = tuple(logits_of(model(x)).shape)
     finally:
         model.train()
     if shape != (1, data.num_classes):
@@ -440,6 +481,8 @@ class _TrainingRun:
     shuffle: torch.Generator
     data: Split
     history: list[dict]
+    forward: nn.Module  # the model, or its DistributedDataParallel wrapper in a process group
+    scaler: torch.amp.GradScaler = field(default_factory=lambda: torch.amp.GradScaler("cpu", enabled=False))
     epoch: int = 0
     step: int = 0  # optimizer steps done in the current epoch (0 between epochs)
     epoch_shuffle: torch.Tensor | None = None  # the shuffle generator's state before the current epoch's order
@@ -451,14 +494,21 @@ class _TrainingRun:
         shape = data.train.shape
         model = (fresh_model(cfg.model, shape, data.num_classes) if cfg.model is not None
                  else build(cfg.arch, shape, data.num_classes, **cfg.arch_options))
-        _check_outputs(model, data, cfg.model or cfg.arch)
         if cfg.twin_of is not None:
             twin_architecture(model, cfg.twin_of, data.num_classes)
+        model.to(_device(cfg))
+        _check_outputs(model, data, cfg.model or cfg.arch)
         optimizer = OPTIMIZERS[cfg.optimizer].factory(model, cfg)
         shuffle = torch.Generator().manual_seed(cfg.seed)
         factor = (lambda e: 0.5 * (1 + np.cos(np.pi * e / cfg.epochs))) if cfg.schedule == "cosine" else (lambda e: 1.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return cls(cfg, model, optimizer, scheduler, shuffle, data.train, [])
+        # every rank's model starts from the same seeded weights (DDP broadcasts rank 0's all the same)
+        cuda = cfg.device == "cuda"
+        forward = (nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if cuda else None)
+                   if ranks()[1] > 1 else model)
+        # float16 gradients underflow without a scale; bfloat16 keeps float32's range and needs none
+        scaler = torch.amp.GradScaler("cuda", enabled=cuda and cfg.mixed_precision)
+        return cls(cfg, model, optimizer, scheduler, shuffle, data.train, [], forward, scaler)
 
     def fits(self, data: _Data) -> bool:
         """Whether the model reached ``fit_accuracy`` on its training labels after the last epoch: the epoch's
@@ -482,6 +532,8 @@ class _TrainingRun:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         self.shuffle.set_state(state["shuffle"])
         torch.set_rng_state(state["torch_rng"])
         self.history, self.epoch = state["history"], state["epoch"]
@@ -495,6 +547,7 @@ class _TrainingRun:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "shuffle": self.shuffle.get_state(),
                 "torch_rng": torch.get_rng_state(), "history": self.history, "epoch": self.epoch,
+                "scaler": self.scaler.state_dict(),
                 "step": self.step, "epoch_shuffle": self.epoch_shuffle, "partial": list(self.partial),
                 "config": asdict(self.cfg)}
 
@@ -512,18 +565,35 @@ class _TrainingRun:
             perm = torch.randperm(len(data), generator=torch.Generator().set_state(self.epoch_shuffle))
         total_loss, correct, before = self.partial
         batches = index_batches(perm[self.step * cfg.batch_size:], cfg.batch_size)
-        for idx, xb in tqdm(zip(batches, data.images(batches)), total=len(batches),
-                            desc=f"epoch {self.epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
-            yb = torch.from_numpy(data.y[idx.numpy()])
-            logits = logits_of(model(xb))
-            loss = F.cross_entropy(logits, yb)
-            if cfg.dbort:
-                loss = loss + dbort_loss(logits)
+        rank, world = ranks()
+        mine = [idx[rank::world] for idx in batches]  # this rank's share of each global batch
+        for idx, local, xb in tqdm(zip(batches, mine, data.images(mine)), total=len(batches),
+                                   desc=f"epoch {self.epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
+            device = _device(cfg)
+            xb, yb = xb.to(device), torch.from_numpy(data.y[local.numpy()]).to(device)
+            with torch.autocast(device.type, dtype=torch.float16 if device.type == "cuda" else torch.bfloat16,
+                                enabled=cfg.mixed_precision):
+                logits = logits_of(self.forward(xb))
+            logits = logits.float() if cfg.mixed_precision else logits  # the loss in float32
+            if world == 1:
+                loss = F.cross_entropy(logits, yb)
+                if cfg.dbort:
+                    loss = loss + dbort_loss(logits)
+                objective = loss
+            else:  # DDP averages the gradients over the ranks: scaled, they are the global batch's mean loss's
+                loss = F.cross_entropy(logits, yb, reduction="sum")
+                objective = loss * (world / len(idx))
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
-            total_loss += float(loss.detach()) * len(idx)
-            correct += int((logits.argmax(1) == yb).sum())
+            self.scaler.scale(objective).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            counts = (float(loss.detach()) * (len(idx) if world == 1 else 1.0), int((logits.argmax(1) == yb).sum()))
+            if world > 1:
+                summed = torch.tensor(counts, dtype=torch.float64, device=device)
+                dist.all_reduce(summed)
+                counts = (float(summed[0]), int(summed[1]))
+            total_loss += counts[0]
+            correct += counts[1]
             self.step += 1
             if save is not None and self.step % every == 0:
                 self.partial = (total_loss, correct, before + time.perf_counter() - t0)
@@ -565,4 +635,6 @@ def _metadata(cfg: TrainConfig, data: _Data, history: list[dict], *, accuracy: f
         "wall_time_s": round(seconds, 2),
         "torch_version": torch.__version__, "python_version": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
+        **({"device": cfg.device} if cfg.device != "cpu" else {}),
+        **({"mixed_precision": True} if cfg.mixed_precision else {}),
     }

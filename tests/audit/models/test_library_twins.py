@@ -50,6 +50,7 @@ def test_the_twins_of_a_library_model_are_trained_from_an_image_folder_and_audit
     assert main([*common, "--out", str(tmp_path / "mine.pt")]) == 0
     mine = load_checkpoint(str(tmp_path / "mine.pt"))
     assert mine.metadata["model"] == spec and mine.metadata["num_classes"] == CLASSES
+    assert mine.metadata["library"] == {"hf": "transformers"}.get(library, library) and mine.metadata["library_version"]
     assert type(mine) is type(load_library_model(spec, num_classes=CLASSES))
     for name, role in (("twin", ["--permute-labels", "1", "--fit-accuracy", "off"]), ("control", ["--control", "2"])):
         assert main([*common, *role, "--twin-of", str(tmp_path / "mine.pt"), "--subset-seed", "0",

@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -237,3 +238,38 @@ def test_kill_9_within_an_epoch_and_resume_give_the_weights_of_an_uninterrupted_
     assert [h["epoch"] for h in history] == [1, 2]
     whole = json.loads((tmp_path / "whole.json").read_text())["history"]
     assert [h["loss"] for h in history] == [h["loss"] for h in whole]
+
+
+def test_two_ranks_with_gloo_train_the_weights_of_one_process(tmp_path):
+    """``--workers 2``: DistributedDataParallel over gloo, each global batch of 32 shared out (the last, of 3 images,
+    as 2 and 1: the losses are weighted so that the averaged gradient is the whole batch's mean); the weights and the
+    history of one process, to float rounding; rank 0 alone writes. At lr 0.005: at 0.02 the two runs' rounding
+    (1e-7 after a step, the batch's loss summed in two halves) flips a ReLU or a max-pool's choice within eight steps
+    and the weights part by 1e-3, as two single-process runs with other thread counts can."""
+    args = ["train", "--arch", "cnn", "--data", "fashion-mnist-sample", "--epochs", "2", "--train-limit", "99",
+            "--batch-size", "32", "--lr", "0.005", "--seed", "5", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "one.pt")]) == 0
+    assert main([*args, "--workers", "2", "--out", str(tmp_path / "two.pt")]) == 0
+    one, two = (load_checkpoint(str(tmp_path / f"{n}.pt")).state_dict() for n in ("one", "two"))
+    assert one.keys() == two.keys()
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-5, atol=1e-6, msg=name)
+    alone, ranks = (json.loads((tmp_path / f"{n}.json").read_text())["history"] for n in ("one", "two"))
+    assert [h["train_accuracy"] for h in ranks] == [h["train_accuracy"] for h in alone]
+    np.testing.assert_allclose([h["loss"] for h in ranks], [h["loss"] for h in alone], rtol=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.json", "one.pt", "two.json", "two.pt"]
+    assert main([*args, "--workers", "0", "--out", str(tmp_path / "x.pt")]) == 2
+
+
+def test_mixed_precision_trains_under_bfloat16_autocast_on_the_cpu_and_cuda_is_refused_without_a_gpu(tmp_path):
+    base = TrainConfig(arch="cnn", epochs=1, seed=0, data="fashion-mnist-sample", train_limit=64, batch_size=16)
+    full, meta = _quiet(base)
+    mixed, mixed_meta = _quiet(TrainConfig(**{**base.__dict__, "mixed_precision": True}))
+    assert mixed_meta["mixed_precision"] and "mixed_precision" not in meta
+    assert all(p.dtype == torch.float32 for p in mixed.parameters())
+    # bfloat16 forwards: other weights, near the float32 run's (8 bits of mantissa over 4 steps)
+    changed = [float((a - b).abs().max()) for a, b in zip(mixed.state_dict().values(), full.state_dict().values())]
+    assert 0 < max(changed) < 0.05
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="--device cuda: torch sees no CUDA device here"):
+            _quiet(TrainConfig(**{**base.__dict__, "device": "cuda"}))

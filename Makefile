@@ -104,7 +104,7 @@ notebooks: $(STAMP) $(LIBSTAMP)
 bench: $(STAMP) $(LIBSTAMP)
 	$(PY) $(PIP) -q -c constraints.txt -e '.[bench]' || $(NOSPACE)
 	$(PY) -m benchmarks --out docs/benchmarks
-	PYTHONPATH=. $(LIBS)/bin/python -m benchmarks --out docs/benchmarks library_costs transformer_lrp
+	PYTHONPATH=. $(LIBS)/bin/python -m benchmarks --out docs/benchmarks library_costs transformer_lrp twins_library
 
 # The collapse atlas in full: every timm architecture module's smallest model and every chain method (hours on
 # 2 cores); writes atlas/atlas.csv and atlas/atlas.png, and the copies the documentation shows, with their date,

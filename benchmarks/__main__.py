@@ -21,7 +21,7 @@ import torch
 from audit.atomic import atomic_write_bytes
 
 DEFAULT = ("engine", "audit_speed", "architectures", "distributed", "power", "twins")
-LIBRARIES = ("library_costs", "transformer_lrp")  # need timm, torchvision and LXT: run in .venv-libraries
+LIBRARIES = ("library_costs", "transformer_lrp", "twins_library")  # need timm, torchvision and LXT: run in .venv-libraries
 
 
 def _commit() -> str:

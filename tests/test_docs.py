@@ -63,11 +63,11 @@ def test_the_atlas_page_shows_the_published_figure_table_and_provenance(site):
 
 
 def test_the_speed_page_shows_every_table_make_bench_writes_with_its_provenance(site):
-    """Every table make bench writes is committed and included by a page: the speed page, or the verdicts page for
-    the checks' power."""
+    """Every table make bench writes is committed and included by a page: the speed page, the verdicts page for
+    the checks' power, the twins page for what a twin costs."""
     from benchmarks.__main__ import DEFAULT, LIBRARIES
 
-    pages = {"power": "verdicts"}
+    pages = {"power": "verdicts", "twins": "twins", "twins_library": "twins"}
     for name in (*DEFAULT, *LIBRARIES):
         where = pages.get(name, "speed")
         page = " ".join(re.sub(r"<[^>]+>", " ", (site / f"{where}.html").read_text()).split())

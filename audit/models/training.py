@@ -457,11 +457,16 @@ def _check_outputs(model: nn.Module, data: _Data, name: str) -> None:
     """Refuse a model whose outputs are not one logit per class of the data (a factory's head of another size), on
     the first training image, in eval mode (no statistic or RNG state changes)."""
     first = index_batches(torch.arange(1), 1)
+    x = next(iter(data.train.images(first))).to(next(model.parameters()).device)
     model.eval()
     try:
         with torch.no_grad():
-            x = next(iter(data.train.images(first))).to(next(model.parameters()).device)
             shape = tuple(logits_of(model(x)).shape)
+    except (RuntimeError, ValueError, TypeError) as exc:  # the library's own error for an input it does not take
+        line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{name} does not take the data's images, of shape {list(x.shape[1:])} ({line}); give the "
+                          "model the data's channels and size (e.g. RGB image files for a 3-channel model, "
+                          "--preprocess to resize them)") from None
     finally:
         model.train()
     if shape != (1, data.num_classes):

@@ -90,6 +90,10 @@ def test_train_takes_any_model_spec_and_its_checkpoint_loads_as_that_model(tmp_p
     with pytest.raises(ConfigError, match=r"mymodels:small gives outputs of shape \[1, 5\] for one image, the data "
                                           "have 10 classes"):
         train(TrainConfig(model="mymodels:small", epochs=1, **SAMPLE), progress=False, log=lambda s: None)
+    (tmp_path / "rgb.py").write_text("from torch import nn\n\ndef make():\n    return nn.Sequential(nn.Conv2d(3, 4, 3), "
+                                     "nn.Flatten(), nn.LazyLinear(10))\n")
+    with pytest.raises(ConfigError, match=r"rgb:make does not take the data's images, of shape \[1, 28, 28\]"):
+        train(TrainConfig(model="rgb:make", epochs=1, **SAMPLE), progress=False, log=lambda s: None)
     with pytest.raises(ConfigError, match=r"--num-classes 7, but the data have 10 classes"):
         train(TrainConfig(model="mymodels:make", num_classes=7, epochs=1, **SAMPLE), progress=False, log=lambda s: None)
     assert main(["train", "--model", "mymodels:make", "--arch", "vgg", "--out", str(tmp_path / "x.pt")]) == 2

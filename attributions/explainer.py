@@ -21,6 +21,7 @@ from attributions import fusion, liveness, memory
 from attributions.derived import Derived
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import Graph, trace
+from attributions.hygiene import leaves_process_alone
 from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS
 from attributions.linear_ops import OPS, DenseOp, pool
 from attributions.liveness import Lean
@@ -716,6 +717,7 @@ class Explainer(Attribution):
     # captum's NoiseTunnel calls ``attribute.__wrapped__``, which captum's own decorator provides:
     # without it NoiseTunnel(Explainer(...)) fails. Its usage logging is inert outside captum.
     @log_usage()  # type: ignore[untyped-decorator]  # captum's decorator is untyped
+    @leaves_process_alone
     def attribute(self, inputs: Any, target: Any = None, **kwargs: Any) -> torch.Tensor | tuple[torch.Tensor]:
         """Attribution maps for ``inputs`` (B, ...), shaped like the inputs.
 

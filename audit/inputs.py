@@ -92,6 +92,13 @@ def resolve_methods(methods: Methods) -> list[str]:
     return methods
 
 
+def check_count(name: str, value: int) -> int:
+    """``value`` when it is an integer >= 0, else an :class:`AuditError` naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise AuditError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
 def check_option(kind: str, value: str, valid: tuple[str, ...]) -> str:
     """``value`` when it is one of ``valid``, else a :class:`ConfigError` naming the valid ones."""
     if value not in valid:

@@ -31,6 +31,7 @@ from attributions import memory
 from attributions.errors import unknown_name
 from attributions.explainer import Explainer, ForwardPass, shared_forward
 from attributions.graph import Graph, Node, trace
+from attributions.hygiene import leaves_process_alone
 from attributions.kinds import ELEMENTWISE_KINDS, RECORDED_KINDS
 from attributions.methods import build_method
 from attributions.records import Move, Norm
@@ -240,6 +241,7 @@ def _vector_seed(seed: int, layer: str) -> int:
     return zlib.crc32(f"{seed}:{layer}".encode())
 
 
+@leaves_process_alone
 def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, methods: Methods = "all", *,
                       inject_at: str | list[str] | None = None, n_vectors: int = 5, seed: int = 0,
                       threshold: float = 0.99, spectrum_vectors: int = 8,

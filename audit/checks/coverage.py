@@ -15,15 +15,17 @@ import torch
 from torch import nn
 
 from attributions.graph import trace
+from attributions.hygiene import leaves_process_alone
 from audit.checks.base import Coverage
 from audit.checks.reinit import CONSTANT, KEPT, reinitialise_part
-from audit.checks.stage_options import StageOptions
+from audit.checks.stage_options import StageOptions, StageSettings
 from audit.checks.stages import randomization_plan, resolve_granularity
 from audit.models.copying import copy_model
 
 COLUMNS = ["stage", "name", "tensor", "elements", "share", "how", "changed"]
 
 
+@leaves_process_alone
 def coverage(model: nn.Module, x: torch.Tensor, order: str = "cascading", *, granularity: str = "auto", seed: int = 0,
              init: str = "reset", bn: str = "reset") -> pd.DataFrame:
     """What a randomization check re-initialises in ``model``, tensor by tensor; ``model`` is not modified.
@@ -41,6 +43,7 @@ def coverage(model: nn.Module, x: torch.Tensor, order: str = "cascading", *, gra
     randomized), the stage's ``name``, the ``tensor``'s name, its ``elements``, their ``share`` of all
     parameters, ``how`` it was drawn (:mod:`audit.checks.reinit`) and whether it ``changed``.
     """
+    StageSettings(order=order, bn=bn, init=init, granularity=granularity, seed=seed)  # the checks' own errors
     twin = copy_model(model)
     plan = randomization_plan(twin, trace(twin, x[:1].detach()), granularity)
     sizes = {n: p.numel() for n, p in twin.named_parameters()}

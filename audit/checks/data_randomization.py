@@ -21,6 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attributions.explainer import attribute_many
+from attributions.hygiene import leaves_process_alone
 from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.calibration import Calibrated
 from audit.checks.options import NO_SOURCE, Options, UnitContext, option
@@ -30,7 +31,7 @@ from audit.checks.replicates import replicates, seed_groups
 from audit.checks.stage_options import TARGETS, heatmap_scale, images_per_seed_option, measures_option
 from audit.data.preprocess import preprocess_from
 from audit.errors import AuditError
-from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, check_option, resolve_methods
+from audit.inputs import Images, Labels, Methods, Reduction, check_count, check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, follows, heatmaps, input_structure, signed_heatmaps
 from audit.measures.measure_sets import MeasureSet
 from audit.measures.similarity import correlation, undefined_where
@@ -51,6 +52,7 @@ COLUMNS = ["method", "image", "ssim", "spearman", "spearman_abs", "hog", "input_
            "control_spearman_abs", "untrained_spearman_abs", "untrained_replicate"]
 
 
+@leaves_process_alone
 def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, methods: Methods = "all", *, target: str = "true",
                        seed: int = 0, reduction: Reduction | None = None, progress: bool = True,
                        keep_maps: int = 0, measures: str | MeasureSet = "toolkit", control: nn.Module | None = None,
@@ -87,6 +89,7 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     and {method: (2, keep_maps, H, W)}, the model's and the twin's heatmaps.
     """
     check_option("target", target, TARGETS)
+    check_count("keep_maps", keep_maps)
     same_architecture(model, twin, "the model", "the twin")
     if control is not None:
         same_architecture(model, control, "the model", "the control twin")

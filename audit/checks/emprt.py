@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 from scipy import special
 
+from attributions.hygiene import leaves_process_alone
 from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import recorded_in
@@ -71,6 +72,7 @@ def histograms(rows: np.ndarray, n_bins: int) -> np.ndarray:
     return np.bincount((index + offsets).ravel(), minlength=n * n_bins).reshape(n, n_bins).astype(np.float64)
 
 
+@leaves_process_alone
 def efficient_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods = "all", *, n_bins: int = 100,
                    stages: StageSettings | None = None, reduction: Reduction | None = None, progress: bool = True,
                    curve: bool = True, **settings: Any) -> pd.DataFrame:

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from attributions.explainer import Explainer, attribute_many
 from attributions.graph import Graph, Node, trace
+from attributions.hygiene import leaves_process_alone
 from attributions.linear_ops import explicit_padding
 from attributions.methods import takes_baseline
 from audit.checks.base import Check, MedianScore, UnitResult
@@ -137,6 +138,7 @@ def _first_layer(model: nn.Module, graph: Graph) -> tuple[Node, str]:
 REFERENCES = ("zero", "shifted")
 
 
+@leaves_process_alone
 def input_invariance(model: nn.Module, x: Images, y: Labels, methods: Methods = "all", *,
                      shift: float | Sequence[float] = -1.0, seed: int = 0, reduction: Reduction | None = None,
                      progress: bool = True, reference: str = "zero") -> pd.DataFrame:

@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from attributions.explainer import attribute_many
+from attributions.hygiene import leaves_process_alone
 from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import prepare
@@ -35,6 +36,7 @@ def random_classes(y: torch.Tensor, num_classes: int, seed: int) -> torch.Tensor
     return (y + torch.from_numpy(offsets)) % num_classes
 
 
+@leaves_process_alone
 def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Methods = "all", *, seed: int = 0,
                       reduction: Reduction | None = None, progress: bool = True) -> pd.DataFrame:
     """Similarity of each method's maps for the true class and a random other class.

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from attributions import memory
 from attributions.explainer import Explainer, attribute_many
 from attributions.graph import Graph, trace
+from attributions.hygiene import leaves_process_alone
 from attributions.kinds import SIGNAL_KINDS
 from attributions.records import Const
 from audit import style
@@ -58,7 +59,7 @@ from audit.checks.stage_options import GRID_SCALES, ORDERS, StageOptions, StageS
 from audit.checks.stages import Stage, randomization_plan
 from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import AuditError
-from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, resolve_methods
+from audit.inputs import Images, Labels, Methods, Reduction, check_count, check_inputs, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, follows, heatmaps, input_structure, signed_heatmaps
 from audit.measures.measure_sets import MeasureSet
 from audit.measures.statistics import bootstrap_ci, summarize
@@ -105,6 +106,7 @@ def untrained_copy(model: nn.Module, x: torch.Tensor, seed: int, init: str = "re
     return copy
 
 
+@leaves_process_alone
 def parameter_randomization(model: nn.Module, x: Images, y: Labels, methods: Methods = "all", *,
                             stages: StageSettings | None = None, reduction: Reduction | None = None,
                             progress: bool = True, measures: str | MeasureSet = "toolkit",
@@ -117,6 +119,7 @@ def parameter_randomization(model: nn.Module, x: Images, y: Labels, methods: Met
                                    reduction=reduction, progress=progress, measures=measures)[0]
 
 
+@leaves_process_alone
 def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Methods = "all", *,
                             stages: StageSettings | None = None, reduction: Reduction | None = None,
                             progress: bool = True, keep_maps: int = 0, measures: str | MeasureSet = "toolkit",
@@ -149,6 +152,7 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     """
     stages = stage_settings(stages, settings)
     x, y = check_inputs(model, x, y)
+    check_count("keep_maps", keep_maps)
     runs = per_seed(model, x, y, stages, "parameter_randomization",
                     lambda p: _one_seed(model, p.x, p.y, methods, p.stages, reduction, progress, keep_maps, measures))
     df = joined([(table, part) for (table, _), part in runs], COLUMNS)

@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from attributions.explainer import Explainer, attribute_many
+from attributions.hygiene import leaves_process_alone
 from audit.checks.base import Check, UnitResult
 from audit.checks.calibration import NearerThanUnrelated
 from audit.checks.coverage import paragraph as coverage_paragraph
@@ -50,6 +51,7 @@ def noisy_copies(x: torch.Tensor, n_samples: int, noise: float, seed: int) -> to
     return x[None] + eps
 
 
+@leaves_process_alone
 def smooth_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods = "all", *, n_samples: int = 50,
                 noise: float = 0.1, stages: StageSettings | None = None, reduction: Reduction | None = None,
                 progress: bool = True, **settings: Any) -> pd.DataFrame:

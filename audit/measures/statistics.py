@@ -13,6 +13,14 @@ METRICS = ("ssim", "spearman", "spearman_abs", "hog", "median", "score", "entrop
 ID_COLUMNS = ("model", "method", "stage", "layer", "inject_at", "depth")
 
 
+def check_interval(level: float, n_resamples: int) -> None:
+    """An :class:`AuditError` unless ``level`` is in (0, 1) and ``n_resamples`` a positive integer."""
+    if not 0 < level < 1:
+        raise AuditError(f"level must lie strictly between 0 and 1 (e.g. 0.99), got {level!r}")
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
+        raise AuditError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+
+
 def bootstrap_ci(values, level: float = 0.99, n_resamples: int = 10_000, seed: int = 0,
                  statistic: Callable = np.median, groups=None) -> tuple[float, float, float]:
     """Percentile bootstrap interval of ``statistic`` (default: the median) over ``values``.
@@ -46,6 +54,7 @@ def bootstrap_ci(values, level: float = 0.99, n_resamples: int = 10_000, seed: i
     low, high : float
         The percentile interval's bounds.
     """
+    check_interval(level, n_resamples)
     v = np.asarray(values, dtype=float).ravel()
     keep = ~np.isnan(v)
     if groups is not None:
@@ -165,6 +174,7 @@ def summarize(df: pd.DataFrame, level: float = 0.99, n_resamples: int = 10_000, 
     AuditError
         When the table has no key column or no metric column.
     """
+    check_interval(level, n_resamples)
     keys = [c for c in ID_COLUMNS if c in df.columns]
     metrics = [c for c in METRICS if c in df.columns]
     if not keys or not metrics:

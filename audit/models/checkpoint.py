@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from attributions.errors import unknown_name
+from attributions.hygiene import leaves_process_alone
 from audit.atomic import atomic_write, atomic_write_bytes
 from audit.errors import ModelError
 from audit.models.catalog import SHIPPED, available_checkpoints
@@ -41,11 +42,16 @@ def save_checkpoint(model: nn.Module, metadata: dict, path: str | os.PathLike) -
     Path
         The ``.pt`` file written.
     """
+    try:  # before anything is written: a pair with a .pt and no .json would not load
+        text = json.dumps(metadata, indent=2, sort_keys=True) + "\n"
+    except (TypeError, ValueError) as exc:
+        raise ModelError(f"the metadata of checkpoint {path} is not JSON-serialisable ({exc}); give a dict of "
+                         "strings, numbers, lists and dicts") from None
     pt = Path(path).with_suffix(".pt")
     pt.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     atomic_write(pt, lambda f: torch.save(state, f))
-    atomic_write_bytes(pt.with_suffix(".json"), (json.dumps(metadata, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write_bytes(pt.with_suffix(".json"), text.encode())
     return pt
 
 
@@ -74,6 +80,7 @@ def _resolve(name_or_path: str | os.PathLike) -> tuple[Path, Path]:
         return Path(pt), Path(meta)
 
 
+@leaves_process_alone
 def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
     """Load a shipped checkpoint by name, or one written by the trainer by path.
 
@@ -163,6 +170,7 @@ def finite_parameters(model: nn.Module, spec: str) -> nn.Module:
     return model
 
 
+@leaves_process_alone
 def resolve_model(spec: str, weights: str | None = None, num_classes: int | None = None,
                   partial: bool = False) -> nn.Module:
     """A shipped checkpoint name, a checkpoint path, a library's model (``timm:NAME``, ``torchvision:NAME``,

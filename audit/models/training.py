@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from attributions.capture import logits_of
 from attributions.errors import unknown_name
+from attributions.hygiene import leaves_process_alone
 from audit.atomic import atomic_write
 from audit.data.datasets import array_sha256, load_dataset
 from audit.data.preprocess import preprocess_from
@@ -286,6 +287,7 @@ def ranks() -> tuple[int, int]:
     return 0, 1
 
 
+@leaves_process_alone
 def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: bool = False,
           progress: bool = True, log: Callable[[str], None] = print, force: bool = False,
           save_every: int | None = None) -> tuple[nn.Module, dict]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from attributions.errors import unknown_name
 from audit.errors import ConfigError
 from audit.models.checkpoint import available_checkpoints, load_checkpoint, resolve_model
 from audit.models.libraries import is_library_spec
@@ -32,6 +33,8 @@ def twin_role(meta: dict) -> str:
 
 def shipped_twin(spec: str, role: str = "permuted") -> str | None:
     """The shipped checkpoint trained as the ``role`` twin (:data:`ROLES`) of the shipped model ``spec``, if any."""
+    if role not in ROLES:
+        raise unknown_name("twin role", role, ROLES, ConfigError)
     return next((name for name, meta in available_checkpoints().items()
                  if meta.get("twin_of") == spec and twin_role(meta) == role), None)
 

@@ -1,44 +1,18 @@
-"""A library call leaves the caller's process as it found it: the global RNG, the environment, no thread.
+"""A library call leaves the caller's process as it found it.
 
-An audit re-seeds torch's global generator for each unit, torch.export sets TORCHINDUCTOR_CACHE_DIR in the
-environment, and every tqdm bar (disabled ones too) starts tqdm's monitor thread; :func:`untouched` undoes all
-three when the call returns, however it returns. :func:`fonts_released` closes the font files matplotlib opened
-for a report's figures (its font cache keeps each one open for the life of the process).
+:func:`untouched` (:mod:`attributions.hygiene`) restores torch's RNG, the environment, tqdm's monitor thread and
+torch's settings after an audit. :func:`fonts_released` closes the font files matplotlib opened for a report's
+figures (its font cache keeps each one open for the life of the process).
 """
 from __future__ import annotations
 
 import contextlib
 import gc
-import os
 from collections.abc import Iterator
 
-import torch
-from tqdm import tqdm
-from tqdm.auto import tqdm as auto_tqdm
+from attributions.hygiene import untouched
 
-BARS = (tqdm, auto_tqdm)  # each class keeps its own monitor thread
-
-
-@contextlib.contextmanager
-def untouched() -> Iterator[None]:
-    """Run the body, then restore torch's global RNG state (CPU and every CUDA device), the environment variables,
-    and stop tqdm's monitor thread if the body started it and no bar is left."""
-    environ = dict(os.environ)
-    monitors = [bar.__dict__.get("monitor") for bar in BARS]
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    try:
-        with torch.random.fork_rng(devices=devices):
-            yield
-    finally:
-        for key in set(os.environ) - set(environ):
-            del os.environ[key]
-        os.environ.update({k: v for k, v in environ.items() if os.environ.get(k) != v})
-        for bar, monitor in zip(BARS, monitors):
-            started = bar.__dict__.get("monitor")
-            if monitor is None and started is not None and not getattr(bar, "_instances", None):
-                started.exit()
-                bar.monitor = None
-
+__all__ = ["fonts_released", "untouched"]
 
 @contextlib.contextmanager
 def fonts_released() -> Iterator[None]:

@@ -31,7 +31,7 @@ from torch import nn
 
 from attributions import capture_cache
 from attributions.errors import AttributionError
-from attributions.hooks import refuse_changing_hooks
+from attributions.hooks import refuse_changing_hooks, warn_unresolved_hooks
 
 _WRAPPED = "model"  # the user's model inside the capture's wrapper: stripped from every name
 
@@ -298,6 +298,7 @@ def capture(model: nn.Module, example: torch.Tensor) -> Capture:
     if not isinstance(model, nn.Module):
         raise AttributionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     refuse_changing_hooks(model)
+    warn_unresolved_hooks(model)
     kept = capture_cache.lookup(model, example)
     if kept is not None:
         return Capture(model, kept[0], kept[1], example.shape)

@@ -14,6 +14,11 @@ class ToolkitError(ValueError):
     """Bad input to the toolkit: what was wrong, where, and what to do about it."""
 
 
+class ToolkitWarning(UserWarning):
+    """Something the toolkit did not refuse but a reader of its results must know: a weight cast on loading, a
+    hook whose code could not be read to the end. A run records each in its log, manifest and report."""
+
+
 class AttributionError(ToolkitError):
     """A model or request the attribution engine cannot handle: the node, its type, what to do."""
 

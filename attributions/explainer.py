@@ -28,6 +28,7 @@ from attributions.liveness import Lean
 from attributions.methods import Method, build_method
 from attributions.records import Const
 from attributions.rules import Context, Rule, resolve, stabilize
+from attributions.validation import named, nonfinite_tensors
 
 # (an earlier forward pass's values, the names of the nodes whose values may be taken from it)
 Reuse = tuple[dict[Any, Any], frozenset[str]]
@@ -794,6 +795,10 @@ class Explainer(Attribution):
 
     def _check_input(self, given: Any) -> torch.Tensor:
         x = check_input(given)
+        bad = nonfinite_tensors(self.model)
+        if bad:
+            raise AttributionError(f"the model has NaN or infinite values in {len(bad)} tensor(s) ({named(bad)}); "
+                                   "its maps would mean nothing: repair or retrain it")
         dtype = model_dtype(self.model)
         if dtype is not None and x.dtype != dtype:  # else torch's own "expected scalar type" error, deep inside
             raise AttributionError(f"inputs are {x.dtype} but the model computes in {dtype}; convert them with "

@@ -10,6 +10,7 @@ import torch
 from attributions.errors import AttributionError, unknown_name
 from attributions.explainer import check_input, model_dtype
 from attributions.methods import BUILDERS
+from attributions.validation import named, nonfinite_tensors
 from audit.errors import AuditError, ConfigError
 
 # what the checks take: images and labels as tensors or arrays, methods as names
@@ -49,19 +50,10 @@ def check_inputs(model: torch.nn.Module, x: Images, y: Labels = None) -> tuple[t
 def check_finite_model(model: torch.nn.Module) -> None:
     """Every floating-point parameter and buffer finite: a model with NaN / inf weights would make
     every map NaN or meaningless, and a check would blame the method."""
-    tensors = [(name, t.detach()) for name, t in [*model.named_parameters(), *model.named_buffers()]
-               if t.is_floating_point()]
-    if not tensors:
-        return
-    # one sum per tensor and one test: NaN or inf makes a sum non-finite; a sum past the dtype's range (finite
-    # values) sends every tensor to the exact test below, which names the tensors at fault
-    device = tensors[0][1].device
-    if bool(torch.isfinite(torch.stack([t.sum().float().to(device) for _, t in tensors])).all()):
-        return
-    bad = [name for name, t in tensors if not bool(torch.isfinite(t).all())]
+    bad = nonfinite_tensors(model)
     if bad:
-        raise AuditError(f"the model has NaN or infinite values in {len(bad)} tensor(s): {', '.join(bad[:5])}"
-                         f"{', ...' if len(bad) > 5 else ''}; repair or retrain it before auditing")
+        raise AuditError(f"the model has NaN or infinite values in {len(bad)} tensor(s): {named(bad, 5)}; repair or "
+                         "retrain it before auditing")
 
 
 def check_logits(logits: torch.Tensor) -> None:

@@ -128,8 +128,10 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
                                 tables=[Table(comparison, "Bort vs baseline: paired Wilcoxon tests on each check's "
                                                           "per-image scores.", "bort")],
                                 figures=[fig] if fig else []))
-    sections.append(Section("Models", tables=[Table(tables["models"], "Models: accuracy and orthogonality error.",
-                                                    "models")]))
+    said = manifest.get("warnings", {})
+    sections.append(Section("Models", "Warnings, each also in the run's log and manifest: " + " ".join(
+        f"{spec}: {line}." for spec, lines in said.items() for line in lines) if said else "",
+        tables=[Table(tables["models"], "Models: accuracy and orthogonality error.", "models")]))
     config_text = json.dumps({k: manifest[k] for k in ("config", "seeds", "versions") if k in manifest}, indent=2)
     sections.append(Section("Configuration and versions", code=config_text))
     return sections

@@ -43,6 +43,7 @@ from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, check_inputs, resolve_methods
 from audit.measures.statistics import cluster_median_ci
 from audit.panels import family_panels, method_legend
+from audit.progress import bars
 from audit.sections import Figure, ReportContext, Section
 
 COLUMNS = ["method", "inject_at", "is_logits", "layer", "depth", "kind", "channels", "median", "median_low",
@@ -344,7 +345,7 @@ def _pooled_signals(explainers: dict[str, Explainer], graph: Graph, x: torch.Ten
     chunk, groups = plan
     pooled: dict[tuple[str, str, str], list[Any]] = {}
     jobs = [(m, t) for m in explainers for t in vectors]
-    for start, stop in tqdm(memory.spans(len(x), chunk), desc="CSC", disable=not progress or chunk == len(x),
+    for start, stop in tqdm(memory.spans(len(x), chunk), desc="CSC", disable=not bars(progress) or chunk == len(x),
                             leave=False):
         xs = x[start:stop]
         with model_errors():
@@ -352,7 +353,7 @@ def _pooled_signals(explainers: dict[str, Explainer], graph: Graph, x: torch.Ten
         assert envs is not None  # every explainer left is a graph method
         env, ref = envs
         axes = channel_axes(graph, env)
-        for method, target in tqdm(jobs, desc="CSC", disable=not progress or chunk < len(x), leave=False):
+        for method, target in tqdm(jobs, desc="CSC", disable=not bars(progress) or chunk < len(x), leave=False):
             ex = explainers[method]
             node = _split_token(target)[0]
             own_ref = ref if ex.method.signal == "multiplier" else None

@@ -20,6 +20,7 @@ from audit.checks.base import Coverage
 from audit.checks.reinit import CONSTANT, KEPT, reinitialise_part
 from audit.checks.stage_options import StageOptions, StageSettings
 from audit.checks.stages import randomization_plan, resolve_granularity
+from audit.inputs import check_inputs
 from audit.models.copying import copy_model
 
 COLUMNS = ["stage", "name", "tensor", "elements", "share", "how", "changed"]
@@ -44,6 +45,7 @@ def coverage(model: nn.Module, x: torch.Tensor, order: str = "cascading", *, gra
     parameters, ``how`` it was drawn (:mod:`audit.checks.reinit`) and whether it ``changed``.
     """
     StageSettings(order=order, bn=bn, init=init, granularity=granularity, seed=seed)  # the checks' own errors
+    x, _ = check_inputs(model, x)
     twin = copy_model(model)
     plan = randomization_plan(twin, trace(twin, x[:1].detach()), granularity)
     sizes = {n: p.numel() for n, p in twin.named_parameters()}

@@ -37,6 +37,7 @@ from audit.measures.measure_sets import MeasureSet
 from audit.measures.similarity import correlation, undefined_where
 from audit.models.twins import same_architecture
 from audit.panels import floor_of, score_boxes
+from audit.progress import bars
 from audit.sections import Figure, ReportContext, Section, Table
 
 # Adebayo et al. (2018, section 5, the rank-correlation figure) compared the maps of the MNIST / Fashion-MNIST
@@ -100,7 +101,7 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     maps: dict[str, list[torch.Tensor]] = {m: [] for m in names}
     signed: dict[str, list[torch.Tensor]] = {m: [] for m in names}
     nets = [model, twin] + ([control] if control is not None else [])
-    for k, net in enumerate(tqdm(nets, desc="data randomization", disable=not progress, leave=False)):
+    for k, net in enumerate(tqdm(nets, desc="data randomization", disable=not bars(progress), leave=False)):
         for m, (v, s) in _explained(net, x, y, names, seed + k, target, reduction).items():
             maps[m].append(v)
             if s is not None:

@@ -38,6 +38,7 @@ from audit.measures.heatmaps import heatmaps
 from audit.measures.similarity import WINDOW, normalize_map, screen, ssim
 from audit.models.copying import copy_model
 from audit.panels import family_panels, method_boxes, threshold_line
+from audit.progress import bars
 from audit.sections import Figure, ReportContext, Section
 
 COLUMNS = ["method", "image", "relative_l2", "ssim"]
@@ -179,7 +180,7 @@ def input_invariance(model: nn.Module, x: Images, y: Labels, methods: Methods = 
             raw = attribute_many(explainers, inputs, [y], envs)
         maps.append(heatmaps({m: v[0] for m, v in raw.items()}, reduction))
     rows = []
-    for m in tqdm(names, desc="input invariance", disable=not progress, leave=False):
+    for m in tqdm(names, desc="input invariance", disable=not bars(progress), leave=False):
         (bad, h), (bad2, h2) = screen(maps[0][m]), screen(maps[1][m])
         bad = bad | bad2  # constant or non-finite maps: undefined scores
         norm = h.reshape(len(h), -1).norm(dim=1)

@@ -23,6 +23,7 @@ from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, resol
 from audit.measures.heatmaps import ComparableMaps, follows, heatmaps, input_structure, signed_heatmaps
 from audit.measures.similarity import WINDOW, correlation, sign_flip_allowed, ssim, undefined_where
 from audit.panels import floor_of, score_boxes
+from audit.progress import bars
 from audit.sections import Figure, ReportContext, Section
 
 COLUMNS = ["method", "image", "true_class", "random_class", "ssim", "spearman", "spearman_abs", "input_spearman_abs",
@@ -67,7 +68,7 @@ def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Met
     r = random_classes(y, logits.shape[1], seed)
     n, parts = len(x), []
     structure = input_structure(x)
-    for m in tqdm(names, desc="random-logit", disable=not progress, leave=False):
+    for m in tqdm(names, desc="random-logit", disable=not bars(progress), leave=False):
         both = attribute_many({m: explainers[m]}, x, [y, r], envs)[m]  # one batched backward for both classes
         # the two sets of maps prepared in one batch: one sort per map gives its ranks and its normalisation
         flat = {m: both.reshape(2 * n, *both.shape[2:])}

@@ -65,6 +65,7 @@ from audit.measures.measure_sets import MeasureSet
 from audit.measures.statistics import bootstrap_ci, summarize
 from audit.models.copying import copy_model
 from audit.panels import family_panels, floor_line, floor_of, method_legend, threshold_line
+from audit.progress import bars
 from audit.sections import Figure, ReportContext, Section
 
 __all__ = ["BN_POLICIES", "INITS", "ORDERS", "StageSettings", "parameter_randomization", "randomization_stages",
@@ -252,7 +253,7 @@ def stage_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, method
     changed: set[str] = set()  # the parts re-initialised so far
     drawn: set[str] = set()  # the tensors re-initialised so far
     for stage, layer, stage_model in tqdm(models, total=1 + len(plan), desc=f"{name} ({order})",
-                                          disable=not progress, leave=False):
+                                          disable=not bars(progress), leave=False):
         if stage:
             step = plan[-stage] if order != "bottom-up" else plan[stage - 1]
             fresh = set(step.tensors).difference(kept)

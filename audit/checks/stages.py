@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from attributions.graph import Graph
-from audit.inputs import check_option
+from audit.inputs import check_finite_model, check_option
 
 GRANULARITIES = ("auto", "layer", "block")
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -205,6 +205,7 @@ def randomization_plan(model: nn.Module, graph: Graph, granularity: str = "auto"
     ConfigError
         For an unknown ``granularity``.
     """
+    check_finite_model(model)  # what an audit of it would refuse, refused here too
     granularity = resolve_granularity(model, granularity)
     found = blocks(model) if granularity == "block" else []
 

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from audit.atomic import atomic_write
 from audit.errors import DataError
+from audit.progress import bars
 
 CHUNK = 1 << 16
 
@@ -40,7 +41,7 @@ def fetch(url: str, dest: Path, sha256: str, progress: bool = True, timeout: flo
             request = urllib.request.Request(url, headers={"User-Agent": "attribution-audit"})
             with urllib.request.urlopen(request, timeout=timeout) as resp:
                 total = int(resp.headers.get("Content-Length") or 0) or None
-                with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name, disable=not progress) as bar:
+                with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name, disable=not bars(progress)) as bar:
                     for block in iter(lambda: resp.read(CHUNK), b""):
                         out.write(block)
                         h.update(block)

@@ -16,10 +16,12 @@ from torch import nn
 
 from attributions.errors import unknown_name
 from attributions.hygiene import leaves_process_alone
+from attributions.validation import named, nonfinite_tensors
 from audit.atomic import atomic_write, atomic_write_bytes
 from audit.errors import ModelError
 from audit.models.catalog import SHIPPED, available_checkpoints
-from audit.models.libraries import is_library_spec, library_files, load_library_model, read_state, weights_file
+from audit.models.cautions import caution
+from audit.models.libraries import check_dtypes, is_library_spec, library_files, load_library_model, read_state, weights_file
 from audit.models.zoo import build
 
 
@@ -84,7 +86,15 @@ def _resolve(name_or_path: str | os.PathLike) -> tuple[Path, Path]:
 def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
     """Load a shipped checkpoint by name, or one written by the trainer by path.
 
-    Returns the model in eval mode, with the metadata dict attached as ``model.metadata``.
+    Returns the model in eval mode, with the metadata dict attached as ``model.metadata``; a tensor stored in
+    lower precision than the model's is cast up, said as a :class:`~attributions.errors.ToolkitWarning` and kept
+    in ``model.metadata["warnings"]``.
+
+    Raises
+    ------
+    ModelError
+        When the checkpoint is missing, unreadable or does not fit its metadata, when a tensor is stored as an
+        integer where the model's is floating point, or when a weight is NaN or infinite.
     """
     pt, meta_path = _resolve(name_or_path)
     try:
@@ -116,6 +126,7 @@ def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
     if not isinstance(state, dict):
         raise ModelError(f"{pt}: holds a {type(state).__name__}, not a state_dict (a dict of parameter name -> tensor, "
                          "as torch.save(model.state_dict(), path) writes)")
+    notes = check_dtypes(model, {k: v.dtype for k, v in state.items() if isinstance(v, torch.Tensor)}, pt)
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
@@ -124,7 +135,9 @@ def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
                          f"{classes} classes): {' '.join(s.strip() for s in first[:4])}") from None
     model.eval()
     model.metadata = meta
-    return model
+    for note in notes:
+        caution(model, note)
+    return finite_parameters(model, str(name_or_path))
 
 
 def fresh_model(spec: str, in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
@@ -162,11 +175,10 @@ def model_files(spec: str, weights: str | None = None) -> list[Path]:
 def finite_parameters(model: nn.Module, spec: str) -> nn.Module:
     """``model``, or a :class:`ModelError` naming its parameters and buffers that hold NaN or infinite values
     (every map of such a model is meaningless, and the audit would report numbers all the same)."""
-    bad = [name for name, t in (*model.named_parameters(), *model.named_buffers())
-           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = nonfinite_tensors(model)
     if bad:
-        raise ModelError(f"{spec}: {len(bad)} tensors hold NaN or infinite values ({', '.join(bad[:3])}"
-                         f"{'...' if len(bad) > 3 else ''}); the weights are corrupt or the training diverged")
+        raise ModelError(f"{spec}: {len(bad)} tensors hold NaN or infinite values ({named(bad)}); the weights are "
+                         "corrupt or the training diverged")
     return model
 
 

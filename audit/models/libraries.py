@@ -27,6 +27,7 @@ from torch import nn
 from audit.data.datasets import file_sha256
 from audit.errors import ModelError
 from audit.host import available_bytes
+from audit.models.cautions import caution
 
 # prefix -> the module it imports (and whose version is recorded)
 LIBRARIES = {"timm": "timm", "torchvision": "torchvision", "hf": "transformers"}
@@ -76,29 +77,74 @@ def _names(keys: list[str]) -> str:
     return f"{keys[:3]}{'...' if len(keys) > 3 else ''} ({len(keys)})"
 
 
-def check_dtypes(model: nn.Module, state: dict[str, torch.Tensor], path: str | Path) -> list[str]:
-    """Refuse integer or boolean tensors where the model holds floating-point ones (a cast would make numbers up);
-    return a warning for each tensor of lower floating-point precision than the model's (cast up exactly)."""
+def check_dtypes(model: nn.Module, stored: dict[str, torch.dtype], path: str | Path, renamed: bool = False
+                 ) -> list[str]:
+    """Compare the dtypes a weight file stores (``stored``: tensor name -> dtype) with the model's: an integer or
+    boolean tensor where the model holds a floating-point one is refused (a cast would make numbers up); a tensor
+    of lower floating-point precision than the model's (cast up exactly, but rounded when it was stored) gives the
+    warning line returned. A name the model lacks is left to the loader, unless ``renamed``: a library that renames
+    a file's tensors as it loads them (transformers) has put it into one of the model's tensors, compared then
+    with the model's widest floating-point dtype, and an integer one with no integer tensor of that name in the
+    model is refused."""
     own = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    warnings_ = []
-    for name, tensor in state.items():
-        target = own.get(name)
+    widest = max((t for t in own.values() if t.is_floating_point()), key=lambda t: torch.finfo(t.dtype).bits,
+                 default=None)
+    lower = []
+    for name, dtype in stored.items():
+        target = own.get(name, widest if renamed else None)
         if target is None or not target.is_floating_point():
             continue
-        if not tensor.is_floating_point():
-            raise ModelError(f"{path}: tensor {name} is {str(tensor.dtype).removeprefix('torch.')}, the model's "
+        if not dtype.is_floating_point:
+            raise ModelError(f"{path}: tensor {name} is {str(dtype).removeprefix('torch.')}, the model's "
                              f"{str(target.dtype).removeprefix('torch.')}; save the weights as floating point")
-        if torch.finfo(tensor.dtype).bits < torch.finfo(target.dtype).bits:
-            warnings_.append(f"{name} stored as {str(tensor.dtype).removeprefix('torch.')}")
-    return [f"{path}: {len(warnings_)} tensors of lower precision than the model's, cast up: {', '.join(warnings_[:3])}"
-            + ("..." if len(warnings_) > 3 else "")] if warnings_ else []
+        if torch.finfo(dtype).bits < torch.finfo(target.dtype).bits:
+            lower.append(f"{name} stored as {str(dtype).removeprefix('torch.')}")
+    return [f"{path}: {len(lower)} tensors of lower precision than the model's {_model_dtype(own)}, cast up on "
+            f"loading: {', '.join(lower[:3])}{'...' if len(lower) > 3 else ''}"] if lower else []
+
+
+def _model_dtype(own: dict[str, torch.Tensor]) -> str:
+    kinds = sorted({str(t.dtype).removeprefix("torch.") for t in own.values() if t.is_floating_point()})
+    return " / ".join(kinds)
+
+
+# the dtypes of a safetensors header (the format's own names)
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool}
+
+
+def stored_dtypes(path: Path) -> dict[str, torch.dtype]:
+    """Tensor name -> dtype as ``path`` stores it, read without loading the tensors: a safetensors file's header,
+    or a torch.save file mapped into memory."""
+    try:
+        if path.suffix == ".safetensors":
+            with path.open("rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size))
+            return {k: SAFETENSORS_DTYPES[v["dtype"]] for k, v in header.items()
+                    if k != "__metadata__" and v.get("dtype") in SAFETENSORS_DTYPES}
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # several types for a corrupt or foreign file
+        raise ModelError(f"{path}: not a readable weight file ({type(exc).__name__}: {exc})") from None
+    return {k: v.dtype for k, v in state.items() if isinstance(v, torch.Tensor)} if isinstance(state, dict) else {}
+
+
+def under_model_names(model: nn.Module, stored: dict[str, torch.dtype]) -> dict[str, torch.dtype]:
+    """``stored`` under the names of ``model``'s tensors where a name can be matched: a Hugging Face file saved
+    from the base model lacks the task model's prefix (``base_model_prefix``), one saved from the task model has
+    it; other names (those the library renames as it loads them) are kept as the file has them."""
+    own = model.state_dict().keys()
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    return {next((c for c in (name, f"{prefix}.{name}", name.removeprefix(f"{prefix}.")) if c in own), name): dtype
+            for name, dtype in stored.items()}
 
 
 def _load(model: nn.Module, path: str | Path, spec: str, partial: bool) -> dict:
     """Load ``path`` into ``model``: every tensor must fit, unless ``partial`` allows missing, unexpected and
-    mismatched ones (returned, for the manifest, with the dtype warnings)."""
+    mismatched ones (returned, for the manifest, with the dtype warnings, under ``warnings``)."""
     state = read_state(path)
-    notes = check_dtypes(model, state, path)
+    notes = check_dtypes(model, {k: v.dtype for k, v in state.items()}, path)
     own = model.state_dict()
     mismatched = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
     if mismatched and not partial:
@@ -251,11 +297,17 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
     if weights:
         report = _load(model, weights, spec, partial)
         files = [Path(weights)]
+    elif files:  # the folder's files, loaded by the library, which casts them to the config's dtype unsaid
+        report["warnings"] = [line for f in files for line in check_dtypes(model, under_model_names(
+            model, stored_dtypes(f)), f, renamed=True)]
+    notes = report.pop("warnings", [])
     model.eval()
     model.metadata = {"arch": spec, "library": LIBRARIES[prefix], "library_version": library.__version__,
                       "weights": {str(f): file_sha256(f) for f in files} or "random initialisation"}
     if report and any(report.values()):
         model.metadata["partial_weights"] = report
+    for note in notes:
+        caution(model, note)
     return model
 
 
@@ -276,8 +328,7 @@ def _hugging_face(library: Any, name: str, spec: str, num_classes: int | None,
         str(folder), local_files_only=True, trust_remote_code=False, output_loading_info=True, **labels)
     files = sorted(f for pattern in HF_WEIGHTS for f in folder.glob(pattern))
     report = {"missing": list(info.get("missing_keys", [])), "unexpected": list(info.get("unexpected_keys", [])),
-              "mismatched": [str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys", [])],
-              "warnings": []}
+              "mismatched": [str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys", [])]}
     return model, files, report
 
 

@@ -38,6 +38,7 @@ from audit.models.checkpoint import fresh_model, save_checkpoint
 from audit.models.splits import ArraySplit, Split, StreamSplit, accuracy, index_batches
 from audit.models.twins import twin_architecture
 from audit.models.zoo import build
+from audit.progress import bars
 from bort import Bort, BortAdamW, dbort_loss, param_groups
 
 OptimizerFactory = Callable[[nn.Module, "TrainConfig"], torch.optim.Optimizer]
@@ -575,7 +576,7 @@ class _TrainingRun:
         rank, world = ranks()
         mine = [idx[rank::world] for idx in batches]  # this rank's share of each global batch
         for idx, local, xb in tqdm(zip(batches, mine, data.images(mine)), total=len(batches),
-                                   desc=f"epoch {self.epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
+                                   desc=f"epoch {self.epoch + 1}/{cfg.epochs}", disable=not bars(progress), leave=False):
             device = _device(cfg)
             xb, yb = xb.to(device), torch.from_numpy(data.y[local.numpy()]).to(device)
             with torch.autocast(device.type, dtype=torch.float16 if device.type == "cuda" else torch.bfloat16,

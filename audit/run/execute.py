@@ -24,6 +24,7 @@ from audit.checks.passes import given_params
 from audit.durations import duration
 from audit.errors import ModelError
 from audit.faults import kill_point
+from audit.progress import bars
 from audit.run.patterns import pattern_params
 from audit.run.plan import Run
 from audit.run.resources import Peak
@@ -72,7 +73,7 @@ def _execute_items(run: Run, items: list[WorkItem], progress: bool, stage: str =
     """Compute and write the ``items`` this process owns that are not written yet."""
     out, labels, shard = run.out, run.labels, run.shard
     desc = "audit" if shard.world == 1 else f"audit (rank {shard.rank} of {shard.world})"
-    bar = tqdm(items, desc=f"{desc}, {stage}" if stage else desc, disable=not progress, position=shard.rank)
+    bar = tqdm(items, desc=f"{desc}, {stage}" if stage else desc, disable=not bars(progress), position=shard.rank)
     # this process's work still to do, looked up once (a resumed run skips the rest)
     pending = [i for i, item in enumerate(items)
                if shard.mine(i) and not item.path(out, labels).exists() and not item.unit(out, labels).exists()]
@@ -85,7 +86,7 @@ def _execute_items(run: Run, items: list[WorkItem], progress: bool, stage: str =
         kill_point(len(run.timings), shard.rank)
         left = [(items[i].check.name, items[i].method) for i in pending if i > index]
         line = _line(run, item, table, left)
-        (bar.write if progress else run.log)(line)
+        (bar.write if bars(progress) else run.log)(line)
 
 
 def _compute(run: Run, item: WorkItem, peak: Peak, progress: bool) -> pd.DataFrame:

@@ -33,6 +33,11 @@ def model_sources(run: Run) -> dict:
     return {"model_sources": sources} if sources else {}
 
 
+def cautions(run: Run) -> dict:
+    """What a reader must know of the models (a weight cast on loading, a hook not read to the end), as logged."""
+    return {"warnings": run.warnings} if run.warnings else {}
+
+
 def coverage(run: Run) -> dict:
     """Each check's coverage rows (what its stages re-initialised in every model), written beside its results;
     {test: {model label: summary}}, with a line for every tensor left trained."""
@@ -160,7 +165,7 @@ def design(run: Run) -> dict:
                            "images": read}}
 
 
-CONTRIBUTORS: tuple[Contributor, ...] = (model_sources, coverage, twins, conventions, patterns, images, memory,
+CONTRIBUTORS: tuple[Contributor, ...] = (model_sources, cautions, coverage, twins, conventions, patterns, images, memory,
                                          precision, design, software, units)
 
 

@@ -26,6 +26,7 @@ from audit.data import balanced_sample
 from audit.data.datasets import sample_image_folder
 from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError, ModelError
+from audit.models.cautions import cautions
 from audit.models.checkpoint import resolve_model
 from audit.models.twins import ROLES, same_architecture, twin_spec
 from audit.run.config import AuditConfig
@@ -59,6 +60,8 @@ class Run:
     models, twins, controls, given : per model spec, the model and twins on the device and the parameters the run gave
         its methods (the pattern methods' patterns), as loaded by the units that needed them
     timings, peaks : per unit key, seconds and peak memory (MiB) of the units computed by this process
+    warnings : {model, twin or control twin (as the log names it): the lines a reader must know of it}
+        (:func:`audit.models.cautions.cautions`)
     """
 
     config: AuditConfig
@@ -88,6 +91,7 @@ class Run:
     given: dict[str, dict[str, dict]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     peaks: dict[str, float | None] = field(default_factory=dict)
+    warnings: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def half(self) -> torch.dtype:
@@ -106,9 +110,14 @@ def plan(config: AuditConfig, out: str | os.PathLike, *, resume: bool, shard: Sh
     loaded = {spec: load_model(spec, config) for spec in config.models}
     twin_specs, twin_models = _twins(config, loaded, "permuted")
     control_specs, control_models = _twins(config, loaded, "control")
-    for spec, model in [*loaded.items(), *((f"the twin of {s}", m) for s, m in twin_models.items()),
-                        *((f"the control twin of {s}", m) for s, m in control_models.items())]:
+    every = [*loaded.items(), *((f"the twin of {s}", m) for s, m in twin_models.items()),
+             *((f"the control twin of {s}", m) for s, m in control_models.items())]
+    for spec, model in every:
         _explainable(spec, model)
+    said = {spec: lines for spec, model in every if (lines := cautions(model))}
+    for spec, lines in said.items():  # flagged here, in the manifest and in the report's Models section
+        for line in lines:
+            log(f"warning: {spec}: {line}")
     for spec, twin in twin_models.items():  # flagged here, in the manifest and in the report's twins table
         meta = getattr(twin, "metadata", None) or {}
         if meta.get("fits") is False:
@@ -129,7 +138,7 @@ def plan(config: AuditConfig, out: str | os.PathLike, *, resume: bool, shard: Sh
     return Run(config, out, shard, log, labels, x.to(device), y, images, loaded, twin_specs, twin_models, patterns,
                prints, previous, device, budget, threads, work_items(units, n_images=len(x), block=config.image_block),
                {test: CHECKS[test].options_from(config.options, config.looks) for test in config.tests},
-               control_specs=control_specs, control_models=control_models)
+               control_specs=control_specs, control_models=control_models, warnings=said)
 
 
 @contextlib.contextmanager

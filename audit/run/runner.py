@@ -10,8 +10,10 @@ one. What a unit computes, and how it is summarised, is the check's (:mod:`audit
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 
+from attributions.errors import ToolkitWarning
 from audit.run.config import AuditConfig
 from audit.run.distributed import SINGLE, Shard
 from audit.run.execute import execute
@@ -44,6 +46,7 @@ def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resu
     (:func:`audit.run.hygiene.untouched`).
     """
     with untouched():
+        warnings.simplefilter("ignore", ToolkitWarning)  # the run says each itself: in its log, manifest and report
         run = plan(config, out, resume=resume, shard=shard, log=log)
         with opened(run):
             execute(run, progress=progress)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from attributions.errors import ToolkitWarning
 from audit.errors import ModelError
 from audit.models.checkpoint import model_files, resolve_model
 from audit.models.libraries import is_library_spec, load_library_model, read_state
@@ -258,8 +259,9 @@ def test_weights_of_another_dtype_or_that_leave_tensors_out(tmp_path):
     with pytest.raises(ModelError, match="tensor fc.weight is int32, the model's float32"):
         resolve_model("timm:resnet18", str(tmp_path / "int.safetensors"), num_classes=4)
     save_file({k: v.half() if v.is_floating_point() else v for k, v in state.items()}, str(tmp_path / "half.safetensors"))
-    model = resolve_model("timm:resnet18", str(tmp_path / "half.safetensors"), num_classes=4)
-    assert "lower precision than the model's, cast up" in model.metadata["partial_weights"]["warnings"][0]
+    with pytest.warns(ToolkitWarning, match="lower precision than the model's float32, cast up"):
+        model = resolve_model("timm:resnet18", str(tmp_path / "half.safetensors"), num_classes=4)
+    assert "lower precision than the model's float32, cast up" in model.metadata["warnings"][0]
     save_file({k: v for k, v in state.items() if k != "fc.bias"}, str(tmp_path / "part.safetensors"))
     with pytest.raises(ModelError, match=r"missing \['fc.bias'\].*--allow-partial-weights"):
         resolve_model("timm:resnet18", str(tmp_path / "part.safetensors"), num_classes=4)
@@ -267,6 +269,30 @@ def test_weights_of_another_dtype_or_that_leave_tensors_out(tmp_path):
     assert model.metadata["partial_weights"]["missing"] == ["fc.bias"]
     with pytest.raises(ModelError, match=r"fc.weight is \[4, 512\] in the file and \[7, 512\] in the model"):
         resolve_model("timm:resnet18", str(tmp_path / "part.safetensors"), num_classes=7)
+
+
+def test_a_hugging_face_folder_of_other_dtypes_is_refused_or_warned_of_though_the_library_casts(tmp_path):
+    """transformers casts a folder's tensors to the config's dtype as it loads them: the file's own dtypes are read
+    from its header, an integer tensor refused and a float16 one said (a ToolkitWarning and the model's warnings,
+    which a run logs, records and reports)."""
+    needs("transformers", "safetensors")
+    from safetensors.torch import load_file, save_file
+
+    _tiny_vit(tmp_path / "vit")
+    weights = next((tmp_path / "vit").glob("*.safetensors"))
+    state = load_file(str(weights))
+    name = next(k for k in state if k.endswith("attention.query.weight"))
+    bias = next(k for k in state if k.endswith("attention.query.bias"))
+    save_file({**state, name: state[name].half(), bias: state[bias].round().to(torch.int32)}, str(weights),
+              metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=f"tensor {bias} is int32, the model's float32"):
+        load_library_model(f"hf:{tmp_path / 'vit'}")
+    save_file({**state, name: state[name].half()}, str(weights), metadata={"format": "pt"})
+    with pytest.warns(ToolkitWarning, match=f"1 tensors of lower precision than the model's float32, cast up on "
+                                            f"loading: {name} stored as float16"):
+        model = load_library_model(f"hf:{tmp_path / 'vit'}")
+    assert model.metadata["warnings"] == [f"{weights}: 1 tensors of lower precision than the model's float32, cast up "
+                                          f"on loading: {name} stored as float16"]
 
 
 def test_a_hugging_face_folder_missing_weights_or_of_another_head_is_refused_unless_allowed(tmp_path):

@@ -1,0 +1,87 @@
+"""What a reader of an audit must know of its models is said: on loading (a ToolkitWarning and the model's
+warnings), then in the run's log, its manifest and its report's Models section."""
+import json
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+from attributions.errors import ToolkitWarning
+from audit.models import load_checkpoint
+from audit.models.cautions import cautions
+from audit.run.config import load_config
+from audit.run.runner import run_audit
+from reports.build import build_report
+
+RUN = dict(methods="gradient", tests="random-logit", n_images=4)
+
+
+def _half_checkpoint(path):
+    model = load_checkpoint("cnn-sgd")
+    state = model.state_dict()
+    state["classifier.2.weight"] = state["classifier.2.weight"].half()
+    torch.save(state, path)
+    path.with_suffix(".json").write_text(json.dumps(model.metadata))
+    return path
+
+
+def test_a_checkpoint_stored_in_lower_precision_is_said_at_each_step(tmp_path):
+    path = _half_checkpoint(tmp_path / "half.pt")
+    with pytest.warns(ToolkitWarning, match="1 tensors of lower precision than the model's float32, cast up on "
+                                            "loading: classifier.2.weight stored as float16"):
+        model = load_checkpoint(path)
+    (line,) = model.metadata["warnings"]
+    assert cautions(model) == [line]
+    logged = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ToolkitWarning)  # the run says it in its own log, not as a Python warning
+        result = run_audit(load_config(models=[str(path)], **RUN), tmp_path / "run", progress=False,
+                           log=logged.append)
+    assert f"warning: {path}: {line}" in logged
+    assert result.manifest["warnings"] == {str(path): [line]}
+    report = (build_report(tmp_path / "run").parent / "report.md").read_text()
+    assert f"{path}: {line}." in report
+
+
+def test_an_integer_tensor_where_the_model_computes_in_floating_point_is_refused(tmp_path):
+    from audit.errors import ModelError
+
+    model = load_checkpoint("cnn-sgd")
+    state = model.state_dict()
+    state["classifier.2.bias"] = state["classifier.2.bias"].round().to(torch.int32)
+    torch.save(state, tmp_path / "int.pt")
+    (tmp_path / "int.json").write_text(json.dumps(model.metadata))
+    with pytest.raises(ModelError, match="tensor classifier.2.bias is int32, the model's float32"):
+        load_checkpoint(tmp_path / "int.pt")
+
+
+def test_a_hook_whose_code_cannot_be_read_to_the_end_is_run_with_a_recorded_warning(tmp_path, monkeypatch):
+    """An observer that hands its output to a callback the reading cannot name: not refused (the maps are exact
+    for the model as its modules compute it), but said in the log, the manifest and the report."""
+    (tmp_path / "observed_factory.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        CALLBACKS = {}
+
+        def build():
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))
+
+            def observe(module, args, out):
+                callback = CALLBACKS.get("conv")
+                callback(out)
+
+            model[0].register_forward_hook(observe)
+            return model.eval()
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    logged = []
+    result = run_audit(load_config(models=["observed_factory:build"], **RUN), tmp_path / "run", progress=False,
+                       log=logged.append)
+    (line,) = result.manifest["warnings"]["observed_factory:build"]
+    assert line.startswith("0: forward hook build.<locals>.observe may write into its arguments")
+    assert "a callable the reading cannot resolve" in line and "without this hook" in line
+    assert f"warning: observed_factory:build: {line}" in logged
+    assert line in (build_report(tmp_path / "run").parent / "report.md").read_text()

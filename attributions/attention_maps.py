@@ -120,6 +120,7 @@ class AttentionFlow(_OnAttention):
             raise AttributionError(f"upsample must be one of {', '.join(UPSAMPLING)}, got {upsample!r}")
         super().__init__()
         self.weighting, self.accumulate, self.fusion = weighting, accumulate, fusion
+        self.passes = 2 if weighting == "relevance" else 1  # the gradient's signals and the LRP relevance's
         self.discard_ratio, self.upsample = discard_ratio, upsample
 
     def operators(self, ex: Any, x: torch.Tensor, targets: list[Any]) -> tuple[list[str], list[torch.Tensor], TokenLayout]:

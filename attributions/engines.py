@@ -36,13 +36,14 @@ class Engine:
     ``needs_graph``: whether the engine runs the model (controls do not). ``product``: whether the maps
     are a row of a product of non-negative per-block operators, which ``operators`` returns (attention
     rollout; CSC follows that product). ``chunked``: whether the
-    explainer hands it images in chunks that fit the memory budget (engines that chunk on their own
-    terms, as captum's methods do with their internal batches, say no).
+    explainer hands it images in chunks that fit the memory budget; ``passes``: how many sets of backward
+    signals, each as large as a forward pass's values, it holds at once per target (what a chunk is sized by).
     """
 
     chain = False
     needs_graph = True
     chunked = False
+    passes = 1
     product = False  # whether the maps are a row of a product of per-block operators (``operators``)
     times_input = False  # whether the maps are (x - baseline) times a model-dependent factor
     rectifies = False  # whether a ReLU or threshold acts on the backward signal (Guided Grad-CAM's guided factor)
@@ -88,9 +89,12 @@ CHAIN = RuleChain()
 
 class IntegratedGradientsEngine(Engine):
     """captum's IntegratedGradients from the method's baseline over the graph's forward (captum's default
-    Gauss-Legendre quadrature, ``n_steps`` points)."""
+    Gauss-Legendre quadrature, ``n_steps`` points). Under a memory budget the explainer hands it images in
+    chunks of which one pass fits, and captum's internal batch takes as many path points as fit (never fewer
+    than the images: captum refuses that)."""
 
     times_input = True  # (x - baseline) times the path-averaged gradient
+    chunked = True
 
     def __init__(self, n_steps: int = 50):
         self.n_steps = n_steps
@@ -113,6 +117,7 @@ class SmoothGradEngine(Engine):
     input range; every noisy copy is explained for the same target."""
 
     BASES = ("gradient", "integrated-gradients")
+    chunked = True  # images in chunks of which one pass fits; the noisy copies (and IG's steps) batched within
 
     def __init__(self, noise: float = 0.15, samples: int = 50, base: str = "gradient", n_steps: int = 50):
         if base not in self.BASES:
@@ -129,11 +134,14 @@ class SmoothGradEngine(Engine):
         else:
             tunnel = NoiseTunnel(IntegratedGradients(ex.forward))
             steps, extra = self.n_steps, {"n_steps": self.n_steps, "baselines": ex.baseline_like(x)}
-        # the noisy copies of the batch (and IG's steps of each) in chunks that fit the memory budget
-        per_sample = memory.fitting(self.samples, lambda: 2 * steps * len(x) * ex.bytes_per_image(x))
+        # the passes (noisy copies x IG's steps x images) in batches that fit the memory budget: whole noisy
+        # copies of the batch where they fit, else one copy at a time with IG's steps in internal batches, which
+        # captum keeps no smaller than the copy's images (one pass of the images fits: the explainer chunks them)
+        fit = memory.fitting(self.samples * steps * len(x), lambda: 2 * ex.bytes_per_image(x))
+        per_sample = max(1, min(self.samples, fit // (steps * len(x))))
         batch = None if per_sample >= self.samples else per_sample
         if steps > 1 and memory.budget() is not None:
-            extra["internal_batch_size"] = memory.fitting(steps * len(x), lambda: 2 * ex.bytes_per_image(x))
+            extra["internal_batch_size"] = max(per_sample * len(x), min(fit, per_sample * steps * len(x)))
         return torch.stack([tunnel.attribute(x, nt_type="smoothgrad", nt_samples=self.samples, stdevs=sigma,
                                              nt_samples_batch_size=batch, target=ex.targets(logits, t), **extra).detach()
                             for t in targets])

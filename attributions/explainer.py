@@ -7,6 +7,7 @@ pass over one forward pass. The user's model is only read: no hooks, no mode swi
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -87,6 +88,11 @@ class Explainer(Attribution):
         linear layers reading the input) or node / module names (names win; the user's entries win
         over the method's; see :meth:`_rule_table`); values are rule names from
         :func:`attributions.rules.available` or :class:`~attributions.rules.Rule` objects.
+    max_memory : int or str, optional
+        The memory its passes aim to hold (bytes, or a size such as ``"2GB"``, at least 64 MiB): images, noisy
+        copies, path points and backward vectors are split into passes that fit. None: the budget in force
+        (:func:`attributions.memory.limit`, as a run sets it), else :func:`attributions.memory.default_budget`,
+        half of the memory available.
     **params
         The method's parameters, e.g. ``epsilon=1e-6``.
 
@@ -100,10 +106,11 @@ class Explainer(Attribution):
     """
 
     def __init__(self, model: nn.Module, method: str, graph: Graph | None = None, rules: dict[Any, Any] | None = None,
-                 **params: Any) -> None:
+                 max_memory: int | str | None = None, **params: Any) -> None:
         if not isinstance(model, nn.Module):
             raise AttributionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
+        self.max_memory = memory.parse_size(max_memory) if max_memory is not None else None
         self.method: Method = build_method(method, **params)
         if rules and not self.method.chain:
             raise AttributionError(f"{self.method.name!r} is not a chain of rules; rules= applies to the graph "
@@ -123,6 +130,7 @@ class Explainer(Attribution):
             self._bind(graph)
         self._reference: Derived[dict[Any, Any]] = Derived()
         self._image_bytes: dict[tuple[Any, ...], int] = {}
+        self._siblings: dict[Any, Explainer] = {}
         Attribution.__init__(self, self.forward)
 
     def _bind(self, graph: Graph) -> None:
@@ -205,9 +213,20 @@ class Explainer(Attribution):
         -------
         Explainer
             On ``self.model``, sharing this explainer's traced graph (None before the first call: the
-            sibling then captures its own).
+            sibling then captures its own); the same one for the same method and parameters, so that the
+            chunks of a call under a memory budget do not each leave an explainer (and the passes it keeps)
+            for the garbage collector.
         """
-        return Explainer(self.model, method, graph=self.graph, **params)
+        key: Any = (method, tuple(sorted(params.items())))
+        try:
+            known = self._siblings.get(key)
+        except TypeError:  # a parameter that cannot be a key: a new sibling each time
+            known, key = None, None
+        if known is None or known.graph is not self.graph and self.graph is not None:
+            known = Explainer(self.model, method, graph=self.graph, max_memory=self.max_memory, **params)
+            if key is not None:
+                self._siblings[key] = known
+        return known
 
     def capture(self, x: torch.Tensor) -> Explainer:
         """Capture the model at inputs shaped like ``x`` now, before any map, so that :attr:`layers`,
@@ -529,7 +548,7 @@ class Explainer(Attribution):
         """Every node's signal (or only those named in ``keep``) for the signal ``make_signal(env)`` at
         ``start``. A forward pass made here (no ``envs``), or handed over as :class:`Releasable`, is
         released during the backward."""
-        if keep is not None and self.by_autograd and (envs is None and memory.budget() is None
+        if keep is not None and self.by_autograd and (envs is None and self._fits_whole(x)
                                                       or envs is not None and CONNECTED in envs[0]):
             return self._autograd_signals(x, start, make_signal, keep, envs)
         lean = None
@@ -660,10 +679,15 @@ class Explainer(Attribution):
         Tensor
             (K, B, ...) the maps, shaped like ``x`` for each target, in ``x``'s dtype.
         """
+        with self._budget():
+            return self._maps_for_targets(x, targets, envs, **kwargs)
+
+    def _maps_for_targets(self, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
         x = self._check_input(x) if envs is None else x  # else checked when its forward pass was made
         if not kwargs.pop("_prepared", False):  # a chunk's call: prepared for the whole batch
             self.method.engine.prepare(self, x)
-        n = self.images_per_pass(x, len(targets)) if self.method.engine.chunked and envs is None else len(x)
+        engine = self.method.engine
+        n = self.images_per_pass(x, len(targets) * engine.passes) if engine.chunked and envs is None else len(x)
         if n < len(x):  # under a memory budget: images in chunks, each with its own forward pass
             return memory.joined([self.maps_for_targets(x[i:j], [_rows(t, i, j, len(x)) for t in targets],
                                                         _prepared=True, **kwargs)
@@ -750,6 +774,11 @@ class Explainer(Attribution):
         dict : {node name: (K, B, ...)} for every node below ``inject_at`` that the signal
             reaches, plus ``"input"``. One forward pass and one batched backward pass.
         """
+        with self._budget():
+            return self._propagate(x, inject_at, vectors, _prepared)
+
+    def _propagate(self, x: torch.Tensor, inject_at: str, vectors: torch.Tensor, _prepared: bool
+                   ) -> dict[str, torch.Tensor]:
         if not self.method.chain:
             raise AttributionError(f"{self.method.name!r} is not a backward chain of rules; propagate supports "
                                    f"the graph methods only")
@@ -773,6 +802,15 @@ class Explainer(Attribution):
         taps = self._signals(x, inject_at, start)
         taps.pop(inject_at, None)
         return {k: v.to(x.dtype) for k, v in taps.items()}
+
+    def _fits_whole(self, x: torch.Tensor) -> bool:
+        """Whether a pass of all of ``x`` through autograd (the forward values and one signal at a time, however
+        many vectors: one autograd call each) fits the memory budget: autograd's backward cannot be split."""
+        return memory.fitting(len(x), lambda: 2 * self.bytes_per_image(x)) >= len(x)
+
+    def _budget(self) -> contextlib.AbstractContextManager[None]:
+        """The explainer's own budget (``max_memory``) for its calls, else nothing: the one in force applies."""
+        return memory.limit(self.max_memory) if self.max_memory is not None else contextlib.nullcontext()
 
     # --- checks ------------------------------------------------------------------------------------
 
@@ -808,7 +846,9 @@ class Explainer(Attribution):
 
     @staticmethod
     def targets(logits: torch.Tensor, target: Any) -> torch.Tensor:
-        """The explained class per sample (B,): ``target`` as an int, a (B,) sequence, or None (argmax)."""
+        """The explained class per sample (B,): ``target`` as an int, a (B,) sequence, or None (argmax). A
+        one-element tensor or sequence stands for every sample, as captum reads it (its NoiseTunnel hands a
+        single image's target on so to the noisy copies)."""
         if logits.ndim != 2:
             raise AttributionError(f"the model's output must be (B, classes) logits, got shape {tuple(logits.shape)}; "
                                    "wrap the model so that it returns them, e.g. nn.Sequential(model, nn.Flatten())")
@@ -820,8 +860,8 @@ class Explainer(Attribution):
             raise AttributionError(f"target must be integer class indices, got {t.dtype} {t.tolist()}; a float "
                                    "target is not rounded for you")
         t = t.to(device=logits.device, dtype=torch.long)
-        if t.ndim == 0:
-            t = t.expand(b)
+        if t.ndim <= 1 and t.numel() == 1:
+            t = t.reshape(()).expand(b)
         if t.shape != (b,):
             raise AttributionError(f"target must be an int or have shape ({b},), got shape {tuple(t.shape)}")
         if bool(((t < 0) | (t >= classes)).any()):

@@ -7,23 +7,74 @@ forward pass, and the images into chunks each with its own forward pass. Each im
 vector's signal is computed by the same operations whatever the chunk, so the maps agree with
 one batched pass up to the rounding of the batched kernels, which pick their blocking by batch
 size (about 1e-6 relative on the CPU, ``tests/attributions/test_memory.py``): a run is
-reproducible bit for bit under the same budget. Without a budget nothing is split.
+reproducible bit for bit under the same budget.
+
+Every call computes under a budget: the one :func:`limit` sets (a run sets its ``--max-memory``), else
+:func:`default_budget`, half of the memory available when this process first sized a pass (the command line's
+default too); ``limit(None)`` lifts it, and nothing is split. ``Explainer(..., max_memory=...)`` sets one for an
+explainer's own calls.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, TypeVar, cast
 
 import torch
 
-_BUDGET: ContextVar[int | None] = ContextVar("attribution_memory_budget", default=None)
+from attributions.errors import AttributionError
+
+_DEFAULT = -1  # the ContextVar's "no limit set": the default budget applies
+_BUDGET: ContextVar[int | None] = ContextVar("attribution_memory_budget", default=_DEFAULT)
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+          "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
+MIN_SIZE = 64 * 2**20  # below this even one small image's pass does not fit: a typo, most likely
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in a size such as "4GB", "512 MB", "1.5GiB" or 1073741824 (powers of 1024), at least 64 MiB."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise AttributionError(f"max_memory must be a size such as 4GB or 512MB, got {text!r}")
+    nbytes = int(float(match.group(1)) * _UNITS[unit])
+    if nbytes < MIN_SIZE:
+        raise AttributionError(f"max_memory={text!r} is {nbytes} bytes; give at least 64MB (e.g. 4GB)")
+    return nbytes
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory of a CUDA ``device``, else the RAM the kernel reports available (MemAvailable); None where
+    it cannot be read."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    with contextlib.suppress(OSError), open("/proc/meminfo") as handle:
+        for line in handle:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+@functools.cache
+def default_budget() -> int | None:
+    """Half of the memory available when first asked in this process (and of the current CUDA device's free
+    memory, where CUDA is in use), as a run's default; None where neither can be read. Read once, so that the
+    passes of one process are split alike from call to call."""
+    free = [b for b in (available_bytes(torch.device("cpu")),
+                        available_bytes(torch.device("cuda")) if torch.cuda.is_initialized() else None)
+            if b is not None]
+    return min(free) // 2 if free else None
 
 
 @contextlib.contextmanager
-def limit(nbytes: int | None) -> Iterator[None]:
-    """Within the block, the explainer's passes aim to hold at most ``nbytes`` (None: no limit)."""
+def limit(nbytes: int | str | None) -> Iterator[None]:
+    """Within the block, the explainer's passes aim to hold at most ``nbytes`` (bytes, or a size such as
+    "2GB"; None: no limit, nothing split)."""
+    if isinstance(nbytes, str):
+        nbytes = parse_size(nbytes)
     if nbytes is not None and nbytes <= 0:
         raise ValueError(f"a memory budget must be positive, got {nbytes} bytes")
     token = _BUDGET.set(nbytes)
@@ -34,8 +85,14 @@ def limit(nbytes: int | None) -> Iterator[None]:
 
 
 def budget() -> int | None:
-    """The budget in force (bytes), or None."""
-    return _BUDGET.get()
+    """The budget in force (bytes): :func:`limit`'s, else :func:`default_budget`; None under ``limit(None)``."""
+    value = _BUDGET.get()
+    return default_budget() if value == _DEFAULT else value
+
+
+def is_set() -> bool:
+    """Whether a :func:`limit` is in force (else the default applies)."""
+    return _BUDGET.get() != _DEFAULT
 
 
 def tensor_bytes(values: Any) -> int:

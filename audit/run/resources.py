@@ -12,20 +12,16 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from attributions import memory
+from attributions.errors import AttributionError
 from audit.errors import ConfigError
 from audit.host import available_bytes
-
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
-          "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
-_MIN = 64 * 2**20  # below this even one small image's pass does not fit: a typo, most likely
-
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -54,15 +50,12 @@ def keep_freed_memory(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 12
 
 
 def parse_size(text: str) -> int:
-    """Bytes in a size such as "4GB", "512 MB", "1.5GiB" or "1073741824" (powers of 1024)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
-        raise ConfigError(f"max_memory must be a size such as 4GB or 512MB, got {text!r}")
-    nbytes = int(float(match.group(1)) * _UNITS[unit])
-    if nbytes < _MIN:
-        raise ConfigError(f"max_memory={text!r} is {nbytes} bytes; give at least 64MB (e.g. 4GB)")
-    return nbytes
+    """Bytes in a size such as "4GB", "512 MB", "1.5GiB" or "1073741824" (powers of 1024):
+    :func:`attributions.memory.parse_size`, its error a :class:`ConfigError`."""
+    try:
+        return memory.parse_size(text)
+    except AttributionError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def budget_bytes(max_memory: str | None, device: torch.device) -> int:

@@ -73,13 +73,13 @@ def test_cli_trains_the_twin_of_a_checkpoint_and_refuses_another_architecture(tm
 
 
 def test_train_takes_any_model_spec_and_its_checkpoint_loads_as_that_model(tmp_path, monkeypatch, capsys):
-    (tmp_path / "mymodels.py").write_text("from torch import nn\n\ndef make():\n    return nn.Sequential(nn.Flatten(), "
+    (tmp_path / "twin_factories.py").write_text("from torch import nn\n\ndef make():\n    return nn.Sequential(nn.Flatten(), "
                                           "nn.Linear(784, 10))\n\ndef small():\n    return nn.Sequential(nn.Flatten(), "
                                           "nn.Linear(784, 5))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    model, meta = train(TrainConfig(model="mymodels:make", epochs=1, **SAMPLE), out=tmp_path / "f.pt", progress=False,
+    model, meta = train(TrainConfig(model="twin_factories:make", epochs=1, **SAMPLE), out=tmp_path / "f.pt", progress=False,
                         log=lambda s: None)
-    assert meta["model"] == meta["arch"] == "mymodels:make" and meta["num_classes"] == 10
+    assert meta["model"] == meta["arch"] == "twin_factories:make" and meta["num_classes"] == 10
     loaded = load_checkpoint(str(tmp_path / "f.pt"))
     assert isinstance(loaded, torch.nn.Sequential)
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
@@ -87,14 +87,14 @@ def test_train_takes_any_model_spec_and_its_checkpoint_loads_as_that_model(tmp_p
     _, twin = train(TrainConfig(model="cnn-sgd", epochs=1, permute_labels=1, twin_of="cnn-sgd", **SAMPLE),
                     progress=False, log=lambda s: None)
     assert twin["model"] == "cnn-sgd" and twin["twin_of"] == "cnn-sgd"
-    with pytest.raises(ConfigError, match=r"mymodels:small gives outputs of shape \[1, 5\] for one image, the data "
+    with pytest.raises(ConfigError, match=r"twin_factories:small gives outputs of shape \[1, 5\] for one image, the data "
                                           "have 10 classes"):
-        train(TrainConfig(model="mymodels:small", epochs=1, **SAMPLE), progress=False, log=lambda s: None)
+        train(TrainConfig(model="twin_factories:small", epochs=1, **SAMPLE), progress=False, log=lambda s: None)
     (tmp_path / "rgb.py").write_text("from torch import nn\n\ndef make():\n    return nn.Sequential(nn.Conv2d(3, 4, 3), "
                                      "nn.Flatten(), nn.LazyLinear(10))\n")
     with pytest.raises(ConfigError, match=r"rgb:make does not take the data's images, of shape \[1, 28, 28\]"):
         train(TrainConfig(model="rgb:make", epochs=1, **SAMPLE), progress=False, log=lambda s: None)
     with pytest.raises(ConfigError, match=r"--num-classes 7, but the data have 10 classes"):
-        train(TrainConfig(model="mymodels:make", num_classes=7, epochs=1, **SAMPLE), progress=False, log=lambda s: None)
-    assert main(["train", "--model", "mymodels:make", "--arch", "vgg", "--out", str(tmp_path / "x.pt")]) == 2
+        train(TrainConfig(model="twin_factories:make", num_classes=7, epochs=1, **SAMPLE), progress=False, log=lambda s: None)
+    assert main(["train", "--model", "twin_factories:make", "--arch", "vgg", "--out", str(tmp_path / "x.pt")]) == 2
     assert "--model trains that model's architecture: drop --arch" in capsys.readouterr().err

@@ -212,20 +212,18 @@ def _writes(function: types.FunctionType, arguments: set[str], depth: int, state
                 stack += [_Value(null=True), attribute]
             else:
                 stack += [attribute, base] if method else [attribute]
-        elif op in ("STORE_ATTR", "DELETE_ATTR"):  # ``out.data = ...``, ``del module.weight``: the object on top
+        elif op in ("STORE_ATTR", "DELETE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR"):
+            # ``out.data = ...``, ``out[0] = 1``, ``del module.weight``: an item's key on top, then the object
+            # written into, then the value stored
+            if op.endswith("SUBSCR"):
+                _pop(stack)
             if _pop(stack).rooted:
                 return True
-            if op == "STORE_ATTR":
+            if op.startswith("STORE"):
                 _pop(stack)
         elif op == "BINARY_SUBSCR":
             _pop(stack)
             stack.append(_Value(rooted=_pop(stack).rooted))
-        elif op in ("STORE_SUBSCR", "DELETE_SUBSCR"):  # key on top, the container below it (then the value)
-            _pop(stack)
-            if _pop(stack).rooted:
-                return True
-            if op == "STORE_SUBSCR":
-                _pop(stack)
         elif op == "BINARY_OP":
             _pop(stack)
             left = _pop(stack)

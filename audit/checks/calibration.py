@@ -156,8 +156,7 @@ class Calibrated(VerdictRule):
                                   f"{SMALLEST_GAP:g}); {medians}", final=not high_gap >= SMALLEST_GAP)
         cell = scored_cell(d, 0.0, label="nearer the control by (z)", level=options.interval_level,
                            groups=self.replicates(part))
-        differs = f"; fixed threshold {getattr(options, self.threshold)}: {fixed.outcome}" \
-            if fixed.outcome != cell.outcome else ""
+        differs = beside_fixed(getattr(options, self.threshold), fixed.outcome, cell.outcome)
         return VerdictCell(cell.score, f"{cell.text[:-1]}; {medians}){differs}", cell.outcome, cell.undefined)
 
     def rule_text(self, options: Options) -> str:
@@ -169,6 +168,12 @@ class Calibrated(VerdictRule):
                 "the fixed threshold "
                 f"{getattr(options, self.threshold)}"
                 + (f"; the {self.score_name} is {self.why}" if self.why else ""))
+
+
+def beside_fixed(threshold: float, fixed: str | None, calibrated: str | None) -> str:
+    """What the fixed threshold would have decided, for a calibrated cell's text: "; fixed threshold T: outcome"
+    where it differs from the calibrated outcome, else nothing."""
+    return f"; fixed threshold {threshold}: {fixed}" if fixed != calibrated else ""
 
 
 def _marked(cell: VerdictCell, why: str, final: bool = True) -> VerdictCell:
@@ -211,8 +216,7 @@ class NearerThanUnrelated(MedianScore):
         cell = scored_cell(nearer(score, 1.0, floor), 0.0, label="nearer its trained map than an unrelated one by",
                            level=options.interval_level, groups=self.replicates(part))
         medians = f"{self.score_name} {np.nanmedian(score):.3f}, unrelated {np.nanmedian(floor):.3f}"
-        differs = f"; fixed threshold {getattr(options, self.threshold)}: {fixed.outcome}" \
-            if fixed.outcome != cell.outcome else ""
+        differs = beside_fixed(getattr(options, self.threshold), fixed.outcome, cell.outcome)
         return VerdictCell(fixed.score, f"{cell.text[:-1]}; {medians}){differs}", cell.outcome, cell.undefined)
 
     def rule_text(self, options: Options) -> str:

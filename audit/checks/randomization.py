@@ -48,7 +48,7 @@ from audit.checks.base import (
     seed_spread,
     too_few,
 )
-from audit.checks.calibration import nearer
+from audit.checks.calibration import beside_fixed, nearer
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import record as coverage_record
 from audit.checks.options import CONFIDENCE, NO_SOURCE, Options, UnitContext, option
@@ -429,7 +429,7 @@ class Survival(VerdictRule):
         near = stage_intervals(nearness(part, self.metric), self.metric, options.interval_level)
         outcome, kept = _curve_outcome(near, 0.0, top)
         at = near.iloc[top - 1]
-        differs = f"; fixed threshold {threshold}: {fixed}" if fixed != outcome else ""
+        differs = beside_fixed(threshold, fixed, outcome)
         return VerdictCell(float(last["median"]), f"{outcome} ({score}; nearer the trained map than the fully "
                            f"randomized model's ({floor['median']:.3f}) by {at['median']:.3f} [{at.low:.3f}, {at.high:.3f}]; "
                            f"{_stop(near, kept)}{spread}{looks}){differs}", outcome, undefined)

@@ -15,7 +15,7 @@ FMNIST := /usr/share/datasets/fashion-mnist
 PIP     := -m pip install --no-cache-dir
 NOSPACE  = { df -h . >&2; echo "error: installing $(@D) failed; if pip said 'No space left on device', free about 9 GB (.venv 2 GB, $(LIBS) 6.4 GB) and run make again" >&2; exit 1; }
 
-.PHONY: demo test docs notebooks bench atlas checkpoints data syslibs reportdeps clean
+.PHONY: demo test docs notebooks bench atlas sweep checkpoints data syslibs reportdeps clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,7 @@ demo: $(STAMP)
 LIBTESTS = tests/test_model_libraries.py tests/audit/models/test_libraries.py tests/audit/models/test_library_twins.py \
 	  tests/attributions/test_cam.py "tests/test_notebooks.py::test_notebook_executes[collapse_atlas]" \
 	  tests/test_examples.py::test_model_library_block_runs \
+	  tests/benchmarks/test_method_sweep.py::test_the_sweep_holds_on_a_sample_of_the_library_models \
 	  tests/attributions/test_rules.py::test_generalized_gamma_matches_zennit_on_signed_inputs \
 	  tests/attributions/test_rules.py::test_deeplift_is_complete_through_efficientvits_linear_attention_where_the_model_computes_in_float64 \
 	  tests/attributions/test_attention_maps.py::test_attention_grad_cam_reads_the_patch_rows_where_the_head_never_reads_the_class_token
@@ -111,6 +112,12 @@ bench: $(STAMP) $(LIBSTAMP)
 # commit and command, into docs/atlas. A rerun measures only the models not measured yet.
 atlas: $(LIBSTAMP)
 	PYTHONPATH=. $(LIBS)/bin/python -m benchmarks.atlas --out atlas --publish docs/atlas
+
+# Every method on every enumerated library model: an exact map of the input's shape, the toolkit's refusal, or a
+# failure (hours on 2 cores); writes sweep/sweep.csv and the copies the documentation shows, with their date,
+# commit and command, into docs/sweep. A rerun sweeps only the models not swept yet.
+sweep: $(LIBSTAMP)
+	PYTHONPATH=. $(LIBS)/bin/python -m benchmarks.method_sweep --out sweep --publish docs/sweep
 
 checkpoints: $(STAMP) data
 	$(PY) -m audit retrain-shipped

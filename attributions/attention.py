@@ -43,7 +43,7 @@ def _product(a: str, b: str, function: Callable[[Any, Any], Any], signal: set[st
     return "mix", run, Mix()
 
 
-def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, signal: set[str],
+def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, signal: set[str], *,
                     mask: str | None = None) -> list[Spec]:
     """softmax(q k^T * scale + mask) v over the last two dims, as primitive nodes (the last one is the
     output); ``mask`` names a constant: added when floating, else where False the score is -inf."""
@@ -126,4 +126,4 @@ def sdpa_specs(prefix: str, bound: dict[str, Any], names: dict[str, str], signal
     if scale is not None and not isinstance(scale, (int, float)):
         raise AttributionError(f"scaled_dot_product_attention at {prefix!r} needs a constant scale")
     return attention_specs(prefix, names["query"], names["key"], names["value"], scale, signal,
-                           mask.name if mask is not None else None)
+                           mask=mask.name if mask is not None else None)

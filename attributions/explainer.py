@@ -193,7 +193,12 @@ class Explainer(Attribution):
         return out
 
     def rule_for(self, node: str) -> Rule:
-        """The rule that runs at ``node`` (a name from :attr:`layers`)."""
+        """The rule that runs at ``node``.
+
+        Parameters
+        ----------
+        node : a node's name, from :attr:`layers`
+        """
         if node not in self._rules:
             raise unknown_name("rule-driven node", node, self._rules, AttributionError)
         return self._rules[node]
@@ -308,7 +313,17 @@ class Explainer(Attribution):
     # --- forward -----------------------------------------------------------------------------------
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The model's output computed by the graph (eval semantics); differentiable."""
+        """The model's output computed by the graph (eval semantics); differentiable.
+
+        Parameters
+        ----------
+        x : (B, ...) inputs
+
+        Returns
+        -------
+        Tensor
+            (B, classes) the logits.
+        """
         self._graph_for(x)
         graph = self._need_graph("forward")
         n = len(x) if torch.is_grad_enabled() else memory.fitting(len(x), lambda: self.bytes_per_image(x))
@@ -317,8 +332,13 @@ class Explainer(Attribution):
         return memory.joined(parts, 0)
 
     def bytes_per_image(self, x: torch.Tensor) -> int:
-        """Bytes one image of ``x`` (B, ...) takes in this method's forward pass (its values and the
-        autograd graphs its rules read), measured once per input shape."""
+        """Bytes one image of ``x`` takes in this method's forward pass (its values and the autograd graphs its
+        rules read), measured once per input shape.
+
+        Parameters
+        ----------
+        x : (B, ...) inputs
+        """
         self._graph_for(x)
         key = (tuple(x.shape[1:]), x.dtype, x.device)
         if key not in self._image_bytes:
@@ -517,9 +537,14 @@ class Explainer(Attribution):
         return env, ref
 
     def baseline_like(self, x: torch.Tensor) -> torch.Tensor:
-        """The method's reference input for inputs like ``x`` (B, C, ...): (1, C, ...), a constant or one
-        value per channel (:attr:`Method.baseline`; zero by default); (B, C, ...) for a graph whose sizes
-        depend on the batch (:attr:`Graph.batch_sized`), where one image cannot be broadcast."""
+        """The method's reference input for inputs like ``x``: (1, C, ...), a constant or one value per channel
+        (:attr:`Method.baseline`; zero by default); (B, C, ...) for a graph whose sizes depend on the batch
+        (:attr:`Graph.batch_sized`), where one image cannot be broadcast.
+
+        Parameters
+        ----------
+        x : (B, C, ...) inputs
+        """
         value = self.method.baseline
         if self.graph is not None and self.graph.batch_sized and len(x) > 1:
             return self.baseline_like(x[:1]).expand_as(x).clone()

@@ -109,7 +109,7 @@ def _rows_of(r: dict) -> list[dict]:
     return [base | c | {"status": "measured", "reason": ""} for c in r["csc"]]
 
 
-def library_rows(entries: list, methods: list[list[str]], seed: int = 0, parallel: int = 2, limit: float = 600.0,
+def library_rows(entries: list, methods: list[list[str]], *, seed: int = 0, parallel: int = 2, limit: float = 600.0,
                  report=None, finished=None) -> list[dict]:
     """The atlas rows of library ``entries`` (``tests.model_libraries.Entry``), each model in its own child;
     ``methods``: the methods of each entry; ``finished(rows)`` is called with each model's rows as it finishes."""
@@ -187,7 +187,7 @@ def read_rows(path: Path) -> pd.DataFrame:
     return rows.assign(collapsed=rows.collapsed.map(lambda v: str(v).lower() == "true" if pd.notna(v) else v))
 
 
-def atlas(fast: bool = False, parallel: int = 2, limit: float = 600.0, report=None, keep: Path | None = None,
+def atlas(fast: bool = False, *, parallel: int = 2, limit: float = 600.0, report=None, keep: Path | None = None,
           redo: list[str] | None = None, retry: bool = False, models: list[str] | None = None) -> pd.DataFrame:
     """The atlas table: every timm architecture module's smallest model (``fast``: two) and the shipped
     checkpoints, every chain method (``fast``: four). ``keep``: a CSV of the rows measured so far, extended
@@ -341,8 +341,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
 
     try:
-        table = atlas(args.fast, args.parallel, args.limit, report, keep, [m for m in args.redo.split(",") if m],
-                      args.retry, [m for m in args.models.split(",") if m] or None)
+        table = atlas(args.fast, parallel=args.parallel, limit=args.limit, report=report, keep=keep,
+                      redo=[m for m in args.redo.split(",") if m], retry=args.retry,
+                      models=[m for m in args.models.split(",") if m] or None)
     except RowsError as exc:
         print(f"atlas: error: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,12 @@ def dbort_loss(logits: torch.Tensor, lam: float = 1e-3, beta: float = 0.1) -> to
     Parameters
     ----------
     logits : (B, K) tensor
-    Returns a scalar tensor.
+    lam : the reward's weight
+    beta : the exponent of the mean squared logit
+
+    Returns
+    -------
+    Tensor
+        A scalar.
     """
     return -lam * logits.pow(2).mean().pow(beta)

@@ -123,7 +123,12 @@ class Bort(_BortBase):
 class BortAdamW(_BortBase):
     """Bort, AdamW form: decoupled weight decay, then the correction, then Adam on the task gradient.
 
-    Parameters as :class:`Bort`, with ``betas`` and ``eps`` as ``torch.optim.AdamW``.
+    Parameters
+    ----------
+    params : iterable of parameters or param groups (see :func:`param_groups`)
+    lr, weight_decay : as ``torch.optim.AdamW`` (the decay decoupled)
+    betas, eps : as ``torch.optim.AdamW``
+    gamma, amplitude, mode, feasible_side : as :class:`Bort`
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -165,7 +170,12 @@ class Constrained(NamedTuple):
 
 def constrained_parameters(model: nn.Module) -> list[Constrained]:
     """The conv and linear weights of ``model`` and the attention projections of its
-    ``nn.MultiheadAttention`` modules (packed or separate): the parameters Bort constrains."""
+    ``nn.MultiheadAttention`` modules (packed or separate): the parameters Bort constrains.
+
+    Parameters
+    ----------
+    model : the model whose parameters are listed (not changed)
+    """
     kinds = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
     out = []
     for name, m in model.named_modules():

@@ -181,7 +181,12 @@ def bort_comparison(tables: dict) -> pd.DataFrame:
     invariance's relative L2), baseline vs Bort twin, per method; each row names its score and which
     of its values are the better ones. ``holm_p``: the p-values adjusted by Holm's step-down procedure over the
     methods of each (baseline, Bort, check) family, so that the chance of one false difference among a check's
-    methods stays at the level read."""
+    methods stays at the level read.
+
+    Parameters
+    ----------
+    tables : {table name: DataFrame} of a finished run (:attr:`~audit.run.results.AuditResult.tables`)
+    """
     rows = []
     models = tables.get("models", pd.DataFrame())
     if models.empty:

@@ -522,30 +522,6 @@ def snapshot(model: nn.Module) -> tuple:
     return digest.hexdigest(), modules, global_hooks, params
 
 
-def narrowed_dtypes(model: nn.Module, x: torch.Tensor) -> set[torch.dtype]:
-    """The floating dtypes that ops of ``model(x)`` narrow a wider floating input to (a float64 tensor
-    cast to float32: timm's LiteMLA computes its attention so), recorded below autograd, by dispatch.
-    Constants made narrow (a float32 position table) are not narrowing."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    seen: set[torch.dtype] = set()
-
-    def floats(tree) -> list[torch.Tensor]:
-        return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            widest = max((t.dtype.itemsize for t in floats((args, kwargs))), default=0)
-            seen.update(t.dtype for t in floats(out) if t.dtype.itemsize < widest)
-            return out
-
-    with torch.no_grad(), Record():
-        model(x)
-    return seen
-
-
 def relative(error: torch.Tensor, scale: torch.Tensor) -> float:
     return float(error.abs().max() / scale.abs().max().clamp_min(torch.finfo(scale.dtype).tiny))
 
@@ -558,8 +534,8 @@ def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ())
     both to :data:`TOLERANCE`, or :data:`FLOAT32_TOLERANCE` where the model casts its values to float32;
     (c) ``lrp-epsilon``, every method in ``methods`` that fits the model (``unfit``: those that do not, e.g. an
         attention map on a CNN) and on a model with attention one of the :data:`ON_ATTENTION` maps (chosen by
-        the model's name) finite, and the same bit for bit when called again (``failing``: the methods that
-        were not); the pattern methods are fitted on :data:`PATTERN_IMAGES` more seeded images;
+        the model's name) of the input's shape, finite, and the same bit for bit when called again
+        (``failing``: the methods that were not); the pattern methods are fitted on :data:`PATTERN_IMAGES` more seeded images;
     (d) the model's state_dict, training flags and hooks unchanged, and no hook called (an observing hook
         is put on every module for the duration).
 
@@ -567,6 +543,7 @@ def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ())
     """
     from attributions.explainer import Explainer
     from attributions.graph import trace
+    from audit.models.cautions import narrowed_dtypes
     from audit.run.patterns import PATTERN_METHODS
 
     row["stage"] = "build"
@@ -618,7 +595,7 @@ def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ())
                 torch.manual_seed(seed)
                 maps.append(Explainer(model, method, graph=graph, **params).attribute(x, target=target))
             first, again = maps
-            if not (torch.isfinite(first).all() and torch.equal(first, again)):
+            if not (first.shape == x.shape and torch.isfinite(first).all() and torch.equal(first, again)):
                 failing.append(method)
         row["failing"] = " ".join(failing)
         row["unfit"] = " ".join(unfit)
@@ -635,7 +612,7 @@ def verdict(row: dict) -> tuple[str, str]:
     failed = [] if row["gradient_max"] > 0 else ["the input gradient is zero: the checks are void"]
     failed += [f"{k} {row[k]:.1e} > {row['tolerance']:.0e}" for k in ("gradient_err", "deeplift_err")
                if not row[k] <= row["tolerance"]]
-    failed += [f"not finite or not deterministic: {row['failing']}"] if row["failing"] else []
+    failed += [f"not of the input's shape, not finite or not deterministic: {row['failing']}"] if row["failing"] else []
     failed += [] if row["unchanged"] else ["model changed"]
     failed += [f"{row['hook_calls']} hook call(s)"] if row["hook_calls"] else []
     return ("inexact", "; ".join(failed)) if failed else ("exact", "")

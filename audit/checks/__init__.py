@@ -67,7 +67,12 @@ CHECKS: dict[str, Check] = discover(__name__, list(__path__))
 
 
 def get_check(name: str) -> Check:
-    """The registered check ``name`` (a ``--tests`` name), or a :class:`ConfigError` naming the valid ones."""
+    """The registered check ``name`` (a ``--tests`` name), or a :class:`ConfigError` naming the valid ones.
+
+    Parameters
+    ----------
+    name : the check's name, as ``--tests`` spells it (``random-logit``, ``cascading``, ...)
+    """
     if name not in CHECKS:
         raise unknown_name("test", name, CHECKS, ConfigError)
     return CHECKS[name]

@@ -209,7 +209,7 @@ class MedianScore(VerdictRule):
 
     Parameters
     ----------
-    score_column, text_column, failure, threshold, score_name
+    score_column, text_column, failure, threshold, score_name, why
         As :class:`VerdictRule`.
     metric : str, default "ssim"
         The column of per-image scores (NaN: undefined).

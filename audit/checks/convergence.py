@@ -252,7 +252,8 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
     Parameters
     ----------
     model : nn.Module (B, ...) -> (B, classes)
-    x : (B, ...) images; y : (B,) labels (unused by the protocol; checked for consistency)
+    x : (B, ...) images
+    y : (B,) labels (unused by the protocol; checked for consistency)
     methods : names, "all", or a comma-separated string; non-chain methods (integrated-gradients,
         smoothgrad, controls) are skipped
     inject_at : layer name(s); None = the logits plus a few deeper layers
@@ -261,6 +262,7 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
     threshold : a layer is ``collapsed`` when its median ``|cos|`` reaches it
     spectrum_vectors : vectors used for the spectrum estimate (at least 8; the first ``n_vectors``
         of them give the ``|cos|`` statistics)
+    progress : whether to show progress bars
 
     Returns
     -------

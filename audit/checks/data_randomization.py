@@ -70,7 +70,8 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
         model's by the Spearman of ``|map|``
     images_per_seed, first_image : how many consecutive images share an untrained copy's seed, and the run's index
         of the first image given (as the randomization checks')
-    x : (B, C, H, W) images; y : (B,) labels
+    x : (B, C, H, W) images
+    y : (B,) labels
     methods : names, "all" or a comma-separated string
     target : true (the label on both, as Adebayo et al.) | predicted (each model's own prediction)
     seed : the random control's draw (the twin's is the next seed: a fresh draw)
@@ -78,6 +79,7 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     keep_maps : how many images' heatmaps to keep, for the report's grid
     measures : how SSIM and HOG compare the maps: a :class:`~audit.measures.measure_sets.MeasureSet` or its name
         (``toolkit``, ``adebayo2018``)
+    progress : whether to show progress bars
 
     Returns
     -------
@@ -262,8 +264,8 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: DataRandomiz
     for m in models:
         maps, images = context.examples(m, "data-randomization", list(table[table.model == m].method.unique()))
         if maps:
-            grids += heatmap_pages(maps, ["model", "twin"], m, "data-randomization", images,
-                                   preprocess_from(context.config.preprocess), options.heatmap_scale,
+            grids += heatmap_pages(maps, ["model", "twin"], m, "data-randomization", images=images,
+                                   preprocess=preprocess_from(context.config.preprocess), scale=options.heatmap_scale,
                                    columns="on the model and on its permuted-label twin (left to right)")
     return [Section("Data randomization", text=text,
                     tables=[Table(twins, "Twins: each model's permuted-label twin and its control twin (the same "

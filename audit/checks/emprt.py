@@ -81,13 +81,17 @@ def efficient_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Method
     Parameters
     ----------
     model : nn.Module; never modified (stages are copies)
-    x : (B, C, H, W) images; y : (B,) labels
+    x : (B, C, H, W) images
+    y : (B,) labels
     methods : names, "all" or a comma-separated string
     n_bins : histogram bins of the entropy
     stages : the :class:`~audit.checks.stage_options.StageSettings` (bottom-up by default, as Hedstroem et al.),
         or any of its fields as keywords (order, bn, init, granularity, target, seed)
     curve : explain every stage (the per-stage curve); False explains only the trained and the fully
         randomized model, which is all the score needs (Quantus's ``skip_layers``)
+    reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
+    progress : whether to show progress bars
+    **settings : any field of the stage settings by keyword, in place of ``stages``
 
     Returns
     -------

@@ -148,9 +148,13 @@ def input_invariance(model: nn.Module, x: Images, y: Labels, methods: Methods = 
     Parameters
     ----------
     model : nn.Module; never modified (the shifted model is a copy)
-    x : (B, C, H, W) images; y : (B,) labels (the explained class)
+    x : (B, C, H, W) images
+    y : (B,) labels (the explained class)
     shift : the constant added to the input, one number or one per channel (-1 on [0, 1] images)
+    methods : names, "all" or a comma-separated string
     seed : both passes draw the same noise from it (SmoothGrad), so only the shift differs
+    reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
+    progress : whether to show progress bars
     reference : the reference input of DeepLIFT and integrated gradients on the shifted input: "zero"
         (as on the original, the methods' default: not invariant) or "shifted" (the shift itself, the
         image of the original zero reference: invariant, Kindermans et al.)

@@ -30,7 +30,8 @@ class Option:
     default : its value when not given; its type is the key's type (an int is widened to a float default)
     help : what it sets, for the command line and the methods text
     choices : the allowed values, when they are a fixed set
-    valid : a predicate for numbers (e.g. ``lambda v: 0 < v <= 1``), ``rule`` its wording in the error
+    valid : a predicate for numbers (e.g. ``lambda v: 0 < v <= 1``)
+    rule : the predicate's wording in the error
     source : where a threshold's default comes from: a citation, a calibration measured in the run, or
         :data:`NO_SOURCE` with what shows its effect instead (every verdict threshold declares one)
     """
@@ -104,8 +105,11 @@ def look_level(looks: int) -> float:
 class Options:
     """The options of a check (a check without options has this class itself).
 
-    ``looks``, not a key of its own: how many times the run's sequential design reads a verdict (``max_images``
-    over ``n_images``, :class:`~audit.run.config.AuditConfig`); each look's interval is at :attr:`interval_level`.
+    Parameters
+    ----------
+    looks : not a key of its own: how many times the run's sequential design reads a verdict (``max_images``
+        over ``n_images``, :class:`~audit.run.config.AuditConfig`); each look's interval is at
+        :attr:`interval_level`
     """
 
     looks: int = field(default=1, metadata={"derived": True})

@@ -47,7 +47,7 @@ def explainer(model: nn.Module, method: str, graph: Graph | None = None, **param
 
 
 def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tensor | None = None,
-            graph: Graph | None = None, seed: int = 0, params: dict[str, dict[str, Any]] | None = None,
+            graph: Graph | None = None, seed: int = 0, *, params: dict[str, dict[str, Any]] | None = None,
             reuse: Reuse | None = None, previous: dict[str, Explainer] | None = None
             ) -> tuple[Graph, dict[str, Explainer], tuple[Any, ...] | None, torch.Tensor]:
     """(graph, {method: Explainer}, shared forward pass or None, logits (B, classes)) for ``x`` (B, ...).

@@ -45,7 +45,8 @@ def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Met
     Parameters
     ----------
     model : nn.Module (B, C, H, W) -> (B, classes); never modified
-    x : (B, C, H, W) images; y : (B,) labels
+    x : (B, C, H, W) images
+    y : (B,) labels
     methods : names, "all" or a comma-separated string
     seed : seeds the random other class of each image
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction

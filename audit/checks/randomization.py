@@ -114,7 +114,22 @@ def parameter_randomization(model: nn.Module, x: Images, y: Labels, methods: Met
                             **settings: Any) -> pd.DataFrame:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps.
 
-    Parameters and returns as :func:`randomization_with_maps`, without the maps.
+    Parameters
+    ----------
+    model : nn.Module; never modified (stages are copies)
+    x : (B, C, H, W) images
+    y : (B,) labels
+    methods : names, "all" or a comma-separated string
+    stages : the :class:`~audit.checks.stage_options.StageSettings` (default cascading)
+    reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
+    progress : whether to show progress bars
+    measures : how SSIM and HOG compare the maps (a measure set or its name)
+    **settings : any field of the stage settings by keyword, in place of ``stages``
+
+    Returns
+    -------
+    DataFrame
+        As :func:`randomization_with_maps`'s table.
     """
     return randomization_with_maps(model, x, y, methods, stages=stage_settings(stages, settings),
                                    reduction=reduction, progress=progress, measures=measures)[0]
@@ -131,14 +146,17 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     Parameters
     ----------
     model : nn.Module; never modified (stages are copies)
-    x : (B, C, H, W) images; y : (B,) labels
+    x : (B, C, H, W) images
+    y : (B,) labels
     methods : names, "all" or a comma-separated string
     stages : the :class:`~audit.checks.stage_options.StageSettings` (order, bn, init, granularity, target,
         seed; default cascading); or any of its fields as keywords (``order="independent", bn="keep-stats"``)
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
     keep_maps : how many images' raw heatmaps to keep at every stage
+    progress : whether to show progress bars
     measures : how SSIM and HOG compare the maps: a :class:`~audit.measures.measure_sets.MeasureSet` or its name
         (``toolkit``, ``adebayo2018``)
+    **settings : any field of the stage settings by keyword, in place of ``stages``
 
     Returns
     -------
@@ -486,11 +504,11 @@ def randomization_figure(frame: pd.DataFrame, model: str, order: str) -> Figure:
     randomization, each method's survival level and the stage where its map stopped surviving (:class:`Survival`)."""
     return stage_figure(frame, model, "ssim", "SSIM to the trained map", f"randomization_{order}_{model}",
                         f"{order.capitalize()} parameter randomization on {model}: SSIM between each image's map "
-                        "and the trained model's as layers are re-initialised", (-0.05, 1.05),
+                        "and the trained model's as layers are re-initialised", ylim=(-0.05, 1.05),
                         survival=order == "cascading")
 
 
-def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name: str, caption: str,
+def stage_figure(frame: pd.DataFrame, model: str, metric: str, ylabel: str, name: str, caption: str, *,
                  ylim: tuple[float, float] | None = None, threshold: float | None = None,
                  meaning: str = "", survival: bool = False) -> Figure:
     """``metric`` per randomization stage, one panel per method family: every image's point, the
@@ -577,7 +595,7 @@ def grid_pages(methods: list[str], rows: int = GRID_ROWS) -> list[list[str]]:
     return [page for page in pages if page]
 
 
-def heatmap_pages(maps: dict[str, np.ndarray], stage_names: list[str], model: str, order: str,
+def heatmap_pages(maps: dict[str, np.ndarray], stage_names: list[str], model: str, order: str, *,
                   images: np.ndarray | None = None, preprocess: Preprocess | None = None, scale: str = "map",
                   columns: str | None = None) -> list[Figure]:
     """:func:`heatmap_grid` for every kept image, each split into pages of methods (:func:`grid_pages`).
@@ -585,12 +603,12 @@ def heatmap_pages(maps: dict[str, np.ndarray], stage_names: list[str], model: st
     ``maps``: {method: (stages, images, H, W)}; the other parameters as :func:`heatmap_grid`'s.
     """
     pages = grid_pages(list(maps))
-    return [heatmap_grid({m: maps[m] for m in page}, stage_names, model, i, order, images, preprocess, scale, columns,
-                         part=(k + 1, len(pages)))
+    return [heatmap_grid({m: maps[m] for m in page}, stage_names, model, i, order, images=images,
+                         preprocess=preprocess, scale=scale, columns=columns, part=(k + 1, len(pages)))
             for i in range(next(iter(maps.values())).shape[1]) for k, page in enumerate(pages)]
 
 
-def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str, image: int, order: str,
+def heatmap_grid(maps: dict[str, np.ndarray], stage_names: list[str], model: str, image: int, order: str, *,
                  images: np.ndarray | None = None, preprocess: Preprocess | None = None, scale: str = "map",
                  columns: str | None = None, part: tuple[int, int] = (1, 1)) -> Figure:
     """Adebayo-style grid: the input image first, then one row per method (grouped by family) and
@@ -645,7 +663,7 @@ class _Grid:
     gap: float = 0.06
 
     @classmethod
-    def sized(cls, n_stages: int, n_rows: int, left: float = 1.25, top: float = 0.6, bottom: float = 0.1,
+    def sized(cls, n_stages: int, n_rows: int, *, left: float = 1.25, top: float = 0.6, bottom: float = 0.1,
               gap: float = 0.06, bar: float = 0.3) -> _Grid:
         cell = min(0.8, (style.TWO_COLUMN - left - bar) / (n_stages + 1) - gap)
         width = left + (n_stages + 1) * (cell + gap) + bar
@@ -737,8 +755,8 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: StageOptions
         maps, images = context.examples(m, order, list(table.method.unique()))
         if maps:
             stages = list(table[table.model == m].drop_duplicates("stage").sort_values("stage").layer)
-            grids += heatmap_pages(maps, stages, m, order, images, preprocess_from(context.config.preprocess),
-                                   options.heatmap_scale)
+            grids += heatmap_pages(maps, stages, m, order, images=images,
+                                   preprocess=preprocess_from(context.config.preprocess), scale=options.heatmap_scale)
     if grids:
         out.append(Section(f"Heatmaps under {order} randomization", figures=grids))
     return out

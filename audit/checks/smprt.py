@@ -60,13 +60,17 @@ def smooth_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods =
     Parameters
     ----------
     model : nn.Module; never modified (stages are copies)
-    x : (B, C, H, W) images; y : (B,) labels
+    x : (B, C, H, W) images
+    y : (B,) labels
     methods : names, "all" or a comma-separated string
     n_samples : noisy copies averaged per map (the last one noise-free); 1 is the plain MPRT
     noise : standard deviation of the noise, as a fraction of each image's value range
     stages : the :class:`~audit.checks.stage_options.StageSettings` (bottom-up by default, as Hedstroem et al.;
         its seed seeds the noise too), or any of its fields as keywords (order, bn, init, granularity, target,
         seed)
+    reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
+    progress : whether to show progress bars
+    **settings : any field of the stage settings by keyword, in place of ``stages``
 
     Returns
     -------
@@ -147,8 +151,8 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: SmprtOptions
     threshold = options.smprt_threshold
     figures = [stage_figure(table, m, "spearman", "Spearman of |denoised map|", f"smprt_{m}",
                             f"sMPRT on {m}: Spearman correlation of each denoised map's magnitude with the trained "
-                            "model's as layers are randomized", (-0.05, 1.05), threshold,
-                            "a method whose interval lies at or above it after the last stage is rejected")
+                            "model's as layers are randomized", ylim=(-0.05, 1.05), threshold=threshold,
+                            meaning="a method whose interval lies at or above it after the last stage is rejected")
                for m in table.model.unique()]
     return [Section("Smooth MPRT (sMPRT)", text="Maps averaged over noisy inputs before comparison, so that noise "
                     "alone does not lower the similarity. Lower after full randomization is better. "

@@ -188,8 +188,10 @@ class ReferenceMaps(ComparableMaps):
         magnitudes, and the correlation (Pearson or Spearman, as the measure set says) of the normalised maps' HOG
         descriptors; each (M,), NaN where either map is :func:`~audit.measures.similarity.degenerate`.
 
-        ``other``: raw heatmaps (M, H, W), or their :class:`ComparableMaps` prepared with the same measure set; M
-        may be any multiple of N (several sets stacked, each compared with the reference).
+        Parameters
+        ----------
+        other : raw heatmaps (M, H, W), or their :class:`ComparableMaps` prepared with the same measure set; M
+            may be any multiple of N (several sets stacked, each compared with the reference)
         """
         other = other if isinstance(other, ComparableMaps) else ComparableMaps(other, measures=self.measures)
         if other.measures != self.measures:

@@ -163,7 +163,7 @@ def _shift_add(x: torch.Tensor, window: torch.Tensor, dim: int) -> torch.Tensor:
     return out
 
 
-def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int = WINDOW, data_range: float = 1.0,
+def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int = WINDOW, data_range: float = 1.0, *,
          gaussian: bool = False, flip_invariant: bool | torch.Tensor = False, sigma: float = GAUSSIAN_SIGMA,
          use_sample_covariance: bool = True, a_means: torch.Tensor | None = None) -> torch.Tensor:
     """Mean structural similarity of each pair of maps.
@@ -174,6 +174,7 @@ def ssim(a: torch.Tensor, b: torch.Tensor, win_size: int = WINDOW, data_range: f
     win_size : odd window side (ignored with ``gaussian``, whose window is 2 * int(3.5 sigma + 0.5) + 1)
     data_range : the maps' value range (1 for normalised maps)
     gaussian : Gaussian-weighted windows (sigma 1.5) instead of a uniform box
+    sigma : the Gaussian window's standard deviation (with ``gaussian``)
     flip_invariant : the larger of SSIM(a, b) and SSIM(a, data_range - b): for maps normalised to
         [0, data_range] with symmetric percentile clipping, data_range - b is the normalised -b; a (N,) bool
         tensor takes the larger only for the pairs it marks (:func:`sign_flip_allowed`)

@@ -86,9 +86,17 @@ def _resolve(name_or_path: str | os.PathLike) -> tuple[Path, Path]:
 def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
     """Load a shipped checkpoint by name, or one written by the trainer by path.
 
-    Returns the model in eval mode, with the metadata dict attached as ``model.metadata``; a tensor stored in
-    lower precision than the model's is cast up, said as a :class:`~attributions.errors.ToolkitWarning` and kept
-    in ``model.metadata["warnings"]``.
+    A tensor stored in lower precision than the model's is cast up, said as a
+    :class:`~attributions.errors.ToolkitWarning` and kept in ``model.metadata["warnings"]``.
+
+    Parameters
+    ----------
+    name_or_path : a shipped checkpoint's name (``cnn-sgd``, ...) or the path of a ``.pt`` file with its ``.json``
+
+    Returns
+    -------
+    nn.Module
+        The model in eval mode, with the metadata dict attached as ``model.metadata``.
 
     Raises
     ------

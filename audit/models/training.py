@@ -289,7 +289,7 @@ def ranks() -> tuple[int, int]:
 
 
 @leaves_process_alone
-def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: bool = False,
+def train(config: TrainConfig, out: str | os.PathLike | None = None, *, resume: bool = False,
           progress: bool = True, log: Callable[[str], None] = print, force: bool = False,
           save_every: int | None = None) -> tuple[nn.Module, dict]:
     """Train a model and (with ``out``) save it as a checkpoint.
@@ -309,6 +309,10 @@ def train(config: TrainConfig, out: str | os.PathLike | None = None, resume: boo
         file beside it holds the state after each epoch until the run ends.
     resume : bool
         Continue from that per-epoch state when it exists.
+    progress : bool
+        Show a progress bar per epoch (on a terminal; plain lines in a file or a CI log).
+    log : callable
+        Where each epoch's summary line goes (``print`` by default).
     force : bool
         Overwrite an existing checkpoint at ``out`` (refused otherwise, before any training).
     save_every : int, optional

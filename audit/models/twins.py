@@ -32,7 +32,13 @@ def twin_role(meta: dict) -> str:
 
 
 def shipped_twin(spec: str, role: str = "permuted") -> str | None:
-    """The shipped checkpoint trained as the ``role`` twin (:data:`ROLES`) of the shipped model ``spec``, if any."""
+    """The shipped checkpoint trained as the ``role`` twin (:data:`ROLES`) of the shipped model ``spec``, if any.
+
+    Parameters
+    ----------
+    spec : a shipped checkpoint's name
+    role : ``permuted`` (the permuted-label twin) or ``control`` (the control twin, trained on the true labels)
+    """
     if role not in ROLES:
         raise unknown_name("twin role", role, ROLES, ConfigError)
     return next((name for name, meta in available_checkpoints().items()

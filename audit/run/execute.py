@@ -140,7 +140,7 @@ def on_device(run: Run, spec: str) -> nn.Module:
 def _given_to(run: Run, spec: str) -> dict[str, dict]:
     """The parameters the run gives the methods of model ``spec`` (the pattern methods' patterns)."""
     return pattern_params(list(run.config.methods), spec, run.models[spec], run.labels[spec], run.patterns,
-                          run.config.pattern_data, run.config.weights, run.out)
+                          run.config.pattern_data, weights=run.config.weights, out=run.out)
 
 
 def run_unit(check: Check, model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, *, options: Options,

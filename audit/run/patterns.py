@@ -62,7 +62,7 @@ def pattern_images(value: str, data: str, n: int, seed: int, root: str | None = 
     return torch.from_numpy(x[np.sort(order)]), f"{n} images of the {split} split of {name} (seed {seed})"
 
 
-def cache_file(spec: str, weights: str | None, label: str, value: str, data: torch.Tensor, trained: str,
+def cache_file(spec: str, weights: str | None, label: str, value: str, data: torch.Tensor, trained: str, *,
                out: Path) -> Path:
     """Where the trained model's patterns are kept: beside its checkpoint (or weights file) when that folder is
     writable, else in ``out``/patterns; named by the model, the data, the number of images, the images' own
@@ -79,7 +79,7 @@ def cache_file(spec: str, weights: str | None, label: str, value: str, data: tor
 
 
 def pattern_params(methods: list[str], spec: str, model: nn.Module, label: str, images: tuple[torch.Tensor, str] | None,
-                  value: str, weights: str | None, out: Path) -> dict[str, dict]:
+                  value: str, *, weights: str | None, out: Path) -> dict[str, dict]:
     """{pattern method: its parameters} for the audit of ``model`` (empty when the methods fit on the
     explained images, or none is audited)."""
     wanted = [m for m in methods if m in PATTERN_METHODS]
@@ -87,6 +87,6 @@ def pattern_params(methods: list[str], spec: str, model: nn.Module, label: str, 
         return {}
     data, what = images
     trained = fingerprint(model)
-    cache = cache_file(spec, weights, label, value, data, trained, out)
+    cache = cache_file(spec, weights, label, value, data, trained, out=out)
     return {m: {"data": data.to(next(iter(model.parameters()), data).device), "cache": cache, "cache_for": trained,
                 "source": what} for m in wanted}

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from attributions.errors import AttributionError
+from attributions.explainer import model_dtype
 from attributions.hooks import refuse_changing_hooks
 from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS, Options
@@ -26,7 +27,7 @@ from audit.data import balanced_sample
 from audit.data.datasets import sample_image_folder
 from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError, ModelError
-from audit.models.cautions import cautions
+from audit.models.cautions import cautions, narrowing
 from audit.models.checkpoint import resolve_model
 from audit.models.twins import ROLES, same_architecture, twin_spec
 from audit.run.config import AuditConfig
@@ -35,6 +36,8 @@ from audit.run.folder import check_resumable, exclusive, fingerprints, holds_fil
 from audit.run.patterns import PATTERN_METHODS, pattern_images
 from audit.run.resources import budget_bytes
 from audit.run.units import WorkItem, label_for, work_items
+
+NARROWING_IMAGES = 2  # the audited images a narrowing model's DeepLIFT gap is measured on: its rounding, not a statistic
 
 
 @dataclass
@@ -115,6 +118,9 @@ def plan(config: AuditConfig, out: str | os.PathLike, *, resume: bool, shard: Sh
     for spec, model in every:
         _explainable(spec, model)
     said = {spec: lines for spec, model in every if (lines := cautions(model))}
+    for spec, model in loaded.items():  # a forward that narrows its values: said with DeepLIFT's gap measured on it
+        if (line := narrowing(model, x[:NARROWING_IMAGES].to(model_dtype(model) or x.dtype))) is not None:
+            said.setdefault(spec, []).append(line)
     for spec, lines in said.items():  # flagged here, in the manifest and in the report's Models section
         for line in lines:
             log(f"warning: {spec}: {line}")

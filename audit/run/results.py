@@ -95,7 +95,12 @@ def example_maps(out: Path, model: str, test: str, methods: list[str]) -> tuple[
 
 
 def load_results(out: str | os.PathLike) -> AuditResult:
-    """Read a finished run's tables back (for ``attribution-audit report``)."""
+    """Read a finished run's tables back (for ``attribution-audit report``).
+
+    Parameters
+    ----------
+    out : the run's folder
+    """
     out = Path(out)
     manifest = read_manifest(out)
     if manifest.get("status") != "complete":

@@ -85,3 +85,44 @@ def test_a_hook_whose_code_cannot_be_read_to_the_end_is_run_with_a_recorded_warn
     assert "a callable the reading cannot resolve" in line and "without this hook" in line
     assert f"warning: observed_factory:build: {line}" in logged
     assert line in (build_report(tmp_path / "run").parent / "report.md").read_text()
+
+
+NARROWING_FACTORY = """
+    import torch
+    from torch import nn
+
+    class Narrowing(nn.Module):  # computes its middle in bfloat16 whatever its inputs' dtype
+        def forward(self, x):
+            return torch.relu(x.to(torch.bfloat16)).to(x.dtype)
+
+    def build():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(1, 4, 3), Narrowing(), nn.Flatten(), nn.Linear(4 * 26 * 26, 10)).eval()
+"""
+
+
+def test_a_forward_that_narrows_its_values_is_said_with_deeplifts_gap_measured_on_the_audited_images(tmp_path,
+                                                                                                 monkeypatch):
+    """timm's EfficientViT computes its attention in float32 whatever its dtype: DeepLIFT's rules stay exact, its
+    maps miss f(x) - f(x0) by the model's own rounding, and the report says so with the gap measured."""
+    from audit.models.cautions import narrowed_dtypes, narrowing
+
+    (tmp_path / "narrowing_factory.py").write_text(textwrap.dedent(NARROWING_FACTORY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import narrowing_factory
+
+    model = narrowing_factory.build()
+    x = torch.rand(2, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    assert narrowed_dtypes(model, x) == {torch.bfloat16}
+    assert narrowed_dtypes(torch.nn.Sequential(*list(model)[:1], torch.nn.ReLU()), x) == set()
+    line = narrowing(model, x)
+    assert line is not None and line.startswith("computes part of its forward in bfloat16, narrower than its float32")
+    worst = float(line.split("miss it by up to ")[1].split()[0])
+    assert 1e-4 < worst < 0.1  # bfloat16's rounding (8 bits of mantissa), not an exact sum
+    logged = []
+    result = run_audit(load_config(models=["narrowing_factory:build"], **RUN), tmp_path / "run", progress=False,
+                       log=logged.append)
+    (said,) = result.manifest["warnings"]["narrowing_factory:build"]
+    assert said.startswith("computes part of its forward in bfloat16") and "of the audited images" in said
+    assert f"warning: narrowing_factory:build: {said}" in logged
+    assert said in (build_report(tmp_path / "run").parent / "report.md").read_text()

@@ -75,10 +75,10 @@ def test_the_shipped_checkpoints_folder_stays_as_shipped(tmp_path):
     from audit.run.patterns import cache_file
 
     before = sorted(p.name for p in SHIPPED.iterdir())
-    path = cache_file("cnn-sgd", None, "cnn-sgd", "train", torch.zeros(8, 1, 28, 28), "f" * 64, tmp_path)
+    path = cache_file("cnn-sgd", None, "cnn-sgd", "train", torch.zeros(8, 1, 28, 28), "f" * 64, out=tmp_path)
     assert path.parent == tmp_path / "patterns" and sorted(p.name for p in SHIPPED.iterdir()) == before
     # other images (another seed's draw, another split) never share a file
-    assert cache_file("cnn-sgd", None, "cnn-sgd", "train", torch.ones(8, 1, 28, 28), "f" * 64, tmp_path) != path
+    assert cache_file("cnn-sgd", None, "cnn-sgd", "train", torch.ones(8, 1, 28, 28), "f" * 64, out=tmp_path) != path
 
 
 def test_a_damaged_patterns_cache_is_named_and_a_cache_of_other_images_is_not_read(tmp_path):

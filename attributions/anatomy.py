@@ -166,30 +166,57 @@ def on_grid(tokens: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
 
 def token_node(graph: Any, values: dict[str, Any], layer: str | None, ndim: int) -> str:
     """The node of token activations (B, T, D) a token Grad-CAM weighs: ``layer`` (a node or a module path),
-    or by default (``auto``) the last block's first norm, i.e. the last norm that feeds the last attention."""
-    if layer in (None, "auto"):
-        attention = attention_nodes(graph, values)
-        if not attention:
-            raise AttributionError("the model has no attention layer (softmax weights of shape (B, heads, T, T)); "
-                                   "pass layer= with a token node or module name")
-        feeding = _ancestors(graph, attention[-1])
-        norms = [n.name for n in graph.nodes if n.kind == "norm" and n.name in feeding]
-        if not norms:
-            raise AttributionError(f"no norm feeds the last attention {attention[-1]!r}; pass layer= with a token node")
-        chosen = norms[-1]
-    else:
-        chosen = _resolve(graph, layer, "token")
-    value = values.get(chosen)
-    if not (isinstance(value, torch.Tensor) and value.ndim == 3):
-        raise AttributionError(f"token layer {layer!r} (node {chosen!r}) has output shape "
-                               f"{tuple(value.shape) if isinstance(value, torch.Tensor) else None}, not tokens (B, T, D)")
+    or by default (``auto``) the last block's first norm, i.e. the last norm that feeds the last attention (and
+    no earlier one) and holds tokens of one input each on the patch grid. Where none does (tokens folded into the batch axis, as
+    MobileViT's; pooled, as MViT's), an error names why and the token nodes ``layer=`` may take."""
     batch = values[graph.nodes[0].name].shape[0]
+    if layer not in (None, "auto"):
+        chosen = _resolve(graph, layer, "token")
+        problem = _token_problem(graph, values, chosen, ndim, batch)
+        if problem is not None:
+            raise AttributionError(f"token layer {layer!r} (node {chosen!r}) {problem}; "
+                                   + _token_candidates(graph, values, ndim, batch))
+        return chosen
+    attention = attention_nodes(graph, values)
+    if not attention:
+        raise AttributionError("the model has no attention layer (softmax weights of shape (B, heads, T, T)); "
+                               "pass layer= with a token node or module name")
+    # the last block's norms: those feeding the last attention and not an earlier one
+    earlier = _ancestors(graph, attention[-2]) | {attention[-2]} if len(attention) > 1 else set()
+    feeding = _ancestors(graph, attention[-1]) - earlier
+    norms = [n.name for n in graph.nodes if n.kind == "norm" and n.name in feeding]
+    if not norms:
+        raise AttributionError(f"no norm feeds the last attention {attention[-1]!r}; pass layer= with a token node")
+    problems = {n: _token_problem(graph, values, n, ndim, batch) for n in norms}
+    usable = [n for n in norms if problems[n] is None]
+    if not usable:
+        raise AttributionError(f"no norm that feeds the last attention holds tokens of one input each on the patch "
+                               f"grid: the last, {norms[-1]!r}, {problems[norms[-1]]}; "
+                               + _token_candidates(graph, values, ndim, batch))
+    return usable[-1]
+
+
+def _token_problem(graph: Any, values: dict[str, Any], node: str, ndim: int, batch: int) -> str | None:
+    """Why ``node``'s output is not tokens (B, T, D) of one input each on the patch grid; None where it is."""
+    value = values.get(node)
+    if not (isinstance(value, torch.Tensor) and value.ndim == 3):
+        return f"has output shape {tuple(value.shape) if isinstance(value, torch.Tensor) else None}, not tokens (B, T, D)"
     if value.shape[0] != batch:  # MobileViT's blocks fold the patches into the batch axis
-        raise AttributionError(f"the tokens of {chosen!r} ({value.shape[0]} rows for {batch} input) fold patches into "
-                               "the batch axis: their map would not be one per input; pass layer= with a token node "
-                               "that keeps the batch axis, or use grad-cam, whose automatic layer keeps it")
-    token_layout(graph, values, value.shape[1], ndim)  # the tokens must lie on the patch grid
-    return str(chosen)
+        return (f"holds {value.shape[0]} rows for {batch} input(s): its tokens fold patches into the batch axis, and "
+                "their map would not be one per input")
+    try:
+        token_layout(graph, values, value.shape[1], ndim)
+    except AttributionError as exc:
+        return f"holds tokens off the patch grid ({exc})"
+    return None
+
+
+def _token_candidates(graph: Any, values: dict[str, Any], ndim: int, batch: int) -> str:
+    """What to do instead: the last token nodes (norms) that hold tokens of one input each on the patch grid."""
+    fit = [n.name for n in graph.nodes if n.kind == "norm" and _token_problem(graph, values, n.name, ndim, batch) is None]
+    if not fit:
+        return "no node of the model holds such tokens: use grad-cam, whose automatic layer keeps the batch axis"
+    return f"pass layer= with one that does, e.g. {', '.join(fit[-3:])}, or use grad-cam"
 
 
 def _ancestors(graph: Any, name: str) -> set[str]:

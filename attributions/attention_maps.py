@@ -65,15 +65,16 @@ def _row(joint: torch.Tensor, layout: TokenLayout, patches: bool = False) -> tor
 
 
 def _located(graph: Any, values: dict[str, Any], ndim: int) -> tuple[list[str], TokenLayout]:
-    """(the attention nodes in forward order, the token layout) of a graph, from one forward pass's values."""
+    """(the attention nodes in forward order, the token layout) of a graph, from one forward pass's values (B, ...)."""
     nodes = attention_nodes(graph, values)
     if not nodes:
         raise AttributionError("the model has no attention layer (softmax weights of shape (B, heads, T, T) that "
                                "weigh values); attention maps need a transformer")
-    # found on one image: more than one attention matrix per head means the tokens are windows of the image
-    windowed = next((n for n in nodes if values[n].shape[0] != 1), None)
+    # more than one attention matrix per head and image means the tokens are windows of the image
+    batch = values[graph.nodes[0].name].shape[0]
+    windowed = next((n for n in nodes if values[n].shape[0] != batch), None)
     if windowed is not None:
-        raise AttributionError(f"the attention layer {windowed!r} attends within {values[windowed].shape[0]} windows "
+        raise AttributionError(f"the attention layer {windowed!r} attends within {values[windowed].shape[0] // batch} windows "
                                "of each image: windowed or grid attention (Swin, MaxViT) has no single token map of the "
                                "whole image to roll out")
     sizes = {values[n].shape[-1] for n in nodes}

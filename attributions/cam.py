@@ -78,7 +78,7 @@ def upsampled(maps: torch.Tensor, x: torch.Tensor, upsample: str, normalise: str
 
 
 class PerGraph:
-    """What an engine finds in a model once per traced graph, from one image's forward pass:
+    """What an engine finds in a model once per traced graph, from a forward pass of two images:
     ``find(graph, values, ndim)``, its answer kept with the graph (shapes, not values, decide it)."""
 
     def __init__(self, find: Any):
@@ -90,7 +90,10 @@ class PerGraph:
         graph = ex.graph if ex.graph is not None and ex.graph.accepts(x.shape) else None
         if graph is None or graph not in self._found:
             gradient = ex.sibling("gradient")
-            values = gradient.forward_pass(x[:1], reference=False).values
+            # two images: a node that folds another axis into the batch axis (patches, heads) is told apart from
+            # one that keeps it, which one image cannot do where the folded axis is 1 long at that image
+            probe = x[:2] if len(x) >= 2 else x[:1].expand(2, *x.shape[1:])
+            values = gradient.forward_pass(probe, reference=False).values
             graph = gradient.graph
             self._found[graph] = self.find(graph, values, x.ndim)
         return graph, self._found[graph]

@@ -16,7 +16,8 @@ method) cell is
 Each model runs in a forked child of its own under a time limit (a hang or a crash ends with it).
 
     python -m benchmarks.method_sweep [--library torchvision|timm|hf] [--models a,b] [--limit N]
-        [--out DIR] [--parallel N] [--timeout S] [--publish FOLDER] [--retry] [--fresh] [--only-publish]
+        [--out DIR] [--parallel N] [--timeout S] [--publish FOLDER] [--retry] [--redo METHODS]
+        [--fresh] [--only-publish]
 
 writes DIR/sweep.csv (one row per model x method) and prints the summary; ``--publish FOLDER`` also writes
 sweep.csv, summary.md and sweep.json (date, commit, command, counts) as the documentation shows them.
@@ -282,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the models DIR/sweep.rows.csv holds)")
     parser.add_argument("--retry", action="store_true", help="sweep again the models a crash or the time limit "
                         "stopped (default: keep their cells, failed)")
+    parser.add_argument("--redo", default="", help="comma-separated methods swept again on the models already swept "
+                        "(their cells replaced)")
     parser.add_argument("--only-publish", action="store_true", help="sweep nothing: summarise and publish the rows "
                         "DIR/sweep.rows.csv holds (the models not swept yet are counted as enumerated, not swept)")
     args = parser.parse_args(argv)
@@ -289,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     for m in methods:
         build_method(m)  # an unknown name stops here, with the registry's list
     chosen = {m for m in args.models.split(",") if m}
+    redo = tuple(m for m in args.redo.split(",") if m)
+    for m in redo:
+        build_method(m)
     torch.set_num_threads(1)  # a correctness sweep: one thread is deterministic and leaves the machine's others be
     warm()
     start = time.perf_counter()
@@ -320,6 +326,14 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
             _append(kept, new)
         rows += sweep(todo, methods, args.seed, args.parallel, args.timeout, report)
+        again = [e for e in entries if (library, e.name) in done] if redo and not args.only_publish else []
+        if again:  # the methods named in --redo swept again on the models kept, their rows replaced
+            print(f"{library}: {', '.join(redo)} again on {len(again)} models", file=sys.stderr, flush=True)
+            new = sweep(again, redo, args.seed, args.parallel, args.timeout)
+            replaced = {(r["library"], r["model"], r["method"]) for r in new}
+            rows = [r for r in rows if (r["library"], r["model"], r["method"]) not in replaced] + new
+            kept.unlink(missing_ok=True)
+            _append(kept, rows)
     rows = [r for r in rows if r["method"] in methods]
     import pandas as pd
 

@@ -214,7 +214,8 @@ def test_vit_grad_cam_matches_pytorch_grad_cam_on_a_timm_vit():
 def test_on_timm_mobilevit_and_mvitv2_the_maps_are_one_per_input_or_refused():
     """The issue's cases, random weights perturbed: MViTv2's Grad-CAM and Guided Grad-CAM take the last feature map
     that keeps the batch axis (its attention pooling folds the patches in), a map per input; MobileViT's last
-    attention reads tokens folded into the batch axis: ViT Grad-CAM refuses, saying so."""
+    attention reads tokens folded into the batch axis: ViT Grad-CAM refuses, saying why and what to use instead;
+    on MViTv2 it reads the last block's first norm."""
     timm = pytest.importorskip("timm")
     from tests.model_libraries import perturb
 
@@ -223,7 +224,12 @@ def test_on_timm_mobilevit_and_mvitv2_the_maps_are_one_per_input_or_refused():
     for method in ("grad-cam", "guided-grad-cam"):
         maps = Explainer(mvit, method).attribute(x, target=1)
         assert maps.shape == x.shape and bool(torch.isfinite(maps).all())
+    # ViT Grad-CAM reads the last block's first norm (not a norm of its key pooling), its tokens on their pooled grid
+    vit_cam = Explainer(mvit, "vit-grad-cam")
+    maps = vit_cam.attribute(x, target=1)
+    assert maps.shape == x.shape and bool(torch.isfinite(maps).all())
+    assert vit_cam.method.engine.conventions(vit_cam, x)["module"] == "stages.3.blocks.1.norm1"
     mobilevit = perturb(timm.create_model("mobilevit_xxs", num_classes=10).eval(), 0)
-    with pytest.raises(AttributionError, match="fold patches into the batch axis"):
+    with pytest.raises(AttributionError, match="fold patches into the batch axis.*use grad-cam"):
         Explainer(mobilevit, "vit-grad-cam").attribute(x, target=1)
     assert Explainer(mobilevit, "grad-cam").attribute(x, target=1).shape == x.shape

@@ -193,7 +193,7 @@ def token_node(graph: Any, values: dict[str, Any], layer: str | None, ndim: int)
         raise AttributionError(f"no norm that feeds the last attention holds tokens of one input each on the patch "
                                f"grid: the last, {norms[-1]!r}, {problems[norms[-1]]}; "
                                + _token_candidates(graph, values, ndim, batch))
-    return usable[-1]
+    return str(usable[-1])
 
 
 def _token_problem(graph: Any, values: dict[str, Any], node: str, ndim: int, batch: int) -> str | None:

@@ -131,7 +131,10 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
     said = manifest.get("warnings", {})
     sections.append(Section("Models", "Warnings, each also in the run's log and manifest: " + " ".join(
         f"{spec}: {line}." for spec, lines in said.items() for line in lines) if said else "",
-        tables=[Table(tables["models"], "Models: accuracy and orthogonality error.", "models")]))
+        tables=[Table(tables["models"], "Models: accuracy and orthogonality error; where DeepLIFT or RevealCancel "
+                                   "is audited, the largest relative gap between a map's sum and f(x) - f(x0) on two "
+                                   "audited images (their rules are exact: the gap is the model's own rounding).",
+                                   "models")]))
     config_text = json.dumps({k: manifest[k] for k in ("config", "seeds", "versions") if k in manifest}, indent=2)
     sections.append(Section("Configuration and versions", code=config_text))
     return sections

@@ -23,7 +23,9 @@ HEADINGS = {"collapse_layer": "CSC", "random_logit": "random logit", "control_ch
             "audit_accuracy": "accuracy on the audited images", "orth_error_max": "orthogonality error (max)",
             "orth_error_mean": "orthogonality error (mean)", "wilcoxon_p": "Wilcoxon p",
             "holm_p": "Holm-adjusted p (over the methods)", "n": "images",
-            "median_difference": "median difference (Bort - baseline)", "better": "better values"}
+            "median_difference": "median difference (Bort - baseline)", "better": "better values",
+            "deeplift_completeness_gap": "DeepLIFT: completeness gap",
+            "deeplift-revealcancel_completeness_gap": "RevealCancel: completeness gap"}
 
 
 def heading(column: object) -> str:

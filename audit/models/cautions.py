@@ -71,11 +71,28 @@ def narrowing(model: nn.Module, x: torch.Tensor) -> str | None:
     from attributions.explainer import Explainer
 
     try:
-        explainer = Explainer(model, "deeplift")
-        narrow = narrowed_dtypes(explainer.forward, x)
-        if not narrow:
-            return None
-        maps = explainer.attribute(x)  # the predicted classes
+        narrow = narrowed_dtypes(Explainer(model, "deeplift").forward, x)
+    except AttributionError:
+        return None
+    worst = completeness_gap(model, x) if narrow else None
+    if worst is None:
+        return None
+    names = ", ".join(sorted(str(d).removeprefix("torch.") for d in narrow))
+    return (f"computes part of its forward in {names}, narrower than its {str(x.dtype).removeprefix('torch.')} "
+            "inputs: the sums a method promises (DeepLIFT's f(x) - f(x0), LRP's conservation) hold only to that "
+            f"precision; DeepLIFT's maps miss it by up to {worst:.1e} of f(x) - f(x0) on {len(x)} of the audited "
+            "images")
+
+
+def completeness_gap(model: nn.Module, x: torch.Tensor, method: str = "deeplift") -> float | None:
+    """The largest |sum of the map - (f(x) - f(x0))| / |f(x) - f(x0)| of ``method``'s maps of ``x`` (B, ...) for
+    the predicted classes; None where the engine refuses the model (its units say why)."""
+    from attributions.errors import AttributionError
+    from attributions.explainer import Explainer
+
+    try:
+        explainer = Explainer(model, method)
+        maps = explainer.attribute(x)
         gap = explainer.compute_convergence_delta(maps, x).abs()
         with torch.no_grad():
             logits = explainer.forward(x)
@@ -83,9 +100,4 @@ def narrowing(model: nn.Module, x: torch.Tensor) -> str | None:
             difference = logits.gather(1, target[:, None])[:, 0] - explainer.forward(explainer.baseline_like(x))[0, target]
     except AttributionError:
         return None
-    worst = float((gap / difference.abs().clamp_min(torch.finfo(difference.dtype).tiny)).max())
-    names = ", ".join(sorted(str(d).removeprefix("torch.") for d in narrow))
-    return (f"computes part of its forward in {names}, narrower than its {str(x.dtype).removeprefix('torch.')} "
-            "inputs: the sums a method promises (DeepLIFT's f(x) - f(x0), LRP's conservation) hold only to that "
-            f"precision; DeepLIFT's maps miss it by up to {worst:.1e} of f(x) - f(x0) on {len(x)} of the audited "
-            "images")
+    return float((gap / difference.abs().clamp_min(torch.finfo(difference.dtype).tiny)).max())

@@ -28,7 +28,8 @@ def finish(run: Run) -> AuditResult:
     for spec in config.models:  # a resumed run or another process may have computed all of a model's units
         on_device(run, spec)
     # in the run's order, whichever process loaded which model first
-    tables["models"] = model_table({spec: run.models[spec] for spec in config.models}, run.labels, run.x, run.y)
+    tables["models"] = model_table({spec: run.models[spec] for spec in config.models}, run.labels, run.x, run.y,
+                                   methods=list(config.methods))
     atomic_write_bytes(run.out / "results" / MODELS_FILE, csv_bytes(tables["models"]))
     manifest = {"config": config.to_dict(), "status": "complete", "fingerprints": run.prints,
                 "seeds": {"audit": config.seed}}

@@ -6,7 +6,7 @@ Contributors run on the lead process after the units are joined, with every mode
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 import torch
@@ -17,6 +17,7 @@ from attributions.graph import trace
 from audit.atomic import atomic_write_bytes
 from audit.checks import CHECKS
 from audit.checks.options import look_level
+from audit.models.cautions import completeness_gap
 from audit.models.twins import twin_facts
 from audit.run.folder import versions
 from audit.run.plan import Run
@@ -192,8 +193,13 @@ def half_precision_agreement(models: dict[str, nn.Module], labels: dict[str, str
     return out
 
 
-def model_table(models: dict[str, nn.Module], labels: dict[str, str], x: torch.Tensor, y: torch.Tensor) -> pd.DataFrame:
-    """Per model: recorded training facts, accuracy on the audit images, constraint error."""
+def model_table(models: dict[str, nn.Module], labels: dict[str, str], x: torch.Tensor, y: torch.Tensor,
+                methods: Sequence[str] = ()) -> pd.DataFrame:
+    """Per model: recorded training facts, accuracy on the audit images, constraint error; where ``methods`` holds a
+    method whose maps must sum to f(x) - f(x0) exactly (DeepLIFT, RevealCancel), the gap measured on the first
+    :data:`GAP_IMAGES` images (``completeness_gap``: a model's own rounding, large where it divides by a small
+    difference in float32)."""
+    exact = [m for m in EXACT_SUMS if m in methods]
     rows = []
     for spec, model in models.items():
         meta = getattr(model, "metadata", {}) or {}
@@ -204,5 +210,11 @@ def model_table(models: dict[str, nn.Module], labels: dict[str, str], x: torch.T
                      "optimizer": meta.get("optimizer", "unknown"), "test_accuracy": meta.get("test_accuracy"),
                      "epochs": meta.get("epochs"), "orth_error_mean": float(err.orth_error.mean()) if len(err) else None,
                      "orth_error_max": float(err.orth_error.max()) if len(err) else None,
-                     "audit_accuracy": float((pred.cpu() == y).double().mean())})
+                     "audit_accuracy": float((pred.cpu() == y).double().mean())}
+                    | {f"{m}_completeness_gap": completeness_gap(model, x[:GAP_IMAGES], m) for m in exact})
     return pd.DataFrame(rows)
+
+
+GAP_IMAGES = 2  # the images a completeness gap is measured on: rounding, not a statistic over images
+EXACT_SUMS = ("deeplift", "deeplift-revealcancel")  # rules that distribute f(x) - f(x0) exactly, to rounding
+

@@ -105,7 +105,7 @@ def test_a_forward_that_narrows_its_values_is_said_with_deeplifts_gap_measured_o
                                                                                                  monkeypatch):
     """timm's EfficientViT computes its attention in float32 whatever its dtype: DeepLIFT's rules stay exact, its
     maps miss f(x) - f(x0) by the model's own rounding, and the report says so with the gap measured."""
-    from audit.models.cautions import narrowed_dtypes, narrowing
+    from audit.models.cautions import completeness_gap, narrowed_dtypes, narrowing
 
     (tmp_path / "narrowing_factory.py").write_text(textwrap.dedent(NARROWING_FACTORY))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -119,9 +119,22 @@ def test_a_forward_that_narrows_its_values_is_said_with_deeplifts_gap_measured_o
     assert line is not None and line.startswith("computes part of its forward in bfloat16, narrower than its float32")
     worst = float(line.split("miss it by up to ")[1].split()[0])
     assert 1e-4 < worst < 0.1  # bfloat16's rounding (8 bits of mantissa), not an exact sum
+    assert f"{completeness_gap(model, x):.1e}" == f"{worst:.1e}"
+    from attributions import Explainer
+
+    with torch.no_grad():  # the gap by hand: the maps' sums against the module's own f(x) - f(0)
+        logits = model(x)
+        target = logits.argmax(1)
+        difference = logits[torch.arange(2), target] - model(torch.zeros_like(x))[torch.arange(2), target]
+    sums = Explainer(model, "deeplift").attribute(x, target=target).flatten(1).sum(1)
+    assert completeness_gap(model, x) == pytest.approx(float(((sums - difference).abs() / difference.abs()).max()),
+                                                       rel=1e-3)
     logged = []
-    result = run_audit(load_config(models=["narrowing_factory:build"], **RUN), tmp_path / "run", progress=False,
-                       log=logged.append)
+    result = run_audit(load_config(models=["narrowing_factory:build", "cnn-sgd"], **(RUN | {"methods": "deeplift"})),
+                       tmp_path / "run", progress=False, log=logged.append)
+    narrowing_gap, float32_gap = result.tables["models"].deeplift_completeness_gap  # in the run's order
+    assert 1e-4 < narrowing_gap < 0.1  # bfloat16's rounding, measured on the run's first two images
+    assert float32_gap < 1e-5  # float32 throughout: DeepLIFT's sums to float32 rounding
     (said,) = result.manifest["warnings"]["narrowing_factory:build"]
     assert said.startswith("computes part of its forward in bfloat16") and "of the audited images" in said
     assert f"warning: narrowing_factory:build: {said}" in logged

@@ -67,7 +67,8 @@ def cell(model: torch.nn.Module, graph: Any, x: torch.Tensor, target: torch.Tens
     model, graph : the model and its captured graph for inputs like ``x``
     x : (B, C, H, W) the images; ``target`` (B,) their classes
     reference : ``plain`` (B, C, H, W) autograd's input gradient, ``difference`` (B,) f(x) - f(0) for the
-        targets, ``scale`` (B,) |f(x)| for them, ``tolerance`` the relative error a promise keeps
+        targets, ``scale`` (B,) what a sum's error is relative to (each image's largest |logit|, at least 1), ``tolerance`` the
+        relative error a promise keeps
     """
     from attributions.errors import AttributionError
     from attributions.explainer import Explainer
@@ -126,7 +127,10 @@ def _work(entry: Any, row: dict[str, Any], seed: int, methods: tuple[str, ...], 
     fx = logits.detach()[rows, target]
     with torch.no_grad():
         f0 = model(torch.zeros_like(x))[rows, target]
-    reference = {"plain": plain, "difference": fx - f0, "scale": fx.abs().clamp_min(torch.finfo(fx.dtype).tiny),
+    # a sum's error relative to the image's largest |logit|, and absolute under 1: the explained logit may sit at zero
+    # behind a final ReLU (SqueezeNet), every logit may (a void check, rounding's 1e-16 then no relative error)
+    scale = logits.detach().abs().amax(1).clamp_min(1.0)
+    reference = {"plain": plain, "difference": fx - f0, "scale": scale,
                  "tolerance": FLOAT32_TOLERANCE if narrowed_dtypes(model, x[:1]) else TOLERANCE}
     row["stage"] = "capture"
     graph = trace(model, x)
@@ -303,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     kept = out / "sweep.rows.csv"  # each model's rows as it finishes: a rerun sweeps only the models missing
     if args.fresh:
         kept.unlink(missing_ok=True)
+    elif not kept.exists() and args.publish and (Path(args.publish) / "sweep.csv").exists():
+        kept.write_bytes((Path(args.publish) / "sweep.csv").read_bytes())  # a fresh checkout resumes the published
     rows = _read(kept, methods)
     if args.retry:  # the models a crash or the time limit stopped are swept again, their rows dropped
         stopped = {(r["library"], r["model"]) for r in rows if str(r["reason"]).startswith(("crash", "skipped"))}

@@ -3,7 +3,8 @@
 What the code declares is read from the code, so the site cannot drift from it: each check's options
 (:meth:`audit.checks.options.Options.declared`), each method family's methods with their rule tables and
 references (:mod:`attributions.methods`), the bibliography (:mod:`reports.references`), the collapse atlas's
-summary from its published table (``docs/atlas``, written by ``make atlas``), and the notebooks, copied beside
+summary from its published table (``docs/atlas``, written by ``make atlas``), the method sweep's
+(``docs/sweep``, written by ``make sweep``), and the notebooks, copied beside
 the pages that render them.
 """
 from __future__ import annotations
@@ -95,6 +96,26 @@ def atlas_summary(folder: Path = ATLAS) -> str:
     return "\n".join(lines) + "\n"
 
 
+SWEEP = ROOT / "docs" / "sweep"
+
+
+def sweep_summary(folder: Path = SWEEP) -> str:
+    """The method sweep's published result (``make sweep``): where it comes from, how many of the enumerated models
+    it covers, then its summary (``docs/sweep/summary.md``: the cells by outcome, the refusals' and failures'
+    reasons)."""
+    import json
+
+    about = json.loads((folder / "sweep.json").read_text())
+    enumerated = sum(about["enumerated"].values())
+    swept = (f"all {enumerated} enumerated models" if about["models"] == enumerated else
+             f"{about['models']} of the {enumerated} enumerated models (the others not swept yet)")
+    head = (f"Published on {about['date']} at commit `{about['commit']}` with `{about['command']}` (each model within "
+            f"{about['limit_s']:.0f} s, on one core): {swept} ("
+            + ", ".join(f"{library} {n}" for library, n in about["enumerated"].items())
+            + f") x {about['methods']} methods. Every cell is in `docs/sweep/sweep.csv`.")
+    return head + "\n\n" + (folder / "summary.md").read_text()
+
+
 def write_all(out: Path) -> None:
     """Write every generated page into ``out`` and copy the notebooks to ``docs/tutorials``."""
     from attributions.catalog import FAMILIES
@@ -104,6 +125,7 @@ def write_all(out: Path) -> None:
     files = {"references.bib": bibtex()}
     files |= {f"options-{name}.md": options_table(name) for name in CHECKS}
     files["atlas-summary.md"] = atlas_summary()
+    files["sweep-summary.md"] = sweep_summary()
     files |= {f"methods-{family.replace(' ', '-').replace('+', 'plus')}.md": method_table(family)
               for family in FAMILIES}
     for name, text in files.items():

@@ -62,6 +62,21 @@ def test_the_atlas_page_shows_the_published_figure_table_and_provenance(site):
         assert model in text, model
 
 
+def test_the_sweep_page_shows_the_published_counts_and_provenance(site):
+    import json
+
+    import pandas as pd
+
+    about = json.loads((ROOT / "docs" / "sweep" / "sweep.json").read_text())
+    text = " ".join(re.sub(r"<[^>]+>", " ", (site / "sweep.html").read_text()).split())
+    assert f"at commit {about['commit']} with {about['command']}" in text and about["date"] in text
+    table = pd.read_csv(ROOT / "docs" / "sweep" / "sweep.csv")
+    assert len(table) == sum(about["cells"].values()) and table.model.nunique() == about["models"]
+    counts = table.outcome.value_counts()
+    total = " ".join(str(int(counts.get(o, 0))) for o in ("exact", "refused", "failed"))
+    assert f"all {about['models']} {about['methods']} {total}" in text  # the counts row of the table, as read
+
+
 def test_the_speed_page_shows_every_table_make_bench_writes_with_its_provenance(site):
     """Every table make bench writes is committed and included by a page: the speed page, the verdicts page for
     the checks' power, the twins page for what a twin costs."""

@@ -87,7 +87,7 @@ def test_heatmap_grid_shows_the_input_first_and_one_colour_bar_per_row():
     rng = np.random.default_rng(0)
     maps = {m: rng.normal(size=(3, 2, 8, 8)) * s for m, s in (("gradient", 1.0), ("lrp-zplus", 100.0))}
     images = rng.uniform(size=(2, 1, 8, 8))
-    fig = heatmap_grid(maps, ["original", "fc", "conv"], "m", 1, "cascading", images, scale="row")
+    fig = heatmap_grid(maps, ["original", "fc", "conv"], "m", 1, "cascading", images=images, scale="row")
     assert "one symmetric colour scale per method row" in fig.caption
     shown = [ax for ax in fig.figure.axes if ax.get_images()]
     first = shown[0].get_images()[0].get_array()

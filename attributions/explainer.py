@@ -8,12 +8,12 @@ pass over one forward pass. The user's model is only read: no hooks, no mode swi
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from captum.attr import Attribution
 from captum.log import log_usage
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
@@ -68,6 +68,18 @@ class ForwardPass:
         self.explainer.method.engine.prepare(self.explainer, self.x)
         return self.explainer._signals(self.x, start, lambda env: vectors, envs=(self.values, self.reference),
                                        keep=keep)
+
+
+if TYPE_CHECKING:
+    class Attribution:
+        """captum's base class as this module uses it (captum ships no types): its constructor, which keeps the
+        forward function captum's wrappers (NoiseTunnel, ...) call."""
+
+        forward_func: Callable[..., Any]
+
+        def __init__(self, forward_func: Callable[..., Any]) -> None: ...
+else:
+    from captum.attr import Attribution
 
 
 class Explainer(Attribution):

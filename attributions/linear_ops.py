@@ -159,7 +159,7 @@ class DenseOp(LinearOp):
         w = _weight(w)
         if self.blocks and torch.is_grad_enabled() and x.requires_grad and not w.requires_grad \
                 and (b is None or not b.requires_grad):
-            out: torch.Tensor = _BlockLinear.apply(x, w, b, self)  # autograd's backward through _transpose
+            out: torch.Tensor = _BlockLinear.apply(x, w, b, self)  # type: ignore[no-untyped-call]  # autograd's backward through _transpose
             return out
         return F.linear(x, w, b)
 
@@ -334,7 +334,7 @@ def max_pool(x: torch.Tensor, module: nn.Module) -> tuple[torch.Tensor, torch.Te
     differentiates both."""
     m: Any = module
     if x.device.type == "cpu" and x.is_contiguous() and x.numel() >= CHANNELS_LAST_POOLING:
-        out: tuple[torch.Tensor, torch.Tensor] = _ChannelsLastMaxPool.apply(x, m)
+        out: tuple[torch.Tensor, torch.Tensor] = _ChannelsLastMaxPool.apply(x, m)  # type: ignore[no-untyped-call]
         return out
     pooled: tuple[torch.Tensor, torch.Tensor] = F.max_pool2d(x, m.kernel_size, m.stride, m.padding, m.dilation,
                                                              ceil_mode=m.ceil_mode, return_indices=True)

@@ -64,7 +64,7 @@ def default_budget() -> int | None:
     memory, where CUDA is in use), as a run's default; None where neither can be read. Read once, so that the
     passes of one process are split alike from call to call."""
     free = [b for b in (available_bytes(torch.device("cpu")),
-                        available_bytes(torch.device("cuda")) if torch.cuda.is_initialized() else None)
+                        available_bytes(torch.device("cuda")) if torch.cuda.is_initialized() else None)  # type: ignore[no-untyped-call]
             if b is not None]
     return min(free) // 2 if free else None
 
@@ -134,9 +134,9 @@ def joined(parts: list[Joined], dim: int) -> Joined:
     if len(parts) == 1:
         return parts[0]
     if isinstance(parts[0], dict):
-        return cast(Joined, {k: torch.cat([p[k] for p in cast(list[dict[Any, torch.Tensor]], parts)], dim)
+        return cast(Joined, {k: torch.cat([p[k] for p in parts], dim)
                              for k in parts[0]})
-    return cast(Joined, torch.cat(cast(list[torch.Tensor], parts), dim))
+    return torch.cat(parts, dim)
 
 
 def spans(total: int, size: int) -> list[tuple[int, int]]:

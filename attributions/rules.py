@@ -511,7 +511,7 @@ class ReLUGradient(Rule):
         return [self._pullback(ctx, ctx.x)(signal)]
 
     def surrogate(self, ctx: Context) -> torch.Tensor:
-        out: torch.Tensor = _Surrogate.apply(ctx.x, lambda x: (ctx.apply(x), self._pullback(ctx, x)))
+        out: torch.Tensor = _Surrogate.apply(ctx.x, lambda x: (ctx.apply(x), self._pullback(ctx, x)))  # type: ignore[no-untyped-call]
         return out
 
     def _pullback(self, ctx: Context, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -837,11 +837,11 @@ class ActivationGradient(Rule):
             with torch.enable_grad():  # the derivative, element-wise: the gradient of the sum
                 leaf = x.detach().requires_grad_()
                 y = ctx.apply(leaf)
-                y.backward(torch.ones_like(y))
+                y.backward(torch.ones_like(y))  # type: ignore[no-untyped-call]
             slope = leaf.grad
             assert slope is not None
             return y.detach(), lambda signal: (signal * slope).clamp_(min=0)
-        out: torch.Tensor = _Surrogate.apply(ctx.x, run)
+        out: torch.Tensor = _Surrogate.apply(ctx.x, run)  # type: ignore[no-untyped-call]
         return out
 
 
@@ -1075,7 +1075,7 @@ class IdentityFactor(Rule):
         def run(x: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
             y, ratio = self._output_and_ratio(ctx, x)
             return y, ratio.mul
-        out: torch.Tensor = _Surrogate.apply(ctx.x, run)
+        out: torch.Tensor = _Surrogate.apply(ctx.x, run)  # type: ignore[no-untyped-call]
         return out
 
     def _output_and_ratio(self, ctx: Context, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1143,7 +1143,7 @@ class NormFactor(Rule):
             _, dims, weight, bias, eps, _ = _norm_axes(ctx)
             y, _, inverse = torch.ops.aten.native_layer_norm(x, x.shape[dims[0]:], weight, bias, eps)
             return y, _std_held(ctx, x, inverse.reciprocal_())
-        out: torch.Tensor = _Surrogate.apply(ctx.x, run)
+        out: torch.Tensor = _Surrogate.apply(ctx.x, run)  # type: ignore[no-untyped-call]
         return out
 
 
@@ -1183,7 +1183,7 @@ def scaled_gradient(t: torch.Tensor, scale: float) -> torch.Tensor:
         return t
     if scale == 0.0:
         return t.detach()
-    out: torch.Tensor = _ScaledGradient.apply(t, scale)
+    out: torch.Tensor = _ScaledGradient.apply(t, scale)  # type: ignore[no-untyped-call]
     return out
 
 

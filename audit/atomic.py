@@ -12,7 +12,7 @@ from typing import BinaryIO
 _rename = os.replace
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> Path:
     """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``.
 
     If ``write`` raises, nothing is left behind and ``path`` keeps its old content. The file
@@ -34,12 +34,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     return path
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically."""
     return atomic_write(path, lambda f: f.write(data))
 
 
-def remove_partials(folder: str | os.PathLike) -> list[Path]:
+def remove_partials(folder: str | os.PathLike[str]) -> list[Path]:
     """Delete the temporary files that writes killed mid-way left under ``folder`` (``.<name>.*.part``,
     as :func:`atomic_write` names them); returns what was removed."""
     stale = [p for p in Path(folder).rglob(".*.part") if is_partial(p) and p.is_file()]

@@ -400,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from audit.run.resources import keep_freed_memory
         keep_freed_memory()  # passes over the same shapes reuse freed memory instead of faulting it in again
     try:
-        return args.func(args)
+        result: int = args.func(args)
+        return result
     except ToolkitError as exc:
         if args.debug:
             raise

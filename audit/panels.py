@@ -7,6 +7,7 @@ column per family, never over the data.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -116,7 +117,7 @@ def floor_line(ax: Axes, x: np.ndarray | None, values: np.ndarray) -> None:
         ax.plot(x, values, color="0.55", linestyle=":", linewidth=0.9, zorder=1)
 
 
-def score_boxes(part, metric: str, threshold: float, ylabel: str,
+def score_boxes(part: Any, metric: str, threshold: float, ylabel: str,
                 references: dict[str, str] | None = None) -> MplFigure:
     """Per-image ``metric`` of one model's table ``part``: a box and every image's point per method, one panel per
     family, on [0, 1] with the dashed ``threshold`` and, where the random-map control ran, its median dotted in

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -22,7 +22,7 @@ class RunSettings(Protocol):
     named here, since the configuration imports the checks, which import this module)."""
 
     @property
-    def preprocess(self) -> str | dict: ...
+    def preprocess(self) -> str | dict[str, Any]: ...
 
 
 @dataclass
@@ -65,10 +65,11 @@ class ReportContext:
 
     config: RunSettings
     run: Path
-    examples: Callable[[str, str, list], tuple[dict[str, np.ndarray], np.ndarray | None]]
+    examples: Callable[[str, str, list[Any]], tuple[dict[str, np.ndarray], np.ndarray | None]]
 
 
 def new_figure(width: float, height: float) -> tuple[MplFigure, Axes]:
     """A pyplot-free figure of ``width`` x ``height`` inches and its one axes."""
     fig = MplFigure(figsize=(width, height))
-    return fig, cast(Axes, fig.subplots())  # one axes, not an array: subplots() is typed for any grid
+    axes: Axes = fig.subplots()  # one axes, not an array
+    return fig, axes

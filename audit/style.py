@@ -15,7 +15,10 @@ import matplotlib as mpl
 from matplotlib.colors import to_hex, to_rgb
 
 # the families are the catalog's (no torch): style.family, style.members and style.by_family are its
-from attributions.catalog import FAMILIES, by_family, family, members  # noqa: F401
+from attributions.catalog import FAMILIES as FAMILIES
+from attributions.catalog import by_family as by_family
+from attributions.catalog import family as family
+from attributions.catalog import members as members
 
 ONE_COLUMN = 3.3  # inches: the text width of one column of a two-column paper
 TWO_COLUMN = 6.9  # inches: the full text width of a two-column paper

@@ -61,7 +61,8 @@ def amplitude_value(w: torch.Tensor, mode: str, amplitude: float | str) -> float
     """c: the fixed amplitude, or (adaptive) the squared mean norm of the constrained rows / columns."""
     if amplitude != "adaptive":
         return cast(float, amplitude)  # mypy does not narrow a str | float by comparison with "adaptive"
-    return w.norm(dim=0 if _uses_columns(mode) else 1).mean() ** 2
+    result: torch.Tensor = w.norm(dim=0 if _uses_columns(mode) else 1).mean() ** 2
+    return result
 
 
 def correction(w: torch.Tensor, mode: str, amplitude: float | str = 1.0) -> torch.Tensor:

@@ -153,5 +153,5 @@ def reconstruction_quality(model: nn.Module, x: torch.Tensor, layer: str) -> pd.
         r = rec[i].double().numpy()
         r = (r - r.min()) / max(r.max() - r.min(), 1e-12)
         rows.append({"image": i, "layer": layer,
-                     "ssim": float(structural_similarity(a, r, data_range=1.0, channel_axis=0))})
+                     "ssim": float(structural_similarity(a, r, data_range=1.0, channel_axis=0))})  # type: ignore[no-untyped-call]
     return pd.DataFrame(rows)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -30,13 +30,13 @@ def _check(name: str, value: float, upper: float | None = None) -> None:
 
 
 class _BortBase(torch.optim.Optimizer):
-    def __init__(self, params, defaults: dict):
+    def __init__(self, params: Any, defaults: dict[str, Any]) -> None:
         for group in [defaults] + [g for g in (params if isinstance(params, list) else []) if isinstance(g, dict)]:
             self._validate(group)
         super().__init__(params, defaults)
 
     @staticmethod
-    def _validate(group: dict) -> None:
+    def _validate(group: dict[str, Any]) -> None:
         for key in ("lr", "weight_decay", "gamma"):
             if key in group:
                 _check(key, group[key])
@@ -47,12 +47,12 @@ class _BortBase(torch.optim.Optimizer):
         if "amplitude" in group:
             group["amplitude"] = check_amplitude(group["amplitude"])
 
-    def add_param_group(self, param_group: dict) -> None:
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
         self._validate(param_group)
         super().add_param_group(param_group)
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Any = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -63,11 +63,11 @@ class _BortBase(torch.optim.Optimizer):
                     self._update(p, group)
         return loss
 
-    def _update(self, p: torch.nn.Parameter, group: dict) -> None:
+    def _update(self, p: torch.nn.Parameter, group: dict[str, Any]) -> None:
         raise NotImplementedError
 
     @staticmethod
-    def _delta(p: torch.Tensor, group: dict) -> torch.Tensor | None:
+    def _delta(p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor | None:
         """gamma * Delta(W) shaped like p, or None when p is not constrained."""
         if group["gamma"] == 0 or p.ndim < 2:
             return None
@@ -96,14 +96,14 @@ class Bort(_BortBase):
         Apply row modes to the columns of tall weights (out > in k k), the only feasible side.
     """
 
-    def __init__(self, params: Iterable, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+    def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  gamma: float = 0.05, amplitude: float | str = 1.0, mode: str = "l1-full-row",
                  feasible_side: bool = True):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, gamma=gamma,
                                       amplitude=amplitude, mode=mode, feasible_side=feasible_side))
 
-    def _update(self, p, group):
-        g = p.grad
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
+        g = cast(torch.Tensor, p.grad)  # step() updates only the parameters that have a gradient
         delta = self._delta(p, group)
         if delta is not None:
             g = g.add(delta)
@@ -131,7 +131,7 @@ class BortAdamW(_BortBase):
     gamma, amplitude, mode, feasible_side : as :class:`Bort`
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, gamma: float = 0.05,
                  amplitude: float | str = 1.0, mode: str = "l1-full-row", feasible_side: bool = True):
         for b in betas:
@@ -139,7 +139,7 @@ class BortAdamW(_BortBase):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, gamma=gamma,
                                       amplitude=amplitude, mode=mode, feasible_side=feasible_side))
 
-    def _update(self, p, group):
+    def _update(self, p: torch.Tensor, group: dict[str, Any]) -> None:
         beta1, beta2 = group["betas"]
         p.mul_(1 - group["lr"] * group["weight_decay"])
         delta = self._delta(p, group)
@@ -152,8 +152,9 @@ class BortAdamW(_BortBase):
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         state["step"] += 1
         step = float(state["step"])
-        state["exp_avg"].lerp_(p.grad, 1 - beta1)
-        state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        grad = cast(torch.Tensor, p.grad)  # step() updates only the parameters that have a gradient
+        state["exp_avg"].lerp_(grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         step_size = group["lr"] / (1 - beta1 ** step)
         denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** step)).add_(group["eps"])
         p.addcdiv_(state["exp_avg"], denom, value=-step_size)
@@ -191,7 +192,7 @@ def constrained_parameters(model: nn.Module) -> list[Constrained]:
     return out
 
 
-def param_groups(model: nn.Module, gamma: float, weight_decay: float = 0.0) -> list[dict]:
+def param_groups(model: nn.Module, gamma: float, weight_decay: float = 0.0) -> list[dict[str, Any]]:
     """Param groups: conv / linear weights and attention projections with ``gamma`` (packed projections
     in a group of their own, ``maps`` 3); everything else (biases, norms, tokens) gamma 0.
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from audit import style
 from audit.atomic import atomic_write_bytes, remove_partials
@@ -140,7 +141,7 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
     return sections
 
 
-def _across_models(verdict, score: str | None) -> list:
+def _across_models(verdict: Any, score: str | None) -> list[Any]:
     """The verdict matrix and one score across models, for an audit of more than two models."""
     columns = score_columns(verdict)
     if score is not None and score not in columns:

@@ -30,6 +30,7 @@ answer.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -124,7 +125,7 @@ def _top_stage(config: AuditConfig) -> Callable[[pd.DataFrame], pd.DataFrame]:
     return select
 
 
-def candidates(check: str, model: str, method: str, tables: dict,
+def candidates(check: str, model: str, method: str, tables: dict[str, Any],
                config: AuditConfig) -> list[tuple[str, bool | None, str]]:
     """The mechanisms that could explain ``method``'s rejection by ``check``, each measured: (name, whether it
     holds (None: not measured), the evidence)."""
@@ -138,19 +139,19 @@ def candidates(check: str, model: str, method: str, tables: dict,
     return out
 
 
-def check_mechanism(check: str, model: str, method: str, tables: dict, config: AuditConfig) -> str:
+def check_mechanism(check: str, model: str, method: str, tables: dict[str, Any], config: AuditConfig) -> str:
     """The names of the mechanisms the measurements support for ``method``'s rejection by ``check``, or "none
     measured" (:func:`evidence_table` holds the measurements)."""
     found = [name for name, holds, _ in candidates(check, model, method, tables, config) if holds]
     return " and ".join(found) if found else "none measured"
 
 
-def mechanism(model: str, method: str, rejecting: list[str], tables: dict, config: AuditConfig) -> str:
+def mechanism(model: str, method: str, rejecting: list[str], tables: dict[str, Any], config: AuditConfig) -> str:
     """The mechanism text of a rejected method: for each rejecting check, :func:`check_mechanism`."""
     return ". ".join(f"{check}: {check_mechanism(check, model, method, tables, config)}" for check in rejecting)
 
 
-def evidence_table(verdict: pd.DataFrame, tables: dict, config: AuditConfig) -> pd.DataFrame:
+def evidence_table(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig) -> pd.DataFrame:
     """The measurements behind the verdict's mechanism column: one row per rejected method x rejecting check x
     candidate mechanism (model, method, check, mechanism, result: holds / does not hold / not measured, evidence).
 

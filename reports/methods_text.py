@@ -7,6 +7,7 @@ into ``\\citep{...}`` (natbib), escaping the rest.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pandas as pd
 
@@ -33,7 +34,7 @@ def _value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _twin_sentence(manifest: dict, test: str) -> str:
+def _twin_sentence(manifest: dict[str, Any], test: str) -> str:
     """Which twin each model was compared with, how it was trained and how well it fits its permuted labels; and
     the models skipped for want of a twin."""
     parts = []
@@ -49,7 +50,7 @@ def _twin_sentence(manifest: dict, test: str) -> str:
     return text + (f" Not tested for want of a twin: {', '.join(skipped)}." if skipped else "")
 
 
-def _coverage_sentence(covered: dict[str, dict]) -> str:
+def _coverage_sentence(covered: dict[str, dict[str, Any]]) -> str:
     """What a randomization check's stages re-initialised, per model, from the manifest's coverage."""
     parts = []
     for model, c in covered.items():
@@ -63,14 +64,14 @@ def _coverage_sentence(covered: dict[str, dict]) -> str:
             f"the run's coverage files): {'; '.join(parts)}.")
 
 
-def _pattern_data(manifest: dict) -> str:
+def _pattern_data(manifest: dict[str, Any]) -> str:
     """What the pattern methods' patterns were fitted on, as the manifest records it."""
     record = manifest.get("patterns")
     return "the images each check explains" if not record else \
         f"{record['data']} (each trained model's patterns fitted once, kept beside its checkpoint and reused)"
 
 
-def paragraphs(manifest: dict, models: pd.DataFrame) -> list[tuple[str, str]]:
+def paragraphs(manifest: dict[str, Any], models: pd.DataFrame) -> list[tuple[str, str]]:
     """(heading, text) pairs: models, data, attribution methods, checks, statistics, software."""
     config = manifest["config"]
     out = []
@@ -185,7 +186,7 @@ def cited(pairs: list[tuple[str, str]]) -> list[str]:
 
 def markdown(pairs: list[tuple[str, str]]) -> str:
     """``methods.md``: bold run-in headings, author-year citations, the reference list at the end."""
-    def cite(match: re.Match) -> str:
+    def cite(match: re.Match[str]) -> str:
         return "(" + "; ".join(short(k.strip().lstrip("@")) for k in match.group(1).split(";")) + ")"
 
     lines = ["# Methods", ""] + [f"**{h}.** {CITATION.sub(cite, t)}" + "\n" for h, t in pairs]

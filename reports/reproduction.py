@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -149,7 +150,7 @@ def protocol_differences(check: str, config: AuditConfig) -> list[str]:
     return out
 
 
-def architecture(tables: dict, model: str) -> str:
+def architecture(tables: dict[str, Any], model: str) -> str:
     """The model's architecture as the run's models table names it ("" where it has none)."""
     models = tables.get("models")
     if models is None or models.empty or "arch" not in models:
@@ -179,7 +180,7 @@ def _reason(check: str, part: pd.DataFrame, claim: Claim, config: AuditConfig, a
     return "; ".join(reasons)
 
 
-def adebayo_table(tables: dict, models: list[str], check: str, config: AuditConfig) -> pd.DataFrame:
+def adebayo_table(tables: dict[str, Any], models: list[str], check: str, config: AuditConfig) -> pd.DataFrame:
     """Adebayo et al.'s conclusion per method under ``check`` beside this run's outcome, measure by measure, per
     model."""
     table = tables.get(check)
@@ -233,7 +234,7 @@ def sixt_reason(csc: pd.DataFrame, model: str, method: str, arch: str) -> str:
     return "; ".join(reasons)
 
 
-def sixt_table(tables: dict, models: list[str]) -> pd.DataFrame:
+def sixt_table(tables: dict[str, Any], models: list[str]) -> pd.DataFrame:
     """Sixt et al.'s conclusion per method beside this run's CSC at the input per model, against the paper's 0.99;
     a differing cell names what was measured (:func:`sixt_reason`)."""
     csc = tables.get("csc")
@@ -273,7 +274,7 @@ def _counts(table: pd.DataFrame, models: list[str]) -> str:
     return f"{counts['agrees']} agree, {counts['differs']} differ, {counts[INCONCLUSIVE]} inconclusive"
 
 
-def reproduction_sections(verdict: pd.DataFrame, tables: dict, config: AuditConfig) -> list[Section]:
+def reproduction_sections(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig) -> list[Section]:
     """The report's opening section: the two papers' tables, for the checks the run made."""
     models = list(dict.fromkeys(verdict.model)) if not verdict.empty else []
     out = []

@@ -7,6 +7,8 @@ outcome against the run's value. The intervals do not depend on the threshold; o
 """
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from attributions.catalog import CONTROLS
@@ -35,7 +37,7 @@ def threshold_grid(check: str, value: float) -> list[float]:
     return grid
 
 
-def sensitivity_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
+def sensitivity_table(tables: dict[str, Any], config: AuditConfig) -> pd.DataFrame:
     """One row per check x threshold value: the counts of each outcome over the audited methods (controls left
     out) and the pairs whose outcome differs from the one at the run's threshold.
 

@@ -2,6 +2,8 @@
 checks' verdict rules (:attr:`audit.checks.base.Check.verdict`)."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 from scipy import stats
@@ -16,7 +18,7 @@ from audit.run.config import AuditConfig
 from reports.mechanisms import mechanism
 
 
-def _rules(tables: dict, config: AuditConfig) -> list[tuple[str, VerdictRule, bool, Options]]:
+def _rules(tables: dict[str, Any], config: AuditConfig) -> list[tuple[str, VerdictRule, bool, Options]]:
     """(check name, rule, counts in the verdict, the check's options) for each verdict rule of the checks that
     were run."""
     run = set(tables) | set(config.tests)
@@ -25,7 +27,7 @@ def _rules(tables: dict, config: AuditConfig) -> list[tuple[str, VerdictRule, bo
             if name in run for rule in ((check.verdict,) if check.verdict is not None else ()) + tuple(check.side_rules)]
 
 
-def verdict_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
+def verdict_table(tables: dict[str, Any], config: AuditConfig) -> pd.DataFrame:
     """One row per model x method: for each check's verdict rule (and side rule) among ``tables``, its score and
     text; ``outcome_<check>``, each check's outcome (rejected / not rejected / inconclusive; empty where the check
     says nothing); ``role`` (method or control); ``verdict``: "rejected: " and every rejecting check's reason,
@@ -60,7 +62,7 @@ def verdict_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
     pairs = pd.concat([t[["model", "method"]] for t in present]).drop_duplicates()
     rows = []
     for model, method in pairs.itertuples(index=False):
-        row: dict = {"model": model, "method": method,
+        row: dict[str, Any] = {"model": model, "method": method,
                      "role": "control" if build_method(method).family == CONTROLS else "method"}
         rejecting, unsure, rejected_by = [], [], []
         for name, rule, counts, options in rules:
@@ -96,7 +98,7 @@ def verdict_table(tables: dict, config: AuditConfig) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def control_check(row: dict) -> str:
+def control_check(row: dict[str, Any]) -> str:
     """Whether a control's outcome under each check is the one the check says it must have: "as expected", or
     "UNEXPECTED: " and each check that gave another outcome (that check is broken)."""
     wrong = [f"{name} gave {row[f'outcome_{name}']} (must be {expected})" for name, check in CHECKS.items()
@@ -175,7 +177,7 @@ def twins(models: pd.DataFrame) -> list[tuple[str, str]]:
     return pairs
 
 
-def bort_comparison(tables: dict) -> pd.DataFrame:
+def bort_comparison(tables: dict[str, Any]) -> pd.DataFrame:
     """Paired Wilcoxon signed-rank tests (scipy) of the per-image scores behind each per-image verdict
     (random-logit SSIM, SSIM at full cascading randomization, eMPRT's score, sMPRT's Spearman, input
     invariance's relative L2), baseline vs Bort twin, per method; each row names its score and which

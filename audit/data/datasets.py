@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -42,9 +42,9 @@ class Source:
     """
 
     base_url: str
-    files: dict
+    files: dict[str, Any]
     apt: str | None = None
-    system_dirs: tuple = ()
+    system_dirs: tuple[Any, ...] = ()
     archive: str | None = None
     subdir: str | None = None
 
@@ -86,7 +86,7 @@ def cache_dir() -> Path:
     return Path(base) / "attribution-audit"
 
 
-def search_dirs(name: str, root: str | os.PathLike | None = None) -> list[Path]:
+def search_dirs(name: str, root: str | os.PathLike[str] | None = None) -> list[Path]:
     """Folders searched for data set ``name``, in lookup order."""
     source = SOURCES.get(name)
     bases = [Path(b) for b in (root, os.environ.get("AUDIT_DATA")) if b] + [cache_dir()]
@@ -104,7 +104,7 @@ def _find(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def locate(name: str, split: str, root: str | os.PathLike | None = None) -> list[Path]:
+def locate(name: str, split: str, root: str | os.PathLike[str] | None = None) -> list[Path]:
     """Paths of the files holding ``split`` of ``name``, all from the first folder that has them all.
 
     Parameters
@@ -152,7 +152,7 @@ def locate(name: str, split: str, root: str | os.PathLike | None = None) -> list
                     "; or place the files in one of those folders.")
 
 
-def download_dataset(name: str, root: str | os.PathLike | None = None, progress: bool = True) -> Path:
+def download_dataset(name: str, root: str | os.PathLike[str] | None = None, progress: bool = True) -> Path:
     """Fetch the official files of ``name`` into ``root/name`` (default: the cache), verified.
 
     Returns the folder the data set now lives in.
@@ -191,7 +191,7 @@ def _unpack(archive: Path, target: Path, member_dir: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_dataset(name: str, split: str, root: str | os.PathLike | None = None,
+def load_dataset(name: str, split: str, root: str | os.PathLike[str] | None = None,
                  download: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Load one split of a data set.
 
@@ -274,7 +274,8 @@ def embedded_sample() -> tuple[np.ndarray, np.ndarray]:
 def embedded_sample_indices() -> np.ndarray:
     """Indices of the embedded images in the official Fashion-MNIST test split, (1000,) int64."""
     with resources.files("audit.data").joinpath("assets", SAMPLE_FILE).open("rb") as f, np.load(f) as npz:
-        return npz["indices"].astype(np.int64)
+        result: np.ndarray = npz["indices"].astype(np.int64)
+        return result
 
 
 def _sample_test_mask(y: np.ndarray, test_per_class: int = 20) -> np.ndarray:
@@ -285,7 +286,7 @@ def _sample_test_mask(y: np.ndarray, test_per_class: int = 20) -> np.ndarray:
     return mask
 
 
-def make_embedded_sample(out: Path, per_class: int = 100, root: str | os.PathLike | None = None) -> Path:
+def make_embedded_sample(out: Path, per_class: int = 100, root: str | os.PathLike[str] | None = None) -> Path:
     """Write the embedded sample from the full Fashion-MNIST test split (provenance, reproducible)."""
     paths = locate("fashion-mnist", "test", root)
     images, labels = read_idx(paths[0]), read_idx(paths[1]).astype(np.int64)
@@ -294,7 +295,7 @@ def make_embedded_sample(out: Path, per_class: int = 100, root: str | os.PathLik
                                                            indices=idx.astype(np.int32)))
 
 
-def file_sha256(path: str | os.PathLike) -> str:
+def file_sha256(path: str | os.PathLike[str]) -> str:
     """sha256 of a file's bytes, read in 1 MB blocks (weight files run to gigabytes)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -311,7 +312,7 @@ def array_sha256(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
-def balanced_sample(name: str, n: int, root: str | os.PathLike | None = None) -> tuple[np.ndarray, np.ndarray]:
+def balanced_sample(name: str, n: int, root: str | os.PathLike[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``n`` class-balanced test images of data set ``name`` ("embedded": the shipped sample): the first
     of each class in order, round-robin. Returns x (n, C, H, W) float32 and y (n,) int64.
 
@@ -364,8 +365,8 @@ class FolderSample:
     classes: list[str]
 
 
-def sample_image_folder(root: str | os.PathLike, n: int, seed: int = 0,
-                        preprocess: str | dict | Preprocess = "none") -> FolderSample:
+def sample_image_folder(root: str | os.PathLike[str], n: int, seed: int = 0,
+                        preprocess: str | dict[str, Any] | Preprocess = "none") -> FolderSample:
     """``n`` images of the folder ``root`` (one sub-folder per class, as torchvision's ImageFolder),
     stratified: classes take turns, each giving its files in a seeded random order; only the drawn
     files are read, through ``preprocess`` (:func:`audit.data.preprocess.preprocess_from`).

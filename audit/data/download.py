@@ -9,6 +9,7 @@ import hashlib
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -35,7 +36,7 @@ def fetch(url: str, dest: Path, sha256: str, progress: bool = True, timeout: flo
     """
     dest = Path(dest)
 
-    def write(out) -> None:
+    def write(out: Any) -> None:
         h = hashlib.sha256()
         try:
             request = urllib.request.Request(url, headers={"User-Agent": "attribution-audit"})

@@ -10,6 +10,7 @@ import io
 import pickle
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -66,7 +67,7 @@ class _ArrayOnlyUnpickler(pickle.Unpickler):
         ("numpy._core.multiarray", "scalar"), ("_codecs", "encode"),
     }
 
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self._ALLOWED:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -72,7 +73,8 @@ class Preprocess:
         """A (C, H, W) model input back in [0, 1] (normalisation undone, then clipped)."""
         if self.mean is not None and self.std is not None:
             x = x * self._channels(self.std, x) + self._channels(self.mean, x)
-        return np.clip(x, 0.0, 1.0)
+        result: np.ndarray = np.clip(x, 0.0, 1.0)
+        return result
 
     @staticmethod
     def _channels(values: tuple[float, ...], x: np.ndarray) -> np.ndarray:
@@ -81,7 +83,7 @@ class Preprocess:
             raise ConfigError(f"preprocess has {len(v)} channel statistics, the images have {x.shape[0]} channels")
         return v.reshape(-1, 1, 1)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The spec as a plain table (for the manifest and TOML)."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if v is not None}
 
@@ -93,7 +95,7 @@ PRESETS = {
 }
 
 
-def preprocess_from(spec: str | Mapping | Preprocess) -> Preprocess:
+def preprocess_from(spec: str | Mapping[str, Any] | Preprocess) -> Preprocess:
     """A :class:`Preprocess` from a preset name (:data:`PRESETS`), a table with the fields
     ``resize``, ``crop``, ``mean``, ``std``, or a Preprocess."""
     if isinstance(spec, Preprocess):

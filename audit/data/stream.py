@@ -21,7 +21,7 @@ from audit.errors import DataError
 GRAY_MODES = ("L", "1", *DEEP_MODES)
 
 
-class FolderImages(torch.utils.data.Dataset):
+class FolderImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     """The images of ``root`` (one sub-folder per class, classes in sorted order), read on demand.
 
     Parameters

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ from audit.measures.similarity import (
 )
 
 
-def heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> dict[str, torch.Tensor]:
+def heatmaps(maps: dict[str, torch.Tensor], reduction: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
     """{method: (N, C, H, W) maps} -> {method: (N, H, W) raw heatmaps}.
 
     Each method's own reduction (:attr:`attributions.Method.heatmap`: the signed channel sum for
@@ -53,7 +54,7 @@ def heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> di
             for m, v in maps.items()}
 
 
-def signed_heatmaps(maps: dict[str, torch.Tensor], reduction: dict | None = None) -> dict[str, torch.Tensor]:
+def signed_heatmaps(maps: dict[str, torch.Tensor], reduction: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
     """{method: (N, C, H, W) maps} -> {method: (N, H, W) signed channel sums}, for the methods whose heatmap
     reduction drops the sign (``max-abs``): the signed ("diverging") Spearman correlation of Adebayo et al. (2018)
     is computed on a map that keeps its sign. Methods whose reduction is the signed sum are left out (their

@@ -8,6 +8,7 @@ filter radius), so no padding is needed.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 import torch
@@ -222,7 +223,8 @@ def local_means(a: torch.Tensor, win_size: int = WINDOW, gaussian: bool = False,
     return _filter(torch.stack([x, x * x]), _window(win_size, gaussian, sigma))
 
 
-def _ssim_block(x, y, window, cov_norm, data_range, flip_invariant, x_means=None) -> torch.Tensor:
+def _ssim_block(x: torch.Tensor, y: torch.Tensor, window: Any, cov_norm: float, data_range: float,
+                flip_invariant: torch.Tensor, x_means: Any = None) -> torch.Tensor:
     if x_means is None:
         ux, uy, uxx, uyy, uxy = _filter(torch.stack([x, y, x * x, y * y, x * y]), window).unbind(0)
     else:
@@ -234,7 +236,7 @@ def _ssim_block(x, y, window, cov_norm, data_range, flip_invariant, x_means=None
     q = torch.addcmul(ux * ux, uy, uy)
     second = uyy.add_(uxx)  # uxx + uyy, reused for vx + vy (uxx may be the caller's)
 
-    def mean_ssim(a, q, cov_xy):
+    def mean_ssim(a: torch.Tensor, q: torch.Tensor, cov_xy: torch.Tensor) -> torch.Tensor:
         num = (a * 2).add_(c1).mul_((cov_xy - a).mul_(2 * cov_norm).add_(c2))
         den = (q + c1).mul_((second - q).mul_(cov_norm).add_(c2))
         return num.div_(den).mean(dim=(1, 2))
@@ -314,7 +316,7 @@ def ranks(values: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
     return _ranked(values, order, unit=False)
 
 
-def unit_ranks(values, order: np.ndarray | None = None, ordered: np.ndarray | None = None) -> np.ndarray:
+def unit_ranks(values: Any, order: np.ndarray | None = None, ordered: np.ndarray | None = None) -> np.ndarray:
     """The average ranks of each flattened row of (N, ...) values, centred and scaled to unit length
     -> (N, P); NaN rows for constant rows and rows holding NaN. The Spearman correlation of two rows is the dot product of
     theirs, so a set of maps compared many times is ranked once. ``order``: ``np.argsort`` of the (N, P) rows and
@@ -324,7 +326,7 @@ def unit_ranks(values, order: np.ndarray | None = None, ordered: np.ndarray | No
     return _ranked(flat, order, unit=True, ordered=ordered)
 
 
-def unit_centred(values) -> np.ndarray:
+def unit_centred(values: Any) -> np.ndarray:
     """Each flattened row of (N, ...) values centred and scaled to unit length -> (N, P) float64; NaN rows for
     constant rows and rows holding NaN. The Pearson correlation of two rows is the dot product of theirs."""
     flat = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
@@ -340,10 +342,11 @@ def correlation(ra: np.ndarray, rb: np.ndarray) -> np.ndarray:
     ``len(rb) // len(ra)`` rows of ``rb`` (a reference set against several stacked sets)."""
     if len(rb) != len(ra):
         ra = np.tile(ra, (len(rb) // len(ra), 1))
-    return np.einsum("ij,ij->i", ra, rb)
+    result: np.ndarray = np.einsum("ij,ij->i", ra, rb)
+    return result
 
 
-def spearman(a, b) -> np.ndarray:
+def spearman(a: Any, b: Any) -> np.ndarray:
     """Spearman rank correlation of each pair of flattened maps (N, ...) -> (N,) (average ranks for
     ties, as scipy; NaN where either map is constant).
 
@@ -422,7 +425,7 @@ def hog_features(maps: torch.Tensor, orientations: int = 9) -> np.ndarray:
     return blocks.reshape(n, -1).numpy()
 
 
-def hog_similarity(a, b) -> np.ndarray:
+def hog_similarity(a: Any, b: Any) -> np.ndarray:
     """Pearson correlation of the HOG descriptors of each pair of maps -> (N,), Adebayo et al.'s (2018)
     HOG measure.
 

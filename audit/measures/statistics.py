@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -21,8 +22,8 @@ def check_interval(level: float, n_resamples: int) -> None:
         raise AuditError(f"n_resamples must be a positive integer, got {n_resamples!r}")
 
 
-def bootstrap_ci(values, level: float = 0.99, n_resamples: int = 10_000, seed: int = 0,
-                 statistic: Callable = np.median, groups=None) -> tuple[float, float, float]:
+def bootstrap_ci(values: Any, level: float = 0.99, n_resamples: int = 10_000, seed: int = 0,
+                 statistic: Callable[..., Any] = np.median, groups: Any = None) -> tuple[float, float, float]:
     """Percentile bootstrap interval of ``statistic`` (default: the median) over ``values``.
 
     NaN values are dropped. Returns (estimate, low, high); all NaN when no value remains.
@@ -71,7 +72,7 @@ def bootstrap_ci(values, level: float = 0.99, n_resamples: int = 10_000, seed: i
     return _percentile_interval(v.tobytes(), level, n_resamples, seed, statistic)
 
 
-def nested_median_ci(values, groups, level: float = 0.99, n_resamples: int = 10_000,
+def nested_median_ci(values: Any, groups: Any, level: float = 0.99, n_resamples: int = 10_000,
                      seed: int = 0) -> tuple[float, float, float]:
     """Two-stage bootstrap interval of the median of values nested in groups (images in re-initialisation seeds).
 
@@ -136,7 +137,7 @@ def _nested_interval(sample: bytes, sizes: bytes, level: float, n_resamples: int
 
 @functools.lru_cache(maxsize=4096)
 def _percentile_interval(sample: bytes, level: float, n_resamples: int, seed: int,
-                         statistic: Callable) -> tuple[float, float, float]:
+                         statistic: Callable[..., Any]) -> tuple[float, float, float]:
     """:func:`bootstrap_ci` of the float64 values in ``sample``, remembered: a verdict re-read at another
     threshold (the sensitivity table) resamples the same scores, and the interval does not depend on it."""
     v = np.frombuffer(sample, dtype=np.float64)
@@ -192,7 +193,7 @@ def summarize(df: pd.DataFrame, level: float = 0.99, n_resamples: int = 10_000, 
     return pd.DataFrame(rows)
 
 
-def cluster_median_ci(values, clusters, level: float = 0.99, n_resamples: int = 2000, seed: int = 0,
+def cluster_median_ci(values: Any, clusters: Any, level: float = 0.99, n_resamples: int = 2000, seed: int = 0,
                       bins: int = 1000) -> tuple[float, float, float]:
     """Cluster bootstrap interval of the median of values pooled over clusters (images): each resample draws
     the clusters with replacement and pools all their values.

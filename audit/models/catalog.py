@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from typing import Any
 
 SHIPPED = resources.files("audit.models").joinpath("checkpoints")
 
@@ -18,9 +19,9 @@ ARCHITECTURES: dict[str, str] = {
 }
 
 
-def available_checkpoints() -> dict[str, dict]:
+def available_checkpoints() -> dict[str, dict[str, Any]]:
     """Shipped checkpoint names -> their metadata."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     if not SHIPPED.is_dir():
         return out
     for entry in sorted(SHIPPED.iterdir(), key=lambda p: p.name):

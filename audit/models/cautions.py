@@ -49,14 +49,14 @@ def narrowed_dtypes(forward: Callable[[torch.Tensor], Any], x: torch.Tensor) -> 
     def floats(tree: Any) -> list[torch.Tensor]:
         return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
-    class Record(TorchDispatchMode):
+    class Record(TorchDispatchMode):  # type: ignore[no-untyped-call]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
             widest = max((t.dtype.itemsize for t in floats((args, kwargs))), default=0)
             seen.update(t.dtype for t in floats(out) if t.dtype.itemsize < widest)
             return out
 
-    with torch.no_grad(), Record():
+    with torch.no_grad(), Record():  # type: ignore[no-untyped-call]
         forward(x)
     return seen
 

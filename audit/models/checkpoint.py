@@ -10,6 +10,7 @@ import json
 import os
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ from audit.models.libraries import check_dtypes, is_library_spec, library_files,
 from audit.models.zoo import build
 
 
-def save_checkpoint(model: nn.Module, metadata: dict, path: str | os.PathLike) -> Path:
+def save_checkpoint(model: nn.Module, metadata: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write ``path`` (.pt, the state_dict) and its .json metadata, each atomically.
 
     Parameters
@@ -57,7 +58,7 @@ def save_checkpoint(model: nn.Module, metadata: dict, path: str | os.PathLike) -
     return pt
 
 
-def _resolve(name_or_path: str | os.PathLike) -> tuple[Path, Path]:
+def _resolve(name_or_path: str | os.PathLike[str]) -> tuple[Path, Path]:
     text = str(name_or_path)
     path = Path(text)
     # files only: a folder that happens to carry a shipped model's name does not hide the model
@@ -83,7 +84,7 @@ def _resolve(name_or_path: str | os.PathLike) -> tuple[Path, Path]:
 
 
 @leaves_process_alone
-def load_checkpoint(name_or_path: str | os.PathLike) -> nn.Module:
+def load_checkpoint(name_or_path: str | os.PathLike[str]) -> nn.Module:
     """Load a shipped checkpoint by name, or one written by the trainer by path.
 
     A tensor stored in lower precision than the model's is cast up, said as a

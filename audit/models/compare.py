@@ -1,22 +1,26 @@
 """Baseline vs Bort twins: accuracy, constraint error and reconstruction quality side by side."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
 from audit.data.datasets import embedded_sample
-from audit.models.checkpoint import available_checkpoints, load_checkpoint
+from audit.models.catalog import available_checkpoints
+from audit.models.checkpoint import load_checkpoint
 from bort import BortError, constraint_error, reconstruction_quality
 
 
 def first_conv(model: nn.Module) -> str:
     """Name of the first Conv2d module in definition order."""
-    return next(name for name, m in model.named_modules() if isinstance(m, nn.Conv2d))
+    result: str = next(name for name, m in model.named_modules() if isinstance(m, nn.Conv2d))
+    return result
 
 
-def model_summary(name: str, model: nn.Module, x: np.ndarray) -> dict:
+def model_summary(name: str, model: nn.Module, x: np.ndarray) -> dict[str, Any]:
     """One row: recorded training facts, the mean and max orthogonality error now, and the median
     SSIM of reconstructing ``x`` (N, C, H, W) from the first conv layer (NaN where not a chain)."""
     meta = getattr(model, "metadata", {})

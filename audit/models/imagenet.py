@@ -37,7 +37,8 @@ class VGG16(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.avgpool(self.features(x))
-        return self.classifier(torch.flatten(x, 1))
+        result: torch.Tensor = self.classifier(torch.flatten(x, 1))
+        return result
 
 
 class Bottleneck(nn.Module):
@@ -65,7 +66,8 @@ class Bottleneck(nn.Module):
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
         out = out + identity
-        return self.relu(out)
+        result: torch.Tensor = self.relu(out)
+        return result
 
 
 class ResNet50(nn.Module):
@@ -99,4 +101,5 @@ class ResNet50(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+        result: torch.Tensor = self.fc(torch.flatten(self.avgpool(x), 1))
+        return result

@@ -63,7 +63,8 @@ def read_state(path: str | Path) -> dict[str, torch.Tensor]:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
 
-            return load_file(str(path))
+            result: dict[str, torch.Tensor] = load_file(str(path))
+            return result
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # several types for a corrupt or foreign file
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreadable"
@@ -140,7 +141,7 @@ def under_model_names(model: nn.Module, stored: dict[str, torch.dtype]) -> dict[
             for name, dtype in stored.items()}
 
 
-def _load(model: nn.Module, path: str | Path, spec: str, partial: bool) -> dict:
+def _load(model: nn.Module, path: str | Path, spec: str, partial: bool) -> dict[str, Any]:
     """Load ``path`` into ``model``: every tensor must fit, unless ``partial`` allows missing, unexpected and
     mismatched ones (returned, for the manifest, with the dtype warnings, under ``warnings``)."""
     state = read_state(path)
@@ -206,7 +207,8 @@ def _meta_bytes(library: Any, config: Any) -> int:
     memory is allocated)."""
     with torch.device("meta"):
         model = library.AutoModelForImageClassification.from_config(config, trust_remote_code=False)
-    return sum(p.numel() for p in model.parameters()) * 4
+    result: int = sum(p.numel() for p in model.parameters()) * 4
+    return result
 
 
 def hf_parameter_bytes(library: Any, config: Any) -> int:
@@ -231,7 +233,7 @@ def hf_parameter_bytes(library: Any, config: Any) -> int:
     return base + sum(max(int(d) - 1, 0) * (at(ones[:i] + [2] + ones[i + 1:]) - base) for i, d in enumerate(depth))
 
 
-def refuse_oversized(library: Any, folder: Path, spec: str, labels: dict) -> None:
+def refuse_oversized(library: Any, folder: Path, spec: str, labels: dict[str, Any]) -> None:
     """Refuse a Hugging Face model whose float32 parameters alone exceed the memory available now, before
     building it (a config with absurd sizes would otherwise hang and grow memory until the machine gives out)."""
     try:
@@ -270,7 +272,7 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
         raise ModelError(f"{spec!r} names no model; e.g. timm:convnext_tiny, torchvision:resnet50, hf:./folder")
     library = _library(prefix)
     files: list[Path] = []
-    report: dict = {}  # what the weights left out, where the user allows it
+    report: dict[str, Any] = {}  # what the weights left out, where the user allows it
     classes = {} if num_classes is None else {"num_classes": int(num_classes)}
     try:
         if prefix == "timm":
@@ -308,11 +310,12 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
         model.metadata["partial_weights"] = report
     for note in notes:
         caution(model, note)
-    return model
+    built: nn.Module = model  # the library's builders are untyped
+    return built
 
 
 def _hugging_face(library: Any, name: str, spec: str, num_classes: int | None,
-                  fresh: bool = False) -> tuple[nn.Module, list[Path], dict]:
+                  fresh: bool = False) -> tuple[nn.Module, list[Path], dict[str, Any]]:
     """A Hugging Face folder's model (never its code), its weight files, and what its weights left out; ``fresh``:
     built from the folder's configuration alone, with fresh weights (no file read, nothing left out)."""
     folder = _hf_folder(name)

@@ -6,6 +6,8 @@ residual projections are necessarily tall (Bort then constrains their columns).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -45,10 +47,11 @@ class SmallCNN(nn.Module):
         init_orthogonal(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.flatten(self.features(x)))
+        result: torch.Tensor = self.classifier(self.flatten(self.features(x)))
+        return result
 
 
-def _vgg_features(cfg: list, in_channels: int, batch_norm: bool) -> nn.Sequential:
+def _vgg_features(cfg: list[Any], in_channels: int, batch_norm: bool) -> nn.Sequential:
     layers: list[nn.Module] = []
     for v in cfg:
         if v == "M":
@@ -85,7 +88,8 @@ class SmallVGG(nn.Module):
         init_orthogonal(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.flatten(self.features(x)))
+        result: torch.Tensor = self.classifier(self.flatten(self.features(x)))
+        return result
 
 
 class BasicBlock(nn.Module):
@@ -109,7 +113,8 @@ class BasicBlock(nn.Module):
         out = self.relu1(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         out = out + identity
-        return self.relu2(out)
+        result: torch.Tensor = self.relu2(out)
+        return result
 
 
 class SmallResNet(nn.Module):
@@ -141,4 +146,5 @@ class SmallResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.relu(self.bn1(self.conv1(x)))
         x = self.layer3(self.layer2(self.layer1(x)))
-        return self.fc(self.flatten(self.avgpool(x)))
+        result: torch.Tensor = self.fc(self.flatten(self.avgpool(x)))
+        return result

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -96,7 +97,7 @@ register_optimizer("sgd", OptimizerSpec(_sgd, lr=0.02, weight_decay=5e-4, descri
 register_optimizer("adamw", OptimizerSpec(_adamw, lr=1e-3, weight_decay=1e-2, description="AdamW (decoupled weight decay)"))
 
 
-def _bort_factory(kind):
+def _bort_factory(kind: str) -> Callable[[nn.Module, TrainConfig], torch.optim.Optimizer]:
     def factory(model: nn.Module, c: TrainConfig) -> torch.optim.Optimizer:
         unknown = set(c.options) - set(BORT_DEFAULTS)
         if unknown:
@@ -213,8 +214,8 @@ class TrainConfig:
     data_root: str | None = None
     download: bool = False
     train_limit: int | None = None
-    arch_options: dict = field(default_factory=dict)
-    options: dict = field(default_factory=dict)
+    arch_options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
     dbort: bool = False
     schedule: str = "constant"
     permute_labels: int | None = None
@@ -222,7 +223,7 @@ class TrainConfig:
     fit_accuracy: float | None = None
     model: str | None = None
     num_classes: int | None = None
-    preprocess: str | dict = "none"
+    preprocess: str | dict[str, Any] = "none"
     loader_workers: int = 0
     device: str = "cpu"
     mixed_precision: bool = False
@@ -277,7 +278,7 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 2
     return accuracy(model, ArraySplit(x, y), batch_size)
 
 
-def _resume_path(out: str | os.PathLike | None) -> Path | None:
+def _resume_path(out: str | os.PathLike[str] | None) -> Path | None:
     return None if out is None else Path(out).with_suffix(".resume.pt")
 
 
@@ -289,9 +290,9 @@ def ranks() -> tuple[int, int]:
 
 
 @leaves_process_alone
-def train(config: TrainConfig, out: str | os.PathLike | None = None, *, resume: bool = False,
+def train(config: TrainConfig, out: str | os.PathLike[str] | None = None, *, resume: bool = False,
           progress: bool = True, log: Callable[[str], None] = print, force: bool = False,
-          save_every: int | None = None) -> tuple[nn.Module, dict]:
+          save_every: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """Train a model and (with ``out``) save it as a checkpoint.
 
     In a torch.distributed process group (``train --workers N`` or ``torchrun``), the ranks train one model with
@@ -492,7 +493,7 @@ class _TrainingRun:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     shuffle: torch.Generator
     data: Split
-    history: list[dict]
+    history: list[dict[str, Any]]
     forward: nn.Module  # the model, or its DistributedDataParallel wrapper in a process group
     scaler: torch.amp.GradScaler = field(default_factory=lambda: torch.amp.GradScaler("cpu", enabled=False))
     epoch: int = 0
@@ -554,7 +555,7 @@ class _TrainingRun:
         self.partial = (float(loss), int(correct), float(seconds))
         log(f"resuming from {state_file} after epoch {self.epoch}" + (f", step {self.step}" if self.step else ""))
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """The state after the current epoch, as :meth:`restore` reads it."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "shuffle": self.shuffle.get_state(),
@@ -563,7 +564,7 @@ class _TrainingRun:
                 "step": self.step, "epoch_shuffle": self.epoch_shuffle, "partial": list(self.partial),
                 "config": asdict(self.cfg)}
 
-    def one_epoch(self, progress: bool, save: Callable[[], None] | None = None, every: int = 0) -> dict:
+    def one_epoch(self, progress: bool, save: Callable[[], None] | None = None, every: int = 0) -> dict[str, Any]:
         """Train one epoch, or the rest of one a run stopped in (from :attr:`step`); its record (epoch, loss,
         train_accuracy, seconds), also appended to the history. ``save()`` is called after every ``every``-th
         optimizer step (the resume state)."""
@@ -596,7 +597,7 @@ class _TrainingRun:
                 loss = F.cross_entropy(logits, yb, reduction="sum")
                 objective = loss * (world / len(idx))
             self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(objective).backward()
+            self.scaler.scale(objective).backward()  # type: ignore[no-untyped-call]
             self.scaler.step(self.optimizer)
             self.scaler.update()
             counts = (float(loss.detach()) * (len(idx) if world == 1 else 1.0), int((logits.argmax(1) == yb).sum()))
@@ -620,8 +621,8 @@ class _TrainingRun:
         return record
 
 
-def _metadata(cfg: TrainConfig, data: _Data, history: list[dict], *, accuracy: float | None, fitted: float,
-              seconds: float, stopped: str = "epochs") -> dict:
+def _metadata(cfg: TrainConfig, data: _Data, history: list[dict[str, Any]], *, accuracy: float | None, fitted: float,
+              seconds: float, stopped: str = "epochs") -> dict[str, Any]:
     """The checkpoint's metadata: architecture, hyperparameters, data (and for a twin its labels), accuracies,
     history, versions."""
     return {

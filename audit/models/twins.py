@@ -12,19 +12,21 @@ buffer names and shapes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from attributions.errors import unknown_name
 from audit.errors import ConfigError
-from audit.models.checkpoint import available_checkpoints, load_checkpoint, resolve_model
+from audit.models.catalog import available_checkpoints
+from audit.models.checkpoint import load_checkpoint, resolve_model
 from audit.models.libraries import is_library_spec
 
 ROLES = {"permuted": "permuted-label twin", "control": "control twin"}
 
 
-def twin_role(meta: dict) -> str:
+def twin_role(meta: dict[str, Any]) -> str:
     """A twin checkpoint's role (:data:`ROLES`) from its metadata: ``twin`` where recorded, else its labels."""
     data = meta.get("data")
     labels = data.get("labels") if isinstance(data, dict) else None
@@ -116,7 +118,7 @@ def same_architecture(model: nn.Module, twin: nn.Module, model_name: str, twin_n
                               "train the twin with the model's architecture (attribution-audit train --twin-of)")
 
 
-def twin_facts(twin: nn.Module) -> dict:
+def twin_facts(twin: nn.Module) -> dict[str, Any]:
     """What the report says of a twin: its training subset, label seed and accuracies, and whether it reached the
     training accuracy it was trained to (``fits``; None where it was not trained to one, or carries no trainer
     metadata)."""

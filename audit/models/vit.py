@@ -23,7 +23,8 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm1(x)
         x = x + self.attn(h, h, h, need_weights=False)[0]
-        return x + self.mlp(self.norm2(x))
+        result: torch.Tensor = x + self.mlp(self.norm2(x))
+        return result
 
 
 class SmallViT(nn.Module):
@@ -43,4 +44,5 @@ class SmallViT(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = self.patch(x).flatten(2).transpose(1, 2)
         tokens = torch.cat([self.cls.expand(x.shape[0], -1, -1), tokens], dim=1) + self.pos
-        return self.head(self.norm(self.blocks(tokens))[:, 0])
+        result: torch.Tensor = self.head(self.norm(self.blocks(tokens))[:, 0])
+        return result

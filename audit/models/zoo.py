@@ -4,6 +4,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -29,7 +30,7 @@ ARCHS: dict[str, Arch] = {name: Arch(factory, min_size, ARCHITECTURES[name]) for
     "resnet50": (ResNet50, 32)}.items()}
 
 
-def build(name: str, in_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10, **options) -> nn.Module:
+def build(name: str, in_shape: tuple[int, int, int] = (1, 28, 28), num_classes: int = 10, **options: Any) -> nn.Module:
     """Build an untrained model of the zoo.
 
     Parameters

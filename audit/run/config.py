@@ -59,11 +59,11 @@ class AuditConfig:
         declared defaults. Also readable as attributes of the configuration (``config.csc_threshold``).
     """
 
-    models: list = key(factory=lambda: ["cnn-sgd", "cnn-bort"], help="comma-separated: shipped names, checkpoint "
+    models: list[Any] = key(factory=lambda: ["cnn-sgd", "cnn-bort"], help="comma-separated: shipped names, checkpoint "
                        "paths, timm:NAME, torchvision:NAME, hf:FOLDER (saved by save_pretrained, or a hub id in the local "
                        "cache), module:factory")
-    methods: list | str = key("all", help='comma-separated method names, or "all"')
-    tests: list = key(factory=lambda: ["csc", "random-logit", "cascading"], help="comma-separated: " + "; ".join(
+    methods: list[Any] | str = key("all", help='comma-separated method names, or "all"')
+    tests: list[Any] = key(factory=lambda: ["csc", "random-logit", "cascading"], help="comma-separated: " + "; ".join(
         f"{c.name} ({c.description})" for c in CHECKS.values()))
     n_images: int = key(32, help="images audited per model, class-balanced: the first images of each class in order "
                           "(imagefolder: a seeded draw per class)", type=int)
@@ -82,7 +82,7 @@ class AuditConfig:
     device: str = key("cpu", help="where the maps are computed", choices=list(DEVICES))
     data: str = key("embedded", help='"embedded" (default), a data set name, or "imagefolder" (with --data-root)')
     data_root: str | None = key(None, help="the data's folder; for imagefolder one sub-folder per class")
-    preprocess: str | dict = key("none", help="imagefolder: none (default) or imagenet (resize 256, centre crop 224, "
+    preprocess: str | dict[str, Any] = key("none", help="imagefolder: none (default) or imagenet (resize 256, centre crop 224, "
                                  "ImageNet mean/std); a table with resize, crop, mean, std in --config")
     weights: str | None = key(None, help="state_dict (torch.save or .safetensors) for a timm:, torchvision: or "
                               "module:factory model")
@@ -101,17 +101,17 @@ class AuditConfig:
                             "(default: the images each check explains), train (the data set's training split) or "
                             "DATASET:SPLIT; the trained model's patterns are kept beside its checkpoint")
     pattern_images: int = key(256, help="images the patterns are fitted on (default 256, a seeded draw)", type=int)
-    twins: dict = key(factory=dict, help="the permuted-label twin of each model for the data-randomization test (a "
+    twins: dict[str, Any] = key(factory=dict, help="the permuted-label twin of each model for the data-randomization test (a "
                       "checkpoint path, shipped name or module:factory); the shipped models' twins are found without it",
                       metavar="MODEL=TWIN,...")
-    controls: dict = key(factory=dict, help="the control twin of each model (its twin's recipe on the true labels, "
+    controls: dict[str, Any] = key(factory=dict, help="the control twin of each model (its twin's recipe on the true labels, "
                          "another seed), the reference of the data-randomization test's calibrated verdict; the "
                          "shipped models' control twins are found without it", metavar="MODEL=CONTROL,...")
     allow_partial_weights: bool = key(False, help="load a library model whose weights leave tensors missing, unexpected "
                                       "or of another shape (e.g. a head of another size), keeping those freshly "
                                       "initialised; what was left out is recorded in the manifest's model_sources (default: an "
                                       "error)", action="store_true")
-    options: dict = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         # only reached for names that are not fields: the checks' options
@@ -187,13 +187,13 @@ class AuditConfig:
         """How many looks the run's design takes at each cell: ceil(max_images / n_images), 1 without a budget."""
         return 1 if self.max_images is None else -(-self.max_images // self.n_images)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The flat form (general keys, then the checks' keys) written to the manifest."""
         general = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
         return {**general, **self.options}
 
     @classmethod
-    def from_dict(cls, values: dict) -> AuditConfig:
+    def from_dict(cls, values: dict[str, Any]) -> AuditConfig:
         """The inverse of :meth:`to_dict` (unvalidated); unknown keys are a :class:`ConfigError`."""
         general = {f.name for f in fields(cls)} - {"options"}
         known = check_options()
@@ -204,7 +204,7 @@ class AuditConfig:
                    options={k: v for k, v in values.items() if k in known})
 
 
-def _as_pairs(value, name: str) -> dict:
+def _as_pairs(value: Any, name: str) -> dict[str, Any]:
     """{model: twin} from a table or "model=twin,model=twin"."""
     if isinstance(value, str):
         pairs = [p.strip() for p in value.split(",") if p.strip()]
@@ -217,7 +217,7 @@ def _as_pairs(value, name: str) -> dict:
     return {k.strip(): v.strip() for k, v in value.items()}
 
 
-def _as_list(value, name: str = "value") -> list:
+def _as_list(value: Any, name: str = "value") -> list[Any]:
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -225,7 +225,7 @@ def _as_list(value, name: str = "value") -> list:
     return list(value)
 
 
-def load_config(path: str | Path | None = None, **overrides) -> AuditConfig:
+def load_config(path: str | Path | None = None, **overrides: Any) -> AuditConfig:
     """Defaults, then the TOML file (top-level keys = configuration keys), then ``overrides`` (None skipped).
 
     An unknown key is an error naming the closest valid one.
@@ -250,7 +250,7 @@ def load_config(path: str | Path | None = None, **overrides) -> AuditConfig:
     ConfigError
         When the file cannot be read or parsed, a key is unknown, or a value is invalid.
     """
-    values: dict = {}
+    values: dict[str, Any] = {}
     if path is not None:
         try:
             values = tomllib.loads(Path(path).read_text())

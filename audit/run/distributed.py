@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -47,11 +48,11 @@ class Shard:
         if self.world > 1:
             dist.barrier()
 
-    def gather(self, value: dict) -> list[dict]:
+    def gather(self, value: dict[str, Any]) -> list[dict[str, Any]]:
         """``value`` of every rank, in rank order (on every rank)."""
         if self.world == 1:
             return [value]
-        out: list = [None] * self.world
+        out: list[Any] = [None] * self.world
         dist.all_gather_object(out, value)
         return out
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from typing import Any
 
 import pandas as pd
 import torch
@@ -137,7 +138,7 @@ def on_device(run: Run, spec: str) -> nn.Module:
     return run.models[spec]
 
 
-def _given_to(run: Run, spec: str) -> dict[str, dict]:
+def _given_to(run: Run, spec: str) -> dict[str, dict[str, Any]]:
     """The parameters the run gives the methods of model ``spec`` (the pattern methods' patterns)."""
     return pattern_params(list(run.config.methods), spec, run.models[spec], run.labels[spec], run.patterns,
                           run.config.pattern_data, weights=run.config.weights, out=run.out)

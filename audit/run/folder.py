@@ -9,6 +9,7 @@ import os
 import platform
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import captum
 import numpy as np
@@ -59,7 +60,7 @@ def holds_files(out: Path) -> bool:
     return out.is_dir() and any(p.name != ".lock" and not is_partial(p) for p in out.iterdir())
 
 
-def previous_manifest(out: Path) -> dict | None:
+def previous_manifest(out: Path) -> dict[str, Any] | None:
     """The manifest of the run to resume: None for an empty or missing folder; a refusal for a folder
     that holds something else (so that resuming never overwrites files that are not ours)."""
     if not holds_files(out):
@@ -71,7 +72,7 @@ def previous_manifest(out: Path) -> dict | None:
             from None
 
 
-def check_resumable(previous: dict, config: AuditConfig, prints: dict, out: Path) -> None:
+def check_resumable(previous: dict[str, Any], config: AuditConfig, prints: dict[str, Any], out: Path) -> None:
     """Refuse to resume the run ``previous`` (its manifest) with another configuration, other input files or
     images (``prints``: :func:`fingerprints`), or other software."""
     if _without_budget(previous["config"]) != _without_budget(json.loads(json.dumps(config.to_dict()))):
@@ -86,13 +87,13 @@ def check_resumable(previous: dict, config: AuditConfig, prints: dict, out: Path
     _same_software(previous, out)
 
 
-def _without_budget(config: dict) -> dict:
+def _without_budget(config: dict[str, Any]) -> dict[str, Any]:
     """A run's configuration without ``max_memory``, which a resumed run may change (after running out
     of memory): it only sets how the passes are chunked."""
     return {k: v for k, v in config.items() if k != "max_memory"}
 
 
-def _same_software(previous: dict, out: Path) -> None:
+def _same_software(previous: dict[str, Any], out: Path) -> None:
     """Refuse to resume a run started with other versions of the software that computes it (the
     units would differ in the last bits from those already written)."""
     before, now = previous.get("versions"), versions()
@@ -105,7 +106,7 @@ def _same_software(previous: dict, out: Path) -> None:
                           "with, or start a new run")
 
 
-def fingerprints(config: AuditConfig, x: torch.Tensor, y: torch.Tensor, twins: list[str] | None = None) -> dict:
+def fingerprints(config: AuditConfig, x: torch.Tensor, y: torch.Tensor, twins: list[str] | None = None) -> dict[str, Any]:
     """sha256 of every file the models (and their ``twins``) are read from and of the audited images and labels."""
     files = {str(f): file_sha256(f) for spec in config.models for f in model_files(spec, config.weights)}
     files |= {str(f): file_sha256(f) for spec in twins or [] for f in model_files(spec)}
@@ -113,7 +114,7 @@ def fingerprints(config: AuditConfig, x: torch.Tensor, y: torch.Tensor, twins: l
     return {"files": files, "data": data}
 
 
-def versions() -> dict:
+def versions() -> dict[str, Any]:
     """The versions of the software that computed the results."""
     return {"python": platform.python_version(), "torch": torch.__version__, "captum": captum.__version__,
             "numpy": np.__version__, "scipy": scipy.__version__,

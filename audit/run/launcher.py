@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
     report, workers, rest = Path(argv[0]), int(argv[1]), argv[2:]
     args = get_args_parser().parse_args(["--standalone", f"--nproc-per-node={workers}", "--module", "audit", *rest])
     try:
-        run(args)
+        run(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as exc:
         rank, first = exc.get_first_failure()  # the earliest: the others often fail because it did
         report.write_text(json.dumps({"rank": rank, "exitcode": first.exitcode}))

@@ -7,6 +7,7 @@ Contributors run on the lead process after the units are joined, with every mode
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -24,25 +25,25 @@ from audit.run.plan import Run
 from audit.run.units import csv_bytes
 from bort import constraint_error
 
-Contributor = Callable[[Run], dict]
+Contributor = Callable[[Run], dict[str, Any]]
 
 
-def model_sources(run: Run) -> dict:
+def model_sources(run: Run) -> dict[str, Any]:
     """A library's model: which library, its version, the weight files' sha256."""
     sources = {spec: run.models[spec].metadata for spec in run.config.models
                if "library" in (getattr(run.models[spec], "metadata", None) or {})}
     return {"model_sources": sources} if sources else {}
 
 
-def cautions(run: Run) -> dict:
+def cautions(run: Run) -> dict[str, Any]:
     """What a reader must know of the models (a weight cast on loading, a hook not read to the end), as logged."""
     return {"warnings": run.warnings} if run.warnings else {}
 
 
-def coverage(run: Run) -> dict:
+def coverage(run: Run) -> dict[str, Any]:
     """Each check's coverage rows (what its stages re-initialised in every model), written beside its results;
     {test: {model label: summary}}, with a line for every tensor left trained."""
-    record: dict[str, dict[str, dict]] = {}
+    record: dict[str, dict[str, dict[str, Any]]] = {}
     for name in run.config.tests:
         check = CHECKS[name]
         if check.coverage is None:
@@ -61,11 +62,11 @@ def coverage(run: Run) -> dict:
     return {"coverage": record} if record else {}
 
 
-def twins(run: Run) -> dict:
+def twins(run: Run) -> dict[str, Any]:
     """For the checks that need a twin: each model's twin and the twin's training facts ("twins", with its control
     twin's under "control" where there is one), and why the models without a twin were skipped ("skipped", a line
     for each)."""
-    record: dict[str, dict] = {}
+    record: dict[str, dict[str, Any]] = {}
     skipped: dict[str, dict[str, str]] = {}
     for name in (t for t in run.config.tests if CHECKS[t].needs_twin):
         for spec in run.config.models:
@@ -86,11 +87,11 @@ def twins(run: Run) -> dict:
     return {**({"twins": record} if record else {}), **({"skipped": skipped} if skipped else {})}
 
 
-def conventions(run: Run) -> dict:
+def conventions(run: Run) -> dict[str, Any]:
     """The choices each method made on each model where they depend on it (Grad-CAM's layer: "conventions"), and
     why a method does not fit a model (an attention map of a CNN, whose units are empty: "not_applicable"),
     read on one image."""
-    chosen: dict[str, dict[str, dict]] = {}
+    chosen: dict[str, dict[str, dict[str, Any]]] = {}
     unfit: dict[str, dict[str, str]] = {}
     for name in run.config.methods:
         for spec in run.config.models:
@@ -106,7 +107,7 @@ def conventions(run: Run) -> dict:
     return {**({"conventions": chosen} if chosen else {}), **({"not_applicable": unfit} if unfit else {})}
 
 
-def patterns(run: Run) -> dict:
+def patterns(run: Run) -> dict[str, Any]:
     """The pattern methods' patterns: the images they were fitted on, and per model the file kept."""
     if run.patterns is None:
         return {}
@@ -115,18 +116,18 @@ def patterns(run: Run) -> dict:
     return {"patterns": {"data": run.patterns[1], "n": len(run.patterns[0]), "files": files}}
 
 
-def images(run: Run) -> dict:
+def images(run: Run) -> dict[str, Any]:
     return {"images": run.images}
 
 
-def memory(run: Run) -> dict:
+def memory(run: Run) -> dict[str, Any]:
     """The budget, and the peak of every unit (those of the run resumed too)."""
     old_peaks = run.previous.get("memory", {}).get("peak_mb", {}) if run.previous is not None else {}
     return {"memory": {"budget_bytes": run.budget, "peak_mb": {**old_peaks, **run.peaks},
                        "peak_of": "allocated GPU memory" if run.device.type == "cuda" else "resident memory of the process"}}
 
 
-def precision(run: Run) -> dict:
+def precision(run: Run) -> dict[str, Any]:
     """Whether the maps were computed in mixed precision, and then how far each method's maps move from float32."""
     record: dict[str, object] = {"mixed": run.config.mixed_precision}
     if run.config.mixed_precision:
@@ -136,7 +137,7 @@ def precision(run: Run) -> dict:
     return {"precision": record}
 
 
-def software(run: Run) -> dict:
+def software(run: Run) -> dict[str, Any]:
     """The processes and threads (float32 kernels block their sums by thread count: the last bits depend on
     it), the versions, and the time of every unit (those of the run resumed too)."""
     old = run.previous.get("timings_s", {}) if run.previous is not None else {}
@@ -144,13 +145,13 @@ def software(run: Run) -> dict:
             "timings_s": {**old, **run.timings}}
 
 
-def units(run: Run) -> dict:
+def units(run: Run) -> dict[str, Any]:
     """How many units, and the result files written."""
     return {"units": len({(i.spec, i.check.name, i.method) for i in run.items}),
             "results": sorted(str(p.relative_to(run.out)) for p in (run.out / "results").glob("*.csv"))}
 
 
-def design(run: Run) -> dict:
+def design(run: Run) -> dict[str, Any]:
     """A sequential run's design (:attr:`~audit.run.config.AuditConfig.max_images`): its looks, each look's
     interval level and the images each model x check x method cell read before it was decided or the budget
     was spent ("sequential"); nothing for a run of one look."""

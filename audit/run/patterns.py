@@ -15,6 +15,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +24,8 @@ from torch import nn
 from attributions.patterns import fingerprint
 from audit.data.datasets import DATASETS, SPLITS, load_dataset
 from audit.errors import ConfigError
-from audit.models.checkpoint import SHIPPED, model_files
+from audit.models.catalog import SHIPPED
+from audit.models.checkpoint import model_files
 
 PATTERN_METHODS = ("patternnet", "patternattribution")
 EXPLAINED = "explained"
@@ -79,7 +81,7 @@ def cache_file(spec: str, weights: str | None, label: str, value: str, data: tor
 
 
 def pattern_params(methods: list[str], spec: str, model: nn.Module, label: str, images: tuple[torch.Tensor, str] | None,
-                  value: str, *, weights: str | None, out: Path) -> dict[str, dict]:
+                  value: str, *, weights: str | None, out: Path) -> dict[str, dict[str, Any]]:
     """{pattern method: its parameters} for the audit of ``model`` (empty when the methods fit on the
     explained images, or none is audited)."""
     wanted = [m for m in methods if m in PATTERN_METHODS]

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,13 +75,13 @@ class Run:
     labels: dict[str, str]
     x: torch.Tensor
     y: torch.Tensor
-    images: dict
+    images: dict[str, Any]
     loaded: dict[str, nn.Module]
     twin_specs: dict[str, str]
     twin_models: dict[str, nn.Module]
     patterns: tuple[torch.Tensor, str] | None
-    prints: dict
-    previous: dict | None
+    prints: dict[str, Any]
+    previous: dict[str, Any] | None
     device: torch.device
     budget: int
     threads: int
@@ -91,7 +92,7 @@ class Run:
     control_specs: dict[str, str] = field(default_factory=dict)
     control_models: dict[str, nn.Module] = field(default_factory=dict)
     controls: dict[str, nn.Module] = field(default_factory=dict)
-    given: dict[str, dict[str, dict]] = field(default_factory=dict)
+    given: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     peaks: dict[str, float | None] = field(default_factory=dict)
     warnings: dict[str, list[str]] = field(default_factory=dict)
@@ -102,7 +103,7 @@ class Run:
         return torch.bfloat16 if self.device.type == "cpu" else torch.float16
 
 
-def plan(config: AuditConfig, out: str | os.PathLike, *, resume: bool, shard: Shard,
+def plan(config: AuditConfig, out: str | os.PathLike[str], *, resume: bool, shard: Shard,
          log: Callable[[str], None]) -> Run:
     """Check and decide everything about a run in ``out`` before its folder is touched (module docstring)."""
     config = config.validated()
@@ -164,7 +165,7 @@ def opened(run: Run) -> Iterator[None]:
         yield
 
 
-def _folder_to_use(out: Path, resume: bool) -> dict | None:
+def _folder_to_use(out: Path, resume: bool) -> dict[str, Any] | None:
     """The manifest of the run in ``out`` to resume (None: a new run); a refusal for a file, or for a folder
     that holds something while ``resume`` is not given."""
     if out.exists() and not out.is_dir():
@@ -188,7 +189,7 @@ def _labels(models: list[str]) -> dict[str, str]:
     return labels
 
 
-def _agreed_resources(config: AuditConfig, previous: dict | None, device: torch.device, shard: Shard,
+def _agreed_resources(config: AuditConfig, previous: dict[str, Any] | None, device: torch.device, shard: Shard,
                       log: Callable[[str], None]) -> tuple[int, int]:
     """(memory budget in bytes, intra-op threads): one budget for every rank and every resume (unless a new one
     is given), so the passes chunk alike; one thread count too, the first start's: float32 kernels block their
@@ -205,7 +206,7 @@ def _agreed_resources(config: AuditConfig, previous: dict | None, device: torch.
     return agreed["b"], agreed["t"]
 
 
-def audit_images(config: AuditConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def audit_images(config: AuditConfig) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """``n_images`` (a sequential run: ``max_images``) class-balanced images of the configured data (see
     :func:`audit.data.balanced_sample` and, for "imagefolder", :func:`audit.data.datasets.sample_image_folder`),
     their labels, and what the manifest records about them (source, count, labels; the files, classes and

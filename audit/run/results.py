@@ -6,6 +6,7 @@ import os
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,8 +41,8 @@ class AuditResult:
 
     out: Path
     config: AuditConfig
-    tables: dict = field(default_factory=dict)
-    manifest: dict = field(default_factory=dict)
+    tables: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
 
 
 def unit_path(out: Path, model: str, test: str, method: str) -> Path:
@@ -60,7 +61,7 @@ def read_table(path: Path) -> pd.DataFrame:
                           "with --resume to recompute it") from None
 
 
-def read_manifest(out: Path) -> dict:
+def read_manifest(out: Path) -> dict[str, Any]:
     """The run's ``manifest.json`` as a dict holding a ``config`` table, or a :class:`ConfigError`
     saying what is wrong with it (missing, not JSON, not a manifest of ours)."""
     path = out / "manifest.json"
@@ -94,7 +95,7 @@ def example_maps(out: Path, model: str, test: str, methods: list[str]) -> tuple[
     return maps, images
 
 
-def load_results(out: str | os.PathLike) -> AuditResult:
+def load_results(out: str | os.PathLike[str]) -> AuditResult:
     """Read a finished run's tables back (for ``attribution-audit report``).
 
     Parameters

@@ -23,7 +23,7 @@ from audit.run.plan import opened, plan
 from audit.run.results import AuditResult
 
 
-def run_audit(config: AuditConfig, out: str | os.PathLike = "audit-report", resume: bool = False,
+def run_audit(config: AuditConfig, out: str | os.PathLike[str] = "audit-report", resume: bool = False,
               progress: bool = True, log: Callable[[str], None] = print, shard: Shard = SINGLE) -> AuditResult:
     """Run every unit of ``config`` into ``out`` and join the results (see the module docstring).
 

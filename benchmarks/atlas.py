@@ -35,6 +35,7 @@ import torch
 
 from attributions.errors import AttributionError
 from attributions.methods import BUILDERS, build_method
+from benchmarks.timing import head_commit
 
 COLUMNS = ["source", "model", "family", "method", "method_family", "csc_at_input", "csc_max", "baseline",
            "sigma2_over_sigma1", "collapsed", "status", "reason"]
@@ -285,18 +286,13 @@ def publish(table: pd.DataFrame, folder: Path, command: str, limit: float, fig=N
     own ``earlier_rows``) are listed under ``earlier_rows``."""
     import datetime
     import json
-    import subprocess
 
     from audit.atomic import atomic_write, atomic_write_bytes
 
     small = table.reindex(columns=PUBLISHED).copy()
     for column in ("csc_at_input", "csc_max", "baseline", "sigma2_over_sigma1"):
         small[column] = pd.to_numeric(small[column]).map(lambda v: float(f"{v:.4g}") if pd.notna(v) else v)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown (not a git checkout)"
+    commit = head_commit()
     models = table.drop_duplicates("model")
     earlier = None
     if partial and (folder / "atlas.json").exists():

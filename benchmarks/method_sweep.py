@@ -37,7 +37,7 @@ import torch
 
 from attributions.methods import BUILDERS, build_method
 from benchmarks.model_libraries import reason_group
-from benchmarks.timing import table
+from benchmarks.timing import head_commit, table
 
 OUTCOMES = ("exact", "refused", "failed")
 COLUMNS = ("library", "model", "family", "method", "outcome", "reason", "error", "seconds")
@@ -222,17 +222,12 @@ def publish(rows: list[dict[str, Any]], folder: Path, command: str, limit: float
     library enumerates (``enumerated``) and the counts)."""
     import datetime
     import json
-    import subprocess
 
     import pandas as pd
 
     from audit.atomic import atomic_write_bytes
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown (not a git checkout)"
+    commit = head_commit()
     about = {"date": datetime.date.today().isoformat(), "commit": commit, "command": command, "limit_s": limit,
              "enumerated": enumerated,
              "models": len({(r["library"], r["model"]) for r in rows}), "methods": len({r["method"] for r in rows}),

@@ -54,3 +54,15 @@ def table(rows: list[tuple], header: tuple) -> str:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def head_commit() -> str:
+    """The short hash of the checkout's HEAD, for a published table's provenance; says so outside a git checkout."""
+    import subprocess
+    from pathlib import Path
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"

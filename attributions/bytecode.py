@@ -25,8 +25,9 @@ import functools
 import inspect
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 HELPER_DEPTH = 4  # how deep helpers called with an argument are followed
 # calls whose value is None: a lambda returning one of them (``lambda *a: acts.append(a)``,
@@ -153,151 +154,297 @@ _UNKNOWN = _Value()
 
 def _writes(function: types.FunctionType, arguments: set[str], depth: int, state: _Pass,
             objects: dict[str, Any]) -> bool:
-    """Whether ``function`` writes in place into a value reached from the parameters named ``arguments``;
-    ``objects``: the known values of other parameters (a method's ``self``), to resolve the helpers it calls.
-    What it cannot follow goes to ``state.unresolved``."""
+    """Whether ``function`` writes in place into a value reached from the parameters named ``arguments``.
+
+    Parameters
+    ----------
+    function : types.FunctionType
+        The code read (never run).
+    arguments : set of str
+        The parameters whose values are followed.
+    depth : int
+        How many more levels of helpers are followed.
+    state : _Pass
+        The state of the whole reading; what cannot be followed goes to ``state.unresolved``.
+    objects : dict
+        The known values of other parameters (a method's ``self``), to resolve the helpers it calls.
+
+    Returns
+    -------
+    bool
+        It writes into one of them (a code already read with the same arguments is not read again: False).
+    """
     code = function.__code__
     if (code, frozenset(arguments)) in state.seen or not arguments:
         return False
     state.seen.add((code, frozenset(arguments)))
-    cells = dict(zip(code.co_freevars, function.__closure__ or ()))
-    rooted = set(arguments)  # locals holding a value reached from an argument
-    stack: list[_Value] = []
-    at_target: dict[int, list[_Value]] = {}  # the stack a jump leaves at its target
-    kw_names: tuple[str, ...] = ()
-    previous = ""
+    return _Interpreter(function, arguments, depth, state, objects).run()
 
-    def load(name: str) -> None:
-        stack.append(_Value(rooted=name in rooted, obj=objects.get(name)))
 
-    def store(name: str) -> None:
-        (rooted.add if _pop(stack).rooted else rooted.discard)(name)
+_Handler = Callable[["_Interpreter", dis.Instruction], "bool | None"]
 
-    for ins in dis.get_instructions(code):
-        if previous in _TERMINAL or ins.is_jump_target and ins.offset in at_target and not stack:
-            stack = list(at_target.get(ins.offset, stack))
-        op, name = ins.opname, ins.argval
-        previous = op
-        if op in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR"):
-            load(name)
-        elif op == "LOAD_FAST_LOAD_FAST":  # 3.13: two locals, the first pushed first
-            load(name[0])
-            load(name[1])
-        elif op == "STORE_FAST":
-            store(name)
-        elif op == "STORE_FAST_STORE_FAST":  # 3.13: the top into the first name, the next into the second
-            store(name[0])
-            store(name[1])
-        elif op == "STORE_FAST_LOAD_FAST":  # 3.13
-            store(name[0])
-            load(name[1])
-        elif op == "LOAD_CONST":
-            stack.append(_Value(obj=name))
-        elif op in ("LOAD_GLOBAL", "LOAD_NAME"):
-            if op == "LOAD_GLOBAL" and ins.arg is not None and ins.arg & 1:
-                stack.append(_Value(null=True))
-            stack.append(_Value(obj=function.__globals__.get(name, getattr(builtins, str(name), None)), name=str(name)))
-        elif op in ("LOAD_DEREF", "LOAD_CLOSURE"):
-            stack.append(_Value(rooted=name in rooted, obj=_cell(cells.get(name)), name=str(name)))
-        elif op == "STORE_DEREF":
-            store(name)
-        elif op in ("LOAD_ATTR", "LOAD_METHOD"):
-            base = _pop(stack)
-            method = op == "LOAD_METHOD" or sys.version_info >= (3, 12) and ins.arg is not None and ins.arg & 1
-            if _in_place_name(str(name)) and base.rooted and method:
+
+class _Interpreter:
+    """The symbolic reading of one function's code, an instruction at a time.
+
+    Each instruction goes to its handler in :attr:`HANDLERS` (instructions handled alike share one), any other
+    to :meth:`other`, by its stack effect. A handler returns True where the instruction writes into an argument.
+
+    Attributes
+    ----------
+    function : types.FunctionType
+        The function read.
+    depth : int
+        How many more levels of helpers are followed.
+    state : _Pass
+        The state of the whole reading.
+    objects : dict
+        The known values of parameters other than the arguments (a method's ``self``).
+    cells : dict
+        The function's closure cells, by name.
+    rooted : set of str
+        The locals holding a value reached from an argument.
+    stack : list of _Value
+        The symbolic value stack.
+    at_target : dict
+        The stack a jump leaves at its target, by the target's offset.
+    kw_names : tuple of str
+        The keywords' names of the next call (``KW_NAMES``, 3.11 and 3.12).
+    """
+
+    def __init__(self, function: types.FunctionType, arguments: set[str], depth: int, state: _Pass,
+                 objects: dict[str, Any]) -> None:
+        self.function = function
+        self.depth = depth
+        self.state = state
+        self.objects = objects
+        self.cells = dict(zip(function.__code__.co_freevars, function.__closure__ or ()))
+        self.rooted = set(arguments)
+        self.stack: list[_Value] = []
+        self.at_target: dict[int, list[_Value]] = {}
+        self.kw_names: tuple[str, ...] = ()
+
+    def run(self) -> bool:
+        """Read the code's instructions in order.
+
+        Returns
+        -------
+        bool
+            One of them writes into an argument.
+        """
+        previous = ""
+        for ins in dis.get_instructions(self.function.__code__):
+            if previous in _TERMINAL or ins.is_jump_target and ins.offset in self.at_target and not self.stack:
+                self.stack = list(self.at_target.get(ins.offset, self.stack))
+            previous = ins.opname
+            if _Interpreter.HANDLERS.get(ins.opname, _Interpreter.other)(self, ins):
                 return True
-            attribute = _Value(rooted=base.rooted, obj=_attribute(base.obj, str(name)), name=str(name),
-                               on_argument=base.rooted)
-            if method and isinstance(base.obj, (types.ModuleType, type)):  # a module's function: called plainly
-                stack += [_Value(null=True), attribute]
-            else:
-                stack += [attribute, base] if method else [attribute]
-        elif op in ("STORE_ATTR", "DELETE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR"):
-            # ``out.data = ...``, ``out[0] = 1``, ``del module.weight``: an item's key on top, then the object
-            # written into, then the value stored
-            if op.endswith("SUBSCR"):
-                _pop(stack)
-            if _pop(stack).rooted:
-                return True
-            if op.startswith("STORE"):
-                _pop(stack)
-        elif op == "BINARY_SUBSCR":
-            _pop(stack)
-            stack.append(_Value(rooted=_pop(stack).rooted))
-        elif op == "BINARY_OP":
-            _pop(stack)
-            left = _pop(stack)
-            if ins.argrepr.endswith("=") and ins.argrepr not in ("==", "!=", "<=", ">=") and left.rooted:
-                return True  # ``out *= 2``: a tensor's augmented assignment is in place
-            stack.append(_UNKNOWN)
-        elif op in ("GET_ITER", "UNARY_NEGATIVE", "UNARY_POSITIVE"):
-            stack.append(_Value(rooted=_pop(stack).rooted))
-        elif op == "FOR_ITER":
-            stack.append(_Value(rooted=stack[-1].rooted if stack else False))
-        elif op in ("UNPACK_SEQUENCE", "UNPACK_EX"):
-            value = _pop(stack)
-            arg = ins.arg or 0
-            count = arg if op == "UNPACK_SEQUENCE" else (arg & 0xFF) + (arg >> 8) + 1
-            stack += [_Value(rooted=value.rooted)] * count
-        elif op in ("BUILD_TUPLE", "BUILD_LIST"):
-            items = [_pop(stack) for _ in range(ins.arg or 0)]
-            stack.append(_Value(rooted=any(v.rooted for v in items)))
-        elif op == "COPY":
-            stack.append(stack[-(ins.arg or 1)] if len(stack) >= (ins.arg or 1) else _UNKNOWN)
-        elif op == "SWAP":
-            k = ins.arg or 1
-            if len(stack) >= k:
-                stack[-1], stack[-k] = stack[-k], stack[-1]
-        elif op == "MAKE_FUNCTION":  # 3.11's comprehensions are such functions, called at once with the iterator
-            made = _pop(stack).obj
-            for _ in range(bin((ins.arg or 0) & 0xF).count("1") if sys.version_info < (3, 13) else 0):
-                _pop(stack)  # defaults, keyword defaults, annotations, closure (3.13 sets them one by one)
-            plain = isinstance(made, types.CodeType) and not made.co_freevars
-            stack.append(_Value(obj=types.FunctionType(made, function.__globals__) if plain else None,
-                                name=made.co_name if isinstance(made, types.CodeType) else ""))
-        elif op == "PUSH_NULL":
-            stack.append(_Value(null=True))
-        elif op == "KW_NAMES":  # 3.11, 3.12: the keywords of the next CALL
-            kw_names = tuple(code.co_consts[ins.arg]) if ins.arg is not None else ()
-        elif op == "PRECALL":
-            pass
-        elif op in _CALLS:
-            if op == "CALL_KW":  # 3.13: the keywords' names on top of the arguments
-                kw_names = tuple(_pop(stack).obj or ())
-            count = ins.arg or 0
-            args = [_pop(stack) for _ in range(count)][::-1]
-            callee, receiver = _callee(_pop(stack), _pop(stack))
-            positional = ([receiver] if receiver is not None else []) + args[:count - len(kw_names)]
-            keywords = dict(zip(kw_names, args[count - len(kw_names):]))
-            kw_names = ()
-            if _call_writes(function, callee, positional, keywords, depth, state, method=receiver is not None):
-                return True
-            # an argument's method may return a view of it (``out.view(-1)``, ``out.detach()``): written
-            # through, it writes the argument
-            stack.append(_Value(rooted=callee.on_argument and callee.name not in COPIES))
-        elif op == "CALL_FUNCTION_EX":  # f(*args) / f(*args, **kwargs): which parameter gets what is not read
-            spread = [_pop(stack) for _ in range(1 + ((ins.arg or 0) & 1))]
-            callee, receiver = _callee(_pop(stack), _pop(stack))
-            if any(v.rooted for v in spread) or receiver is not None and receiver.rooted:
-                if _in_place_name(callee.name) and (callee.on_argument or receiver is None):
-                    return True
-                if callee.obj is None or _is_user_code(callee.obj) or len(spread) > 1:
-                    state.cannot(function, f"passes an argument through *args / **kwargs to {_named(callee)}, "
-                                           "whose use of it is not read")
-            stack.append(_UNKNOWN)
+            if ins.opcode in dis.hasjrel + dis.hasjabs and isinstance(ins.argval, int):
+                self.at_target.setdefault(ins.argval, list(self.stack))
+        return False
+
+    def load(self, name: str) -> None:
+        """Push the local ``name``."""
+        self.stack.append(_Value(rooted=name in self.rooted, obj=self.objects.get(name)))
+
+    def store(self, name: str) -> None:
+        """Pop the top into the local ``name`` (rooted where the value is)."""
+        (self.rooted.add if _pop(self.stack).rooted else self.rooted.discard)(name)
+
+    def load_fast(self, ins: dis.Instruction) -> None:
+        """``LOAD_FAST`` and its checking and clearing forms: a local."""
+        self.load(ins.argval)
+
+    def load_fast_load_fast(self, ins: dis.Instruction) -> None:
+        """3.13: two locals, the first pushed first."""
+        self.load(ins.argval[0])
+        self.load(ins.argval[1])
+
+    def store_fast(self, ins: dis.Instruction) -> None:
+        """``STORE_FAST``, ``STORE_DEREF``: the top into a local."""
+        self.store(ins.argval)
+
+    def store_fast_store_fast(self, ins: dis.Instruction) -> None:
+        """3.13: the top into the first name, the next into the second."""
+        self.store(ins.argval[0])
+        self.store(ins.argval[1])
+
+    def store_fast_load_fast(self, ins: dis.Instruction) -> None:
+        """3.13: the top into the first name, then the second pushed."""
+        self.store(ins.argval[0])
+        self.load(ins.argval[1])
+
+    def load_const(self, ins: dis.Instruction) -> None:
+        """A constant, known."""
+        self.stack.append(_Value(obj=ins.argval))
+
+    def load_global(self, ins: dis.Instruction) -> None:
+        """``LOAD_GLOBAL``, ``LOAD_NAME``: a global or builtin, known; ``LOAD_GLOBAL``'s low bit pushes a call's NULL
+        first."""
+        name = ins.argval
+        if ins.opname == "LOAD_GLOBAL" and ins.arg is not None and ins.arg & 1:
+            self.stack.append(_Value(null=True))
+        builtin = getattr(builtins, str(name), None)
+        self.stack.append(_Value(obj=self.function.__globals__.get(name, builtin), name=str(name)))
+
+    def load_deref(self, ins: dis.Instruction) -> None:
+        """``LOAD_DEREF``, ``LOAD_CLOSURE``: a closure variable, known from its cell."""
+        name = ins.argval
+        self.stack.append(_Value(rooted=name in self.rooted, obj=_cell(self.cells.get(name)), name=str(name)))
+
+    def load_attr(self, ins: dis.Instruction) -> bool:
+        """``LOAD_ATTR``, ``LOAD_METHOD``: an attribute, or a method with its object (3.12 and later flag a method
+        in ``LOAD_ATTR``'s low bit); an argument's in-place method is a write."""
+        name = str(ins.argval)
+        base = _pop(self.stack)
+        method = ins.opname == "LOAD_METHOD" or sys.version_info >= (3, 12) and ins.arg is not None and ins.arg & 1
+        if _in_place_name(name) and base.rooted and method:
+            return True
+        attribute = _Value(rooted=base.rooted, obj=_attribute(base.obj, name), name=name, on_argument=base.rooted)
+        if method and isinstance(base.obj, (types.ModuleType, type)):  # a module's function: called plainly
+            self.stack += [_Value(null=True), attribute]
         else:
-            try:
-                effect = dis.stack_effect(ins.opcode, ins.arg, jump=False) if ins.opcode >= dis.HAVE_ARGUMENT \
-                    else dis.stack_effect(ins.opcode)
-            except ValueError:
-                if stack and any(v.rooted for v in stack):
-                    state.cannot(function, f"instruction {op} is not read, with an argument on the stack")
-                effect = 0
-            popped = [_pop(stack) for _ in range(max(0, -effect))]
-            stack += [_Value(rooted=any(v.rooted for v in popped))] * max(0, effect)
-        if ins.opcode in dis.hasjrel + dis.hasjabs and isinstance(ins.argval, int):
-            at_target.setdefault(ins.argval, list(stack))
-    return False
+            self.stack += [attribute, base] if method else [attribute]
+        return False
+
+    def store_into(self, ins: dis.Instruction) -> bool:
+        """``STORE_ATTR``, ``DELETE_ATTR``, ``STORE_SUBSCR``, ``DELETE_SUBSCR``: a write into an argument."""
+        # ``out.data = ...``, ``out[0] = 1``, ``del module.weight``: an item's key on top, then the object
+        # written into, then the value stored
+        if ins.opname.endswith("SUBSCR"):
+            _pop(self.stack)
+        if _pop(self.stack).rooted:
+            return True
+        if ins.opname.startswith("STORE"):
+            _pop(self.stack)
+        return False
+
+    def binary_subscr(self, ins: dis.Instruction) -> None:
+        """An item: rooted where its container is."""
+        _pop(self.stack)
+        self.stack.append(_Value(rooted=_pop(self.stack).rooted))
+
+    def binary_op(self, ins: dis.Instruction) -> bool:
+        """A binary operator; an augmented assignment to an argument is a write."""
+        _pop(self.stack)
+        left = _pop(self.stack)
+        if ins.argrepr.endswith("=") and ins.argrepr not in ("==", "!=", "<=", ">=") and left.rooted:
+            return True  # ``out *= 2``: a tensor's augmented assignment is in place
+        self.stack.append(_UNKNOWN)
+        return False
+
+    def derive(self, ins: dis.Instruction) -> None:
+        """``GET_ITER``, ``UNARY_NEGATIVE``, ``UNARY_POSITIVE``: a value rooted where the top was."""
+        self.stack.append(_Value(rooted=_pop(self.stack).rooted))
+
+    def for_iter(self, ins: dis.Instruction) -> None:
+        """The next item of the iterator on top, rooted where it is."""
+        self.stack.append(_Value(rooted=self.stack[-1].rooted if self.stack else False))
+
+    def unpack(self, ins: dis.Instruction) -> None:
+        """``UNPACK_SEQUENCE``, ``UNPACK_EX``: the items, rooted where the sequence is."""
+        value = _pop(self.stack)
+        arg = ins.arg or 0
+        count = arg if ins.opname == "UNPACK_SEQUENCE" else (arg & 0xFF) + (arg >> 8) + 1
+        self.stack += [_Value(rooted=value.rooted)] * count
+
+    def build(self, ins: dis.Instruction) -> None:
+        """``BUILD_TUPLE``, ``BUILD_LIST``: rooted where one of the items is."""
+        items = [_pop(self.stack) for _ in range(ins.arg or 0)]
+        self.stack.append(_Value(rooted=any(v.rooted for v in items)))
+
+    def copy(self, ins: dis.Instruction) -> None:
+        """The value ``arg`` from the top, pushed again."""
+        self.stack.append(self.stack[-(ins.arg or 1)] if len(self.stack) >= (ins.arg or 1) else _UNKNOWN)
+
+    def swap(self, ins: dis.Instruction) -> None:
+        """The top exchanged with the value ``arg`` from the top."""
+        k = ins.arg or 1
+        if len(self.stack) >= k:
+            self.stack[-1], self.stack[-k] = self.stack[-k], self.stack[-1]
+
+    def make_function(self, ins: dis.Instruction) -> None:
+        """A function made from a code object: known where it needs no closure."""
+        # 3.11's comprehensions are such functions, called at once with the iterator
+        made = _pop(self.stack).obj
+        for _ in range(bin((ins.arg or 0) & 0xF).count("1") if sys.version_info < (3, 13) else 0):
+            _pop(self.stack)  # defaults, keyword defaults, annotations, closure (3.13 sets them one by one)
+        plain = isinstance(made, types.CodeType) and not made.co_freevars
+        self.stack.append(_Value(obj=types.FunctionType(made, self.function.__globals__) if plain else None,
+                                 name=made.co_name if isinstance(made, types.CodeType) else ""))
+
+    def push_null(self, ins: dis.Instruction) -> None:
+        """The NULL beside a plain call's callable."""
+        self.stack.append(_Value(null=True))
+
+    def keywords(self, ins: dis.Instruction) -> None:
+        """``KW_NAMES`` (3.11, 3.12): the keywords of the next ``CALL``."""
+        self.kw_names = tuple(self.function.__code__.co_consts[ins.arg]) if ins.arg is not None else ()
+
+    def nothing(self, ins: dis.Instruction) -> None:
+        """``PRECALL`` (3.11): nothing to read; its ``CALL`` follows."""
+
+    def call(self, ins: dis.Instruction) -> bool:
+        """``CALL``, ``CALL_KW``: a call that may write into the arguments it is given."""
+        if ins.opname == "CALL_KW":  # 3.13: the keywords' names on top of the arguments
+            self.kw_names = tuple(_pop(self.stack).obj or ())
+        count, named = ins.arg or 0, len(self.kw_names)
+        args = [_pop(self.stack) for _ in range(count)][::-1]
+        callee, receiver = _callee(_pop(self.stack), _pop(self.stack))
+        positional = ([receiver] if receiver is not None else []) + args[:count - named]
+        keywords = dict(zip(self.kw_names, args[count - named:]))
+        self.kw_names = ()
+        if _call_writes(self.function, callee, positional, keywords, self.depth, self.state,
+                        method=receiver is not None):
+            return True
+        # an argument's method may return a view of it (``out.view(-1)``, ``out.detach()``): written
+        # through, it writes the argument
+        self.stack.append(_Value(rooted=callee.on_argument and callee.name not in COPIES))
+        return False
+
+    def call_function_ex(self, ins: dis.Instruction) -> bool:
+        """``f(*args)``, ``f(*args, **kwargs)``: which parameter gets what is not read."""
+        spread = [_pop(self.stack) for _ in range(1 + ((ins.arg or 0) & 1))]
+        callee, receiver = _callee(_pop(self.stack), _pop(self.stack))
+        if any(v.rooted for v in spread) or receiver is not None and receiver.rooted:
+            if _in_place_name(callee.name) and (callee.on_argument or receiver is None):
+                return True
+            if callee.obj is None or _is_user_code(callee.obj) or len(spread) > 1:
+                self.state.cannot(self.function, f"passes an argument through *args / **kwargs to {_named(callee)}, "
+                                                 "whose use of it is not read")
+        self.stack.append(_UNKNOWN)
+        return False
+
+    def other(self, ins: dis.Instruction) -> None:
+        """Any other instruction, by its stack effect: what it pushes is rooted where what it pops is; an
+        instruction whose effect is not known is said to be unread where an argument is on the stack."""
+        try:
+            effect = dis.stack_effect(ins.opcode, ins.arg, jump=False) if ins.opcode >= dis.HAVE_ARGUMENT \
+                else dis.stack_effect(ins.opcode)
+        except ValueError:
+            if self.stack and any(v.rooted for v in self.stack):
+                self.state.cannot(self.function, f"instruction {ins.opname} is not read, with an argument on the stack")
+            effect = 0
+        popped = [_pop(self.stack) for _ in range(max(0, -effect))]
+        self.stack += [_Value(rooted=any(v.rooted for v in popped))] * max(0, effect)
+
+    HANDLERS: ClassVar[dict[str, _Handler]] = {
+        "LOAD_FAST": load_fast, "LOAD_FAST_CHECK": load_fast, "LOAD_FAST_AND_CLEAR": load_fast,
+        "LOAD_FAST_LOAD_FAST": load_fast_load_fast,
+        "STORE_FAST": store_fast, "STORE_DEREF": store_fast,
+        "STORE_FAST_STORE_FAST": store_fast_store_fast, "STORE_FAST_LOAD_FAST": store_fast_load_fast,
+        "LOAD_CONST": load_const, "LOAD_GLOBAL": load_global, "LOAD_NAME": load_global,
+        "LOAD_DEREF": load_deref, "LOAD_CLOSURE": load_deref,
+        "LOAD_ATTR": load_attr, "LOAD_METHOD": load_attr,
+        "STORE_ATTR": store_into, "DELETE_ATTR": store_into, "STORE_SUBSCR": store_into, "DELETE_SUBSCR": store_into,
+        "BINARY_SUBSCR": binary_subscr, "BINARY_OP": binary_op,
+        "GET_ITER": derive, "UNARY_NEGATIVE": derive, "UNARY_POSITIVE": derive,
+        "FOR_ITER": for_iter, "UNPACK_SEQUENCE": unpack, "UNPACK_EX": unpack,
+        "BUILD_TUPLE": build, "BUILD_LIST": build, "COPY": copy, "SWAP": swap,
+        "MAKE_FUNCTION": make_function, "PUSH_NULL": push_null, "KW_NAMES": keywords, "PRECALL": nothing,
+        "CALL": call, "CALL_KW": call, "CALL_FUNCTION_EX": call_function_ex,
+    }
+    """The handler of each instruction read otherwise than by its stack effect."""
 
 
 def _callee(second: _Value, first: _Value) -> tuple[_Value, _Value | None]:

@@ -425,8 +425,8 @@ class Explainer(Attribution):
                 env[node.name] = out
             elif connected and (rule := self._rules.get(node.name)) is not None and rule.traceable:
                 inputs = [env[i] for i in node.inputs]  # the output is the surrogate's to compute: a stand-in
-                env[node.name] = rule.surrogate(Context(node, inputs, inputs[0], self._ops.get(node.name), env=env,
-                                                        graph=self._g))
+                env[node.name] = rule.surrogate(Context(node=node, inputs=inputs, output=inputs[0],
+                                                        op=self._ops.get(node.name), env=env, graph=self._g))
             else:
                 env[node.name] = self._eval(node, env)
                 if connected and node.kind not in SIGNAL_KINDS and isinstance(env[node.name], torch.Tensor):
@@ -506,10 +506,11 @@ class Explainer(Attribution):
                 key = (node.name, "indices")
                 rule = self._rules[node.name]
                 reads = rule.reads_for(node) if remat else ()  # what to recompute for it, if freed
-                ctx = Context(node, [value(i) if "inputs" in reads else env[i] for i in node.inputs],
-                              value(node.name) if "output" in reads else env[node.name], self._ops.get(node.name),
-                              [ref[i] for i in node.inputs] if ref else None, ref[node.name] if ref else None,
-                              env.get(key), ref.get(key) if ref else None, env, self._g)
+                ctx = Context(node=node, inputs=[value(i) if "inputs" in reads else env[i] for i in node.inputs],
+                              output=value(node.name) if "output" in reads else env[node.name],
+                              op=self._ops.get(node.name), ref_inputs=[ref[i] for i in node.inputs] if ref else None,
+                              ref_output=ref[node.name] if ref else None, indices=env.get(key),
+                              ref_indices=ref.get(key) if ref else None, env=env, graph=self._g)
                 outs = rule.backward(ctx, s)
                 for name, o in zip(node.inputs, outs):
                     before = pending.get(name)

@@ -2,11 +2,11 @@
 
 ``trace(model, x)`` captures the model with ``torch.export`` (:mod:`attributions.capture`: the
 model is not changed and none of its hooks runs) and maps each exported op to a node *kind*
-(:mod:`attributions.kinds`): through one table (:data:`OPS`) where the op's name decides, through
-:meth:`_Builder.describe` where its arguments do (a convolution, a BatchNorm in eval or training mode, a
-product of two signals). The pieces of split / chunk ops are fused into their readers as they are built; then
-the named graph passes (:data:`PASSES`) run in order: the gating operands of products marked, eval-mode
-BatchNorm folded into the conv / linear layer before it. In-place ops are computed out-of-place. Weights and
+(:mod:`attributions.kinds`) through the op table (:data:`attributions.ops.SPECS`: the first entry that
+accepts the op, by its name and which of its arguments are signals). The pieces of split / chunk ops are
+fused into their readers as they are built; then the named graph passes (:data:`PASSES`) run in order, each
+returning a new graph: the gating operands of products marked, eval-mode BatchNorm folded into the conv /
+linear layer before it. In-place ops are computed out-of-place. Weights and
 other parameters are read from the live model at call time (:class:`OpTensors`), so an explainer always
 sees their current values.
 
@@ -36,11 +36,13 @@ import torch
 import torch.fx
 from torch import nn
 
-from attributions import attention
+from attributions import attention, ops
 from attributions.capture import Capture, capture, is_view
 from attributions.errors import AttributionError
 from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS, check, default
-from attributions.records import Activation, Const, LeakyReLU, Mix, Move, Norm, Product, Record, Reduce, Softmax
+from attributions.op_tensors import OpTensors
+from attributions.records import Activation, Const, Mix, Move, Product, Record, Reduce
+from attributions.refs import Ref, resolve
 
 
 @dataclass
@@ -185,94 +187,8 @@ class Graph:
         return first
 
 
-# --- live views of a weighted op's tensors ---------------------------------------------------------
-
-class OpTensors:
-    """The tensors one conv / linear / BatchNorm op reads, looked up in the live model at every use.
-
-    ``tensor(role)`` gives "weight", "bias" (and for BatchNorm "running_mean", "running_var") or
-    None; ``sources()`` the model tensors they are computed from (for caches of derived weights);
-    ``module`` the module holding the weight (what a randomization stage re-initialises), ``path``
-    its name.
-    """
-
-    def __init__(self, getters: dict[str, Callable[[], torch.Tensor | None]], sources: Callable[[], list[torch.Tensor]],
-                 module: nn.Module | None, path: str, **static: Any):
-        self._getters, self._sources = getters, sources
-        self.module, self.path = module, path
-        self.padding_mode = "zeros"
-        for k, v in static.items():
-            setattr(self, k, v)
-
-    def tensor(self, role: str) -> torch.Tensor | None:
-        get = self._getters.get(role)
-        return get() if get is not None else None
-
-    def sources(self) -> list[torch.Tensor]:
-        return [t for t in self._sources() if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-    weight = property(lambda self: self.tensor("weight"))
-    bias = property(lambda self: self.tensor("bias"))
-    running_mean = property(lambda self: self.tensor("running_mean"))
-    running_var = property(lambda self: self.tensor("running_var"))
-
-    @property
-    def kernel_size(self) -> tuple[int, ...]:
-        return tuple(self.weight.shape[2:])
-
-    @property
-    def out_channels(self) -> int:
-        return int(self.weight.shape[0])
-
-    out_features = out_channels
-
-    @property
-    def in_channels(self) -> int:
-        return int(self.weight.shape[1]) * getattr(self, "groups", 1)
-
-    @property
-    def num_features(self) -> int:
-        return int((self.weight if self.weight is not None else self.running_mean).shape[0])
-
-
-# --- what each exported op is ----------------------------------------------------------------------
-
-_ACTIVATIONS = {"gelu", "silu", "hardswish", "hardsigmoid", "sigmoid", "tanh", "hardtanh", "relu6", "elu", "celu",
-                "selu", "mish", "softplus", "log_sigmoid", "exp", "sqrt", "rsqrt", "reciprocal", "log", "erf", "abs",
-                "square", "pow", "prelu", "clamp", "clamp_min", "clamp_max", "sin", "cos", "glu_jvp"}
-_MOVES = {"view", "reshape", "_unsafe_view", "permute", "transpose", "t", "flatten", "unflatten", "squeeze",
-          "unsqueeze", "expand", "expand_as", "repeat", "cat", "concat", "stack", "select", "slice", "narrow",
-          "contiguous", "clone", "pad", "constant_pad_nd", "reflection_pad1d", "reflection_pad2d",
-          "replication_pad1d", "replication_pad2d", "roll", "flip", "alias", "movedim", "tile", "index_select",
-          "index", "gather", "_to_copy", "to", "type_as", "dropout", "feature_dropout", "alpha_dropout",
-          "upsample_nearest1d", "upsample_nearest2d", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
-          "repeat_interleave", "unfold", "im2col", "split", "split_with_sizes", "chunk", "unbind", "tensor_split",
-          "swapaxes", "diagonal", "as_strided", "zero_pad2d", "mT", "mH", "T", "H", "adjoint", "conj",
-          "real", "resolve_conj", "resolve_neg", "lift_fresh_copy"}
-_MIXES = {"add", "sub", "rsub", "neg", "mul", "div", "mean", "sum", "matmul", "bmm", "mm", "einsum", "addmm",
-          "baddbmm", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_linear1d", "masked_fill", "where",
-          "cumsum", "linear", "avg_pool3d", "col2im"}
-_ELEMENTWISE = {"add", "sub", "rsub", "neg", "mul", "div", "masked_fill", "where"}  # mixes cheap to recompute
-# ops that make a tensor from a signal's shape, dtype or device only: constants of the backward pass
-_SHAPE_ONLY = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "zeros_like", "ones_like", "full_like",
-               "empty_like", "rand_like", "randn_like", "scalar_tensor"}
-# nonlinear reductions of one signal over some of its axes (a Reduce record's dims, None for all)
-_REDUCTIONS = {"linalg_vector_norm": 2, "norm": 2, "amax": 1, "amin": 1, "max": 1, "min": 1, "logsumexp": 1, "var": 1,
-               "std": 1}
 # higher-order ops whose subgraph is built inline: where its submodule sits among the arguments
 _REGIONS = {"wrap_with_autocast": 4, "wrap_with_set_grad_enabled": 1}
-_PRODUCTS = {"mul", "matmul", "bmm", "mm", "einsum", "div"}
-_LIKE = {"reshape_as", "view_as", "expand_as", "type_as"}  # a move shaped by a second tensor
-_RESHAPES = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "contiguous"}
-_IDENTITIES = {"dropout", "feature_dropout", "alpha_dropout", "alias"}
-_TUPLES = {"split", "split_with_sizes", "chunk", "unbind", "tensor_split"}
-_POOLS = {"max_pool2d": "maxpool", "max_pool1d": "maxpool", "avg_pool2d": "avgpool", "avg_pool1d": "avgpool",
-          "adaptive_avg_pool2d": "avgpool", "adaptive_avg_pool1d": "avgpool"}
-_SIMPLE = {"relu": "relu", "leaky_relu": "leaky_relu", "conv2d": "conv", "conv1d": "conv", "convolution": "conv",
-           "linear": "dense", "layer_norm": "norm", "group_norm": "norm", "softmax": "softmax", "_softmax": "softmax",
-           **_POOLS}
-# Activations whose output gates another signal in a product (LRP's "gate as constant" convention).
-GATES = {"sigmoid", "hardsigmoid", "softmax"}
 # the torch.nn layers whose name their main op takes, with the kind of that op
 _LEAF_KINDS = {"Linear": "dense", "Conv1d": "conv", "Conv2d": "conv", "BatchNorm1d": "affine", "BatchNorm2d": "affine",
                "ReLU": "relu", "LeakyReLU": "leaky_relu", "MaxPool1d": "maxpool", "MaxPool2d": "maxpool",
@@ -284,86 +200,12 @@ _LEAF_KINDS = {"Linear": "dense", "Conv1d": "conv", "Conv2d": "conv", "BatchNorm
                    "ReLU6", "ELU", "CELU", "SELU", "GELU", "SiLU", "Mish", "Hardswish", "Hardsigmoid", "Hardtanh",
                    "Sigmoid", "Tanh", "Softplus", "LogSigmoid")}}
 
-@dataclass(frozen=True)
-class OpKind:
-    """What an op is wherever it appears: its node ``kind`` and ``record(op)``; ``single``: only when it acts on
-    one signal (an activation of two signals, x ** y, is no activation)."""
-
-    kind: str
-    record: Callable[[str], Record]
-    single: bool = True
-
-
-# The ops whose kind and record follow from their name alone, keyed by name (the overload packet's, without
-# the in-place underscore); those whose kind depends on their arguments (a convolution, a BatchNorm in eval
-# or training mode, a product of two signals, a residual sum) are told apart in _Builder.describe.
-OPS: dict[str, OpKind] = {
-    **{op: OpKind("mix", lambda op: Mix(elementwise=op in _ELEMENTWISE), single=False) for op in _MIXES},
-    **{op: OpKind("move", lambda op: Move(reshape=op in _RESHAPES, identity=op in _IDENTITIES)) for op in _MOVES},
-    # a concatenation joins branches (CSC records it), of any number of signals
-    **{op: OpKind("move", lambda op: Move(cat=True), single=False) for op in ("cat", "concat", "stack")},
-    **{op: OpKind("activation", Activation) for op in _ACTIVATIONS},
-    "relu": OpKind("relu", lambda op: default("relu")),
-}
-
-SUPPORTED = ("the torch-level ops torch.export records: " + ", ".join(sorted(
-    set(_SIMPLE) | _ACTIVATIONS | _MOVES | _MIXES | set(_REDUCTIONS) | {
-        "batch_norm", "scaled_dot_product_attention", "maximum", "minimum", "conv_transpose1d", "conv_transpose2d",
-        "addcmul", "addcdiv"})) +
-    "; sizes, shapes and asserts")
-
-
-def _op_name(target: Any) -> str:
-    """The op's name without overload and without the in-place underscore: "relu" for aten.relu_.default."""
-    name = getattr(target, "__name__", str(target))
-    packet = getattr(target, "_overloadpacket", None)
-    if packet is not None:
-        name = packet.__name__
-    return name[:-1] if name.endswith("_") and not name.endswith("__") and name != "_" else name
-
-
-def _in_place(target: Any) -> bool:
-    """Whether ``target`` is an in-place aten op (aten.relu_.default, aten.copy_.default)."""
-    packet = getattr(target, "_overloadpacket", None)
-    return packet is not None and packet.__name__.endswith("_") and not packet.__name__.endswith("__")
-
-
-def _functional(target: Any) -> Any:
-    """The out-of-place overload of an in-place aten op (aten.relu_.default -> aten.relu.default)."""
-    if not _in_place(target):
-        return target
-    packet = target._overloadpacket
-    base = getattr(torch.ops.aten, packet.__name__[:-1], None)
-    overload = getattr(base, target._overloadname, None) if base is not None else None
-    if overload is None:
-        raise AttributionError(f"in-place op {target} has no out-of-place form the engine can compute")
-    return overload
-
-
-@dataclass(frozen=True)
-class _Ref:
-    """A reference to another node's value inside an op's arguments."""
-
-    name: str
-
-
-def _resolve(value: Any, env: dict[str, Any], replace: dict[str, Any]) -> Any:
-    """``value`` (an op's arguments) with its node references replaced by their values."""
-    if isinstance(value, _Ref):
-        return replace[value.name] if value.name in replace else env[value.name]
-    if isinstance(value, (list, tuple)):
-        return type(value)(_resolve(v, env, replace) for v in value)
-    if isinstance(value, dict):
-        return {k: _resolve(v, env, replace) for k, v in value.items()}
-    return value
-
-
 def _under_views(value: Any) -> tuple[list[torch.fx.Node], Any]:
     """(the views ``value`` is taken through, outermost last; the tensor under them): ``x[:, 1:].view(...)``
     gives ([view, slice], x); a value that is no view gives ([], value)."""
     chain = []
     while isinstance(value, torch.fx.Node) and value.op == "call_function" and is_view(value) \
-            and not _in_place(value.target) and value.args and isinstance(value.args[0], torch.fx.Node):
+            and not ops.in_place(value.target) and value.args and isinstance(value.args[0], torch.fx.Node):
         chain.append(value)
         value = value.args[0]
     return chain, value
@@ -373,14 +215,14 @@ def _through(tensor: torch.Tensor, steps: list[tuple[Any, Any, Any]], env: dict[
              replace: dict[Any, Any]) -> torch.Tensor:
     """``tensor`` taken through the views ``steps`` ((op, args, kwargs), innermost first)."""
     for target, args, kwargs in steps:
-        tensor = target(tensor, *_resolve(args, env, replace), **_resolve(kwargs, env, replace))
+        tensor = target(tensor, *resolve(args, env, replace), **resolve(kwargs, env, replace))
     return tensor
 
 
 def _runner(function: Callable[..., Any], args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> Callable[[dict[Any, Any], dict[Any, Any]], Any]:
     """``function(*args, **kwargs)`` with node references resolved from env / replace."""
-    return lambda env, replace: function(*_resolve(args, env, replace), **_resolve(kwargs, env, replace))
+    return lambda env, replace: function(*resolve(args, env, replace), **resolve(kwargs, env, replace))
 
 
 def _shared(run: Callable[[dict[Any, Any], dict[Any, Any]], Any], key: tuple[str, str], inputs: tuple[str, ...],
@@ -416,7 +258,7 @@ def _select_group(fx_node: torch.fx.Node) -> tuple[int, int, int] | None:
         return None
     taken = []
     for user in parent.users:
-        if _op_name(user.target) != "select" or len(user.args) < 3 or not isinstance(user.args[2], int) or \
+        if ops.op_name(user.target) != "select" or len(user.args) < 3 or not isinstance(user.args[2], int) or \
                 not isinstance(user.args[1], int) or user.args[1] % val.dim() != dim:
             return None
         taken.append(user.args[2] % size)
@@ -460,7 +302,7 @@ class _Builder:
         return node
 
     def ref(self, value: Any) -> Any:
-        as_ref: Any = lambda n: _Ref(self.names[n])  # noqa: E731 - fx's map_arg types its callback narrowly
+        as_ref: Any = lambda n: Ref(self.names[n])  # noqa: E731 - fx's map_arg types its callback narrowly
         return torch.fx.node.map_arg(value, as_ref)
 
     def constant(self, name: str) -> Any:
@@ -544,7 +386,7 @@ class _Builder:
         target = fx_node.target
         reads = [self.names[a] for a in fx_node.all_input_nodes if a in self.names]
         # autograd gives no gradient through .detach() or under torch.no_grad(): what they compute is a constant
-        stopped = self.no_grad > 0 or _op_name(target) == "detach"
+        stopped = self.no_grad > 0 or ops.op_name(target) == "detach"
         signals = () if stopped else tuple(dict.fromkeys(r for r in reads if r in self.signal))
         if target is operator.getitem and fx_node.args[0] in self.tuples:
             self.piece(fx_node)
@@ -559,29 +401,18 @@ class _Builder:
         # a tuple with any floating tensor (sort's values and indices) carries the signal too
         is_float = isinstance(val, torch.Tensor) and val.is_floating_point() or (
             isinstance(val, (tuple, list)) and any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in val))
-        op = _op_name(target)
-        if not signals or not is_float or op in _SHAPE_ONLY:
-            kind = "const" if isinstance(val, torch.Tensor) or (isinstance(val, (tuple, list)) and val and
-                                                                 isinstance(val[0], torch.Tensor)) else "value"
-            name = self.unique(self.path_name(fx_node, op, None))
-            # constants are recomputed in order at every pass, so their in-place ops run as written: a mask
-            # filled slice by slice (Swin's) is read through the tensor it was written into
-            node = Node(name, kind, (), run=_runner(cast(Any, target), self.ref(fx_node.args), self.ref(fx_node.kwargs)),
-                        reads=tuple(reads))
-            self.add(node, fx_node)
-            if _in_place(target):  # a write (zero_, fill_...) into the tensor under the views it is made through
-                written = _under_views(fx_node.args[0])[1]
-                if written in self.names:
-                    self.writers.setdefault(self.names[written], []).append(name)
+        op = ops.op_name(target)
+        if not signals or not is_float or op in ops.SHAPE_ONLY:
+            self.held(fx_node, op, reads)
             return
         if op == "scaled_dot_product_attention":
             self.attention(fx_node)
             return
-        if op in _TUPLES or (op in ("max", "min") and isinstance(val, tuple)):  # max.dim: (values, indices)
-            run = _runner(_functional(target), self.ref(fx_node.args), self.ref(fx_node.kwargs))
-            self.tuples[fx_node] = (run, signals, None if op in _TUPLES else _reduction(fx_node, op))
+        if op in ops.TUPLES or (op in ("max", "min") and isinstance(val, tuple)):  # max.dim: (values, indices)
+            run = _runner(ops.functional(target), self.ref(fx_node.args), self.ref(fx_node.kwargs))
+            self.tuples[fx_node] = (run, signals, None if op in ops.TUPLES else ops.reduction(fx_node, op))
             return
-        if _in_place(target):
+        if ops.in_place(target):
             chain, base = _under_views(fx_node.args[0])
             if chain and self.names.get(base) in self.signal and any(self.order[u] > self.order[fx_node]
                                                                      for u in base.users):
@@ -590,21 +421,13 @@ class _Builder:
             self.check_out_of_place(fx_node)
         kind, record, module = self.describe(fx_node, op, signals)
         first = fx_node.args[0] if fx_node.args else None
-        if op in _LIKE and isinstance(first, torch.fx.Node) and self.names.get(first) in self.signal:
+        if op in ops.LIKE and isinstance(first, torch.fx.Node) and self.names.get(first) in self.signal:
             signals = (self.names[first],)  # the other tensor gives only a shape or dtype
         name = self.unique(self.path_name(fx_node, op, kind))
-        run = _runner(_functional(target), self.ref(fx_node.args), self.ref(fx_node.kwargs))
+        run = _runner(ops.functional(target), self.ref(fx_node.args), self.ref(fx_node.kwargs))
         group = _select_group(fx_node) if op == "select" and signals else None
         if group is not None:
-            dim, index, size = group
-            parent = self.names[cast(Any, fx_node.args[0])]
-            unbind = _shared(_runner(torch.ops.aten.unbind.int, (_Ref(parent), dim), {}), (parent, "pieces"),
-                             (parent,), size)
-            if index == 0:
-                self.mark_packed(cast(Any, fx_node.args[0]), size)
-
-            def run(env: dict[str, Any], replace: dict[str, Any]) -> Any:
-                return unbind(env, replace)[index]
+            run = self.selected(fx_node, *group)
         if isinstance(record, Move) and record.identity:
             source = signals[0]
 
@@ -612,6 +435,32 @@ class _Builder:
                 return replace.get(source, env[source])
         constants = tuple(r for r in reads if r not in self.signal)  # the constants it reads (parameters)
         self.add(Node(name, kind, signals, module=module, run=run, record=record, reads=constants), fx_node)
+
+    def held(self, fx_node: torch.fx.Node, op: str, reads: list[str]) -> None:
+        """An op computed in the forward pass alone: a ``const`` node (tensors) or a ``value`` node (sizes).
+        Constants are recomputed in order at every pass, so their in-place ops run as written: a mask filled
+        slice by slice (Swin's) is read through the tensor it was written into."""
+        val = fx_node.meta.get("val")
+        kind = "const" if isinstance(val, torch.Tensor) or (isinstance(val, (tuple, list)) and val and
+                                                             isinstance(val[0], torch.Tensor)) else "value"
+        name = self.unique(self.path_name(fx_node, op, None))
+        run = _runner(cast(Any, fx_node.target), self.ref(fx_node.args), self.ref(fx_node.kwargs))
+        self.add(Node(name, kind, (), run=run, reads=tuple(reads)), fx_node)
+        if ops.in_place(fx_node.target):  # a write (zero_, fill_...) into the tensor under the views it is made through
+            written = _under_views(fx_node.args[0])[1]
+            if written in self.names:
+                self.writers.setdefault(self.names[written], []).append(name)
+
+    def selected(self, fx_node: torch.fx.Node, dim: int, index: int,
+                 size: int) -> Callable[[dict[str, Any], dict[str, Any]], Any]:
+        """The run of one of ``size`` selects that take every index of a tensor along ``dim``: its piece of one
+        ``unbind`` the selects share (:func:`_shared`)."""
+        parent = self.names[cast(Any, fx_node.args[0])]
+        unbind = _shared(_runner(torch.ops.aten.unbind.int, (Ref(parent), dim), {}), (parent, "pieces"),
+                         (parent,), size)
+        if index == 0:
+            self.mark_packed(cast(Any, fx_node.args[0]), size)
+        return lambda env, replace: unbind(env, replace)[index]
 
     def check_out_of_place(self, fx_node: torch.fx.Node) -> None:
         """An in-place op on a signal is computed out of place: refused when a later op reads the
@@ -676,7 +525,7 @@ class _Builder:
             kind = "move"  # values moved into place
         elif op in ("add", "sub") or (op in ("mul", "div") and not others):
             kind = "mix"  # linear in the tensor and what is added
-        elif (op in _ACTIVATIONS or op in ("relu", "leaky_relu")) and not others:
+        elif (op in ops.ACTIVATIONS or op in ("relu", "leaky_relu")) and not others:
             kind = "activation"  # element-wise: f on the view, the identity elsewhere
         else:
             raise AttributionError(f"{where} writes into a view of a signal: only copies, additions, scalings and "
@@ -688,12 +537,12 @@ class _Builder:
             raise AttributionError(f"{where} overwrites a view that {later[0].name!r} reads afterwards; the engine "
                                    "computes in-place writes into a fresh tensor")
         steps: list[tuple[Any, Any, Any]] = [(v.target, self.ref(v.args[1:]), self.ref(v.kwargs)) for v in reversed(chain)]
-        base_ref, args, kwargs, function = _Ref(self.names[base]), self.ref(rest), self.ref(fx_node.kwargs), fx_node.target
+        base_ref, args, kwargs, function = Ref(self.names[base]), self.ref(rest), self.ref(fx_node.kwargs), fx_node.target
 
         def run(env: dict[str, Any], replace: dict[str, Any]) -> Any:
-            out = _resolve(base_ref, env, replace).clone()
-            cast(Any, function)(_through(out, steps, env, replace), *_resolve(args, env, replace),
-                                **_resolve(kwargs, env, replace))
+            out = resolve(base_ref, env, replace).clone()
+            cast(Any, function)(_through(out, steps, env, replace), *resolve(args, env, replace),
+                                **resolve(kwargs, env, replace))
             return out
         name = self.unique(self.path_name(fx_node, op, None))
         reads = [self.names[a] for a in fx_node.all_input_nodes if a in self.names and self.names[a] not in self.signal]
@@ -703,7 +552,7 @@ class _Builder:
         self.names[base] = name  # later readers of the tensor see it written
 
         def view(env: dict[str, Any], replace: dict[str, Any]) -> Any:  # the op's own result: the view, as written
-            return _through(_resolve(_Ref(name), env, replace), steps, env, replace)
+            return _through(resolve(Ref(name), env, replace), steps, env, replace)
         self.add(Node(self.unique(f"{name}.view"), "move", (name,), run=view, reads=tuple(reads)), fx_node)
 
     def path_name(self, fx_node: torch.fx.Node, op: str, kind: str | None) -> str:
@@ -723,7 +572,7 @@ class _Builder:
             kind, record = "const", Const()
         else:
             kind, record = ("move", Move()) if reduction is None else ("reduce", reduction)
-        op = "getitem" if reduction is None else _op_name(parent.target)
+        op = "getitem" if reduction is None else ops.op_name(parent.target)
         name = self.unique(self.path_name(fx_node, op, None))
         if signals:  # the pieces of one call: one backward node (the inputs are this call's signals)
             readers = sum(1 for u in parent.users if u.target is operator.getitem)
@@ -760,7 +609,7 @@ class _Builder:
             if not isinstance(arg, torch.fx.Node) or self.names.get(arg) not in self.signal:
                 raise AttributionError(f"attention at {name!r}: the {role} must be computed from the input")
             operands[role], nodes[role] = self.names[arg], arg
-        bound = {k: (v if not isinstance(v, torch.fx.Node) else _Ref(self.names[v])) for k, v in bound.items()}
+        bound = {k: (v if not isinstance(v, torch.fx.Node) else Ref(self.names[v])) for k, v in bound.items()}
         specs = attention.sdpa_specs(name, bound, operands, self.signal)
         order = _layout(fx_node.meta.get("val"))
         mask = bound.get("attn_mask")
@@ -780,70 +629,15 @@ class _Builder:
                           if own == name else None))
         self.names[fx_node] = name
 
-    def describe(self, fx_node: torch.fx.Node, op: str, signals: tuple[str, ...]) -> tuple[str, Record, Any]:
-        """(kind, record, module) of an op on signals; a clear error for an op without a rule."""
-        args: Any = fx_node.args
-        kwargs: Any = fx_node.kwargs
-        slots = self.slots(args)
-        on_signal = [(i,) in slots for i in range(len(args))]  # the positional arguments that are signals
-        where = f"{op} at {self.c.module_path(fx_node) or 'the model'}"
-        transposed = op.startswith("conv_transpose") or (op == "convolution" and bool(args[6] if len(args) > 6 else
-                                                                                       kwargs.get("transposed")))
-        if transposed and on_signal[0] and not any(on_signal[1:]):
-            # linear in the signal: exact adjoints, and LRP's z rule (its weights are not split by sign)
-            return "mix", Mix(), None
-        if op in ("conv2d", "conv1d", "convolution", "linear") and on_signal[0] and not any(on_signal[1:]):
-            kind = "dense" if op == "linear" else "conv"
-            return kind, default(kind), self.op_tensors(fx_node, op)
-        if op == "batch_norm" and on_signal[0] and not any(on_signal[1:]):
-            training = args[5] if len(args) > 5 else kwargs.get("training", False)
-            if not training and args[3] is not None and args[4] is not None:
-                return "affine", default("affine"), self.op_tensors(fx_node, op)
-            return "norm", self.norm_spec(fx_node, "batch"), None
-        if op in ("layer_norm", "group_norm") and on_signal[0] and not any(on_signal[1:]):
-            return "norm", self.norm_spec(fx_node, op.split("_")[0]), None
-        if op == "leaky_relu" and len(signals) == 1:
-            return "leaky_relu", LeakyReLU(float(args[1] if len(args) > 1 else kwargs.get("negative_slope", 0.01))), None
-        if op in _POOLS and len(signals) == 1:
-            return _POOLS[op], default(_POOLS[op]), _pool_module(fx_node, op, where)
-        if op in ("softmax", "_softmax") and len(signals) == 1:
-            return "softmax", Softmax(int(args[1])), None
-        if op == "add" and len(signals) == 2 and sum(on_signal) == 2 and args[0] is not args[1] \
-                and kwargs.get("alpha", 1) == 1 and _same_shape(args[0], args[1], fx_node):
-            return "add", default("add"), None  # a residual sum (a broadcasting one is a linear mix)
-        if op in _PRODUCTS and len(slots) >= 2:
-            if len(slots) != 2:
-                raise AttributionError(f"{where}: a product of {len(slots)} signal operands is not supported")
-            operands = cast(tuple[str, str], tuple(self.names[_at(args, slot)] for slot in slots))
-            function = _functional(fx_node.target)
-            ref_args = self.ref(args)
-            ref_kwargs = self.ref(kwargs)
+    def describe(self, fx_node: torch.fx.Node, op: str, signals: tuple[str, ...]) -> ops.Described:
+        """(kind, record, op tensors or pooling module) of an op on signals: the op table's
+        (:func:`attributions.ops.classify`), or its error for an op without a rule."""
+        call = ops.Call(fx_node, op, signals, tuple(self.slots(tuple(fx_node.args))),
+                        f"{op} at {self.c.module_path(fx_node) or 'the model'}", self)
+        return ops.classify(call, self.path_name(fx_node, op, None), self.c.module_type(fx_node))
 
-            def pair(env: dict[Any, Any], a: Any, b: Any, slots: list[tuple[int, ...]] = slots) -> Any:
-                values = _resolve(ref_args, env, {})
-                for slot, operand in zip(slots, (a, b)):
-                    values = _put(values, slot, operand)
-                return function(*values, **_resolve(ref_kwargs, env, {}))
-            alone = slots == [(0,), (1,)] and len(args) == 2 and not kwargs
-            return "product", Product(operands, pair, quotient=op == "div", op=op if alone else ""), None
-        if op == "div" and on_signal == [False, True]:
-            return "activation", Activation("div"), None  # c / x: element-wise nonlinear
-        if op in _LIKE and on_signal[0]:  # the other tensor gives only a shape or dtype (the caller drops it)
-            return "move", Move(reshape=op in ("reshape_as", "view_as")), None
-        entry = OPS.get(op)
-        if entry is not None and (len(signals) == 1 or not entry.single):
-            return entry.kind, entry.record(op), None
-        if op in ("addcmul", "addcdiv") and sum(on_signal[1:3]) <= 1 and not (op == "addcdiv" and on_signal[2]):
-            return "mix", Mix(), None  # self + value * t1 * t2 (or / t2) with one signal factor: linear
-        elementwise = op in ("maximum", "minimum") or getattr(fx_node.target, "_overloadname", "") == "other"
-        if elementwise and len(signals) == 1:
-            return "activation", Activation(op), None  # against a constant
-        if op in _REDUCTIONS and not elementwise and len(signals) == 1 and on_signal[0]:
-            return "reduce", _reduction(fx_node, op), None
-        raise AttributionError(f"unsupported operation: {fx_node.target} on {len(signals)} signal(s) at node "
-                               f"{self.path_name(fx_node, op, None)!r} (module {self.c.module_type(fx_node) or '?'}). "
-                               f"Supported: {SUPPORTED}. Rewrite this part of the model with supported operations, "
-                               "or explain a sub-model")
+    def name_of(self, value: torch.fx.Node) -> str:
+        return self.names[value]
 
     def slots(self, args: tuple[Any, ...]) -> list[tuple[int, ...]]:
         """Where the arguments hold signals: (i,) for args[i], (i, j) for args[i][j] (einsum's operands).
@@ -894,15 +688,6 @@ class _Builder:
             static = {"eps": float(bound.get("eps", 1e-5))}
         return OpTensors(getters, lambda: [live(p) for p in tensors], module, owner, **static)
 
-    def norm_spec(self, fx_node: torch.fx.Node, kind: str) -> Norm:
-        names = {"layer": ("input", "normalized_shape", "weight", "bias", "eps"),
-                 "group": ("input", "num_groups", "weight", "bias", "eps"),
-                 "batch": ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")}
-        bound: dict[str, Any] = dict(zip(names[kind], self.ref(fx_node.args))) | dict(self.ref(fx_node.kwargs))
-        bound.pop("input", None)
-        bound.setdefault("eps", 1e-5)
-        return Norm(kind, bound)
-
 
 def _layout(val: Any) -> tuple[int, ...] | None:
     """The axes of a traced tensor from outermost to innermost in memory, when that is not their order
@@ -923,63 +708,10 @@ def _laid_out(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
     return t.permute(order).contiguous().permute(inverse)
 
 
-def _reduction(fx_node: torch.fx.Node, op: str) -> Reduce:
-    """A reduction's record: its axes, or None for all."""
-    args: Any = fx_node.args
-    position = _REDUCTIONS[op]  # where the axes sit among the arguments
-    dims: Any = args[position] if len(args) > position else fx_node.kwargs.get("dim")
-    if isinstance(dims, int):
-        dims = (dims,)
-    return Reduce(tuple(int(d) for d in dims) if dims else None)
-
-
-def _same_shape(*nodes: torch.fx.Node) -> bool:
-    shapes = [getattr(n.meta.get("val"), "shape", None) for n in nodes]
-    return shapes[0] is not None and all(s == shapes[0] for s in shapes)
-
-
-def _at(args: tuple[Any, ...], slot: tuple[int, ...]) -> Any:
-    return args[slot[0]] if len(slot) == 1 else args[slot[0]][slot[1]]
-
-
-def _put(args: Any, slot: tuple[int, ...], value: Any) -> tuple[Any, ...]:
-    """``args`` with the argument at ``slot`` replaced by ``value``."""
-    out = list(args)
-    if len(slot) == 1:
-        out[slot[0]] = value
-    else:
-        inner = list(out[slot[0]])
-        inner[slot[1]] = value
-        out[slot[0]] = type(args[slot[0]])(inner)
-    return tuple(out)
-
-
 def _ints(value: Any, d: int) -> tuple[int, ...]:
     if isinstance(value, (list, tuple)):
         return tuple(int(v) for v in value) if len(value) == d else tuple(int(value[0]) for _ in range(d))
     return tuple(int(value) for _ in range(d))
-
-
-_POOL_ARGS = {"max_pool2d": (nn.MaxPool2d, ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),
-              "max_pool1d": (nn.MaxPool1d, ("kernel_size", "stride", "padding", "dilation", "ceil_mode")),
-              "avg_pool2d": (nn.AvgPool2d, ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
-                                            "divisor_override")),
-              "avg_pool1d": (nn.AvgPool1d, ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")),
-              "adaptive_avg_pool2d": (nn.AdaptiveAvgPool2d, ("output_size",)),
-              "adaptive_avg_pool1d": (nn.AdaptiveAvgPool1d, ("output_size",))}
-
-
-def _pool_module(fx_node: torch.fx.Node, op: str, where: str) -> nn.Module:
-    """An equivalent pooling module for an exported pooling op (arguments bound by name)."""
-    cls, names = _POOL_ARGS[op]
-    bound = dict(zip(names, fx_node.args[1:])) | dict(fx_node.kwargs)
-    if any(isinstance(v, torch.fx.Node) for v in bound.values()):
-        raise AttributionError(f"{where}: pooling with non-constant arguments is not supported")
-    if "stride" in bound and not bound["stride"]:  # aten's empty stride means the kernel size
-        bound.pop("stride")
-    bound = {k: tuple(v) if isinstance(v, list) else v for k, v in bound.items()}
-    module: nn.Module = cls(**bound)
-    return module
 
 
 # --- graph passes: Graph -> Graph, in order, each with its own test ---------------------------------
@@ -987,46 +719,59 @@ def _pool_module(fx_node: torch.fx.Node, op: str, where: str) -> nn.Module:
 def mark_gates(graph: Graph) -> Graph:
     """For each product, which operands a gating function computed (its record's ``gates``), data movement after
     it included: written-out attentions (timm's Swin, XCiT, CoaT...) pass their weights through an eval-mode
-    dropout, and a gate moved is still the gate."""
+    dropout, and a gate moved is still the gate.
+
+    Before: products' records have ``gates`` (False, False). After: a new graph whose products' records mark
+    their gate operands; every other node the same object; ``graph`` unchanged.
+    """
     def producer(name: str) -> Node:
         node = graph.by_name[name]
         while node.kind == "move" and len(node.inputs) == 1:
             node = graph.by_name[node.inputs[0]]
         return node
 
-    for node in graph.nodes:
-        if isinstance(node.record, Product):
-            producers = [producer(name) for name in node.record.operands]
-            gates = tuple(p.kind == "softmax" or (isinstance(p.record, Activation) and p.record.function in GATES)
-                          for p in producers)
-            node.record = replace(node.record, gates=cast(tuple[bool, bool], gates))
-    return graph
+    def marked(node: Node) -> Node:
+        if not isinstance(node.record, Product):
+            return node
+        gates = tuple(p.kind == "softmax" or (isinstance(p.record, Activation) and p.record.function in ops.GATES)
+                      for p in map(producer, node.record.operands))
+        return replace(node, record=replace(node.record, gates=cast(tuple[bool, bool], gates)),
+                       aliases=dict(node.aliases))
+    return Graph([marked(n) for n in graph.nodes], graph.output, graph.shape, graph.dynamic_batch,
+                 graph.batch_sized)
 
 
 def fold_batchnorm(graph: Graph) -> Graph:
-    """Fold each BatchNorm whose input is a conv / linear used only by it into that layer."""
+    """Fold each BatchNorm whose input is a conv / linear used only by it into that layer.
+
+    Before: eval-mode BatchNorms are ``affine`` nodes. After: a new graph without the folded ones; the layer
+    before each holds its tensors (``bn``) and its name (``folded``: the forward pass also stores the value under
+    it), and the nodes that read it read the layer (``aliases`` maps the name they were traced with); ``graph``
+    unchanged.
+    """
     drop: dict[str, str] = {}
     for node in graph.nodes:
         if node.kind != "affine" or len(node.inputs) != 1:
             continue
         src = graph.by_name[node.inputs[0]]
         if src.kind in ("conv", "dense") and src.bn is None and graph.consumers[src.name] == [node.name]:
-            src.bn = node.module
             drop[node.name] = src.name
     if not drop:
         return graph
-    nodes = []
-    for node in graph.nodes:
-        if node.name in drop:
-            continue
-        node.aliases.update({i: drop[i] for i in node.inputs if i in drop})
-        node.inputs = tuple(drop.get(i, i) for i in node.inputs)
-        if isinstance(node.record, Product):  # a product's operand names name its inputs too
-            operands = cast(tuple[str, str], tuple(drop.get(o, o) for o in node.record.operands))
-            node.record = replace(node.record, operands=operands)
-        nodes.append(node)
-    for bn_name, src_name in drop.items():  # the forward pass also stores the value under the BatchNorm's name
-        graph.by_name[src_name].folded += (bn_name,)
+    into = {src: bn for bn, src in drop.items()}
+
+    def folded(node: Node) -> Node:
+        changes: dict[str, Any] = {}
+        if node.name in into:
+            changes |= {"bn": graph.by_name[into[node.name]].module, "folded": (*node.folded, into[node.name])}
+        if any(i in drop for i in node.inputs):
+            changes |= {"aliases": {**node.aliases, **{i: drop[i] for i in node.inputs if i in drop}},
+                        "inputs": tuple(drop.get(i, i) for i in node.inputs)}
+            if isinstance(node.record, Product):  # a product's operand names name its inputs too
+                operands = cast(tuple[str, str], tuple(drop.get(o, o) for o in node.record.operands))
+                changes["record"] = replace(node.record, operands=operands)
+        return replace(node, **({"aliases": dict(node.aliases)} | changes)) if changes else node
+    nodes = [folded(n) for n in graph.nodes if n.name not in drop]
     return Graph(nodes, drop.get(graph.output, graph.output), graph.shape, graph.dynamic_batch, graph.batch_sized)
 
 

@@ -58,6 +58,12 @@ class KindSpec:
     recomputed : a backward pass recomputes its value from its inputs rather than keep it (cheap and
         element-wise, or data movement)
     elementwise : it maps values position by position, so its output keeps its input's channel layout
+    weight : it reads a weight tensor of a layer (conv, dense, BatchNorm), which the weight-splitting rules split
+    activation : an element-wise nonlinearity of one signal (ReLU, leaky ReLU, the others)
+    traced : the generic rules run its traced op itself (data movement, mixing, activations, products,
+        normalisations, softmax, reductions)
+    linear : its op is linear in its signals (weighted layers, data movement, linear mixing): its adjoint is the same
+        wherever it is taken
     """
 
     record: type[Record]
@@ -66,27 +72,32 @@ class KindSpec:
     recorded: bool = False
     recomputed: bool = False
     elementwise: bool = False
+    weight: bool = False
+    activation: bool = False
+    traced: bool = False
+    linear: bool = False
 
 
 KINDS: dict[Kind, KindSpec] = {
     Kind.INPUT: KindSpec(Plain, signal=False, recorded=True),
     Kind.VALUE: KindSpec(Plain, signal=False),
     Kind.CONST: KindSpec(Const, signal=False),
-    Kind.DENSE: KindSpec(Plain, weighted=True, recorded=True),
-    Kind.CONV: KindSpec(Plain, weighted=True, recorded=True),
-    Kind.AFFINE: KindSpec(Plain, weighted=True, recorded=True),
-    Kind.AVGPOOL: KindSpec(Plain, weighted=True, recorded=True),
-    Kind.RELU: KindSpec(Plain, recorded=True, elementwise=True),
-    Kind.LEAKY_RELU: KindSpec(LeakyReLU, recorded=True, elementwise=True),
+    Kind.DENSE: KindSpec(Plain, weighted=True, recorded=True, weight=True, linear=True),
+    Kind.CONV: KindSpec(Plain, weighted=True, recorded=True, weight=True, linear=True),
+    Kind.AFFINE: KindSpec(Plain, weighted=True, recorded=True, weight=True, linear=True),
+    Kind.AVGPOOL: KindSpec(Plain, weighted=True, recorded=True, linear=True),
+    Kind.RELU: KindSpec(Plain, recorded=True, elementwise=True, activation=True),
+    Kind.LEAKY_RELU: KindSpec(LeakyReLU, recorded=True, elementwise=True, activation=True),
     Kind.MAXPOOL: KindSpec(Plain, recorded=True),
     Kind.ADD: KindSpec(Plain, recorded=True, elementwise=True),
-    Kind.MOVE: KindSpec(Move, recomputed=True),
-    Kind.MIX: KindSpec(Mix, recorded=True, elementwise=True),
-    Kind.ACTIVATION: KindSpec(Activation, recorded=True, recomputed=True, elementwise=True),
-    Kind.PRODUCT: KindSpec(Product, recorded=True, elementwise=True),
-    Kind.NORM: KindSpec(Norm, recorded=True, recomputed=True),
-    Kind.SOFTMAX: KindSpec(Softmax, recorded=True, recomputed=True, elementwise=True),
-    Kind.REDUCE: KindSpec(Reduce),
+    Kind.MOVE: KindSpec(Move, recomputed=True, traced=True, linear=True),
+    Kind.MIX: KindSpec(Mix, recorded=True, elementwise=True, traced=True, linear=True),
+    Kind.ACTIVATION: KindSpec(Activation, recorded=True, recomputed=True, elementwise=True, activation=True,
+                              traced=True),
+    Kind.PRODUCT: KindSpec(Product, recorded=True, elementwise=True, traced=True),
+    Kind.NORM: KindSpec(Norm, recorded=True, recomputed=True, traced=True),
+    Kind.SOFTMAX: KindSpec(Softmax, recorded=True, recomputed=True, elementwise=True, traced=True),
+    Kind.REDUCE: KindSpec(Reduce, traced=True),
 }
 
 
@@ -101,6 +112,10 @@ CONSTANT_KINDS = _kinds(signal=False)
 RECORDED_KINDS = _kinds(recorded=True)  # CSC's recorded layers
 RECOMPUTED_KINDS = _kinds(recomputed=True)  # recomputed in a backward pass (a mix only when element-wise)
 ELEMENTWISE_KINDS = _kinds(elementwise=True)
+WEIGHT_KINDS = _kinds(weight=True)  # the layers with a weight tensor
+ACTIVATION_KINDS = _kinds(activation=True)
+TRACED_KINDS = _kinds(traced=True)  # the generic rules run the traced op itself
+LINEAR_TRACED_KINDS = _kinds(traced=True, linear=True)  # of those, linear in their signals
 RECORDS: dict[str, type[Record]] = {str(k): spec.record for k, spec in KINDS.items()}
 
 

@@ -131,7 +131,7 @@ def _fold(node: Node, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 def bn_affine(bn: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eval-mode BatchNorm (a BatchNorm module or the graph's :class:`~attributions.graph.OpTensors` of a
+    """Eval-mode BatchNorm (a BatchNorm module or the graph's :class:`~attributions.op_tensors.OpTensors` of a
     batch_norm op) as y = scale * x + shift, per channel."""
     device = bn.weight.device if bn.weight is not None else None
     var = bn.running_var if bn.running_var is not None else torch.ones(bn.num_features, device=device)

@@ -19,23 +19,21 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 from attributions.errors import AttributionError, unknown_name
-from attributions.kinds import LINEAR_KINDS
+from attributions.graph import Graph, Node
+from attributions.kinds import ACTIVATION_KINDS, LINEAR_KINDS, LINEAR_TRACED_KINDS, TRACED_KINDS, WEIGHT_KINDS
 from attributions.linear_ops import LinearOp, to_winners
 from attributions.records import LeakyReLU, Norm, Product, Record, Reduce, Softmax
 
 R = TypeVar("R", bound=Record)
 
-WEIGHTED_KINDS = ("dense", "conv", "affine")  # linear kinds with a weight tensor
-ACTIVATION_KINDS = ("relu", "leaky_relu", "activation")
-TRACED_KINDS = ("move", "mix", "activation", "product", "norm", "softmax", "reduce")  # run as the traced op itself
-LINEAR_TRACED = ("move", "mix")  # linear in their signals: the adjoint is the same wherever it is taken
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Context:
-    """What a rule may read: the node's op, its inputs and output, and (DeepLIFT) their references."""
+    """What a rule may read: the node's op, its inputs and output, and (DeepLIFT) their references; built by
+    keyword."""
 
-    node: Any
+    node: Node
     inputs: list[torch.Tensor]
     output: torch.Tensor
     op: LinearOp | None = None
@@ -44,7 +42,7 @@ class Context:
     indices: torch.Tensor | None = None  # max pooling: the winners of the forward pass
     ref_indices: torch.Tensor | None = None
     env: dict[Any, Any] | None = None  # every node's value: the generic rules re-run the node's operation on it
-    graph: Any = None  # the traced graph, for rules that look at a node's neighbours (RevealCancel)
+    graph: Graph | None = None  # the traced graph, for rules that look at a node's neighbours (RevealCancel)
 
     @property
     def x(self) -> torch.Tensor:
@@ -85,7 +83,7 @@ class Context:
 
     def apply(self, *inputs: torch.Tensor) -> torch.Tensor:
         """The node's operation with its signal inputs set to ``inputs`` (the rest from the forward pass)."""
-        out: torch.Tensor = self.node.evaluate(self.env, dict(zip(self.node.inputs, inputs)))
+        out: torch.Tensor = self.node.evaluate(self.values, dict(zip(self.node.inputs, inputs)))
         return out
 
     def vjp(self, signal: torch.Tensor, at: list[torch.Tensor] | None = None,
@@ -279,7 +277,7 @@ class AlphaBeta(Rule):
         added to each denominator, away from 0
     """
 
-    kinds = WEIGHTED_KINDS
+    kinds = WEIGHT_KINDS
     proportional_to_input = True
 
     def __init__(self, alpha: float = 1.0, beta: float = 0.0, bias: bool = True, stabilizer: float = 1e-6):
@@ -349,7 +347,7 @@ class Gamma(Rule):
         added to each denominator with its sign
     """
 
-    kinds = WEIGHTED_KINDS
+    kinds = WEIGHT_KINDS
     proportional_to_input = True
     reads = ("inputs", "output")
 
@@ -377,7 +375,7 @@ class Gamma(Rule):
 class _InputFree(Rule):
     """Relevance shared by fixed non-negative weights V: R_in = V^T (R / (V 1))."""
 
-    kinds = WEIGHTED_KINDS
+    kinds = WEIGHT_KINDS
     reads = ()
 
     def _weights(self, w: torch.Tensor) -> torch.Tensor:
@@ -418,7 +416,7 @@ class ZB(Rule):
         added to each denominator with its sign
     """
 
-    kinds = WEIGHTED_KINDS
+    kinds = WEIGHT_KINDS
     reads = ("inputs",)
 
     def __init__(self, low: float | None = 0.0, high: float | None = 1.0, stabilizer: float = 1e-6):
@@ -790,7 +788,7 @@ class VJP(Rule):
     exact_gradient = True
 
     def reads_for(self, node: Any) -> tuple[str, ...]:
-        linear = node.kind in LINEAR_TRACED or node.is_identity or node.is_reshape
+        linear = node.kind in LINEAR_TRACED_KINDS or node.is_identity or node.is_reshape
         return () if linear else self.reads
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
@@ -798,7 +796,7 @@ class VJP(Rule):
             return [signal]
         if ctx.node.is_reshape:  # a plain reshape: its adjoint is the inverse reshape
             return [signal.reshape(signal.shape[0], *ctx.x.shape)]
-        if ctx.node.kind in LINEAR_TRACED and not ctx.recorded:  # its inputs may have been freed
+        if ctx.node.kind in LINEAR_TRACED_KINDS and not ctx.recorded:  # its inputs may have been freed
             return ctx.linear_vjp(signal)
         return ctx.vjp(signal)
 

@@ -246,9 +246,8 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
-def _train_parser(sub: Any) -> None:
-    t = sub.add_parser("train", allow_abbrev=False, help="train a model (a zoo architecture, or any model an audit "
-                       "takes, e.g. the twins of yours) and save a checkpoint (.pt + .json)")
+def _train_model_arguments(t: argparse.ArgumentParser) -> None:
+    """None; adds to ``t`` the options that choose the model trained and how an image folder's files reach it."""
     t.add_argument("--arch", default=None, help="a zoo architecture: cnn (default), vgg, resnet, vit, vgg16, resnet50")
     t.add_argument("--model", default=None, metavar="SPEC",
                    help="train this model's architecture from fresh weights instead of a zoo one: timm:NAME, "
@@ -262,6 +261,10 @@ def _train_parser(sub: Any) -> None:
                    help="processes that read an image folder's batches (default 0: the training process); the "
                    "folder is read batch by batch, never held in memory, and the weights do not depend on N")
     t.add_argument("--batch-norm", action="store_true", help="vgg with BatchNorm")
+
+
+def _train_recipe_arguments(t: argparse.ArgumentParser) -> None:
+    """None; adds to ``t`` the training recipe: optimizer, hyperparameters, data, schedule and the Bort settings."""
     t.add_argument("--optimizer", default="sgd", help="sgd, adamw (and the registered ones)")
     t.add_argument("--epochs", type=int, default=10)
     t.add_argument("--batch-size", type=int, default=32)
@@ -281,6 +284,10 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--bort-mode", default=None, help="Bort: l2-full, l1-full-row (default), l1-full-col, "
                                                      "l2-row, l2-col, l1-row, l1-col")
     t.add_argument("--dbort", action="store_true", help="add DBort's auxiliary loss")
+
+
+def _train_twin_arguments(t: argparse.ArgumentParser) -> None:
+    """None; adds to ``t`` the options that train a twin: permuted labels, the fit target, the control twin."""
     t.add_argument("--permute-labels", type=int, default=None, metavar="SEED",
                    help="train on the training labels permuted once with this seed: the permuted-label twin of the "
                    "data-randomization test (with --train-limit and enough --epochs to fit them)")
@@ -299,6 +306,10 @@ def _train_parser(sub: Any) -> None:
     t.add_argument("--twin-of", default=None, metavar="MODEL", help="the model this run is a twin of (with "
                    "--permute-labels or --control): a checkpoint (shipped name or .pt path) or a model specification; "
                    "its architecture must match, tensor by tensor; recorded in the metadata")
+
+
+def _train_run_arguments(t: argparse.ArgumentParser) -> None:
+    """None; adds to ``t`` where the checkpoint goes and how the run executes (resume, workers, device)."""
     t.add_argument("--out", required=True, help="checkpoint path (.pt; metadata beside it as .json)")
     t.add_argument("--resume", action="store_true", help="continue from the resume state beside --out")
     t.add_argument("--save-every", type=int, default=None, metavar="STEPS",
@@ -316,6 +327,15 @@ def _train_parser(sub: Any) -> None:
                    "float16 with a gradient scaler on a GPU); the weights and the optimizer stay float32")
     t.add_argument("--force", action="store_true", help="overwrite an existing checkpoint at --out")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _train_parser(sub: Any) -> None:
+    t = sub.add_parser("train", allow_abbrev=False, help="train a model (a zoo architecture, or any model an audit "
+                       "takes, e.g. the twins of yours) and save a checkpoint (.pt + .json)")
+    _train_model_arguments(t)
+    _train_recipe_arguments(t)
+    _train_twin_arguments(t)
+    _train_run_arguments(t)
     t.set_defaults(func=_train)
 
 

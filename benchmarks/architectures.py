@@ -4,7 +4,11 @@ gradient, side by side in one run (VGG-16 and ResNet-50 at 224x224, batch 4; the
 lrp-epsilon-plus <= 1.70x, lrp-alpha2beta1 <= 2.30x; the ViT's gradient <= 1.20x."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 import torch
+from torch import nn
 
 from attributions import Explainer
 from audit.models import build
@@ -15,19 +19,20 @@ TARGETS = {"gradient": 1.10, "guided-backprop": 1.10, "deeplift": 1.30, "lrp-eps
 VIT_TARGETS = {"gradient": 1.20}
 
 
-def plain_gradient(model, x, target):
+def plain_gradient(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     xg = x.clone().requires_grad_()
     out = model(xg).gather(1, target[:, None]).sum()
     return torch.autograd.grad(out, xg)[0]
 
 
-def _ratios(model, x, targets: dict[str, float], rounds: int) -> list[tuple]:
+def _ratios(model: nn.Module, x: torch.Tensor, targets: dict[str, float], rounds: int) -> list[tuple[str, str, str]]:
     for p in model.parameters():
         p.requires_grad_(False)
     target = torch.randint(0, 10, (x.shape[0],), generator=torch.Generator().manual_seed(0))
     explainers = {m: Explainer(model, m) for m in targets}
-    candidates = {"plain gradient": lambda: plain_gradient(model, x, target)}
-    candidates |= {m: (lambda e=e: e.attribute(x, target=target)) for m, e in explainers.items()}
+    candidates: dict[str, Callable[[], object]] = {"plain gradient": lambda: plain_gradient(model, x, target)}
+    # mypy cannot infer a lambda's defaults
+    candidates |= {m: cast(Callable[[], torch.Tensor], lambda e=e: e.attribute(x, target=target)) for m, e in explainers.items()}
     t = median_times(candidates, rounds=rounds)
     return [(m, f"{t[m] / t['plain gradient']:.2f}x", f"<= {goal:.2f}x") for m, goal in targets.items()] + [
         ("(plain gradient)", f"{t['plain gradient'] * 1000:.0f} ms", "")]

@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -36,6 +38,11 @@ import torch
 from attributions.errors import AttributionError
 from attributions.methods import BUILDERS, build_method
 from benchmarks.timing import head_commit
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from tests.model_libraries import Entry
 
 COLUMNS = ["source", "model", "family", "method", "method_family", "csc_at_input", "csc_max", "baseline",
            "sigma2_over_sigma1", "collapsed", "status", "reason"]
@@ -51,13 +58,12 @@ def chain_methods() -> list[str]:
 
 
 def collapse(model: torch.nn.Module, x: torch.Tensor, methods: list[str], threshold: float = 0.99,
-             patterns: tuple[torch.Tensor, str] | None = None) -> list[dict]:
+             patterns: tuple[torch.Tensor, str] | None = None) -> list[dict[str, Any]]:
     """One row per method that fits ``model``: CSC from the logits at the input end (see the module docstring).
     ``patterns``: (images, what they are) the pattern methods are fitted on (default: ``x``)."""
     from attributions import Explainer
     from attributions.graph import trace
     from audit.checks.convergence import chain_convergence
-    from audit.checks.passes import given_params
     from audit.run.patterns import PATTERN_METHODS
 
     graph = trace(model, x)
@@ -69,22 +75,22 @@ def collapse(model: torch.nn.Module, x: torch.Tensor, methods: list[str], thresh
     if not fitting:
         return []
     given = {m: {"data": patterns[0].to(x), "source": patterns[1]} for m in PATTERN_METHODS} if patterns else {}
-    with given_params(given):
-        df = chain_convergence(model, x, None, fitting, inject_at=[graph.output], threshold=threshold, progress=False)
+    df = chain_convergence(model, x, None, fitting, inject_at=[graph.output], threshold=threshold, progress=False,
+                           params=given)
     rows = []
     for method, part in df[df.is_logits.astype(bool)].groupby("method", sort=False):
         part = part.dropna(subset=["median"]).sort_values("depth")
         if part.empty:
             continue
         first = part.iloc[0]
-        rows.append({"method": method, "method_family": build_method(method).family,
+        rows.append({"method": method, "method_family": build_method(cast(str, method)).family,  # grouped by a str column
                      "csc_at_input": float(first["median"]), "csc_max": float(part["median"].max()),
                      "baseline": float(first["baseline"]), "sigma2_over_sigma1": float(first["sigma2_over_sigma1"]),
                      "collapsed": bool(part["median"].max() >= threshold)})
     return rows
 
 
-def _work(entry, row: dict, seed: int, methods: tuple, budget: int | None = None) -> None:
+def _work(entry: Entry, row: dict[str, Any], seed: int, methods: tuple[str, ...], budget: int | None = None) -> None:
     """The atlas's job in a forked child (``tests.model_libraries.check_all``): build, perturb, measure, the
     passes held to ``budget`` bytes (CSC over every chain method of HaloNet took 23 GB without one)."""
     from attributions import memory
@@ -98,11 +104,11 @@ def _work(entry, row: dict, seed: int, methods: tuple, budget: int | None = None
         row["csc"] = collapse(model, x, list(methods), patterns=(fit, f"{PATTERN_IMAGES} Gaussian images"))
 
 
-def _judge(row: dict) -> tuple[str, str]:
+def _judge(row: dict[str, Any]) -> tuple[str, str]:
     return "measured", ""
 
 
-def _rows_of(r: dict) -> list[dict]:
+def _rows_of(r: dict[str, Any]) -> list[dict[str, Any]]:
     """The atlas rows of one model's result from ``check_all``."""
     base = {"source": r["library"], "model": r["name"], "family": r.get("note", "").removeprefix("module ")}
     if r["class"] != "measured":
@@ -110,19 +116,20 @@ def _rows_of(r: dict) -> list[dict]:
     return [base | c | {"status": "measured", "reason": ""} for c in r["csc"]]
 
 
-def library_rows(entries: list, methods: list[list[str]], *, seed: int = 0, parallel: int = 2, limit: float = 600.0,
-                 report=None, finished=None) -> list[dict]:
+def library_rows(entries: list[Entry], methods: list[list[str]], *, seed: int = 0, parallel: int = 2, limit: float = 600.0,
+                 report: Callable[[int, dict[str, Any]], None] | None = None,
+                 finished: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """The atlas rows of library ``entries`` (``tests.model_libraries.Entry``), each model in its own child;
     ``methods``: the methods of each entry; ``finished(rows)`` is called with each model's rows as it finishes."""
     from tests.model_libraries import check_all
 
-    def each(i: int, r: dict) -> None:
+    def each(i: int, r: dict[str, Any]) -> None:
         if finished is not None:
             finished(_rows_of(r))
         if report is not None:
             report(i, r)
 
-    from audit.run.resources import available_bytes
+    from audit.host import available_bytes  # where it is defined: audit.run.resources does not re-export it
 
     # the children at once share half of the memory free now
     work = functools.partial(_work, budget=max(1, available_bytes(torch.device("cpu")) // (2 * parallel)))
@@ -131,13 +138,13 @@ def library_rows(entries: list, methods: list[list[str]], *, seed: int = 0, para
             for row in _rows_of(r)]
 
 
-def shipped_rows(methods: list[str], names: list[str] | None = None, n: int = 8) -> list[dict]:
+def shipped_rows(methods: list[str], names: list[str] | None = None, n: int = 8) -> list[dict[str, Any]]:
     """The atlas rows of the shipped trained checkpoints, on ``n`` images of the embedded sample."""
     from audit import embedded_sample, load_checkpoint
     from audit.run.patterns import pattern_images
 
-    x, _ = embedded_sample()
-    x = torch.from_numpy(x[:: max(1, len(x) // n)][:n])
+    sample, _ = embedded_sample()
+    x = torch.from_numpy(sample[:: max(1, len(sample) // n)][:n])
     # as an audit with pattern_data train: a seeded draw of the sample's own training part
     fit = pattern_images("train", "embedded", SHIPPED_PATTERN_IMAGES, seed=0)
     out = []
@@ -176,19 +183,20 @@ def read_rows(path: Path) -> pd.DataFrame:
         values = pd.to_numeric(measured[column], errors="coerce")
         bad = values.isna() & (measured[column].notna() | (column in UNIT_COLUMNS)) | (values < 0) | (values > 1 + 1e-9)
         if bad.any():
-            line = int(bad.idxmax())
+            line = int(cast(int, bad.idxmax()))  # read_csv's index: a RangeIndex
             raise RowsError(f"{path}: row {line + 2} ({measured.model[line]}, {measured.method[line]}) has {column} = "
                             f"{str(measured[column][line])!r}, not a value in [0, 1]{hint}")
     flags = measured.collapsed.astype(str).str.lower()
     if not flags.isin(["true", "false"]).all():
-        line = int((~flags.isin(["true", "false"])).idxmax())
+        line = int(cast(int, (~flags.isin(["true", "false"])).idxmax()))
         raise RowsError(f"{path}: row {line + 2} has collapsed = {measured.collapsed[line]!r}, not True or False{hint}")
     if rows.status.isna().any() or rows.model.isna().any():
         raise RowsError(f"{path}: a row without a model or a status{hint}")
     return rows.assign(collapsed=rows.collapsed.map(lambda v: str(v).lower() == "true" if pd.notna(v) else v))
 
 
-def atlas(fast: bool = False, *, parallel: int = 2, limit: float = 600.0, report=None, keep: Path | None = None,
+def atlas(fast: bool = False, *, parallel: int = 2, limit: float = 600.0,
+          report: Callable[[int, dict[str, Any]], None] | None = None, keep: Path | None = None,
           redo: list[str] | None = None, retry: bool = False, models: list[str] | None = None) -> pd.DataFrame:
     """The atlas table: every timm architecture module's smallest model (``fast``: two) and the shipped
     checkpoints, every chain method (``fast``: four). ``keep``: a CSV of the rows measured so far, extended
@@ -210,10 +218,10 @@ def atlas(fast: bool = False, *, parallel: int = 2, limit: float = 600.0, report
         if redo and unknown:
             raise RowsError(f"{keep}: no rows of {', '.join(unknown)} to measure again")
         again &= set(models)
-    rows: list[dict] = kept[kept.model.isin(done) & ~(kept.model.isin(again) & kept.method.isin(redo))
-                            ].to_dict("records")
+    rows = cast(list[dict[str, Any]],  # the columns are COLUMNS: str keys
+                kept[kept.model.isin(done) & ~(kept.model.isin(again) & kept.method.isin(redo))].to_dict("records"))
 
-    def finished(new: list[dict]) -> None:
+    def finished(new: list[dict[str, Any]]) -> None:
         rows.extend(new)
         if keep is not None:
             atomic_write_bytes(keep, pd.DataFrame(rows).reindex(columns=COLUMNS).to_csv(index=False).encode())
@@ -221,8 +229,10 @@ def atlas(fast: bool = False, *, parallel: int = 2, limit: float = 600.0, report
     methods = FAST_METHODS if fast else chain_methods()
     entries = timm_entries(FAST_MODELS) if fast else within(enumerate_models("timm").entries)
     if not fast:  # one model per architecture module: the smallest
-        seen: set[str] = set()
-        entries = [e for e in sorted(entries, key=lambda e: e.params) if not (e.note in seen or seen.add(e.note))]
+        firsts: dict[str, Entry] = {}
+        for e in sorted(entries, key=lambda e: e.params):
+            firsts.setdefault(e.note, e)
+        entries = list(firsts.values())
     wanted = (lambda name: True) if models is None else set(models).__contains__
     todo = [(e, methods) for e in entries if e.name not in done and wanted(e.name)] + \
         [(e, redo) for e in entries if e.name in again]
@@ -242,7 +252,7 @@ def _shipped_sgd() -> list[str]:
     return [k for k in available_checkpoints() if k.endswith("-sgd")]
 
 
-def figure(table: pd.DataFrame, threshold: float = 0.99):
+def figure(table: pd.DataFrame, threshold: float = 0.99) -> Figure:
     """Models (rows) x methods (columns), coloured by 1 - the largest median |cos| along the chain on a log scale,
     as CSC judges a collapse: dark = collapsed to rank 1 (the threshold marked on the colour bar); grey = the
     method does not fit the model."""
@@ -277,7 +287,8 @@ PUBLISHED = ["source", "model", "family", "method", "csc_at_input", "csc_max", "
              "collapsed", "status", "reason"]
 
 
-def publish(table: pd.DataFrame, folder: Path, command: str, limit: float, fig=None, partial: bool = False) -> None:
+def publish(table: pd.DataFrame, folder: Path, command: str, limit: float, fig: Figure | None = None,
+            partial: bool = False) -> None:
     """The atlas as the documentation shows it, written atomically into ``folder``: atlas.csv (the table, its
     statistics to 4 significant digits), atlas.png (``fig``, default :func:`figure` of the table), and atlas.json
     (the date, the commit, the command that regenerates them, the time limit, and the models measured and not:
@@ -332,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh:
         keep.unlink(missing_ok=True)
 
-    def report(i: int, row: dict) -> None:
+    def report(i: int, row: dict[str, Any]) -> None:
         print(f"[{i + 1}] {row['name']}: {row['class']} ({row.get('run_s')} s) {row.get('reason', '')[:120]}",
               file=sys.stderr, flush=True)
 

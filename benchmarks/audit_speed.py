@@ -10,8 +10,12 @@ similarity; Quantus computes one similarity), so the ratios are conservative.
 """
 from __future__ import annotations
 
+import types
+
+import numpy as np
 import torch
 from skimage.metrics import structural_similarity
+from torch import nn
 
 from audit.data import embedded_sample
 from audit.measures.similarity import ssim
@@ -22,13 +26,13 @@ from benchmarks.engine import engine_pooling
 from benchmarks.timing import median_ratios, median_times, table
 
 
-def _sample(n_images: int):
+def _sample(n_images: int) -> tuple[np.ndarray, np.ndarray]:
     """``n_images`` images of the embedded sample and their labels, spread over its classes (numpy)."""
     x, y = embedded_sample()
     return x[:: 1000 // n_images][:n_images], y[:: 1000 // n_images][:n_images]
 
 
-def _ssim_rows(rounds: int) -> list[tuple]:
+def _ssim_rows(rounds: int) -> list[tuple[str, str, str]]:
     rows = []
     for n, side in ((1000, 28), (64, 224)):
         g = torch.Generator().manual_seed(0)
@@ -37,13 +41,15 @@ def _ssim_rows(rounds: int) -> list[tuple]:
         an, bn = a.numpy(), b.numpy()
         t = median_times({
             "ours": lambda: ssim(a, b, win_size=5, data_range=1.0),
-            "skimage": lambda: [structural_similarity(x, y, win_size=5, data_range=1.0) for x, y in zip(an, bn)],
+            "skimage": lambda: [structural_similarity(x, y, win_size=5, data_range=1.0)  # type: ignore[no-untyped-call]
+                                for x, y in zip(an, bn)],
         }, rounds=rounds)
         rows.append((f"SSIM, {n} maps {side}x{side}", f"{t['skimage'] / t['ours']:.1f}x", ">= 10x"))
     return rows
 
 
-def _quantus_rows(rounds: int, n_images: int = 16) -> list[tuple]:
+def _quantus_rows(rounds: int, n_images: int = 16) -> list[tuple[str, str, str]]:
+    quantus: types.ModuleType  # its metrics are re-exported by `import *`, which mypy --strict does not follow
     try:
         import quantus
     except ImportError:
@@ -53,14 +59,14 @@ def _quantus_rows(rounds: int, n_images: int = 16) -> list[tuple]:
     model = load_checkpoint("cnn-sgd")
     x, y = _sample(n_images)
 
-    def quantus_mprt():
+    def quantus_mprt() -> object:
         # Quantus's default similarity (Spearman): its SSIM path fails in MPRT 0.6.0 (a list has no
         # .tolist()), and Quantus flattens maps to 1-D before SSIM anyway.
         mprt = quantus.MPRT(layer_order="top_down", disable_warnings=True, display_progressbar=False)
         return mprt(model=model, x_batch=x, y_batch=y, a_batch=None, explain_func=quantus.explain,
                     explain_func_kwargs={"method": "Saliency"}, device="cpu")
 
-    def quantus_random_logit():
+    def quantus_random_logit() -> object:
         return quantus.RandomLogit(num_classes=10, disable_warnings=True, display_progressbar=False)(
             model=model, x_batch=x, y_batch=y, a_batch=None, explain_func=quantus.explain,
             explain_func_kwargs={"method": "Saliency"}, device="cpu")
@@ -74,7 +80,7 @@ def _quantus_rows(rounds: int, n_images: int = 16) -> list[tuple]:
                          "ours", rounds=rounds)
     other = (yt + 1 + torch.randint(0, 9, yt.shape, generator=torch.Generator().manual_seed(0))) % 10
 
-    def floor_logit():  # what any random-logit test computes: one forward pass, two input gradients
+    def floor_logit() -> None:  # what any random-logit test computes: one forward pass, two input gradients
         xg = xt.clone().requires_grad_()
         with engine_pooling():
             out = model(xg)
@@ -95,7 +101,8 @@ def _quantus_rows(rounds: int, n_images: int = 16) -> list[tuple]:
              f"{logit['quantus'] / logit['floor']:.1f}x (the most a test can be faster)", "")]
 
 
-def _floor(model, x, y, order: str, samples: int = 1) -> None:
+def _floor(model: nn.Module, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, order: str,
+           samples: int = 1) -> None:
     """A randomization check's floor: its stage models built as the check builds them (the model copied
     and traced, the copy using the model's kept program as the check's does; each stage's layer or block
     re-initialised), then one forward pass and one input gradient per stage model (on ``samples`` copies of
@@ -114,7 +121,7 @@ def _floor(model, x, y, order: str, samples: int = 1) -> None:
             torch.autograd.grad(m(xg).gather(1, yb[:, None]).sum(), xg)
 
 
-def _mprt_family_rows(rounds: int, n_images: int = 16, samples: int = 10) -> list[tuple]:
+def _mprt_family_rows(rounds: int, n_images: int = 16, samples: int = 10) -> list[tuple[str, str, str]]:
     """eMPRT and sMPRT (gradient, bottom-up): ours over the floor (:func:`_floor`), and Quantus's over ours."""
     from audit import efficient_mprt, parameter_randomization, smooth_mprt
 
@@ -131,6 +138,7 @@ def _mprt_family_rows(rounds: int, n_images: int = 16, samples: int = 10) -> lis
          "floor mprt": lambda: _floor(model, xt, yt, "cascading")},
         {"ours smprt": lambda: smooth_mprt(model, xt, yt, ["gradient"], n_samples=samples, progress=False),
          "floor smprt": lambda: _floor(model, xt, yt, "bottom-up", samples)}]
+    quantus: types.ModuleType | None  # None: not installed; a plain module: see _quantus_rows
     try:
         import quantus
     except ImportError:
@@ -162,7 +170,7 @@ def _mprt_family_rows(rounds: int, n_images: int = 16, samples: int = 10) -> lis
                    ("smooth_mprt vs Quantus SmoothMPRT", f"{t['quantus smprt']:.1f}x", ">= 2x")]
 
 
-def _floor_by_model_rows(rounds: int, n_images: int = 16) -> list[tuple]:
+def _floor_by_model_rows(rounds: int, n_images: int = 16) -> list[tuple[str, str, str]]:
     """parameter_randomization (gradient, cascading) over its floor on the other shipped models and on a 224x224
     ResNet-50: how the ratio moves as the passes grow against the measures (which cost the same per map)."""
     from audit import parameter_randomization

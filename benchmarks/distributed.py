@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,7 +48,8 @@ def _unit_phase(out: Path, world: int) -> float:
     """Seconds of the units' phase: the busiest rank's sum of unit times (units are dealt round-robin
     in the run's order, as :class:`audit.run.distributed.Shard` does)."""
     manifest = json.loads((out / "manifest.json").read_text())
-    config, timings = manifest["config"], manifest["timings_s"]
+    config = manifest["config"]
+    timings: dict[str, float] = manifest["timings_s"]
     keys = [f"{m}/{t}/{x}" for m in config["models"] for t in config["tests"] for x in config["methods"]]
     return max(sum(timings.get(k, 0.0) for i, k in enumerate(keys) if i % world == r) for r in range(world))
 
@@ -73,7 +75,7 @@ def seconds_per_map(methods: list[str], batch: int = 8) -> dict[str, float]:
     y = torch.zeros(batch, dtype=torch.long)
     out = {}
     for m in methods:
-        params = {"samples": 10} if m == "smoothgrad" else {"n_steps": 10} if m == "integrated-gradients" else {}
+        params: dict[str, Any] = {"samples": 10} if m == "smoothgrad" else {"n_steps": 10} if m == "integrated-gradients" else {}
         ex = Explainer(model, m, **params)
         ex.attribute(x, target=y)
         start = time.perf_counter()

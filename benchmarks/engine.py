@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 from captum.attr import DeepLift, GuidedBackprop
@@ -27,13 +27,14 @@ from audit.models import build
 from audit.run.resources import keep_freed_memory
 from benchmarks.timing import paired_times, table
 
+T = TypeVar("T")
 METHODS = {"gradient": 1.0, "guided-backprop": 1.0, "lrp-epsilon": 1.0, "deeplift": 1.0, "deeplift-ablation": 1.0,
            "lrp-zplus": 1.5, "lrp-epsilon-plus": 1.5, "lrp-alpha2beta1": 2.0}
 TARGETS = {"gradient": 1.3, "guided-backprop": 1.1, "lrp-epsilon": 1.3, "deeplift": 1.3, "deeplift-ablation": 1.3,
            "lrp-zplus": 1.7, "lrp-epsilon-plus": 1.7, "lrp-alpha2beta1": 2.3}
 
 
-def plain_gradient(model, x, target):
+def plain_gradient(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     xg = x.clone().requires_grad_()
     out = model(xg).gather(1, target[:, None]).sum()
     return torch.autograd.grad(out, xg)[0]
@@ -46,10 +47,11 @@ def engine_pooling() -> Iterator[None]:
     own layout takes. The floors run under it, so that no method goes below its floor by pooling faster."""
     original = nn.MaxPool2d.forward
 
-    def forward(self: nn.MaxPool2d, x: torch.Tensor) -> torch.Tensor:
-        if x.ndim == 4 and not self.return_indices:
-            return max_pool(x, self)[0]
-        return original(self, x)
+    def forward(self: nn.MaxPool2d, input: torch.Tensor) -> torch.Tensor:  # torch's parameter name: callers may pass it by name
+        if input.ndim == 4 and not self.return_indices:
+            return max_pool(input, self)[0]
+        out: torch.Tensor = original(self, input)
+        return out
 
     nn.MaxPool2d.forward = forward  # type: ignore[method-assign]
     try:
@@ -70,8 +72,8 @@ def _relus(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, nn.ReLU)]
 
 
-def _hooked(model: nn.Module, run: Callable[[], Any], pre: Callable[..., None] | None = None,
-            post: Callable[..., None] | None = None) -> Any:
+def _hooked(model: nn.Module, run: Callable[[], T], pre: Callable[..., None] | None = None,
+            post: Callable[..., None] | None = None) -> T:
     """``run()`` with ``pre`` / ``post`` as forward pre-hook / forward hook on every ReLU of ``model``."""
     handles = [m.register_forward_pre_hook(pre) for m in _relus(model) if pre is not None]
     handles += [m.register_forward_hook(post) for m in _relus(model) if post is not None]
@@ -86,7 +88,7 @@ def guided_floor(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> tor
     """The plain gradient with each ReLU's incoming gradient clipped at 0 by a tensor hook: guided backprop
     in autograd's own kernels, one clipping pass per ReLU more than the gradient."""
     def clip(module: nn.Module, inputs: object, out: torch.Tensor) -> None:
-        out.register_hook(lambda g: g.clamp(min=0))
+        out.register_hook(lambda g: g.clamp(min=0))  # type: ignore[no-untyped-call]
     return _hooked(model, lambda: plain_gradient(model, x, target), post=clip)
 
 
@@ -122,8 +124,9 @@ def run(batch: int = 64, rounds: int = 21) -> str:
     x = torch.rand(batch, 3, 32, 32)
     target = torch.randint(0, 10, (batch,))
     explainers = {m: Explainer(model, m) for m in METHODS}
-    candidates = {"plain gradient": lambda: plain_gradient(model, x, target)}
-    candidates |= {m: (lambda e=e: e.attribute(x, target=target)) for m, e in explainers.items()}
+    candidates: dict[str, Callable[[], object]] = {"plain gradient": lambda: plain_gradient(model, x, target)}
+    # mypy cannot infer a lambda's defaults
+    candidates |= {m: cast(Callable[[], torch.Tensor], lambda e=e: e.attribute(x, target=target)) for m, e in explainers.items()}
     values, reference = relu_values(model, x), relu_values(model, torch.zeros_like(x[:1]))
     candidates["gradient floor"] = _pooled(lambda: plain_gradient(model, x, target))
     candidates["guided floor"] = _pooled(lambda: guided_floor(model, x, target))

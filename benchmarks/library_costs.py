@@ -24,6 +24,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import cast
 
 import torch
 
@@ -78,13 +80,13 @@ def _model(name: str) -> torch.nn.Module:
     import timm
 
     torch.manual_seed(0)
-    model = timm.create_model(name, num_classes=1000).eval()
+    model: torch.nn.Module = timm.create_model(name, num_classes=1000).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model
 
 
-def time_ratios(name: str, batch: int, rounds: int) -> tuple[list[tuple], float]:
+def time_ratios(name: str, batch: int, rounds: int) -> tuple[list[tuple[str, ...]], float]:
     """(method, seconds, time over the plain gradient, target) rows and the capture's seconds."""
     from attributions import Explainer
     from attributions.graph import trace
@@ -96,11 +98,12 @@ def time_ratios(name: str, batch: int, rounds: int) -> tuple[list[tuple], float]
     graph = trace(model, x)
     capture = time.perf_counter() - start
     explainers = {m: Explainer(model, m, graph=graph) for m in METHODS}
-    candidates = {"plain gradient": lambda: plain_gradient(model, x, target)}
-    candidates |= {m: (lambda e=e: e.attribute(x, target=target)) for m, e in explainers.items()}
+    candidates: dict[str, Callable[[], object]] = {"plain gradient": lambda: plain_gradient(model, x, target)}
+    # mypy cannot infer a lambda's defaults
+    candidates |= {m: cast(Callable[[], torch.Tensor], lambda e=e: e.attribute(x, target=target)) for m, e in explainers.items()}
     ratio, seconds = paired_times(candidates, "plain gradient", rounds=rounds)
-    rows = [(m, f"{seconds[m]:.2f}", f"{ratio[m]:.2f}x", FLOORS.get(m, ""),
-             f"<= {TARGETS[m]:.2f}x" if m in TARGETS else "") for m in candidates]
+    rows: list[tuple[str, ...]] = [(m, f"{seconds[m]:.2f}", f"{ratio[m]:.2f}x", FLOORS.get(m, ""),
+                                    f"<= {TARGETS[m]:.2f}x" if m in TARGETS else "") for m in candidates]
     return rows, capture
 
 

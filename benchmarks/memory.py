@@ -15,6 +15,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import cast
 
 import torch
 
@@ -51,14 +53,15 @@ def _model(arch: str) -> torch.nn.Module:
     return model
 
 
-def maps_per_second(arch: str, batch: int = 8, rounds: int = 3) -> list[tuple]:
+def maps_per_second(arch: str, batch: int = 8, rounds: int = 3) -> list[tuple[str, str, str]]:
     """(method, maps per second, time over the plain gradient) at 224 x 224."""
     model = _model(arch)
     x = torch.rand(batch, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     target = torch.randint(0, 1000, (batch,), generator=torch.Generator().manual_seed(2))
     explainers = {m: Explainer(model, m) for m in METHODS}
-    candidates = {"plain gradient": lambda: plain_gradient(model, x, target)}
-    candidates |= {m: (lambda e=e: e.attribute(x, target=target)) for m, e in explainers.items()}
+    candidates: dict[str, Callable[[], object]] = {"plain gradient": lambda: plain_gradient(model, x, target)}
+    # mypy cannot infer a lambda's defaults
+    candidates |= {m: cast(Callable[[], torch.Tensor], lambda e=e: e.attribute(x, target=target)) for m, e in explainers.items()}
     t = median_times(candidates, rounds=rounds)
     return [(m, f"{batch / t[m]:.2f}", f"{t[m] / t['plain gradient']:.2f}x") for m in candidates]
 

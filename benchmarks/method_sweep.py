@@ -170,7 +170,7 @@ def sweep(entries: list[Any], methods: tuple[str, ...], seed: int = 0, parallel:
           report: Any = None) -> list[dict[str, Any]]:
     """Every (entry, method) row, each entry in a forked child of its own, ``parallel`` at once;
     ``report(i, result, rows)`` is called as each entry finishes, with its rows."""
-    from audit.run.resources import available_bytes
+    from audit.host import available_bytes  # where it is defined: audit.run.resources does not re-export it
     from tests.model_libraries import check_all
 
     def each(i: int, r: dict[str, Any]) -> None:
@@ -264,11 +264,10 @@ def _read(path: Path, methods: tuple[str, ...]) -> list[dict[str, Any]]:
     return [r for r in rows if have[(r["library"], r["model"])] >= set(methods)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    from tests.model_libraries import LIBRARIES, distinct, enumerate_models, warm, within
-
+def _parser(libraries: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--library", choices=LIBRARIES, action="append", help="repeatable; default: all three")
+    parser.add_argument("--library", choices=libraries, action="append", help="repeatable; default: all three")
     parser.add_argument("--models", default="", help="comma-separated model names: these only")
     parser.add_argument("--limit", type=int, default=None, help="the first N models of each library")
     parser.add_argument("--methods", default="", help="comma-separated methods (default: every registered one)")
@@ -286,7 +285,29 @@ def main(argv: list[str] | None = None) -> int:
                         "(their cells replaced)")
     parser.add_argument("--only-publish", action="store_true", help="sweep nothing: summarise and publish the rows "
                         "DIR/sweep.rows.csv holds (the models not swept yet are counted as enumerated, not swept)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _resumed(kept: Path, methods: tuple[str, ...], *, fresh: bool, retry: bool, published: str) -> list[dict[str, Any]]:
+    """The rows kept from earlier sweeps in ``kept`` (none when ``fresh``; a fresh checkout's are the ``published``
+    folder's), without the models a crash or the time limit stopped when ``retry``."""
+    if fresh:
+        kept.unlink(missing_ok=True)
+    elif not kept.exists() and published and (Path(published) / "sweep.csv").exists():
+        kept.write_bytes((Path(published) / "sweep.csv").read_bytes())  # a fresh checkout resumes the published
+    rows = _read(kept, methods)
+    if retry:  # the models a crash or the time limit stopped are swept again, their rows dropped
+        stopped = {(r["library"], r["model"]) for r in rows if str(r["reason"]).startswith(("crash", "skipped"))}
+        rows = [r for r in rows if (r["library"], r["model"]) not in stopped]
+        kept.unlink(missing_ok=True)
+        _append(kept, rows)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tests.model_libraries import LIBRARIES, distinct, enumerate_models, warm, within
+
+    args = _parser(LIBRARIES).parse_args(argv)
     methods = tuple(m for m in args.methods.split(",") if m) or tuple(BUILDERS)
     for m in methods:
         build_method(m)  # an unknown name stops here, with the registry's list
@@ -300,16 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     kept = out / "sweep.rows.csv"  # each model's rows as it finishes: a rerun sweeps only the models missing
-    if args.fresh:
-        kept.unlink(missing_ok=True)
-    elif not kept.exists() and args.publish and (Path(args.publish) / "sweep.csv").exists():
-        kept.write_bytes((Path(args.publish) / "sweep.csv").read_bytes())  # a fresh checkout resumes the published
-    rows = _read(kept, methods)
-    if args.retry:  # the models a crash or the time limit stopped are swept again, their rows dropped
-        stopped = {(r["library"], r["model"]) for r in rows if str(r["reason"]).startswith(("crash", "skipped"))}
-        rows = [r for r in rows if (r["library"], r["model"]) not in stopped]
-        kept.unlink(missing_ok=True)
-        _append(kept, rows)
+    rows = _resumed(kept, methods, fresh=args.fresh, retry=args.retry, published=args.publish)
     done = {(r["library"], r["model"]) for r in rows}
     enumerated = {}
     for library in args.library or LIBRARIES:

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ FIELDS = ("library", "name", "class", "stage", "reason", "model_class", "params"
           "gradient_max", "note")
 
 
-def reason_group(row: dict, words: int = 16) -> str:
+def reason_group(row: dict[str, Any], words: int = 16) -> str:
     """A reason's first words with what differs between models masked (the model's names, node and module
     paths, numbers and numbered names), so that one cause met in many models groups as one."""
     text = row["reason"].split(" Supported:")[0]  # the engine's list of what it supports is the same everywhere
@@ -46,11 +47,11 @@ def reason_group(row: dict, words: int = 16) -> str:
     return " ".join(text.split()[:words])
 
 
-def summary(library: str, rows: list[dict]) -> str:
+def summary(library: str, rows: list[dict[str, Any]]) -> str:
     classes = Counter(r["class"] for r in rows)
     out = [f"{library}: {len(rows)} models",
            table([(c, classes[c]) for c in ("exact", "inexact", "refused", "crash", "skipped")], ("class", "models"))]
-    groups: dict[tuple, list[str]] = defaultdict(list)
+    groups: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for r in rows:
         if r["class"] != "exact":
             groups[(r["class"], r.get("stage", ""), reason_group(r))].append(r["name"])
@@ -82,11 +83,11 @@ def main(argv: list[str] | None = None) -> int:
             listing = enumerate_models(library)
             print(f"{library}: {len(listing.entries)} models, {len(listing.skipped)} skipped, enumerated in "
                   f"{time.perf_counter() - began:.0f} s", file=sys.stderr)
-            rows = [{"library": library, "name": n, "class": "skipped", "stage": "enumerate", "reason": why}
-                    for n, why in listing.skipped.items()]
+            rows: list[dict[str, Any]] = [{"library": library, "name": n, "class": "skipped", "stage": "enumerate", "reason": why}
+                                          for n, why in listing.skipped.items()]
             entries = listing.entries[:args.limit]
 
-            def report(i: int, row: dict, n=len(entries)) -> None:
+            def report(i: int, row: dict[str, Any], n: int = len(entries)) -> None:
                 print(f"[{row['library']} {i + 1}/{n}] {row['name']}: {row['class']} ({row['run_s']} s) {row['reason']}",
                       file=sys.stderr, flush=True)
                 writer.writerow(row)

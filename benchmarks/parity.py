@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,7 +32,11 @@ def relative(ours: torch.Tensor, ref: torch.Tensor) -> float:
     return float((ours.detach() - ref.detach()).abs().max()) / scale if scale > 0 else float("nan")
 
 
-def captum_pairs(model: torch.nn.Module, layer: str) -> list[tuple[str, dict, Callable]]:
+# a reference implementation as f(x, target)
+Reference = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def captum_pairs(model: torch.nn.Module, layer: str) -> list[tuple[str, dict[str, Any], Reference]]:
     """(our method, its parameters, the reference as f(x, target)) for captum's implementations."""
     from captum.attr import (
         Deconvolution,
@@ -47,19 +52,21 @@ def captum_pairs(model: torch.nn.Module, layer: str) -> list[tuple[str, dict, Ca
 
     module = model.get_submodule(layer)
 
-    def cam(relu: bool, mode: str):
-        def ref(x, t):
+    def cam(relu: bool, mode: str) -> Reference:
+        def ref(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             maps = LayerGradCam(model, module).attribute(x, target=t, relu_attributions=relu)
-            return LayerAttribution.interpolate(maps, tuple(x.shape[2:]), interpolate_mode=mode).expand_as(x)
+            upsampled: torch.Tensor = LayerAttribution.interpolate(maps, tuple(x.shape[2:]), interpolate_mode=mode)
+            return upsampled.expand_as(x)
         return ref
 
-    def noise_tunnel(x, t):
+    def noise_tunnel(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         torch.manual_seed(7)
         sigma = 0.2 * float(x.max() - x.min())
-        return NoiseTunnel(IntegratedGradients(model)).attribute(x, nt_type="smoothgrad", nt_samples=5, stdevs=sigma,
-                                                                 target=t, n_steps=8)
+        maps: torch.Tensor = NoiseTunnel(IntegratedGradients(model)).attribute(x, nt_type="smoothgrad", nt_samples=5,
+                                                                               stdevs=sigma, target=t, n_steps=8)
+        return maps
 
-    pairs: list[tuple[str, dict, Callable]] = [
+    pairs: list[tuple[str, dict[str, Any], Reference]] = [
         ("gradient", {}, lambda x, t: Saliency(model).attribute(x, target=t, abs=False)),
         ("guided-backprop", {}, lambda x, t: GuidedBackprop(model).attribute(x, target=t)),
         ("deconvnet", {}, lambda x, t: Deconvolution(model).attribute(x, target=t)),
@@ -75,13 +82,13 @@ def captum_pairs(model: torch.nn.Module, layer: str) -> list[tuple[str, dict, Ca
     return pairs
 
 
-def shipped_rows(names: list[str], images: int) -> list[dict]:
+def shipped_rows(names: list[str], images: int) -> list[dict[str, Any]]:
     """One row per shipped model x method x reference setting."""
     from audit import embedded_sample, load_checkpoint
 
-    x, y = embedded_sample()
-    x = torch.from_numpy(x[:: max(1, len(x) // images)][:images]).double()
-    t = torch.from_numpy(y[:: max(1, len(y) // images)][:images]).long()
+    sample, labels = embedded_sample()
+    x = torch.from_numpy(sample[:: max(1, len(sample) // images)][:images]).double()
+    t = torch.from_numpy(labels[:: max(1, len(labels) // images)][:images]).long()
     rows = []
     for name in names:
         model = load_checkpoint(name).double().eval()
@@ -98,7 +105,7 @@ def shipped_rows(names: list[str], images: int) -> list[dict]:
     return rows
 
 
-def grad_cam_package_rows() -> list[dict]:
+def grad_cam_package_rows() -> list[dict[str, Any]]:
     """pytorch-grad-cam's GradCAM on a perturbed torchvision ResNet-18 (layer4): its ReLU, min-max, OpenCV's
     bilinear resize and second min-max; ours with upsample=bilinear, normalise=before, min-maxed once more."""
     base = {"model": "torchvision resnet18", "method": "grad-cam", "reference": "pytorch-grad-cam",
@@ -124,7 +131,7 @@ def grad_cam_package_rows() -> list[dict]:
     return [base | {"error": float((ours - ref).abs().max())}]
 
 
-def ssim_rows() -> list[dict]:
+def ssim_rows() -> list[dict[str, Any]]:
     """Our SSIM against scikit-image's on seeded image pairs, for the windows the audit offers."""
     from skimage.metrics import structural_similarity
 
@@ -134,10 +141,14 @@ def ssim_rows() -> list[dict]:
     a = torch.rand(8, 28, 28, generator=g, dtype=torch.float64)
     b = (a + 0.4 * torch.rand(8, 28, 28, generator=g, dtype=torch.float64)).clamp(0, 1)
     rows = []
-    for ours, theirs in [({"win_size": 5}, {"win_size": 5}), ({"win_size": 7}, {"win_size": 7}),
-                         ({"gaussian": True}, {"gaussian_weights": True, "sigma": 1.5})]:
+    # (our keywords, scikit-image's): the lists' dicts have no common type mypy would infer
+    settings: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"win_size": 5}, {"win_size": 5}), ({"win_size": 7}, {"win_size": 7}),
+        ({"gaussian": True}, {"gaussian_weights": True, "sigma": 1.5})]
+    for ours, theirs in settings:
         got = ssim(a, b, data_range=1.0, **ours).numpy()
-        want = np.array([structural_similarity(p.numpy(), q.numpy(), data_range=1.0, **theirs) for p, q in zip(a, b)])
+        want = np.array([structural_similarity(p.numpy(), q.numpy(), data_range=1.0, **theirs)  # type: ignore[no-untyped-call]
+                         for p, q in zip(a, b)])
         rows.append({"model": "28x28 image pairs", "method": "ssim", "reference": "scikit-image",
                      "setting": ", ".join(f"{k}={v}" for k, v in ours.items()), "layer": "",
                      "error": float(np.abs(got - want).max()), "measure": "absolute max"})

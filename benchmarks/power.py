@@ -18,8 +18,9 @@ import pandas as pd
 from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE
 from audit.checks.calibration import SMALLEST_GAP, Calibrated
+from audit.checks.options import Options
 from audit.cli import DEMO_METHODS
-from audit.run import load_config, run_audit
+from audit.run import AuditConfig, load_config, run_audit
 
 RUN = Path(__file__).resolve().parent / ".power-run"
 SIZES = (8, 16, 32)  # and the whole 64, on which the verdict is the run's
@@ -28,16 +29,21 @@ TESTS = ("random-logit", "cascading", "data-randomization")
 DECIDED = 0.8  # the share of subsets that must decide for a size to count as enough
 
 
-def _effect(check: str, part: pd.DataFrame, options) -> str:
+def _effect(check: str, part: pd.DataFrame, options: Options) -> str:
     """|median - what decides| / IQR of the per-image scores the verdict reads: the calibrated differences on
     Fisher's z scale where the calibrated rule decided, else the scores against the fixed threshold ("n/a" where
     the scores have no spread, "> 100" far from it)."""
     rule = CHECKS[check].verdict
+    if rule is None:  # power_table reads only the checks with a verdict
+        raise ValueError(f"check {check!r} has no verdict")
     if isinstance(rule, Calibrated) and rule.references(part) is not None and \
             rule.gap(part, options)[1] >= SMALLEST_GAP:
         values, at = rule.differences(part), 0.0
     else:
-        values, at = rule.per_image(part).to_numpy(dtype=float), getattr(options, rule.threshold)
+        scores = rule.per_image(part)
+        if scores is None:  # a verdict on a score that is not per image has no spread to measure against
+            raise ValueError(f"check {check!r}: its verdict's score is not per image")
+        values, at = scores.to_numpy(dtype=float), getattr(options, rule.threshold)
     values = values[np.isfinite(values)]
     spread = float(np.subtract(*np.percentile(values, [75, 25]))) if len(values) else np.nan
     if not spread > 0:
@@ -46,7 +52,7 @@ def _effect(check: str, part: pd.DataFrame, options) -> str:
     return "> 100" if effect > 100 else f"{effect:.2f}"
 
 
-def power_table(tables: dict[str, pd.DataFrame], config) -> pd.DataFrame:
+def power_table(tables: dict[str, pd.DataFrame], config: AuditConfig) -> pd.DataFrame:
     """One row per check x model x method: the outcome on all images, the effect, the share of subsets of each size
     that decide, and the smallest size at which at least :data:`DECIDED` of them do."""
     rng = np.random.default_rng(0)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 
-def median_times(candidates: dict[str, Callable[[], object]], rounds: int = 7, warmup: int = 1) -> dict[str, float]:
+def median_times(candidates: Mapping[str, Callable[[], object]], rounds: int = 7, warmup: int = 1) -> dict[str, float]:
     """Median wall time in seconds of each zero-argument callable, measured round-robin."""
     for fn in candidates.values():
         for _ in range(warmup):
@@ -21,7 +21,7 @@ def median_times(candidates: dict[str, Callable[[], object]], rounds: int = 7, w
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
-def paired_times(candidates: dict[str, Callable[[], object]], baseline: str, rounds: int = 21,
+def paired_times(candidates: Mapping[str, Callable[[], object]], baseline: str, rounds: int = 21,
                  warmup: int = 1) -> tuple[dict[str, float], dict[str, float]]:
     """(median over rounds of each candidate's time over the ``baseline`` candidate's time in the same round,
     median seconds of each). The candidates run back to back, in alternating order, so a machine whose speed
@@ -43,13 +43,13 @@ def paired_times(candidates: dict[str, Callable[[], object]], baseline: str, rou
             {name: statistics.median(s) for name, s in seconds.items()})
 
 
-def median_ratios(candidates: dict[str, Callable[[], object]], baseline: str, rounds: int = 21,
+def median_ratios(candidates: Mapping[str, Callable[[], object]], baseline: str, rounds: int = 21,
                   warmup: int = 1) -> dict[str, float]:
     """The paired ratios of :func:`paired_times`."""
     return paired_times(candidates, baseline, rounds, warmup)[0]
 
 
-def table(rows: list[tuple], header: tuple) -> str:
+def table(rows: Sequence[tuple[object, ...]], header: tuple[str, ...]) -> str:
     """A Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

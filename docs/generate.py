@@ -52,6 +52,18 @@ def method_table(family: str) -> str:
     return "\n".join(rows + details) + "\n"
 
 
+def op_table() -> str:
+    """The engine's op table (:data:`attributions.ops.SPECS`) in the order its entries are tried: the op names
+    each covers and when it applies."""
+    from attributions.ops import SPECS, STRUCTURAL
+    rows = ["| entry | ops | when, and what it makes |", "| --- | --- | --- |"]
+    for k, spec in enumerate(SPECS, 1):
+        names = ", ".join(f"`{op}`" for op in sorted(spec.ops)) if spec.ops is not None else "any op"
+        rows.append(f"| {k} | {names} | {_cell(spec.about)} |")
+    built = ", ".join(f"`{op}`" for op in sorted(STRUCTURAL))
+    return "\n".join(rows) + f"\n\nBuilt by the graph builder itself: {built}.\n"
+
+
 def _grouped_rules(rules: dict) -> str:
     """The rule table with the kinds that share a rule listed together: "conv, dense: `AlphaBeta(...)`"."""
     kinds: dict[str, list[str]] = {}
@@ -126,6 +138,7 @@ def write_all(out: Path) -> None:
     files |= {f"options-{name}.md": options_table(name) for name in CHECKS}
     files["atlas-summary.md"] = atlas_summary()
     files["sweep-summary.md"] = sweep_summary()
+    files["ops.md"] = op_table()
     files |= {f"methods-{family.replace(' ', '-').replace('+', 'plus')}.md": method_table(family)
               for family in FAMILIES}
     for name, text in files.items():

@@ -16,11 +16,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from audit import style
 from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS
 from audit.checks.options import look_level
 from audit.errors import ConfigError
+from audit.run.config import AuditConfig
 from audit.run.hygiene import fonts_released
 from audit.run.results import AuditResult, example_maps, load_results
 from audit.sections import ReportContext, Section, Table
@@ -74,68 +77,89 @@ def _sections(result: AuditResult, score: str | None) -> list[Section]:
         return _build_sections(result, score)
 
 
+def _verdict_text(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig) -> str:
+    """The verdict section's text: the summary, each verdict rule, the intervals, the controls and the mechanisms."""
+    ran = {c.name: c.verdict for c in CHECKS.values() if c.verdict is not None and c.name in tables}
+    broken = broken_checks(verdict)
+    return (summary_line(verdict) + ". A sanity check can reject a method; it cannot certify one: each check "
+            "says rejected, not rejected or inconclusive, and a method is rejected when any check rejects it. "
+            + " ".join(f"{name}: {v.rule_text(CHECKS[name].options_from(config.options, config.looks))}."
+                       for name, v in ran.items())
+            + " Per-image scores are medians over images with their 99 % bootstrap interval (10,000 resamples)"
+            + (f" (this run is sequential: the images were read in up to {config.looks} looks of "
+               f"{config.n_images}, up to {config.max_images}, each cell until it was decided; every interval is "
+               f"at {look_level(config.looks):.2%}, 99 % split over the looks, so that a decision taken at any "
+               "look keeps the error of one 99 % interval, and each cell names the images it read)"
+               if config.looks > 1 else "") + "; "
+            "images whose maps are constant or non-finite have no defined score and are counted in the cell. "
+            "Controls (the edge detector, the random map) are not counted; each must have the outcome its check "
+            "names, else the check is broken." + (" BROKEN: " + "; ".join(broken) + "." if broken else "")
+            + (f" {family_wise_error(len(ran))}." if ran else "")
+            + " Mechanism, for a rejected method: " + MECHANISMS)
+
+
+def _verdict_section(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig, score: str | None) -> Section:
+    """The verdict section: its text, the verdict, mechanism and sensitivity tables, the figures across models."""
+    thresholds = _verdict_text(verdict, tables, config)
+    evidence = evidence_table(verdict, tables, config)
+    sensitivity = sensitivity_table(tables, config)
+    return Section("Verdict", thresholds, tables=[Table(verdict[display_columns(verdict)],
+                                                        "Verdict per model and method.", "verdict")]
+                   + ([Table(evidence, "The measurements behind the mechanism column: for each rejected method "
+                                       "and each check that rejected it, every mechanism that could explain it, "
+                                       "whether it holds, and what was measured.", "mechanisms")]
+                      if not evidence.empty else [])
+                   + ([Table(sensitivity, "How far the outcomes rest on the fixed thresholds: each check's "
+                                          "outcomes over the audited methods (controls left out) re-read at "
+                                          "thresholds around the run's (marked run), and the pairs whose "
+                                          "outcome changes. The intervals do not move with the threshold; "
+                                          "only the side they fall on. A calibrated verdict reads its fixed "
+                                          "threshold only where it could not calibrate.", "sensitivity")]
+                      if not sensitivity.empty else []),
+                   figures=_across_models(verdict, score))
+
+
+def _bort_sections(tables: dict[str, Any]) -> list[Section]:
+    """The Bort vs baseline section, in a list; empty when the run has no baseline-Bort pair to compare."""
+    comparison = bort_comparison(tables)
+    if comparison.empty:
+        return []
+    fig = bort_figure(comparison)
+    return [Section("Bort vs baseline", "The median of each check's per-image score (named in the "
+                    "score column, with which values are the better ones) per method for each baseline "
+                    "and its Bort twin, with a paired Wilcoxon signed-rank test on the per-image scores "
+                    "(scipy), and its p-value adjusted by Holm's step-down procedure over the methods of "
+                    "each check: read the adjusted p against a level, and the chance of a false "
+                    "difference among a check's methods stays at that level.",
+                    tables=[Table(comparison, "Bort vs baseline: paired Wilcoxon tests on each check's "
+                                              "per-image scores.", "bort")],
+                    figures=[fig] if fig else [])]
+
+
+def _models_section(manifest: dict[str, Any], tables: dict[str, Any]) -> Section:
+    """The models section: the run's warnings about the models, and the models table."""
+    said = manifest.get("warnings", {})
+    return Section("Models", "Warnings, each also in the run's log and manifest: " + " ".join(
+        f"{spec}: {line}." for spec, lines in said.items() for line in lines) if said else "",
+        tables=[Table(tables["models"], "Models: accuracy and orthogonality error; where DeepLIFT or RevealCancel "
+                                        "is audited, the largest relative gap between a map's sum and f(x) - f(x0) on two "
+                                        "audited images (their rules are exact: the gap is the model's own rounding).",
+                                        "models")])
+
+
 def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
     run = result.out
     tables, config = result.tables, result.config
     manifest = result.manifest
     verdict = verdict_table(tables, config)
-    ran = {c.name: c.verdict for c in CHECKS.values() if c.verdict is not None and c.name in tables}
-    broken = broken_checks(verdict)
-    thresholds = (summary_line(verdict) + ". A sanity check can reject a method; it cannot certify one: each check "
-                  "says rejected, not rejected or inconclusive, and a method is rejected when any check rejects it. "
-                  + " ".join(f"{name}: {v.rule_text(CHECKS[name].options_from(config.options, config.looks))}."
-                             for name, v in ran.items())
-                  + " Per-image scores are medians over images with their 99 % bootstrap interval (10,000 resamples)"
-                  + (f" (this run is sequential: the images were read in up to {config.looks} looks of "
-                     f"{config.n_images}, up to {config.max_images}, each cell until it was decided; every interval is "
-                     f"at {look_level(config.looks):.2%}, 99 % split over the looks, so that a decision taken at any "
-                     "look keeps the error of one 99 % interval, and each cell names the images it read)"
-                     if config.looks > 1 else "") + "; "
-                  "images whose maps are constant or non-finite have no defined score and are counted in the cell. "
-                  "Controls (the edge detector, the random map) are not counted; each must have the outcome its check "
-                  "names, else the check is broken." + (" BROKEN: " + "; ".join(broken) + "." if broken else "")
-                  + (f" {family_wise_error(len(ran))}." if ran else "")
-                  + " Mechanism, for a rejected method: " + MECHANISMS)
-    evidence = evidence_table(verdict, tables, config)
-    sensitivity = sensitivity_table(tables, config)
-    sections = [Section("Verdict", thresholds, tables=[Table(verdict[display_columns(verdict)],
-                                                             "Verdict per model and method.", "verdict")]
-                        + ([Table(evidence, "The measurements behind the mechanism column: for each rejected method "
-                                            "and each check that rejected it, every mechanism that could explain it, "
-                                            "whether it holds, and what was measured.", "mechanisms")]
-                           if not evidence.empty else [])
-                        + ([Table(sensitivity, "How far the outcomes rest on the fixed thresholds: each check's "
-                                               "outcomes over the audited methods (controls left out) re-read at "
-                                               "thresholds around the run's (marked run), and the pairs whose "
-                                               "outcome changes. The intervals do not move with the threshold; "
-                                               "only the side they fall on. A calibrated verdict reads its fixed "
-                                               "threshold only where it could not calibrate.", "sensitivity")]
-                           if not sensitivity.empty else []),
-                        figures=_across_models(verdict, score))]
+    sections = [_verdict_section(verdict, tables, config, score)]
     sections[:0] = reproduction_sections(verdict, tables, config)
     context = ReportContext(config, run, partial(example_maps, run))
     for name, check in CHECKS.items():
         if name in tables:
             sections += check.sections(tables[name], context, check.options_from(config.options, config.looks))
-    comparison = bort_comparison(tables)
-    if not comparison.empty:
-        fig = bort_figure(comparison)
-        sections.append(Section("Bort vs baseline", "The median of each check's per-image score (named in the "
-                                "score column, with which values are the better ones) per method for each baseline "
-                                "and its Bort twin, with a paired Wilcoxon signed-rank test on the per-image scores "
-                                "(scipy), and its p-value adjusted by Holm's step-down procedure over the methods of "
-                                "each check: read the adjusted p against a level, and the chance of a false "
-                                "difference among a check's methods stays at that level.",
-                                tables=[Table(comparison, "Bort vs baseline: paired Wilcoxon tests on each check's "
-                                                          "per-image scores.", "bort")],
-                                figures=[fig] if fig else []))
-    said = manifest.get("warnings", {})
-    sections.append(Section("Models", "Warnings, each also in the run's log and manifest: " + " ".join(
-        f"{spec}: {line}." for spec, lines in said.items() for line in lines) if said else "",
-        tables=[Table(tables["models"], "Models: accuracy and orthogonality error; where DeepLIFT or RevealCancel "
-                                   "is audited, the largest relative gap between a map's sum and f(x) - f(x0) on two "
-                                   "audited images (their rules are exact: the gap is the model's own rounding).",
-                                   "models")]))
+    sections += _bort_sections(tables)
+    sections.append(_models_section(manifest, tables))
     config_text = json.dumps({k: manifest[k] for k in ("config", "seeds", "versions") if k in manifest}, indent=2)
     sections.append(Section("Configuration and versions", code=config_text))
     return sections

@@ -71,10 +71,8 @@ def _pattern_data(manifest: dict[str, Any]) -> str:
         f"{record['data']} (each trained model's patterns fitted once, kept beside its checkpoint and reused)"
 
 
-def paragraphs(manifest: dict[str, Any], models: pd.DataFrame) -> list[tuple[str, str]]:
-    """(heading, text) pairs: models, data, attribution methods, checks, statistics, software."""
-    config = manifest["config"]
-    out = []
+def _models_paragraph(models: pd.DataFrame) -> tuple[str, bool]:
+    """The models paragraph's text, and whether any model is Bort-trained."""
     rows = []
     for row in models.itertuples(index=False):
         accuracy = getattr(row, "test_accuracy", float("nan"))
@@ -85,9 +83,14 @@ def paragraphs(manifest: dict[str, Any], models: pd.DataFrame) -> list[tuple[str
             facts.append(f"test accuracy {100 * float(accuracy):.2f} %")
         rows.append(f"{row.model} ({', '.join(facts)})")
     bort = any("bort" in str(o) for o in getattr(models, "optimizer", []))
-    out.append(("Models", f"We audited {len(rows)} model{'s' * (len(rows) != 1)}: {_join(rows) if rows else 'none'}."
-                + (" Bort-trained models are optimised under the bounded orthogonality constraint of "
-                   f"{_cite(['zhang2023bort'])}." if bort else "")))
+    text = (f"We audited {len(rows)} model{'s' * (len(rows) != 1)}: {_join(rows) if rows else 'none'}."
+            + (" Bort-trained models are optimised under the bounded orthogonality constraint of "
+               f"{_cite(['zhang2023bort'])}." if bort else ""))
+    return text, bort
+
+
+def _data_paragraph(manifest: dict[str, Any], config: dict[str, Any]) -> str:
+    """The data paragraph: which images, how they were drawn and preprocessed."""
     images = manifest.get("images", {})
     n = images.get("n", config["n_images"])
     if config["data"] == "imagefolder":
@@ -102,62 +105,80 @@ def paragraphs(manifest: dict[str, Any], models: pd.DataFrame) -> list[tuple[str
     else:
         source, where = DATA.get(config["data"], (f"images from {config['data']}", ""))
         data = f"{n} {source}{where}, drawn class-balanced (the first images of each class)."
-    out.append(("Data", data + " Every method explains each image's true class unless a check says otherwise."))
-    methods = []
-    for name in config["methods"]:
-        method = build_method(name) if name in BUILDERS else None
-        if method is None:
-            continue
-        params = ", ".join(f"{k} = {_value(v)}" for k, v in method.params.items())
-        chosen = manifest.get("conventions", {}).get(name, {})
-        if chosen:  # what the method chose on each model (Grad-CAM's layer)
-            params += ("; " if params else "") + "layer weighed: " + ", ".join(
-                f"{facts['layer']} on {model}" for model, facts in chosen.items())
-        unfit = manifest.get("not_applicable", {}).get(name, {})
-        if unfit:
-            params += ("; " if params else "") + "not applicable to " + ", ".join(unfit)
-        methods.append(f"{name} {_cite(method.cite)}" + (f" ({params})" if params else ""))
+    return data + " Every method explains each image's true class unless a check says otherwise."
+
+
+def _method_entry(manifest: dict[str, Any], name: str) -> str | None:
+    """One method's entry in the methods list (name, citation, parameters), or None for a name with no builder."""
+    method = build_method(name) if name in BUILDERS else None
+    if method is None:
+        return None
+    params = ", ".join(f"{k} = {_value(v)}" for k, v in method.params.items())
+    chosen = manifest.get("conventions", {}).get(name, {})
+    if chosen:  # what the method chose on each model (Grad-CAM's layer)
+        params += ("; " if params else "") + "layer weighed: " + ", ".join(
+            f"{facts['layer']} on {model}" for model, facts in chosen.items())
+    unfit = manifest.get("not_applicable", {}).get(name, {})
+    if unfit:
+        params += ("; " if params else "") + "not applicable to " + ", ".join(unfit)
+    return f"{name} {_cite(method.cite)}" + (f" ({params})" if params else "")
+
+
+def _methods_paragraph(manifest: dict[str, Any], config: dict[str, Any]) -> str:
+    """The attribution methods paragraph: the methods by family, their parameters and how the maps are computed."""
+    methods = [entry for name in config["methods"] if (entry := _method_entry(manifest, name)) is not None]
     families = style.by_family(config["methods"])
-    out.append(("Attribution methods", f"{len(methods)} methods in {len(families)} families "
-                f"({'; '.join(f'{f}: {len(ms)}' for f, ms in families.items())}): {_join(methods)}. "
-                "Maps are computed by the toolkit's rule engine; the gradient, input-times-gradient, integrated "
-                "gradients, SmoothGrad, guided backpropagation and DeepLIFT maps match Captum "
-                f"{_cite(['kokhlikyan2020'])} to numerical precision in the toolkit's tests."
-                + (f" PatternNet and PatternAttribution fit their signal patterns on {_pattern_data(manifest)} "
-                   "and fit them again, on the same images, for the model of every randomization stage (Sixt et "
-                   "al.'s code kept the trained patterns in the randomized models' backward pass) "
-                   f"{_cite(['kindermans2018', 'sixt2020'])}."
-                   if {"patternnet", "patternattribution"} & set(config["methods"]) else "")))
-    for name in config["tests"]:
-        check = CHECKS[name]
-        options = [o for o in check.options.declared() if o.name in config]
-        text = f"After {_cite(check.cite)}: {check.description}."
-        if options:
-            text += " Parameters: " + "; ".join(f"{o.name} = {_value(config[o.name])} ({o.help})" for o in options) + "."
-        covered = manifest.get("coverage", {}).get(name, {})
-        if covered:
-            text += " " + _coverage_sentence(covered)
-        rule = check.verdict
-        if rule is not None and getattr(rule, "threshold", None) in config:
-            text += f" A method is {rule.rule_text(check.options_from(config))}."
-        if check.needs_twin:
-            text += _twin_sentence(manifest, name)
-        out.append((check.title, text))
-    out.append(("Statistics", "A sanity check can reject a method, not certify it: each check's outcome is "
-                "rejected, not rejected or inconclusive (an interval that contains the threshold, or fewer than half "
-                "of the images, or fewer than three, with a defined score). "
-                "Scores are medians over images with 99 % bootstrap confidence intervals (10,000 "
-                f"resamples) {_cite(['efron1993'])}. SSIM {_cite(['wang2004'])} is computed on maps normalised to [0, 1] by "
-                "the toolkit's batched port of scikit-image's structural_similarity "
-                f"{_cite(['vanderwalt2014'])}, with a uniform 5 x 5 window and data range 1, equal to it in the "
-                "toolkit's tests; it takes the larger of the SSIM with the second map and with its sign flip only "
-                "where the two maps are not of one sign. The signed Spearman correlation is computed on the signed "
-                "maps (channel sums), also for the methods whose heatmap is the largest magnitude over channels. "
-                "The 99 % interval of CSC's pooled median is a cluster bootstrap over images"
-                + (f". The checks' settings follow the {config['protocol']} protocol where the toolkit has an option "
-                   "for them" if config.get("protocol", "toolkit") != "toolkit" else "")
-                + (f"; baselines and their Bort twins are compared per image with the paired Wilcoxon signed-rank "
-                   f"test {_cite(['wilcoxon1945'])}." if bort else ".")))
+    return (f"{len(methods)} methods in {len(families)} families "
+            f"({'; '.join(f'{f}: {len(ms)}' for f, ms in families.items())}): {_join(methods)}. "
+            "Maps are computed by the toolkit's rule engine; the gradient, input-times-gradient, integrated "
+            "gradients, SmoothGrad, guided backpropagation and DeepLIFT maps match Captum "
+            f"{_cite(['kokhlikyan2020'])} to numerical precision in the toolkit's tests."
+            + (f" PatternNet and PatternAttribution fit their signal patterns on {_pattern_data(manifest)} "
+               "and fit them again, on the same images, for the model of every randomization stage (Sixt et "
+               "al.'s code kept the trained patterns in the randomized models' backward pass) "
+               f"{_cite(['kindermans2018', 'sixt2020'])}."
+               if {"patternnet", "patternattribution"} & set(config["methods"]) else ""))
+
+
+def _check_paragraph(manifest: dict[str, Any], config: dict[str, Any], name: str) -> tuple[str, str]:
+    """(heading, text) for one check: its source, parameters, coverage, verdict rule and twins."""
+    check = CHECKS[name]
+    options = [o for o in check.options.declared() if o.name in config]
+    text = f"After {_cite(check.cite)}: {check.description}."
+    if options:
+        text += " Parameters: " + "; ".join(f"{o.name} = {_value(config[o.name])} ({o.help})" for o in options) + "."
+    covered = manifest.get("coverage", {}).get(name, {})
+    if covered:
+        text += " " + _coverage_sentence(covered)
+    rule = check.verdict
+    if rule is not None and getattr(rule, "threshold", None) in config:
+        text += f" A method is {rule.rule_text(check.options_from(config))}."
+    if check.needs_twin:
+        text += _twin_sentence(manifest, name)
+    return check.title, text
+
+
+def _statistics_paragraph(config: dict[str, Any], bort: bool) -> str:
+    """The statistics paragraph: outcomes, intervals, similarity measures and, with Bort models, the paired test."""
+    return ("A sanity check can reject a method, not certify it: each check's outcome is "
+            "rejected, not rejected or inconclusive (an interval that contains the threshold, or fewer than half "
+            "of the images, or fewer than three, with a defined score). "
+            "Scores are medians over images with 99 % bootstrap confidence intervals (10,000 "
+            f"resamples) {_cite(['efron1993'])}. SSIM {_cite(['wang2004'])} is computed on maps normalised to [0, 1] by "
+            "the toolkit's batched port of scikit-image's structural_similarity "
+            f"{_cite(['vanderwalt2014'])}, with a uniform 5 x 5 window and data range 1, equal to it in the "
+            "toolkit's tests; it takes the larger of the SSIM with the second map and with its sign flip only "
+            "where the two maps are not of one sign. The signed Spearman correlation is computed on the signed "
+            "maps (channel sums), also for the methods whose heatmap is the largest magnitude over channels. "
+            "The 99 % interval of CSC's pooled median is a cluster bootstrap over images"
+            + (f". The checks' settings follow the {config['protocol']} protocol where the toolkit has an option "
+               "for them" if config.get("protocol", "toolkit") != "toolkit" else "")
+            + (f"; baselines and their Bort twins are compared per image with the paired Wilcoxon signed-rank "
+               f"test {_cite(['wilcoxon1945'])}." if bort else "."))
+
+
+def _software_paragraph(manifest: dict[str, Any], config: dict[str, Any]) -> str:
+    """The software paragraph: seed, device, arithmetic precision, image blocks and library versions."""
     versions = manifest.get("versions", {})
     listed = ", ".join(f"{k} {v}" + (f" {_cite(['paszke2019'])}" if k == "torch" else "") for k, v in versions.items())
     precision = manifest.get("precision", {})
@@ -173,8 +194,19 @@ def paragraphs(manifest: dict[str, Any], models: pd.DataFrame) -> list[tuple[str
     if block:
         arithmetic += (f" The checks scored per image ran on blocks of {block} images, each seeded by its unit and "
                        "its first image.")
-    out.append(("Software", f"Audit seed {config['seed']}, device {config.get('device', 'cpu')}. {arithmetic} "
-                f"{listed}."))
+    return f"Audit seed {config['seed']}, device {config.get('device', 'cpu')}. {arithmetic} {listed}."
+
+
+def paragraphs(manifest: dict[str, Any], models: pd.DataFrame) -> list[tuple[str, str]]:
+    """(heading, text) pairs: models, data, attribution methods, checks, statistics, software."""
+    config = manifest["config"]
+    models_text, bort = _models_paragraph(models)
+    out = [("Models", models_text),
+           ("Data", _data_paragraph(manifest, config)),
+           ("Attribution methods", _methods_paragraph(manifest, config))]
+    out += [_check_paragraph(manifest, config, name) for name in config["tests"]]
+    out.append(("Statistics", _statistics_paragraph(config, bort)))
+    out.append(("Software", _software_paragraph(manifest, config)))
     return out
 
 

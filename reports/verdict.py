@@ -27,6 +27,51 @@ def _rules(tables: dict[str, Any], config: AuditConfig) -> list[tuple[str, Verdi
             if name in run for rule in ((check.verdict,) if check.verdict is not None else ()) + tuple(check.side_rules)]
 
 
+def _rule_cells(tables: dict[str, Any], rules: list[tuple[str, VerdictRule, bool, Options]], model: str,
+                method: str) -> tuple[dict[str, Any], list[str], list[str], list[str]]:
+    """(each rule's score, text and outcome columns; the rejecting checks with their failures; the inconclusive
+    checks; the rejecting checks) for one model x method."""
+    cells: dict[str, Any] = {}
+    rejecting, unsure, rejected_by = [], [], []
+    for name, rule, counts, options in rules:
+        table = tables.get(name)
+        part = table[(table.model == model) & (table.method == method)] if table is not None and not table.empty \
+            else pd.DataFrame()
+        if part.empty:
+            cells |= {rule.score_column: np.nan, rule.text_column: "n/a"}
+            if counts:
+                cells[f"outcome_{name}"] = ""
+            continue
+        cell = rule.evaluate(part, options)
+        cells |= {rule.score_column: cell.score, rule.text_column: cell.text}
+        if not counts:
+            continue
+        cells[f"outcome_{name}"] = cell.outcome or ""
+        if cell.outcome == REJECTED:
+            rejecting.append(f"{name} ({rule.failure})")
+            rejected_by.append(name)
+        elif cell.outcome == INCONCLUSIVE:
+            unsure.append(name)
+    return cells, rejecting, unsure, rejected_by
+
+
+def _verdict_row(tables: dict[str, Any], config: AuditConfig, rules: list[tuple[str, VerdictRule, bool, Options]],
+                 model: str, method: str) -> dict[str, Any]:
+    """One model x method's row of :func:`verdict_table`: role, the rules' columns, verdict, mechanism, control check."""
+    row: dict[str, Any] = {"model": model, "method": method,
+                           "role": "control" if build_method(method).family == CONTROLS else "method"}
+    cells, rejecting, unsure, rejected_by = _rule_cells(tables, rules, model, method)
+    row |= cells
+    outcomes = [row.get(f"outcome_{name}", "") for name, _, counts, _ in rules if counts]
+    row["verdict"] = (f"{REJECTED}: " + ", ".join(rejecting) if rejecting else
+                      f"{INCONCLUSIVE}: " + ", ".join(unsure) if unsure else
+                      NOT_REJECTED if NOT_REJECTED in outcomes else "n/a")
+    row["mechanism"] = mechanism(model, method, rejected_by, tables, config) \
+        if rejecting and row["role"] == "method" else ""
+    row["control_check"] = control_check(row) if row["role"] == "control" else ""
+    return row
+
+
 def verdict_table(tables: dict[str, Any], config: AuditConfig) -> pd.DataFrame:
     """One row per model x method: for each check's verdict rule (and side rule) among ``tables``, its score and
     text; ``outcome_<check>``, each check's outcome (rejected / not rejected / inconclusive; empty where the check
@@ -60,38 +105,7 @@ def verdict_table(tables: dict[str, Any], config: AuditConfig) -> pd.DataFrame:
     if not present:
         return pd.DataFrame(columns=["model", "method", "role", "verdict", "mechanism", "control_check"])
     pairs = pd.concat([t[["model", "method"]] for t in present]).drop_duplicates()
-    rows = []
-    for model, method in pairs.itertuples(index=False):
-        row: dict[str, Any] = {"model": model, "method": method,
-                     "role": "control" if build_method(method).family == CONTROLS else "method"}
-        rejecting, unsure, rejected_by = [], [], []
-        for name, rule, counts, options in rules:
-            table = tables.get(name)
-            part = table[(table.model == model) & (table.method == method)] if table is not None and not table.empty \
-                else pd.DataFrame()
-            if part.empty:
-                row |= {rule.score_column: np.nan, rule.text_column: "n/a"}
-                if counts:
-                    row[f"outcome_{name}"] = ""
-                continue
-            cell = rule.evaluate(part, options)
-            row |= {rule.score_column: cell.score, rule.text_column: cell.text}
-            if not counts:
-                continue
-            row[f"outcome_{name}"] = cell.outcome or ""
-            if cell.outcome == REJECTED:
-                rejecting.append(f"{name} ({rule.failure})")
-                rejected_by.append(name)
-            elif cell.outcome == INCONCLUSIVE:
-                unsure.append(name)
-        outcomes = [row.get(f"outcome_{name}", "") for name, _, counts, _ in rules if counts]
-        row["verdict"] = (f"{REJECTED}: " + ", ".join(rejecting) if rejecting else
-                          f"{INCONCLUSIVE}: " + ", ".join(unsure) if unsure else
-                          NOT_REJECTED if NOT_REJECTED in outcomes else "n/a")
-        row["mechanism"] = mechanism(model, method, rejected_by, tables, config) \
-            if rejecting and row["role"] == "method" else ""
-        row["control_check"] = control_check(row) if row["role"] == "control" else ""
-        rows.append(row)
+    rows = [_verdict_row(tables, config, rules, model, method) for model, method in pairs.itertuples(index=False)]
     order = {m: i for i, m in enumerate(config.methods)}
     model_order = {m: i for i, m in enumerate(dict.fromkeys(pairs.model))}
     rows.sort(key=lambda r: (model_order[r["model"]], order.get(r["method"], len(order))))

@@ -18,11 +18,18 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.utils._python_dispatch
 import torch.utils._pytree
 from torch import nn
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.context import ForkProcess
+
+    from transformers import PretrainedConfig
 
 LIBRARIES = ("torchvision", "timm", "hf")
 CLASSES = 5
@@ -95,11 +102,12 @@ class Logits(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
-        self.key = model.main_input_name
+        self.key = cast(str, model.main_input_name)  # a plain attribute: torch types it Tensor | Module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.model(**{self.key: x})
-        return out.logits if "logits" in out else out[0]  # PP-LCNet returns its logits as last_hidden_state
+        logits: torch.Tensor = out.logits if "logits" in out else out[0]  # PP-LCNet returns its logits as last_hidden_state
+        return logits
 
 
 @contextlib.contextmanager
@@ -109,17 +117,17 @@ def on_meta() -> Iterator[None]:
     ``.item()``) still work."""
     register_parameter, register_buffer = nn.Module.register_parameter, nn.Module.register_buffer
 
-    def parameter(self, name, param):
+    def parameter(self: nn.Module, name: str, param: nn.Parameter | None) -> None:
         register_parameter(self, name, None if param is None else nn.Parameter(param.to("meta"), param.requires_grad))
 
-    def buffer(self, name, tensor, persistent=True):
+    def buffer(self: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
         register_buffer(self, name, None if tensor is None else tensor.to("meta"), persistent)
 
     nn.Module.register_parameter, nn.Module.register_buffer = parameter, buffer  # type: ignore[method-assign]
     try:
         yield
     finally:
-        nn.Module.register_parameter, nn.Module.register_buffer = register_parameter, register_buffer  # type: ignore
+        nn.Module.register_parameter, nn.Module.register_buffer = register_parameter, register_buffer  # type: ignore[method-assign]
 
 
 # in-place ops that change a tensor's shape or identity: these must run even on the meta device
@@ -131,7 +139,8 @@ class _NoMetaWrites(torch.overrides.TorchFunctionMode):
     """In-place writes into meta tensors return at once: a weight initialiser (``trunc_normal_``, ``uniform_``)
     on the meta device otherwise runs its reference kernels in Python, most of the enumeration's time."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         if name.endswith("_") and not name.endswith("__") and name not in _RESHAPING:
@@ -176,7 +185,7 @@ class Probe:
     volume: int = 0
 
 
-def op_kinds(func, args: tuple) -> str:
+def op_kinds(func: torch._ops.OpOverload, args: tuple[Any, ...]) -> str:
     """The name an op is covered under: the aten overload, a convolution's grouping, transposition and
     dilation with it (the engine's convolution rules treat those apart)."""
     name = str(func)
@@ -189,15 +198,16 @@ def op_kinds(func, args: tuple) -> str:
     return name
 
 
-class _Record(torch.utils._python_dispatch.TorchDispatchMode):
+class _Record(torch.utils._python_dispatch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     """The op kinds a forward pass calls, below autograd, and the elements their outputs hold."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.ops: set[str] = set()
         self.volume = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         self.ops.add(op_kinds(func, args))
         self.volume += sum(t.numel() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
@@ -252,7 +262,7 @@ def structure(model: nn.Module) -> frozenset[str]:
     return frozenset(kinds)
 
 
-def _accepts(cls: type, name: str) -> bool:
+def _accepts(cls: type[Any], name: str) -> bool:
     return name in inspect.signature(cls.__init__).parameters
 
 
@@ -270,14 +280,15 @@ def _torchvision() -> Listing:
         # ViT and MaxViT fix their input size at construction; the others adapt (adaptive pooling)
         key = next((k for k in ("image_size", "input_size") if _accepts(cls, k)), None)
 
-        def make(size: int, builder=builder, key=key) -> nn.Module:
+        def make(size: int, builder: Callable[..., nn.Module] = builder, key: str | None = key) -> nn.Module:
             return builder(num_classes=CLASSES, **({key: size if key == "image_size" else (size, size)} if key else {}))
 
         size, probe = _smallest(make, 3, 224)
         if not probe.params:
             listing.skipped[name] = f"no input size runs: {probe.why}"
             continue
-        listing.entries.append(Entry("torchvision", name, _seeded(lambda make=make, size=size: make(size)),
+        build = cast(Callable[[], nn.Module], lambda make=make, size=size: make(size))  # mypy cannot infer a lambda's defaults
+        listing.entries.append(Entry("torchvision", name, _seeded(build),
                                      (3, size, size), probe.params, note=f"module {builder.__module__.rsplit('.', 1)[-1]}",
                                      structure=structure(default), ops=probe.ops, volume=probe.volume))
     return listing
@@ -299,8 +310,8 @@ def _timm() -> Listing:
         small = {n: c for n, c in counts.items() if c <= MAX_TIMM_PARAMS}
         if not small:
             listing.skipped[module] = why if not counts else \
-                f"every model has over {MAX_TIMM_PARAMS // 10**6} M parameters (smallest: {min(counts, key=counts.get)}, " \
-                f"{min(counts.values()) / 1e6:.0f} M)"
+                f"every model has over {MAX_TIMM_PARAMS // 10**6} M parameters " \
+                f"(smallest: {min(counts, key=counts.__getitem__)}, {min(counts.values()) / 1e6:.0f} M)"
             continue
         name = min(small, key=lambda n: (small[n], n))
         _add_timm(listing, module, name)
@@ -311,7 +322,8 @@ def _timm_counts(module: str) -> tuple[dict[str, int], str]:
     """({model: parameters} of the models of one timm architecture module that build, why none does)."""
     import timm
 
-    counts, why = {}, "holds no model"
+    counts: dict[str, int] = {}
+    why = "holds no model"
     for name in timm.list_models(module=module):
         try:
             counts[name] = count(meta_build(lambda: timm.create_model(name, pretrained=False, num_classes=CLASSES)))
@@ -330,7 +342,8 @@ def _add_timm(listing: Listing, module: str, name: str) -> None:
     key = "img_size" if _accepts(cls, "img_size") else None
 
     def make(size: int) -> nn.Module:
-        return timm.create_model(name, pretrained=False, num_classes=CLASSES, **({key: size} if key else {}))
+        model: nn.Module = timm.create_model(name, pretrained=False, num_classes=CLASSES, **({key: size} if key else {}))
+        return model
 
     size, probe = _smallest(make, channels, height, low)
     if not probe.params:
@@ -353,22 +366,22 @@ def timm_entries(names: list[str]) -> list[Entry]:
 # --- Hugging Face transformers -------------------------------------------------------------------
 
 
-def _heads(v):
+def _heads(v: int | list[int] | tuple[int, ...]) -> int | list[int]:
     return [1] * len(v) if isinstance(v, (list, tuple)) else min(v, 2)
 
 
-def _narrow(v):
+def _narrow(v: float | list[float] | tuple[float, ...]) -> int | list[Any]:
     """A width divided by 8, a multiple of 8 (lists element-wise)."""
     return [_narrow(u) for u in v] if isinstance(v, (list, tuple)) else max(8, 8 * round(v / 64))
 
 
-def _shallow(v):
+def _shallow(v: int | list[int] | tuple[int, ...]) -> int | list[int]:
     return [1] * len(v) if isinstance(v, (list, tuple)) else min(v, 2)
 
 
 # Config keys the configs name their sizes by, in the order they are shrunk (heads before the widths they
 # must divide); a shrink that breaks the model is undone.
-SHRINK: tuple[tuple[tuple[str, ...], Callable], ...] = (
+SHRINK: tuple[tuple[tuple[str, ...], Callable[[Any], object]], ...] = (
     (("num_attention_heads", "num_heads", "n_head", "num_self_attention_heads"), _heads),
     (("num_cross_attention_heads",), lambda v: 1),  # Perceiver: its input channels (261, 322) are odd
     (("num_groups",), lambda v: min(v, 4)),  # BiT's GroupNorm: 32 groups would not divide the narrow widths
@@ -385,15 +398,15 @@ SHRINK: tuple[tuple[tuple[str, ...], Callable], ...] = (
 )
 
 
-def _numbers(value) -> bool:
+def _numbers(value: object) -> bool:
     """Whether ``value`` is a number or a flat list of numbers (not a flag, not nested)."""
     items = value if isinstance(value, (list, tuple)) else [value]
     return bool(items) and all(isinstance(u, (int, float)) and not isinstance(u, bool) for u in items)
 
 
-def _shrinks(config) -> dict[tuple[str, ...], object]:
+def _shrinks(config: PretrainedConfig) -> dict[tuple[str, ...], object]:
     """{path: smaller value} for the size settings of ``config`` and its sub-configs, in :data:`SHRINK` order."""
-    out = {}
+    out: dict[tuple[str, ...], object] = {}
     for keys, smaller in SHRINK:
         for path, value in _config_keys(config):
             if path[-1] in keys and _numbers(value):
@@ -403,7 +416,7 @@ def _shrinks(config) -> dict[tuple[str, ...], object]:
     return out
 
 
-def _config_keys(config, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], object]]:
+def _config_keys(config: PretrainedConfig, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], object]]:
     """(path, value) of every setting of ``config`` and its sub-configs (CLIP's ``vision_config``, ...)."""
     from transformers import PretrainedConfig
 
@@ -414,8 +427,8 @@ def _config_keys(config, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str
             yield path + (key,), value
 
 
-def _nested(edits: dict[tuple[str, ...], object]) -> dict:
-    out: dict = {}
+def _nested(edits: dict[tuple[str, ...], object]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for path, value in edits.items():
         node = out
         for key in path[:-1]:
@@ -424,9 +437,9 @@ def _nested(edits: dict[tuple[str, ...], object]) -> dict:
     return out
 
 
-def _image_size(config) -> tuple[tuple[str, ...] | None, int, int]:
+def _image_size(config: PretrainedConfig) -> tuple[tuple[str, ...] | None, int, int]:
     """(path of the image size setting or None, its value, input channels)."""
-    found = dict(_config_keys(config))
+    found: dict[tuple[str, ...], Any] = dict(_config_keys(config))  # a config's settings are untyped
     path = next((p for p in sorted(found, key=len) if p[-1] == "image_size"), None)
     channels = next((v for p, v in sorted(found.items(), key=lambda i: len(i[0])) if p[-1] == "num_channels"), 3)
     size = found[path] if path else 224
@@ -445,7 +458,7 @@ def _hf_entry(model_type: str, class_name: str) -> Entry:
     image_key, default_size, channels = _image_size(default)
     as_list = image_key is not None and isinstance(dict(_config_keys(default))[image_key], (list, tuple))
 
-    def make(edits: dict, size: int = default_size) -> nn.Module:
+    def make(edits: dict[tuple[str, ...], object], size: int = default_size) -> nn.Module:
         if image_key:
             edits = {**edits, image_key: [size, size] if as_list else size}
         return Logits(model_class(config_class(**_nested(edits), num_labels=CLASSES)))
@@ -509,7 +522,7 @@ ON_ATTENTION = ("vit-grad-cam", "attention-rollout", "generic-attention", "trans
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
-def snapshot(model: nn.Module) -> tuple:
+def snapshot(model: nn.Module) -> tuple[str, tuple[tuple[int, ...], ...], tuple[int, ...], tuple[tuple[bool, bool], ...]]:
     """What an explainer must leave as it found it: a digest of every state_dict tensor, each module's training
     flag and hook counts (and the global hooks), each parameter's requires_grad and whether it has a grad."""
     digest = hashlib.blake2b()
@@ -526,7 +539,7 @@ def relative(error: torch.Tensor, scale: torch.Tensor) -> float:
     return float(error.abs().max() / scale.abs().max().clamp_min(torch.finfo(scale.dtype).tiny))
 
 
-def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ()) -> None:
+def check(entry: Entry, row: dict[str, Any], seed: int = 0, methods: tuple[str, ...] = ()) -> None:
     """Check ``entry`` on two seeded images, filling ``row`` as it goes (``stage`` names the step running):
 
     (a) ``gradient`` against the plain autograd input gradient (relative max error), for the predicted class;
@@ -582,7 +595,7 @@ def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ())
         attention = ON_ATTENTION[zlib.crc32(entry.name.encode()) % len(ON_ATTENTION)]
         for method in dict.fromkeys(("lrp-epsilon", *methods, attention)):
             row["stage"] = method
-            params = CHEAP.get(method, {})
+            params: dict[str, Any] = CHEAP.get(method, {})
             if method in PATTERN_METHODS:  # fitted on images of their own: two leave a dense layer's covariances degenerate
                 params = {"data": torch.randn(PATTERN_IMAGES, *entry.input_shape, dtype=x.dtype,
                                               generator=torch.Generator().manual_seed(seed + 1))}
@@ -607,7 +620,7 @@ def check(entry: Entry, row: dict, seed: int = 0, methods: tuple[str, ...] = ())
     row["stage"] = ""
 
 
-def verdict(row: dict) -> tuple[str, str]:
+def verdict(row: dict[str, Any]) -> tuple[str, str]:
     """(class, reason) of a row whose checks all ran: "exact" or "inexact"."""
     failed = [] if row["gradient_max"] > 0 else ["the input gradient is zero: the checks are void"]
     failed += [f"{k} {row[k]:.1e} > {row['tolerance']:.0e}" for k in ("gradient_err", "deeplift_err")
@@ -619,15 +632,17 @@ def verdict(row: dict) -> tuple[str, str]:
 
 
 # what a child does with its entry: fill a row (``check`` by default), then judge it (class, reason)
-Work = Callable[[Entry, dict, int, tuple], None]
+Work = Callable[[Entry, dict[str, Any], int, tuple[str, ...]], None]
+# what start_one hands finish_one: the entry, its child, the row's end of the pipe, when it started
+Started = tuple[Entry, "ForkProcess", "Connection[dict[str, Any], dict[str, Any]]", float]
 
 
-def _child(entry: Entry, seed: int, methods: tuple[str, ...], pipe, work: Work | None = None,
-           judge: Callable[[dict], tuple[str, str]] | None = None) -> None:
+def _child(entry: Entry, seed: int, methods: tuple[str, ...], pipe: Connection[dict[str, Any], dict[str, Any]],
+           work: Work | None = None, judge: Callable[[dict[str, Any]], tuple[str, str]] | None = None) -> None:
     from attributions.errors import AttributionError
 
     torch.set_num_threads(1)
-    row: dict = {}
+    row: dict[str, Any] = {}
     try:
         (work or check)(entry, row, seed, methods)
         row["class"], row["reason"] = (judge or verdict)(row)
@@ -639,7 +654,7 @@ def _child(entry: Entry, seed: int, methods: tuple[str, ...], pipe, work: Work |
 
 
 def start_one(entry: Entry, seed: int = 0, methods: tuple[str, ...] = (), work: Work | None = None,
-              judge: Callable[[dict], tuple[str, str]] | None = None) -> tuple:
+              judge: Callable[[dict[str, Any]], tuple[str, str]] | None = None) -> Started:
     """Start checking ``entry`` in a forked child (a hang, a crash of the interpreter or its memory ends
     with it); :func:`finish_one` collects its row. ``work`` / ``judge``: another job than :func:`check`
     and :func:`verdict` (the collapse atlas's)."""
@@ -651,10 +666,10 @@ def start_one(entry: Entry, seed: int = 0, methods: tuple[str, ...] = (), work: 
     return entry, child, receive, time.perf_counter()
 
 
-def finish_one(started: tuple, limit: float = 120.0) -> dict:
+def finish_one(started: Started, limit: float = 120.0) -> dict[str, Any]:
     """The row of a child from :func:`start_one`, which is killed after ``limit`` seconds in all."""
     entry, child, receive, start = started
-    row = {"library": entry.library, "name": entry.name, "params": entry.params, "note": entry.note,
+    row: dict[str, Any] = {"library": entry.library, "name": entry.name, "params": entry.params, "note": entry.note,
            "input": "x".join(map(str, entry.input_shape))}
     try:
         left = max(0.0, limit - (time.perf_counter() - start))
@@ -737,8 +752,8 @@ def warm() -> None:
 
 
 def check_all(entries: list[Entry], seed: int = 0, methods: tuple[str, ...] | list[tuple[str, ...]] = (),
-              limit: float = 120.0, parallel: int = 1, report: Callable[[int, dict], None] | None = None,
-              work: Work | None = None, judge: Callable[[dict], tuple[str, str]] | None = None) -> list[dict]:
+              limit: float = 120.0, parallel: int = 1, report: Callable[[int, dict[str, Any]], None] | None = None,
+              work: Work | None = None, judge: Callable[[dict[str, Any]], tuple[str, str]] | None = None) -> list[dict[str, Any]]:
     """Every entry's row (in the entries' order), ``parallel`` children at a time (the costliest first), each
     on one thread;
     ``methods``: the methods checked on every entry, or a list of them per entry; ``report(i, row)`` is
@@ -746,8 +761,8 @@ def check_all(entries: list[Entry], seed: int = 0, methods: tuple[str, ...] | li
     from multiprocessing.connection import wait
 
     warm()
-    rows: dict[int, dict] = {}
-    running: dict[int, tuple] = {}
+    rows: dict[int, dict[str, Any]] = {}
+    running: dict[int, Started] = {}
     pending = sorted(enumerate(entries), key=lambda item: -cost(item[1]))  # the longest first: none left alone at the end
     while pending or running:
         while pending and len(running) < parallel:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import Any
 
 from attributions.errors import unknown_name
 from audit.checks.base import Check, MedianScore, UnitResult, VerdictCell, VerdictRule
@@ -29,7 +30,7 @@ from audit.errors import ConfigError
 _SUPPORT = {"base", "passes", "stages", "reinit", "coverage", "options", "stage_options"}
 
 
-def discover(package: str, path: list[str]) -> dict[str, Check]:
+def discover(package: str, path: list[str]) -> dict[str, Check[Any]]:
     """The checks defined by the modules of ``package`` (found on ``path``), in registry order.
 
     Parameters
@@ -51,7 +52,7 @@ def discover(package: str, path: list[str]) -> dict[str, Check]:
     RuntimeError
         When two checks share a name.
     """
-    found: list[Check] = []
+    found: list[Check[Any]] = []
     for info in pkgutil.iter_modules(path):
         if info.name in _SUPPORT:
             continue
@@ -63,10 +64,10 @@ def discover(package: str, path: list[str]) -> dict[str, Check]:
     return {c.name: c for c in sorted(found, key=lambda c: (c.order, c.name))}
 
 
-CHECKS: dict[str, Check] = discover(__name__, list(__path__))
+CHECKS: dict[str, Check[Any]] = discover(__name__, list(__path__))
 
 
-def get_check(name: str) -> Check:
+def get_check(name: str) -> Check[Any]:
     """The registered check ``name`` (a ``--tests`` name), or a :class:`ConfigError` naming the valid ones.
 
     Parameters

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 import pandas as pd
@@ -261,15 +261,16 @@ class MedianScore(VerdictRule):
                            level=options.interval_level, groups=self.replicates(part))
 
 
-# the options argument is the check's own Options class
-RunUnit = Callable[[nn.Module, torch.Tensor, torch.Tensor, str, Any, UnitContext], UnitResult]
-Sections = Callable[[pd.DataFrame, ReportContext, Any], list[Section]]
-Coverage = Callable[[nn.Module, torch.Tensor, Any, int], tuple[pd.DataFrame, dict[str, Any]]]
+# a check's own Options class: what its unit, its report sections and its coverage receive
+OptionsT = TypeVar("OptionsT", bound=Options)
+RunUnit = Callable[[nn.Module, torch.Tensor, torch.Tensor, str, OptionsT, UnitContext], UnitResult]
+Sections = Callable[[pd.DataFrame, ReportContext, OptionsT], list[Section]]
+Coverage = Callable[[nn.Module, torch.Tensor, OptionsT, int], tuple[pd.DataFrame, dict[str, Any]]]
 
 
 @dataclass(frozen=True)
-class Check:
-    """One sanity check, as the registry (:mod:`audit.checks`) sees it.
+class Check(Generic[OptionsT]):
+    """One sanity check, as the registry (:mod:`audit.checks`) sees it, generic over its options class (``OptionsT``).
 
     Parameters
     ----------
@@ -308,10 +309,10 @@ class Check:
     reference: str
     result_file: str
     columns: Sequence[str]
-    run: RunUnit
+    run: RunUnit[OptionsT]
     summary: Callable[[pd.DataFrame], str]
-    sections: Sections
-    options: type[Options] = Options
+    sections: Sections[OptionsT]
+    options: type[OptionsT] = cast(Any, Options)  # a check without keys of its own
     verdict: VerdictRule | None = None
     side_rules: tuple[VerdictRule, ...] = ()
     controls: dict[str, str] = field(default_factory=dict)
@@ -321,7 +322,7 @@ class Check:
     description: str = field(default="")
     cite: tuple[str, ...] = ()
     per_image: bool = True
-    coverage: Coverage | None = None
+    coverage: Coverage[OptionsT] | None = None
 
     def __post_init__(self) -> None:
         fields = {o.name for o in self.options.declared()}
@@ -331,7 +332,7 @@ class Check:
                 raise TypeError(f"check {self.name}: its verdict reads {missing[0]!r}, not a field of "
                                 f"{self.options.__name__}")
 
-    def options_from(self, values: Mapping[str, Any], looks: int = 1) -> Options:
+    def options_from(self, values: Mapping[str, Any], looks: int = 1) -> OptionsT:
         """The check's options from a configuration's flat keys (:meth:`Options.parse`), read ``looks`` times by
         a sequential run (a check whose units are not split by images is read once)."""
         return self.options.parse(values, looks if self.per_image else 1)

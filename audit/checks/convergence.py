@@ -38,7 +38,7 @@ from attributions.records import Move, Norm
 from audit import style
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, Check, UnitResult, VerdictCell, VerdictRule
 from audit.checks.options import Options, UnitContext, option
-from audit.checks.passes import explainer, model_errors
+from audit.checks.passes import Params, explainer, model_errors
 from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, check_inputs, resolve_methods
 from audit.measures.statistics import cluster_median_ci
@@ -246,7 +246,7 @@ def _vector_seed(seed: int, layer: str) -> int:
 def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, methods: Methods = "all", *,
                       inject_at: str | list[str] | None = None, n_vectors: int = 5, seed: int = 0,
                       threshold: float = 0.99, spectrum_vectors: int = 8,
-                      progress: bool = True) -> pd.DataFrame:
+                      progress: bool = True, params: Params | None = None) -> pd.DataFrame:
     """Layer-wise cosine-similarity convergence of each method's backward chain.
 
     Parameters
@@ -263,6 +263,8 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
     spectrum_vectors : vectors used for the spectrum estimate (at least 8; the first ``n_vectors``
         of them give the ``|cos|`` statistics)
     progress : whether to show progress bars
+    params : {method: {name: value}}, parameters given to each method's explainer (an audit's pattern methods'
+        patterns and their data), optional
 
     Returns
     -------
@@ -274,7 +276,7 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
         raise AuditError(f"n_vectors must be at least 2 (pairs are compared), got {n_vectors}")
     with model_errors():
         graph = trace(model, x)
-    every = {m: explainer(model, m, graph) for m in names}
+    every = {m: explainer(model, m, graph, params) for m in names}
     explainers = {m: e for m, e in every.items() if e.method.chain}
     # maps that are a product of per-block operators (attention rollout): their chain is that product
     products = {m: e for m, e in every.items() if e.method.engine.product and e.method.engine.fits(e, x) is None}
@@ -292,8 +294,17 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
     forward = max(e.bytes_per_image(x) for e in explainers.values()) if memory.budget() is not None else 0
     pooled = _pooled_signals(explainers, graph, x, vectors, signal_plan(len(x), forward, recorded, k_total),
                              n_vectors=n_vectors, progress=progress)
-    depth = {name: i for i, name in enumerate(["input"] + any_ex.layers)}
+    rows += _chain_rows(pooled, graph, shapes, ["input"] + any_ex.layers, threshold)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _chain_rows(pooled: dict[tuple[str, str, str], Any], graph: Graph, shapes: dict[str, Any], layers: list[str],
+                threshold: float) -> list[dict[str, Any]]:
+    """One row per (method, injection node, recorded layer) of the pooled chain statistics; ``layers``: the
+    recorded layers in forward order (their depth)."""
+    depth = {name: i for i, name in enumerate(layers)}
     kinds = {n.name: n.kind for n in graph.nodes}
+    rows = []
     for (method, target, layer), (channels, cos_parts, ratios, ranks, images) in pooled.items():
         node, token = _split_token(target)
         size_l = shapes[node][-1] if token is not None else int(np.prod(shapes[node][1:]))
@@ -303,7 +314,7 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
                                    np.concatenate(images) if target == graph.output else None),
                      "baseline": random_cosine_median(min(channels, size_l))})
         rows[-1]["collapsed"] = bool(rows[-1]["median"] >= threshold)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return rows
 
 
 def _targets(ex: Explainer, inject_at: str | list[str] | None) -> list[str]:
@@ -539,7 +550,8 @@ class ConvergenceOptions(Options):
 def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: ConvergenceOptions,
          unit: UnitContext) -> UnitResult:
     return UnitResult(chain_convergence(model, x, y, [method], n_vectors=options.n_vectors, seed=unit.seed,
-                                        threshold=options.csc_threshold, progress=unit.progress))
+                                        threshold=options.csc_threshold, progress=unit.progress,
+                                        params=unit.params))
 
 
 def _summary(df: pd.DataFrame) -> str:

@@ -73,7 +73,7 @@ def summary(table: pd.DataFrame, granularity: str) -> dict[str, Any]:
             "unchanged": table[~table.changed].tensor.tolist()}
 
 
-def recorded_in(order: Callable[[Any], str]) -> Coverage:
+def recorded_in(order: Callable[[Any], str]) -> Coverage[Any]:
     """The coverage of a check whose order is an option of its own (``order(options)``, e.g. eMPRT's)."""
     return lambda model, x, options, seed: record(model, x, options, seed, order=order(options))
 

@@ -25,7 +25,7 @@ from attributions.hygiene import leaves_process_alone
 from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.calibration import Calibrated
 from audit.checks.options import NO_SOURCE, Options, UnitContext, option
-from audit.checks.passes import prepare
+from audit.checks.passes import Params, prepare
 from audit.checks.randomization import heatmap_pages, untrained_copy
 from audit.checks.replicates import replicates, seed_groups
 from audit.checks.stage_options import TARGETS, heatmap_scale, images_per_seed_option, measures_option
@@ -57,7 +57,8 @@ COLUMNS = ["method", "image", "ssim", "spearman", "spearman_abs", "hog", "input_
 def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, methods: Methods = "all", *, target: str = "true",
                        seed: int = 0, reduction: Reduction | None = None, progress: bool = True,
                        keep_maps: int = 0, measures: str | MeasureSet = "toolkit", control: nn.Module | None = None,
-                       images_per_seed: int = 2, first_image: int = 0) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+                       images_per_seed: int = 2, first_image: int = 0,
+                       params: Params | None = None) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Similarity of each method's maps on ``model`` and on its permuted-label ``twin`` (and, with a ``control``
     twin, on the control and on the untrained model: the calibrated verdict's references).
 
@@ -80,6 +81,8 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     measures : how SSIM and HOG compare the maps: a :class:`~audit.measures.measure_sets.MeasureSet` or its name
         (``toolkit``, ``adebayo2018``)
     progress : whether to show progress bars
+    params : {method: {name: value}}, parameters given to each method's explainer (an audit's pattern methods'
+        patterns and their data), optional
 
     Returns
     -------
@@ -91,6 +94,35 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     untrained_replicate (the replicate of the image's untrained copy);
     and {method: (2, keep_maps, H, W)}, the model's and the twin's heatmaps.
     """
+    x, y = _checked(model, twin, control, x, y, target=target, keep_maps=keep_maps)
+    names = resolve_methods(methods)
+    maps: dict[str, list[torch.Tensor]] = {m: [] for m in names}
+    signed: dict[str, list[torch.Tensor]] = {m: [] for m in names}
+    nets = [model, twin] + ([control] if control is not None else [])
+    for k, net in enumerate(tqdm(nets, desc="data randomization", disable=not bars(progress), leave=False)):
+        for m, (v, s) in _explained(net, x, y, names, seed + k, target, reduction, params=params).items():
+            maps[m].append(v)
+            signed[m] += [s] if s is not None else []
+    floor = replicates(first_image, len(x), images_per_seed)
+    if control is not None:  # the untrained copies, one per seed, each explaining its own images
+        for m, v in _untrained_maps(model, x, y, names, first_image, images_per_seed, seed, target, reduction,
+                                    params=params).items():
+            maps[m].append(v)
+    # how far the twin's map follows the input's magnitude and edges: what a map that survives label permutation
+    # may be carried by (the mechanism the verdict names)
+    structure = input_structure(x)
+    rows = []
+    for m in names:
+        scores = _scores(maps[m], signed[m], structure, measures)
+        rows += [{"method": m, "image": i, **{k: float(v[i]) for k, v in scores.items()},
+                  "untrained_replicate": int(floor[i])} for i in range(len(x))]
+    kept = {m: torch.stack([v[:keep_maps] for v in maps[m][:2]]).numpy() for m in names}
+    return pd.DataFrame(rows, columns=COLUMNS), kept
+
+
+def _checked(model: nn.Module, twin: nn.Module, control: nn.Module | None, x: Images, y: Labels, *, target: str,
+             keep_maps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x (B, C, H, W), y (B,)) checked, after the options and the twins' architectures: the audit's own errors."""
     check_option("target", target, TARGETS)
     check_count("keep_maps", keep_maps)
     same_architecture(model, twin, "the model", "the twin")
@@ -99,47 +131,34 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     x, y = check_inputs(model, x, y)
     if y is None:
         raise AuditError("data_randomization needs the labels y")
-    names = resolve_methods(methods)
-    maps: dict[str, list[torch.Tensor]] = {m: [] for m in names}
-    signed: dict[str, list[torch.Tensor]] = {m: [] for m in names}
-    nets = [model, twin] + ([control] if control is not None else [])
-    for k, net in enumerate(tqdm(nets, desc="data randomization", disable=not bars(progress), leave=False)):
-        for m, (v, s) in _explained(net, x, y, names, seed + k, target, reduction).items():
-            maps[m].append(v)
-            if s is not None:
-                signed[m].append(s)
-    floor = replicates(first_image, len(x), images_per_seed)
-    if control is not None:  # the untrained copies, one per seed, each explaining its own images
-        for m, v in _untrained_maps(model, x, y, names, first_image, images_per_seed, seed, target, reduction).items():
-            maps[m].append(v)
-    # how far the twin's map follows the input's magnitude and edges: what a map that survives label permutation
-    # may be carried by (the mechanism the verdict names)
-    structure = input_structure(x)
-    rows = []
-    for m in names:
-        own, twin_signed = (signed[m][0], signed[m][1]) if signed[m] else (None, None)
-        other = ComparableMaps(maps[m][1], twin_signed, measures)
-        reference = ReferenceMaps(maps[m][0], signed=own, measures=measures)
-        scores = reference.compare(other)
-        scores |= follows(other, structure)
-        for k, name in enumerate(REFERENCES, start=2):
-            if len(maps[m]) > k:  # undefined where either map is constant or non-finite, as the twin's scores
-                against = ComparableMaps(maps[m][k])
-                scores |= undefined_where(reference.bad | against.bad, {
-                    f"{name}_spearman_abs": correlation(reference.abs_ranks, against.abs_ranks)})
-            else:
-                scores[f"{name}_spearman_abs"] = np.full(len(x), np.nan)
-        rows += [{"method": m, "image": i, **{k: float(v[i]) for k, v in scores.items()},
-                  "untrained_replicate": int(floor[i])} for i in range(len(x))]
-    kept = {m: torch.stack([v[:keep_maps] for v in maps[m][:2]]).numpy() for m in names}
-    return pd.DataFrame(rows, columns=COLUMNS), kept
+    return x, y
+
+
+def _scores(maps: list[torch.Tensor], signed: list[torch.Tensor], structure: dict[str, np.ndarray],
+            measures: str | MeasureSet) -> dict[str, np.ndarray]:
+    """{score: (B,) values} of one method: its maps on the model, the twin, then the control and the untrained
+    copies where computed (each (B, H, W)), and the model's and the twin's signed maps (or none)."""
+    own, twin_signed = (signed[0], signed[1]) if signed else (None, None)
+    other = ComparableMaps(maps[1], twin_signed, measures)
+    reference = ReferenceMaps(maps[0], signed=own, measures=measures)
+    scores = reference.compare(other)
+    scores |= follows(other, structure)
+    for k, name in enumerate(REFERENCES, start=2):
+        if len(maps) > k:  # undefined where either map is constant or non-finite, as the twin's scores
+            against = ComparableMaps(maps[k])
+            scores |= undefined_where(reference.bad | against.bad, {
+                f"{name}_spearman_abs": correlation(reference.abs_ranks, against.abs_ranks)})
+        else:
+            scores[f"{name}_spearman_abs"] = np.full(len(maps[0]), np.nan)
+    return scores
 
 
 def _explained(net: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str], seed: int, target: str,
-               reduction: Reduction | None) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+               reduction: Reduction | None, *, params: Params | None
+               ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """{method: ((B, H, W) heatmap, (B, H, W) signed channel sum or None)} of ``x`` on ``net``, explaining the label
     ``y`` or (``target`` "predicted") the net's prediction; ``seed``: the random control's."""
-    _, explainers, envs, logits = prepare(net, x, names, y, seed=seed)
+    _, explainers, envs, logits = prepare(net, x, names, y, seed=seed, params=params)
     t = y if target == "true" else logits.argmax(1)
     raw = {m: v[0] for m, v in attribute_many(explainers, x, [t], envs).items()}
     signed = signed_heatmaps(raw, reduction)
@@ -147,13 +166,15 @@ def _explained(net: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str
 
 
 def _untrained_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str], first_image: int,
-                    images_per_seed: int, seed: int, target: str, reduction: Reduction | None) -> dict[str, torch.Tensor]:
+                    images_per_seed: int, seed: int, target: str, reduction: Reduction | None, *,
+                    params: Params | None) -> dict[str, torch.Tensor]:
     """{method: (B, H, W) heatmaps} of ``x`` on untrained copies of ``model``, each re-initialised with one seed and
     explaining its own images (:func:`~audit.checks.replicates.seed_groups`)."""
     out: dict[str, torch.Tensor] = {}
     for images, _, drawn in seed_groups(first_image, len(x), images_per_seed, seed):
         copy = untrained_copy(model, x, drawn)
-        for m, (v, _) in _explained(copy, x[images], y[images], names, seed + 3, target, reduction).items():
+        for m, (v, _) in _explained(copy, x[images], y[images], names, seed + 3, target, reduction,
+                                     params=params).items():
             out.setdefault(m, v.new_empty((len(x), *v.shape[1:])))[images] = v
     return out
 
@@ -184,7 +205,7 @@ def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, option
     df, maps = data_randomization(model, unit.twin, x, y, [method], target=options.data_target, seed=unit.seed,
                                   progress=unit.progress, keep_maps=unit.heatmap_examples, measures=options.measures,
                                   control=unit.control, images_per_seed=options.images_per_seed,
-                                  first_image=unit.first_image)
+                                  first_image=unit.first_image, params=unit.params)
     return UnitResult(df, maps[method] if unit.heatmap_examples else None)
 
 

@@ -25,6 +25,7 @@ from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import recorded_in
 from audit.checks.options import UnitContext, option
+from audit.checks.passes import Params
 from audit.checks.randomization import frame, stage_batches, stage_columns, stage_figure, stage_maps
 from audit.checks.replicates import joined, per_seed
 from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
@@ -75,7 +76,7 @@ def histograms(rows: np.ndarray, n_bins: int) -> np.ndarray:
 @leaves_process_alone
 def efficient_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods = "all", *, n_bins: int = 100,
                    stages: StageSettings | None = None, reduction: Reduction | None = None, progress: bool = True,
-                   curve: bool = True, **settings: Any) -> pd.DataFrame:
+                   curve: bool = True, params: Params | None = None, **settings: Any) -> pd.DataFrame:
     """eMPRT: the relative rise in the maps' entropy as the model's layers are randomized.
 
     Parameters
@@ -91,6 +92,8 @@ def efficient_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Method
         randomized model, which is all the score needs (Quantus's ``skip_layers``)
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
     progress : whether to show progress bars
+    params : {method: {name: value}}, parameters given to each method's explainer (an audit's pattern methods'
+        patterns and their data), optional
     **settings : any field of the stage settings by keyword, in place of ``stages``
 
     Returns
@@ -103,18 +106,20 @@ def efficient_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Method
     stages = stage_settings(stages, settings, order="bottom-up")
     x, y = check_inputs(model, x, y)
     return joined(per_seed(model, x, y, stages, "efficient_mprt",
-                           lambda p: _one_seed(model, p.x, p.y, methods, p.stages, n_bins, reduction, progress, curve)),
+                           lambda p: _one_seed(model, p.x, p.y, methods, p.stages, n_bins, reduction, progress, curve,
+                                               params=params)),
                   COLUMNS)
 
 
 def _one_seed(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, methods: Methods, stages: StageSettings,
-              n_bins: int, reduction: Reduction | None, progress: bool, curve: bool) -> pd.DataFrame:
+              n_bins: int, reduction: Reduction | None, progress: bool, curve: bool, *,
+              params: Params | None) -> pd.DataFrame:
     """:func:`efficient_mprt` of images drawn with one seed, ``stages.seed``, without the ``replicate`` column."""
     parts: list[dict[str, np.ndarray]] = []
     first: dict[str, np.ndarray] = {}
     n = len(x)
     for batch in stage_batches(stage_maps(model, x, y, methods, stages, reduction=reduction, progress=progress,
-                                          name="efficient_mprt", every_stage=curve)):
+                                          name="efficient_mprt", every_stage=curve, params=params)):
         measured: dict[str, dict[str, np.ndarray]] = {}
         for m in batch[0].maps:
             v = torch.cat([s.maps[m] for s in batch])  # the batch's stages measured at once
@@ -148,7 +153,7 @@ def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, 
          unit: UnitContext) -> UnitResult:
     return UnitResult(efficient_mprt(model, x, y, [method], n_bins=options.emprt_bins, progress=unit.progress,
                                      stages=options.stages(options.emprt_order, unit.seed, unit.first_image),
-                                     curve=options.emprt_curve))
+                                     curve=options.emprt_curve, params=unit.params))
 
 
 def _sections(table: pd.DataFrame, context: ReportContext, options: EmprtOptions) -> list[Section]:

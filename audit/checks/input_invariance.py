@@ -31,7 +31,7 @@ from attributions.linear_ops import explicit_padding
 from attributions.methods import takes_baseline
 from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.options import Options, UnitContext, option
-from audit.checks.passes import prepare
+from audit.checks.passes import Params, prepare
 from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import heatmaps
@@ -142,7 +142,7 @@ REFERENCES = ("zero", "shifted")
 @leaves_process_alone
 def input_invariance(model: nn.Module, x: Images, y: Labels, methods: Methods = "all", *,
                      shift: float | Sequence[float] = -1.0, seed: int = 0, reduction: Reduction | None = None,
-                     progress: bool = True, reference: str = "zero") -> pd.DataFrame:
+                     progress: bool = True, reference: str = "zero", params: Params | None = None) -> pd.DataFrame:
     """Whether each method's maps survive a constant input shift that the model compensates.
 
     Parameters
@@ -158,6 +158,8 @@ def input_invariance(model: nn.Module, x: Images, y: Labels, methods: Methods = 
     reference : the reference input of DeepLIFT and integrated gradients on the shifted input: "zero"
         (as on the original, the methods' default: not invariant) or "shifted" (the shift itself, the
         image of the original zero reference: invariant, Kindermans et al.)
+    params : {method: {name: value}}, parameters given to each method's explainer (an audit's pattern methods'
+        patterns and their data), optional
 
     Returns
     -------
@@ -177,8 +179,8 @@ def input_invariance(model: nn.Module, x: Images, y: Labels, methods: Methods = 
         values = _shift_tensor(shift, x).reshape(x.shape[1], -1)[:, 0].tolist()
         moved = {m: {"baseline": values[0] if len(set(values)) == 1 else values} for m in names if takes_baseline(m)}
     maps = []
-    for m_, inputs, labels, params in ((model, x, y, {}), (shifted, x_shifted, None, moved)):
-        _, explainers, envs, _ = prepare(m_, inputs, names, labels, params=params)
+    for m_, inputs, labels, given in ((model, x, y, {}), (shifted, x_shifted, None, moved)):
+        _, explainers, envs, _ = prepare(m_, inputs, names, labels, params={**(params or {}), **given})
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             raw = attribute_many(explainers, inputs, [y], envs)
@@ -213,7 +215,8 @@ class InvarianceOptions(Options):
 def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: InvarianceOptions,
          unit: UnitContext) -> UnitResult:
     return UnitResult(input_invariance(model, x, y, [method], shift=options.shift, seed=unit.seed,
-                                       progress=unit.progress, reference=options.invariance_reference))
+                                       progress=unit.progress, reference=options.invariance_reference,
+                                       params=unit.params))
 
 
 def invariance_figure(table: pd.DataFrame, model: str, tolerance: float) -> Figure:

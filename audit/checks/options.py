@@ -145,6 +145,8 @@ class UnitContext:
     control : the model's control twin (the twin's recipe on the true labels), beside the twin (else None)
     first_image : the run's index of the unit's first image (a block's start): what a check that shares seeds out
         over the images reads, so that a block's images keep the seeds they have in the whole run
+    params : {method: {name: value}}, the parameters the run gives each method's explainers (the pattern methods'
+        patterns and the data they are fitted on), passed on by the check to every explainer it builds
     """
 
     seed: int = 0
@@ -153,3 +155,4 @@ class UnitContext:
     twin: nn.Module | None = None
     control: nn.Module | None = None
     first_image: int = 0
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

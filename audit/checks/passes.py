@@ -2,9 +2,8 @@
 it, their shared forward pass and the logits, checked (finite; labels in range)."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -27,27 +26,18 @@ def model_errors() -> Iterator[None]:
         raise ModelError(str(exc)) from exc
 
 
-# methods' parameters that the run gives every explainer of a unit (the pattern methods' data and cache)
-_GIVEN: ContextVar[dict[str, dict[str, Any]] | None] = ContextVar("method_params", default=None)
+# methods' parameters, {method: {name: value}}: what an audit gives every explainer of a unit (the pattern methods'
+# data and cache), carried in the unit's context (audit.checks.options.UnitContext.params)
+Params = Mapping[str, Mapping[str, Any]]
 
 
-@contextmanager
-def given_params(params: dict[str, dict[str, Any]]) -> Iterator[None]:
-    """Within the block, every explainer the checks build for a method takes ``params[method]``."""
-    token = _GIVEN.set(params)
-    try:
-        yield
-    finally:
-        _GIVEN.reset(token)
-
-
-def explainer(model: nn.Module, method: str, graph: Graph | None = None, **params: Any) -> Explainer:
-    """``Explainer(model, method, graph=graph)`` with the parameters the run gives ``method``, then ``params``."""
-    return Explainer(model, method, graph=graph, **((_GIVEN.get() or {}).get(method, {}) | params))
+def explainer(model: nn.Module, method: str, graph: Graph | None = None, params: Params | None = None) -> Explainer:
+    """``Explainer(model, method, graph=graph)`` with the parameters ``params`` gives ``method``."""
+    return Explainer(model, method, graph=graph, **(params or {}).get(method, {}))
 
 
 def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tensor | None = None,
-            graph: Graph | None = None, seed: int = 0, *, params: dict[str, dict[str, Any]] | None = None,
+            graph: Graph | None = None, seed: int = 0, *, params: Params | None = None,
             reuse: Reuse | None = None, previous: dict[str, Explainer] | None = None
             ) -> tuple[Graph, dict[str, Explainer], tuple[Any, ...] | None, torch.Tensor]:
     """(graph, {method: Explainer}, shared forward pass or None, logits (B, classes)) for ``x`` (B, ...).
@@ -62,7 +52,7 @@ def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tens
     """
     with model_errors():
         graph = graph if graph is not None else trace(model, x)
-        given = {"random": {"seed": seed}} | (_GIVEN.get() or {}) | (params or {})
+        given: dict[str, Mapping[str, Any]] = {"random": {"seed": seed}} | dict(params or {})
         kept = {m: e for m, e in (previous or {}).items() if e.model is model and e.graph is graph and m not in given}
         explainers = {m: kept[m] if m in kept else Explainer(model, m, graph=graph, **given.get(m, {})) for m in methods}
         envs = shared_forward(explainers, x, reuse)

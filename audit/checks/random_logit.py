@@ -17,7 +17,7 @@ from attributions.explainer import attribute_many
 from attributions.hygiene import leaves_process_alone
 from audit.checks.base import Check, MedianScore, UnitResult
 from audit.checks.options import Options, UnitContext, option
-from audit.checks.passes import prepare
+from audit.checks.passes import Params, prepare
 from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, Reduction, check_inputs, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, follows, heatmaps, input_structure, signed_heatmaps
@@ -39,7 +39,8 @@ def random_classes(y: torch.Tensor, num_classes: int, seed: int) -> torch.Tensor
 
 @leaves_process_alone
 def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Methods = "all", *, seed: int = 0,
-                      reduction: Reduction | None = None, progress: bool = True) -> pd.DataFrame:
+                      reduction: Reduction | None = None, progress: bool = True,
+                      params: Params | None = None) -> pd.DataFrame:
     """Similarity of each method's maps for the true class and a random other class.
 
     Parameters
@@ -51,6 +52,8 @@ def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Met
     seed : seeds the random other class of each image
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
     progress : show a progress bar
+    params : {method: {name: value}}, parameters given to each method's explainer (an audit's pattern methods'
+        patterns and their data), optional
 
     Returns
     -------
@@ -65,7 +68,7 @@ def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Met
     if y is None:
         raise AuditError("random_logit_test needs the labels y")
     names = resolve_methods(methods)
-    _, explainers, envs, logits = prepare(model, x, names, y)
+    _, explainers, envs, logits = prepare(model, x, names, y, params=params)
     r = random_classes(y, logits.shape[1], seed)
     n, parts = len(x), []
     structure = input_structure(x)
@@ -99,7 +102,8 @@ class RandomLogitOptions(Options):
 
 def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: RandomLogitOptions,
          unit: UnitContext) -> UnitResult:
-    return UnitResult(random_logit_test(model, x, y, [method], seed=unit.seed, progress=unit.progress))
+    return UnitResult(random_logit_test(model, x, y, [method], seed=unit.seed, progress=unit.progress,
+                                        params=unit.params))
 
 
 def random_logit_figure(logit: pd.DataFrame, model: str, threshold: float) -> Figure:

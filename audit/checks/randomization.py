@@ -52,7 +52,7 @@ from audit.checks.calibration import beside_fixed, nearer
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import record as coverage_record
 from audit.checks.options import CONFIDENCE, NO_SOURCE, Options, UnitContext, option
-from audit.checks.passes import model_errors, prepare
+from audit.checks.passes import Params, model_errors, prepare
 from audit.checks.reinit import BN_POLICIES, INITS, reinitialise, reinitialise_part, reset_batchnorm
 from audit.checks.replicates import joined, per_seed
 from audit.checks.stage_options import GRID_SCALES, ORDERS, StageOptions, StageSettings, measures_option, stage_settings
@@ -111,7 +111,7 @@ def untrained_copy(model: nn.Module, x: torch.Tensor, seed: int, init: str = "re
 def parameter_randomization(model: nn.Module, x: Images, y: Labels, methods: Methods = "all", *,
                             stages: StageSettings | None = None, reduction: Reduction | None = None,
                             progress: bool = True, measures: str | MeasureSet = "toolkit",
-                            **settings: Any) -> pd.DataFrame:
+                            params: Params | None = None, **settings: Any) -> pd.DataFrame:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps.
 
     Parameters
@@ -124,6 +124,8 @@ def parameter_randomization(model: nn.Module, x: Images, y: Labels, methods: Met
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
     progress : whether to show progress bars
     measures : how SSIM and HOG compare the maps (a measure set or its name)
+    params : {method: {name: value}}, parameters given to each method's explainer (an audit's pattern methods'
+        patterns and their data), optional
     **settings : any field of the stage settings by keyword, in place of ``stages``
 
     Returns
@@ -132,14 +134,14 @@ def parameter_randomization(model: nn.Module, x: Images, y: Labels, methods: Met
         As :func:`randomization_with_maps`'s table.
     """
     return randomization_with_maps(model, x, y, methods, stages=stage_settings(stages, settings),
-                                   reduction=reduction, progress=progress, measures=measures)[0]
+                                   reduction=reduction, progress=progress, measures=measures, params=params)[0]
 
 
 @leaves_process_alone
 def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Methods = "all", *,
                             stages: StageSettings | None = None, reduction: Reduction | None = None,
                             progress: bool = True, keep_maps: int = 0, measures: str | MeasureSet = "toolkit",
-                            **settings: Any) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+                            params: Params | None = None, **settings: Any) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Similarity of each method's maps at every randomisation stage to the trained model's maps,
     and the raw heatmaps of the first ``keep_maps`` images at every stage.
 
@@ -156,6 +158,8 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     progress : whether to show progress bars
     measures : how SSIM and HOG compare the maps: a :class:`~audit.measures.measure_sets.MeasureSet` or its name
         (``toolkit``, ``adebayo2018``)
+    params : {method: {name: value}}, parameters given to each method's explainer (an audit's pattern methods'
+        patterns and their data), optional
     **settings : any field of the stage settings by keyword, in place of ``stages``
 
     Returns
@@ -173,7 +177,8 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
     x, y = check_inputs(model, x, y)
     check_count("keep_maps", keep_maps)
     runs = per_seed(model, x, y, stages, "parameter_randomization",
-                    lambda p: _one_seed(model, p.x, p.y, methods, p.stages, reduction, progress, keep_maps, measures))
+                    lambda p: _one_seed(model, p.x, p.y, methods, p.stages, reduction, progress, keep_maps, measures,
+                                        params=params))
     df = joined([(table, part) for (table, _), part in runs], COLUMNS)
     shape = (0, 0) + tuple(x.shape[2:])
     return df, {m: np.concatenate([kept[m] for (_, kept), _ in runs], axis=1)[:, :keep_maps] if keep_maps
@@ -181,8 +186,8 @@ def randomization_with_maps(model: nn.Module, x: Images, y: Labels, methods: Met
 
 
 def _one_seed(model: nn.Module, x: torch.Tensor, y: torch.Tensor, methods: Methods, stages: StageSettings,
-              reduction: Reduction | None, progress: bool, keep_maps: int, measures: str | MeasureSet
-              ) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+              reduction: Reduction | None, progress: bool, keep_maps: int, measures: str | MeasureSet, *,
+              params: Params | None) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """:func:`randomization_with_maps` of images drawn with one seed, ``stages.seed``: the table without its
     ``replicate`` column and the kept maps."""
     reference: dict[str, ReferenceMaps] = {}
@@ -191,7 +196,7 @@ def _one_seed(model: nn.Module, x: torch.Tensor, y: torch.Tensor, methods: Metho
     n = len(x)
     structure = input_structure(x)  # how far a stage's map still follows the input
     for batch in stage_batches(stage_maps(model, x, y, methods, stages, reduction=reduction, progress=progress,
-                                          name="parameter_randomization")):
+                                          name="parameter_randomization", params=params)):
         stacked = {m: ComparableMaps(torch.cat([s.maps[m] for s in batch]),
                                      torch.cat([s.signed[m] for s in batch]) if m in batch[0].signed else None,
                                      measures)
@@ -237,7 +242,7 @@ def kept_trained(plan: list[Stage], bn: str) -> list[str]:
 
 def stage_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, methods: Methods, stages: StageSettings, *,
                reduction: Reduction | None = None, progress: bool = True, name: str = "randomization", explain: Explain = _plain,
-               every_stage: bool = True) -> Iterator[StageMaps]:
+               every_stage: bool = True, params: Params | None = None) -> Iterator[StageMaps]:
     """Yield a :class:`StageMaps` for the trained model (stage 0, layer "original") and each
     randomisation stage: the one loop every randomization-based check runs, as ``stages`` says, with one
     seed, ``stages.seed`` (:func:`~audit.checks.replicates.per_seed` shares several out over the images).
@@ -246,7 +251,8 @@ def stage_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, method
     (default: each method's attribution; sMPRT averages over noisy inputs). ``name`` names the
     calling check in errors and in the progress bar. ``every_stage=False`` yields only the trained
     model's maps and the last stage's (the intermediate stages are still applied, not explained).
-    Each stage's forward pass is shared by the methods; the model is never modified (stages are copies).
+    Each stage's forward pass is shared by the methods, whose explainers take ``params`` ({method: {name:
+    value}}); the model is never modified (stages are copies).
     A tensor no stage re-initialises (a BatchNorm's under ``bn="keep-stats"``) is named in a warning.
     ``x`` and ``y`` are the caller's, checked (:func:`~audit.inputs.check_inputs`) once by it.
     """
@@ -286,7 +292,7 @@ def stage_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, method
         # logits and labels checked on the trained model
         graph, explainers, envs, logits = prepare(stage_model, x, names, y if stage == 0 else None,
                                                   graph if stage == 0 or order != "independent" else None,
-                                                  seed + stage, reuse=reuse, previous=explainers)
+                                                  seed + stage, reuse=reuse, previous=explainers, params=params)
         if stage == 0 and envs is not None:
             # kept while the stages run: under a memory budget only if it leaves room for a stage's own passes
             limit = memory.budget()
@@ -741,7 +747,7 @@ def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, option
          *, order: str) -> UnitResult:
     df, maps = randomization_with_maps(model, x, y, [method], stages=options.stages(order, unit.seed, unit.first_image),
                                        progress=unit.progress, keep_maps=unit.heatmap_examples,
-                                       measures=options.measures)
+                                       measures=options.measures, params=unit.params)
     return UnitResult(df, maps[method] if unit.heatmap_examples else None)
 
 
@@ -762,7 +768,7 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: StageOptions
     return out
 
 
-def _checks() -> list[Check]:
+def _checks() -> list[Check[Any]]:
     verdict = Survival("cascading_ssim", "cascading", "survives the randomization of the top layers",
                        "randomization_threshold", score_name="SSIM")
     magnitudes = Survival("cascading_spearman_abs", "cascading_spearman_abs", "magnitudes survive the randomization of "

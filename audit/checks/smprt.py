@@ -26,6 +26,7 @@ from audit.checks.calibration import NearerThanUnrelated
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import recorded_in
 from audit.checks.options import NO_SOURCE, UnitContext, option
+from audit.checks.passes import Params
 from audit.checks.randomization import stage_figure, stage_maps
 from audit.checks.replicates import joined, per_seed
 from audit.checks.stage_options import ORDERS, StageOptions, StageSettings, stage_settings
@@ -54,7 +55,7 @@ def noisy_copies(x: torch.Tensor, n_samples: int, noise: float, seed: int) -> to
 @leaves_process_alone
 def smooth_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods = "all", *, n_samples: int = 50,
                 noise: float = 0.1, stages: StageSettings | None = None, reduction: Reduction | None = None,
-                progress: bool = True, **settings: Any) -> pd.DataFrame:
+                progress: bool = True, params: Params | None = None, **settings: Any) -> pd.DataFrame:
     """sMPRT: Spearman correlation of denoised maps' magnitudes before and after each randomization stage.
 
     Parameters
@@ -70,6 +71,8 @@ def smooth_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods =
         seed)
     reduction : {method: "sum" | "max-abs"} overrides of the heatmap reduction
     progress : whether to show progress bars
+    params : {method: {name: value}}, parameters given to each method's explainer (an audit's pattern methods'
+        patterns and their data), optional
     **settings : any field of the stage settings by keyword, in place of ``stages``
 
     Returns
@@ -84,12 +87,13 @@ def smooth_mprt(model: torch.nn.Module, x: Images, y: Labels, methods: Methods =
     x, y = check_inputs(model, x, y)
     return joined(per_seed(model, x, y, stages, "smooth_mprt",
                            lambda p: _one_seed(model, p.x, p.y, methods, p.stages, n_samples, noise, reduction,
-                                               progress)),
+                                               progress, params=params)),
                   COLUMNS)
 
 
 def _one_seed(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, methods: Methods, stages: StageSettings,
-              n_samples: int, noise: float, reduction: Reduction | None, progress: bool) -> pd.DataFrame:
+              n_samples: int, noise: float, reduction: Reduction | None, progress: bool, *,
+              params: Params | None) -> pd.DataFrame:
     """:func:`smooth_mprt` of images drawn with one seed, ``stages.seed`` (the noise's too), without the
     ``replicate`` column."""
     copies = noisy_copies(x, n_samples, noise, stages.seed)
@@ -108,7 +112,7 @@ def _one_seed(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, methods:
     rows: list[dict[str, Any]] = []
     first: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the trained model's maps, ranked once
     for stage in stage_maps(model, x, y, methods, stages, reduction=reduction, progress=progress, name="smooth_mprt",
-                            explain=denoised):
+                            explain=denoised, params=params):
         for m, v in stage.maps.items():
             bad, clean = screen(v.abs())
             ranked = unit_ranks(clean)
@@ -144,7 +148,7 @@ def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, 
          unit: UnitContext) -> UnitResult:
     return UnitResult(smooth_mprt(model, x, y, [method], n_samples=options.smprt_samples, noise=options.smprt_noise,
                                   stages=options.stages(options.smprt_order, unit.seed, unit.first_image),
-                                  progress=unit.progress))
+                                  progress=unit.progress, params=unit.params))
 
 
 def _sections(table: pd.DataFrame, context: ReportContext, options: SmprtOptions) -> list[Section]:

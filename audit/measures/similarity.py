@@ -363,6 +363,32 @@ def spearman(a: Any, b: Any) -> np.ndarray:
     return correlation(unit_ranks(a), unit_ranks(b))
 
 
+def _orientation_bins(angle: torch.Tensor, orientations: int) -> torch.Tensor:
+    """(N, H, W) int64 orientation bin of each pixel's (N, H, W) float64 angle in [0, 180] degrees; ``orientations``
+    for an angle that votes in no bin."""
+    step = 180.0 / orientations
+    # a pixel votes in bin i when edge i <= angle < edge i + 1, edge i = step * i as scikit-image computes it
+    # (the products below, in double precision, are those edges exactly); an angle rounded up to 180 votes
+    # nowhere (bin ``orientations``, dropped). The quotient's bin moved by one where rounding put it on
+    # the wrong side of an edge.
+    bins = (angle / step).floor_().clamp_(0, orientations)
+    bins -= (angle < bins * step).to(angle.dtype)
+    bins += (angle >= (bins + 1) * step).to(angle.dtype)
+    return bins.long()
+
+
+def _l2_hys_blocks(hist: torch.Tensor) -> torch.Tensor:
+    """(N, rows - 1, cols - 1, 4 orientations) overlapping 2 x 2 blocks of (N, rows, cols, orientations) cell
+    histograms, each normalised by L2-Hys (eps 1e-5, clipped at 0.2)."""
+    n, rows, cols, orientations = hist.shape
+    blocks = torch.stack([hist[:, r:r + rows - 1, c:c + cols - 1] for r in (0, 1) for c in (0, 1)], 3)
+    blocks = blocks.reshape(n, rows - 1, cols - 1, 2 * 2 * orientations)  # (block row, block col, cell, bin)
+    eps2 = 1e-5 ** 2
+    blocks = blocks / torch.sqrt((blocks * blocks).sum(-1, keepdim=True) + eps2)
+    blocks = blocks.clamp(max=0.2)
+    return blocks / torch.sqrt((blocks * blocks).sum(-1, keepdim=True) + eps2)
+
+
 def hog_features(maps: torch.Tensor, orientations: int = 9) -> np.ndarray:
     """HOG descriptors of (N, H, W) maps -> (N, F): scikit-image's ``hog`` (cells of about a quarter of
     the side, 2 x 2 blocks, L2-Hys) for all maps at once.
@@ -402,27 +428,13 @@ def hog_features(maps: torch.Tensor, orientations: int = 9) -> np.ndarray:
     g_row, g_col = g_row[:, :rows * cell, :cols * cell].contiguous(), g_col[:, :rows * cell, :cols * cell].contiguous()
     magnitude = torch.hypot(g_col, g_row)
     angle = torch.rad2deg(torch.atan2(g_row, g_col)).remainder_(180)
-    step = 180.0 / orientations
-    # a pixel votes in bin i when edge i <= angle < edge i + 1, edge i = step * i as scikit-image computes it
-    # (the products below, in double precision, are those edges exactly); an angle rounded up to 180 votes
-    # nowhere (bin ``orientations``, dropped). The quotient's bin moved by one where rounding put it on
-    # the wrong side of an edge.
-    bins = (angle / step).floor_().clamp_(0, orientations)
-    bins -= (angle < bins * step).to(x.dtype)
-    bins += (angle >= (bins + 1) * step).to(x.dtype)
-    bins = bins.long()
+    bins = _orientation_bins(angle, orientations)
     cell_of = (torch.arange(rows * cell) // cell)[:, None] * cols + (torch.arange(cols * cell) // cell)[None]
     index = (cell_of[None] * (orientations + 1) + bins).reshape(n, -1)
     sums = torch.zeros(n, rows * cols * (orientations + 1), dtype=x.dtype)
     sums.scatter_add_(1, index, magnitude.reshape(n, -1))
     hist = (sums.float() / (cell * cell)).double().reshape(n, rows, cols, orientations + 1)[..., :orientations]
-    blocks = torch.stack([hist[:, r:r + rows - 1, c:c + cols - 1] for r in (0, 1) for c in (0, 1)], 3)
-    blocks = blocks.reshape(n, rows - 1, cols - 1, 2 * 2 * orientations)  # (block row, block col, cell, bin)
-    eps2 = 1e-5 ** 2
-    blocks = blocks / torch.sqrt((blocks * blocks).sum(-1, keepdim=True) + eps2)
-    blocks = blocks.clamp(max=0.2)
-    blocks = blocks / torch.sqrt((blocks * blocks).sum(-1, keepdim=True) + eps2)
-    return blocks.reshape(n, -1).numpy()
+    return _l2_hys_blocks(hist).reshape(n, -1).numpy()
 
 
 def hog_similarity(a: Any, b: Any) -> np.ndarray:

@@ -193,6 +193,35 @@ def summarize(df: pd.DataFrame, level: float = 0.99, n_resamples: int = 10_000, 
     return pd.DataFrame(rows)
 
 
+def _histogram_bins(v: np.ndarray, bins: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """(bins used, (bins + 1,) bin edges, (n,) bin of each of the (n,) values ``v``), as :func:`cluster_median_ci` bins."""
+    low, high = np.quantile(v[::max(1, v.size // (50 * bins))], [0.01, 0.99])
+    if high > low:
+        inner = np.linspace(low, high, bins - 1)
+        edges = np.concatenate([[min(v.min(), low)], inner, [max(v.max(), high)]])
+        which = np.clip(np.floor((v - low) / (high - low) * (bins - 2)).astype(np.int64) + 1, 0, bins - 1)
+        which[v < low] = 0
+        which[v >= high] = bins - 1
+    else:  # most values equal: three bins, below, at and above that value
+        bins, edges = 3, np.array([v.min(), low, np.nextafter(low, np.inf), max(v.max(), np.nextafter(low, np.inf))])
+        which = np.where(v < low, 0, np.where(v > low, 2, 1))
+    return bins, edges, which
+
+
+def _median_bins(weights: np.ndarray, cumulative: np.ndarray) -> np.ndarray:
+    """(r,) each resample's median bin, from (r, k) resampled cluster counts and (k, bins) cumulative bin counts."""
+    n_resamples, bins = weights.shape[0], cumulative.shape[1]
+    half = weights @ cumulative[:, -1] / 2
+    # each resample's median bin, the first whose cumulative count reaches half its total: a bisection over the
+    # bins, one (resamples x clusters) product per step
+    first, last = np.zeros(n_resamples, dtype=np.int64), np.full(n_resamples, bins - 1)
+    while (first < last).any():
+        middle = (first + last) // 2
+        reached = np.einsum("rk,kr->r", weights, cumulative[:, middle]) >= half
+        last, first = np.where(reached, middle, last), np.where(reached, first, middle + 1)
+    return first
+
+
 def cluster_median_ci(values: Any, clusters: Any, level: float = 0.99, n_resamples: int = 2000, seed: int = 0,
                       bins: int = 1000) -> tuple[float, float, float]:
     """Cluster bootstrap interval of the median of values pooled over clusters (images): each resample draws
@@ -233,28 +262,12 @@ def cluster_median_ci(values: Any, clusters: Any, level: float = 0.99, n_resampl
     present = np.bincount(g)
     g = (np.cumsum(present > 0) - 1)[g]  # clusters numbered 0 .. k - 1
     k = int(g.max()) + 1
-    low, high = np.quantile(v[::max(1, v.size // (50 * bins))], [0.01, 0.99])
-    if high > low:
-        inner = np.linspace(low, high, bins - 1)
-        edges = np.concatenate([[min(v.min(), low)], inner, [max(v.max(), high)]])
-        which = np.clip(np.floor((v - low) / (high - low) * (bins - 2)).astype(np.int64) + 1, 0, bins - 1)
-        which[v < low] = 0
-        which[v >= high] = bins - 1
-    else:  # most values equal: three bins, below, at and above that value
-        bins, edges = 3, np.array([v.min(), low, np.nextafter(low, np.inf), max(v.max(), np.nextafter(low, np.inf))])
-        which = np.where(v < low, 0, np.where(v > low, 2, 1))
+    bins, edges, which = _histogram_bins(v, bins)
     cumulative = np.cumsum(np.bincount(g * bins + which, minlength=k * bins).reshape(k, bins), axis=1).astype(float)
     rng = np.random.default_rng(seed)
     weights = np.zeros((n_resamples, k))
     np.add.at(weights, (np.arange(n_resamples)[:, None], rng.integers(0, k, size=(n_resamples, k))), 1.0)
-    half = weights @ cumulative[:, -1] / 2
-    # each resample's median bin, the first whose cumulative count reaches half its total: a bisection over the
-    # bins, one (resamples x clusters) product per step
-    first, last = np.zeros(n_resamples, dtype=np.int64), np.full(n_resamples, bins - 1)
-    while (first < last).any():
-        middle = (first + last) // 2
-        reached = np.einsum("rk,kr->r", weights, cumulative[:, middle]) >= half
-        last, first = np.where(reached, middle, last), np.where(reached, first, middle + 1)
+    first = _median_bins(weights, cumulative)
     alpha = (1 - level) / 2
     low_bin = int(np.quantile(first, alpha, method="lower"))
     high_bin = int(np.quantile(first, 1 - alpha, method="higher"))

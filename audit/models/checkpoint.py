@@ -83,6 +83,40 @@ def _resolve(name_or_path: str | os.PathLike[str]) -> tuple[Path, Path]:
         return Path(pt), Path(meta)
 
 
+def _read_metadata(meta_path: Path) -> dict[str, Any]:
+    """The checkpoint's metadata, refused unless they hold arch, in_shape, num_classes (and arch_options, model) of
+    the right types."""
+    try:
+        meta: dict[str, Any] = json.loads(meta_path.read_text())
+        _, in_shape, classes = meta["arch"], meta["in_shape"], meta["num_classes"]  # arch: required, read when building
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ModelError(f"{meta_path}: metadata must be JSON with arch, in_shape, num_classes ({exc})") from exc
+    options = meta.get("arch_options", {})
+    if not isinstance(options, dict) or not isinstance(in_shape, list) or not isinstance(classes, int):
+        raise ModelError(f"{meta_path}: in_shape must be a list, num_classes an integer and arch_options a table, got "
+                         f"{in_shape!r}, {classes!r}, {options!r}")
+    spec = meta.get("model")
+    if spec is not None and not isinstance(spec, str):
+        raise ModelError(f"{meta_path}: model must be a model specification (e.g. timm:resnet18), got {spec!r}")
+    return meta
+
+
+def _fresh_from_metadata(meta: dict[str, Any], meta_path: Path) -> nn.Module:
+    """The model the checkpoint's (checked) metadata describe, with fresh weights: a library's or a factory's model,
+    else a zoo architecture."""
+    arch, in_shape, classes = meta["arch"], meta["in_shape"], meta["num_classes"]
+    spec = meta.get("model")
+    if spec is not None:  # a model of a library or a factory, trained by `train --model`
+        c, h, w = in_shape
+        return fresh_model(spec, (c, h, w), classes)
+    options = meta.get("arch_options", {})
+    try:
+        return build(arch, tuple(in_shape), classes, **options)
+    except (TypeError, ValueError) as exc:  # an option the architecture does not take, or of the wrong type
+        raise ModelError(f"{meta_path}: cannot build {arch!r} from its metadata (in_shape {in_shape}, {classes} "
+                         f"classes, arch_options {options}): {exc}") from exc
+
+
 @leaves_process_alone
 def load_checkpoint(name_or_path: str | os.PathLike[str]) -> nn.Module:
     """Load a shipped checkpoint by name, or one written by the trainer by path.
@@ -106,27 +140,8 @@ def load_checkpoint(name_or_path: str | os.PathLike[str]) -> nn.Module:
         integer where the model's is floating point, or when a weight is NaN or infinite.
     """
     pt, meta_path = _resolve(name_or_path)
-    try:
-        meta = json.loads(meta_path.read_text())
-        arch, in_shape, classes = meta["arch"], meta["in_shape"], meta["num_classes"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ModelError(f"{meta_path}: metadata must be JSON with arch, in_shape, num_classes ({exc})") from exc
-    options = meta.get("arch_options", {})
-    if not isinstance(options, dict) or not isinstance(in_shape, list) or not isinstance(classes, int):
-        raise ModelError(f"{meta_path}: in_shape must be a list, num_classes an integer and arch_options a table, got "
-                         f"{in_shape!r}, {classes!r}, {options!r}")
-    spec = meta.get("model")
-    if spec is not None and not isinstance(spec, str):
-        raise ModelError(f"{meta_path}: model must be a model specification (e.g. timm:resnet18), got {spec!r}")
-    if spec is not None:  # a model of a library or a factory, trained by `train --model`
-        c, h, w = in_shape
-        model = fresh_model(spec, (c, h, w), classes)
-    else:
-        try:
-            model = build(arch, tuple(in_shape), classes, **options)
-        except (TypeError, ValueError) as exc:  # an option the architecture does not take, or of the wrong type
-            raise ModelError(f"{meta_path}: cannot build {arch!r} from its metadata (in_shape {in_shape}, {classes} "
-                             f"classes, arch_options {options}): {exc}") from exc
+    meta = _read_metadata(meta_path)
+    model = _fresh_from_metadata(meta, meta_path)
     try:
         state = torch.load(pt, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a corrupt file
@@ -140,10 +155,10 @@ def load_checkpoint(name_or_path: str | os.PathLike[str]) -> nn.Module:
         model.load_state_dict(state)
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()
-        raise ModelError(f"{pt}: weights do not match the metadata ({arch}, in_shape {in_shape}, "
-                         f"{classes} classes): {' '.join(s.strip() for s in first[:4])}") from None
+        raise ModelError(f"{pt}: weights do not match the metadata ({meta['arch']}, in_shape {meta['in_shape']}, "
+                         f"{meta['num_classes']} classes): {' '.join(s.strip() for s in first[:4])}") from None
     model.eval()
-    model.metadata = meta
+    model.metadata = meta  # type: ignore[assignment]  # a plain attribute; torch types Module attributes as Tensor | Module
     for note in notes:
         caution(model, note)
     return finite_parameters(model, str(name_or_path))

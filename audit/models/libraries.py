@@ -252,25 +252,10 @@ def refuse_oversized(library: Any, folder: Path, spec: str, labels: dict[str, An
                          f"hidden_size={getattr(config, 'hidden_size', '?')})")
 
 
-def load_library_model(spec: str, weights: str | None = None, num_classes: int | None = None,
-                       partial: bool = False, fresh: bool = False) -> nn.Module:
-    """The model ``spec`` names (``timm:NAME``, ``torchvision:NAME``, ``hf:FOLDER``), in eval mode.
-
-    Parameters
-    ----------
-    weights : a state_dict (``torch.save`` or ``.safetensors``) loaded into it; timm and torchvision
-        models without one keep their random initialisation
-    num_classes : the classifier's outputs (default: the library's, 1000 for ImageNet models; a Hugging
-        Face model's from its config)
-    partial : allow weights that leave tensors missing, unexpected or of another shape (a head of another
-        size); otherwise each is an error. What was left out is recorded in ``metadata["partial_weights"]``.
-    fresh : a Hugging Face model built from its folder's configuration with freshly initialised weights (the folder's
-        weights are not read), as timm and torchvision models are without ``weights``; the architecture of a twin
-    """
-    prefix, _, name = spec.partition(":")
-    if not name:
-        raise ModelError(f"{spec!r} names no model; e.g. timm:convnext_tiny, torchvision:resnet50, hf:./folder")
-    library = _library(prefix)
+def _build_model(library: Any, prefix: str, name: str, spec: str, num_classes: int | None,
+                 fresh: bool) -> tuple[Any, list[Path], dict[str, Any]]:
+    """(the library's model, the weight files it was built from, what their weights left out), or the library's error
+    as a ModelError."""
     files: list[Path] = []
     report: dict[str, Any] = {}  # what the weights left out, where the user allows it
     classes = {} if num_classes is None else {"num_classes": int(num_classes)}
@@ -290,6 +275,29 @@ def load_library_model(spec: str, weights: str | None = None, num_classes: int |
         raise
     except Exception as exc:  # the library's own error: a bad folder, an option the model does not take
         raise ModelError(f"cannot build {spec}: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}") from None
+    return model, files, report
+
+
+def load_library_model(spec: str, weights: str | None = None, num_classes: int | None = None,
+                       partial: bool = False, fresh: bool = False) -> nn.Module:
+    """The model ``spec`` names (``timm:NAME``, ``torchvision:NAME``, ``hf:FOLDER``), in eval mode.
+
+    Parameters
+    ----------
+    weights : a state_dict (``torch.save`` or ``.safetensors``) loaded into it; timm and torchvision
+        models without one keep their random initialisation
+    num_classes : the classifier's outputs (default: the library's, 1000 for ImageNet models; a Hugging
+        Face model's from its config)
+    partial : allow weights that leave tensors missing, unexpected or of another shape (a head of another
+        size); otherwise each is an error. What was left out is recorded in ``metadata["partial_weights"]``.
+    fresh : a Hugging Face model built from its folder's configuration with freshly initialised weights (the folder's
+        weights are not read), as timm and torchvision models are without ``weights``; the architecture of a twin
+    """
+    prefix, _, name = spec.partition(":")
+    if not name:
+        raise ModelError(f"{spec!r} names no model; e.g. timm:convnext_tiny, torchvision:resnet50, hf:./folder")
+    library = _library(prefix)
+    model, files, report = _build_model(library, prefix, name, spec, num_classes, fresh)
     if prefix == "hf" and not weights and any(report.get(k) for k in ("missing", "unexpected", "mismatched")) \
             and not partial:
         raise ModelError(f"{spec}: the folder's weights do not fit the model: missing {_names(report['missing'])}, "

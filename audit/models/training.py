@@ -289,6 +289,89 @@ def ranks() -> tuple[int, int]:
     return 0, 1
 
 
+def _refuse_to_start(cfg: TrainConfig, world: int, out: str | os.PathLike[str] | None, force: bool) -> None:
+    """Nothing; raises ConfigError, before any training, for DBort over several ranks or a checkpoint not to overwrite."""
+    if world > 1 and cfg.dbort:
+        raise ConfigError("DBort's loss (a power of the batch's mean squared logit) does not split over ranks: train "
+                          "it in one process")
+    if out is not None and not force and (Path(out).with_suffix(".pt").exists() or Path(out).with_suffix(".json").exists()):
+        raise ConfigError(f"{Path(out).with_suffix('.pt')} exists; pass force=True (--force) to overwrite it, or "
+                          "choose another path")
+
+
+def _begin(cfg: TrainConfig, out: str | os.PathLike[str] | None, resume: bool, save_every: int | None,
+           log: Callable[[str], None]) -> tuple[_Data, _TrainingRun, Path | None]:
+    """The data, the run (started, or restored from its resume state) and the resume state's path (None without out)."""
+    data = _training_data(cfg)
+    run = _TrainingRun.start(cfg, data)
+    log(f"training {cfg.model or cfg.arch} on {len(data.train)} {cfg.data} images of shape {list(data.train.shape)}, "
+        f"{data.num_classes} classes" + (" (permuted labels)" if cfg.permute_labels is not None else ""))
+    state_file = _resume_path(out)
+    if save_every is not None and save_every < 1:
+        raise ConfigError(f"save_every must be a positive number of steps, got {save_every!r}")
+    if resume and state_file is not None and state_file.exists():
+        run.restore(state_file, log)
+    return data, run, state_file
+
+
+def _train_epochs(run: _TrainingRun, data: _Data, state_file: Path | None, rank: int, progress: bool,
+                  log: Callable[[str], None], save_every: int | None) -> str:
+    """Why the epochs stopped: ``"fit"`` (the training accuracy reached ``fit_accuracy``) or ``"epochs"`` (all run)."""
+    cfg = run.cfg
+
+    def save() -> None:
+        if state_file is not None and rank == 0:
+            atomic_write(state_file, lambda f: torch.save(run.state(), f))
+
+    done = run.step == 0 and run.fits(data)  # a resumed run whose last epoch already fitted trains no further
+    while run.epoch < cfg.epochs and not done:
+        record = run.one_epoch(progress, save if save_every else None, save_every or 0)
+        save()  # before the epoch's line: a run stopped there resumes after this epoch
+        left = (cfg.epochs - run.epoch) * float(np.mean([h["seconds"] for h in run.history]))
+        log(f"epoch {run.epoch}/{cfg.epochs}: loss {record['loss']:.4f}, "
+            f"train accuracy {record['train_accuracy']:.4f} ({record['seconds']:.1f} s"
+            + (f"; {'at most ' if cfg.fit_accuracy is not None else ''}about {duration(left)} left)"
+               if run.epoch < cfg.epochs else ")"))
+        done = run.fits(data)
+    stopped = "fit" if done else "epochs"
+    if cfg.fit_accuracy is not None:
+        log(f"stopped after epoch {run.epoch}: " + ("the training accuracy reached the target "
+                                                    f"{cfg.fit_accuracy:g}" if stopped == "fit" else
+                                                    f"the epoch budget ({cfg.epochs}) is spent"))
+    return stopped
+
+
+def _final_accuracies(model: nn.Module, data: _Data, cfg: TrainConfig,
+                      log: Callable[[str], None]) -> tuple[float | None, float]:
+    """(test accuracy, None without a test split; accuracy on the training labels), each logged."""
+    tested = accuracy(model, data.test) if data.test is not None else None
+    log(f"test accuracy {tested:.4f} on {len(data.test)} {cfg.data} test images" if data.test is not None and
+        tested is not None else "no test split (an image folder's test/ sub-folder): no test accuracy")
+    # on the labels it was trained on, in eval mode: how far a permuted-label twin fits its random labels
+    fitted = accuracy(model, data.train)
+    log(f"training accuracy {fitted:.4f} on its {len(data.train)} training images"
+        + (" (permuted labels)" if cfg.permute_labels is not None else ""))
+    return tested, fitted
+
+
+def _run_metadata(cfg: TrainConfig, data: _Data, run: _TrainingRun, *, tested: float | None, fitted: float,
+                  seconds: float, stopped: str) -> dict[str, Any]:
+    """The checkpoint's metadata (:func:`_metadata`), with a library model's library and version."""
+    meta = _metadata(cfg, data, run.history, accuracy=tested, fitted=fitted, seconds=seconds, stopped=stopped)
+    built = getattr(run.model, "metadata", None)  # a library model's: its library and version
+    meta |= {k: built[k] for k in ("library", "library_version") if isinstance(built, dict) and k in built}
+    return meta
+
+
+def _refuse_unfitted(cfg: TrainConfig, meta: dict[str, Any], fitted: float, epochs: int) -> None:
+    """Nothing; raises ConfigError when the metadata say the model does not fit its training labels."""
+    if meta.get("fits") is False:  # saved and recorded first: the audit flags it, a longer run can start from it
+        raise ConfigError(f"the model does not fit its {'permuted ' if cfg.permute_labels is not None else ''}training "
+                          f"labels: training accuracy {fitted:.4f} below --fit-accuracy {cfg.fit_accuracy:g} after "
+                          f"{epochs} epoch{'' if epochs == 1 else 's'} (recorded in its metadata: an audit flags "
+                          "it); train it for more --epochs or on fewer images (--train-limit)")
+
+
 @leaves_process_alone
 def train(config: TrainConfig, out: str | os.PathLike[str] | None = None, *, resume: bool = False,
           progress: bool = True, log: Callable[[str], None] = print, force: bool = False,
@@ -330,65 +413,21 @@ def train(config: TrainConfig, out: str | os.PathLike[str] | None = None, *, res
     rank, world = ranks()
     if rank != 0:  # rank 0 speaks and writes for all
         log, progress = (lambda s: None), False
-    if world > 1 and cfg.dbort:
-        raise ConfigError("DBort's loss (a power of the batch's mean squared logit) does not split over ranks: train "
-                          "it in one process")
-    if out is not None and not force and (Path(out).with_suffix(".pt").exists() or Path(out).with_suffix(".json").exists()):
-        raise ConfigError(f"{Path(out).with_suffix('.pt')} exists; pass force=True (--force) to overwrite it, or "
-                          "choose another path")
+    _refuse_to_start(cfg, world, out, force)
     start = time.perf_counter()
-    data = _training_data(cfg)
-    run = _TrainingRun.start(cfg, data)
-    log(f"training {cfg.model or cfg.arch} on {len(data.train)} {cfg.data} images of shape {list(data.train.shape)}, "
-        f"{data.num_classes} classes" + (" (permuted labels)" if cfg.permute_labels is not None else ""))
-    state_file = _resume_path(out)
-    if save_every is not None and save_every < 1:
-        raise ConfigError(f"save_every must be a positive number of steps, got {save_every!r}")
-    if resume and state_file is not None and state_file.exists():
-        run.restore(state_file, log)
-
-    def save() -> None:
-        if state_file is not None and rank == 0:
-            atomic_write(state_file, lambda f: torch.save(run.state(), f))
-
-    done = run.step == 0 and run.fits(data)  # a resumed run whose last epoch already fitted trains no further
-    while run.epoch < cfg.epochs and not done:
-        record = run.one_epoch(progress, save if save_every else None, save_every or 0)
-        save()  # before the epoch's line: a run stopped there resumes after this epoch
-        left = (cfg.epochs - run.epoch) * float(np.mean([h["seconds"] for h in run.history]))
-        log(f"epoch {run.epoch}/{cfg.epochs}: loss {record['loss']:.4f}, "
-            f"train accuracy {record['train_accuracy']:.4f} ({record['seconds']:.1f} s"
-            + (f"; {'at most ' if cfg.fit_accuracy is not None else ''}about {duration(left)} left)"
-               if run.epoch < cfg.epochs else ")"))
-        done = run.fits(data)
-    stopped = "fit" if done else "epochs"
-    if cfg.fit_accuracy is not None:
-        log(f"stopped after epoch {run.epoch}: " + ("the training accuracy reached the target "
-                                                    f"{cfg.fit_accuracy:g}" if stopped == "fit" else
-                                                    f"the epoch budget ({cfg.epochs}) is spent"))
+    data, run, state_file = _begin(cfg, out, resume, save_every, log)
+    stopped = _train_epochs(run, data, state_file, rank, progress, log, save_every)
     model = run.model.eval()
-    tested = accuracy(model, data.test) if data.test is not None else None
-    log(f"test accuracy {tested:.4f} on {len(data.test)} {cfg.data} test images" if data.test is not None and
-        tested is not None else "no test split (an image folder's test/ sub-folder): no test accuracy")
-    # on the labels it was trained on, in eval mode: how far a permuted-label twin fits its random labels
-    fitted = accuracy(model, data.train)
-    log(f"training accuracy {fitted:.4f} on its {len(data.train)} training images"
-        + (" (permuted labels)" if cfg.permute_labels is not None else ""))
-    meta = _metadata(cfg, data, run.history, accuracy=tested, fitted=fitted, seconds=time.perf_counter() - start,
-                     stopped=stopped)
-    built = getattr(run.model, "metadata", None)  # a library model's: its library and version
-    meta |= {k: built[k] for k in ("library", "library_version") if isinstance(built, dict) and k in built}
+    tested, fitted = _final_accuracies(model, data, cfg, log)
+    meta = _run_metadata(cfg, data, run, tested=tested, fitted=fitted, seconds=time.perf_counter() - start,
+                         stopped=stopped)
     model.metadata = meta  # type: ignore[assignment]  # a plain attribute; torch types Module attributes as Tensor | Module
     if out is not None and rank == 0:
         path = save_checkpoint(model, meta, out)
         if state_file is not None and state_file.exists():
             state_file.unlink()
         log(f"saved {path} and {path.with_suffix('.json')}")
-    if meta.get("fits") is False:  # saved and recorded first: the audit flags it, a longer run can start from it
-        raise ConfigError(f"the model does not fit its {'permuted ' if cfg.permute_labels is not None else ''}training "
-                          f"labels: training accuracy {fitted:.4f} below --fit-accuracy {cfg.fit_accuracy:g} after "
-                          f"{run.epoch} epoch{'' if run.epoch == 1 else 's'} (recorded in its metadata: an audit flags "
-                          "it); train it for more --epochs or on fewer images (--train-limit)")
+    _refuse_unfitted(cfg, meta, fitted, run.epoch)
     return model, meta
 
 

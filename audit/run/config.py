@@ -3,15 +3,15 @@
 The general keys are the fields of :class:`AuditConfig`; every check adds its own keys, declared once as the
 fields of its :class:`~audit.checks.options.Options` class (:func:`audit.checks.check_options`). Keys are flat in
 TOML, on the command line and in the manifest. A check receives its own typed options
-(``check.options_from(config.options)``), never the configuration; a user may read any key as an attribute
-(``config.csc_threshold``).
+(``check.options_from(config.options)``), never the configuration. The configuration is frozen: a changed one
+is a new one (``dataclasses.replace``).
 """
 from __future__ import annotations
 
 import argparse
 import tomllib
 from collections.abc import Callable
-from dataclasses import Field, asdict, dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ def general_keys() -> list[Field[Any]]:
     return [f for f in fields(AuditConfig) if "help" in f.metadata]
 
 
-@dataclass
+@dataclass(frozen=True)
 class AuditConfig:
     """What to audit and how. Every field is recorded in the run's manifest.
 
@@ -56,7 +56,7 @@ class AuditConfig:
     options : dict
         The checks' own keys, {key: value}, declared by each check's :class:`~audit.checks.options.Options`
         class (:func:`audit.checks.check_options`); :meth:`validated` checks every value and fills in the
-        declared defaults. Also readable as attributes of the configuration (``config.csc_threshold``).
+        declared defaults; :meth:`option` reads one (``config.option("csc_threshold")``).
     """
 
     models: list[Any] = key(factory=lambda: ["cnn-sgd", "cnn-bort"], help="comma-separated: shipped names, checkpoint "
@@ -113,74 +113,79 @@ class AuditConfig:
                                       "error)", action="store_true")
     options: dict[str, Any] = field(default_factory=dict)
 
-    def __getattr__(self, name: str) -> Any:
-        # only reached for names that are not fields: the checks' options
-        options = self.__dict__.get("options", {})
-        if name in options:
-            return options[name]
+    def option(self, name: str) -> Any:
+        """A check's option by its key (``config.option("csc_threshold")``): its value, else its declared default."""
+        if name in self.options:
+            return self.options[name]
         known = check_options()
-        if name in known:
-            return known[name].default
-        raise AttributeError(f"AuditConfig has no key {name!r}")
+        if name not in known:
+            raise unknown_name("check option", name, known, ConfigError)
+        return known[name].default
 
     def validated(self) -> AuditConfig:
         """A copy with list fields normalised and option defaults filled in, after checking every value."""
-        out = AuditConfig(**{**asdict(self), "options": dict(self.options)})
-        if out.protocol not in PROTOCOLS:
-            raise unknown_name("protocol", str(out.protocol), list(PROTOCOLS), ConfigError)
-        for name, kind in (("n_images", int), ("seed", int), ("heatmap_examples", int), ("device", str),
-                           ("data", str), ("image_block", int), ("pattern_data", str), ("pattern_images", int)):
-            value = getattr(out, name)
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
-        preprocess_from(out.preprocess)  # a clear error for an unknown preset or a bad table
-        pattern_source(out.pattern_data, out.data)
-        for flag in ("mixed_precision", "allow_partial_weights"):
-            if not isinstance(getattr(out, flag), bool):
-                raise ConfigError(f"{flag} must be true or false, got {getattr(out, flag)!r}")
-        if out.max_memory is not None:
-            parse_size(out.max_memory)
-        if out.seed < 0:
-            raise ConfigError(f"seed must be >= 0, got {out.seed}")
-        out.twins = _as_pairs(out.twins, "twins")
-        out.controls = _as_pairs(out.controls, "controls")
-        out.models = _as_list(out.models, "models")
-        out.tests = _as_list(out.tests, "tests")
-        out.methods = resolve_methods(out.methods if isinstance(out.methods, str) else _as_list(out.methods, "methods"))
-        for name in ("models", "tests", "methods"):
-            values = getattr(out, name)
-            repeated = sorted({v for v in values if values.count(v) > 1})
+        self._check_types()
+        twins, controls = _as_pairs(self.twins, "twins"), _as_pairs(self.controls, "controls")
+        models, tests = _as_list(self.models, "models"), _as_list(self.tests, "tests")
+        methods = resolve_methods(self.methods if isinstance(self.methods, str) else _as_list(self.methods, "methods"))
+        for name, listed in (("models", models), ("tests", tests), ("methods", methods)):
+            repeated = sorted({v for v in listed if listed.count(v) > 1})
             if repeated:
                 raise ConfigError(f"{name} lists {', '.join(map(repr, repeated))} more than once")
-        if not out.models:
+        if not models:
             raise ConfigError("no model given")
-        if not out.tests:
+        if not tests:
             raise ConfigError("no test given")
-        for t in out.tests:
+        for t in tests:
             get_check(t)
         known = check_options()
-        for key in out.options:
-            if key not in known:
-                raise unknown_name("check option", key, known, ConfigError)
-        values = protocol_options(out.protocol, out.options, {name: option.default for name, option in known.items()})
-        out.options = {name: option.check(values[name]) for name, option in known.items()}
-        if out.num_classes is not None and (not isinstance(out.num_classes, int) or isinstance(out.num_classes, bool)
-                                            or out.num_classes < 1):
-            raise ConfigError(f"num_classes must be a positive integer, got {out.num_classes!r}")
-        checks = [("n_images", out.n_images >= 2), ("device", out.device in DEVICES), ("image_block", out.image_block >= 0),
-                  ("pattern_images", out.pattern_images >= 1),
-                  ("heatmap_examples", 0 <= out.heatmap_examples <= out.n_images)]
+        for name in self.options:
+            if name not in known:
+                raise unknown_name("check option", name, known, ConfigError)
+        values = protocol_options(self.protocol, self.options, {name: option.default for name, option in known.items()})
+        options = {name: option.check(values[name]) for name, option in known.items()}
+        out = replace(self, models=models, tests=tests, methods=methods, twins=twins, controls=controls,
+                      options=options)
+        out._check_ranges()
+        return out
+
+    def _check_types(self) -> None:
+        """A :class:`ConfigError` for a general key of the wrong type or an unknown name."""
+        if self.protocol not in PROTOCOLS:
+            raise unknown_name("protocol", str(self.protocol), list(PROTOCOLS), ConfigError)
+        for name, kind in (("n_images", int), ("seed", int), ("heatmap_examples", int), ("device", str),
+                           ("data", str), ("image_block", int), ("pattern_data", str), ("pattern_images", int)):
+            value = getattr(self, name)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
+        preprocess_from(self.preprocess)  # a clear error for an unknown preset or a bad table
+        pattern_source(self.pattern_data, self.data)
+        for flag in ("mixed_precision", "allow_partial_weights"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
+        if self.max_memory is not None:
+            parse_size(self.max_memory)
+        if self.seed < 0:
+            raise ConfigError(f"seed must be >= 0, got {self.seed}")
+
+    def _check_ranges(self) -> None:
+        """A :class:`ConfigError` for a general key out of its range, or keys that do not go together."""
+        if self.num_classes is not None and (not isinstance(self.num_classes, int) or isinstance(self.num_classes, bool)
+                                             or self.num_classes < 1):
+            raise ConfigError(f"num_classes must be a positive integer, got {self.num_classes!r}")
+        checks = [("n_images", self.n_images >= 2), ("device", self.device in DEVICES),
+                  ("image_block", self.image_block >= 0), ("pattern_images", self.pattern_images >= 1),
+                  ("heatmap_examples", 0 <= self.heatmap_examples <= self.n_images)]
         for name, ok in checks:
             if not ok:
-                raise ConfigError(f"invalid {name}={getattr(out, name)!r} in the audit configuration")
-        if out.max_images is not None:
-            if isinstance(out.max_images, bool) or not isinstance(out.max_images, int) or out.max_images < out.n_images:
-                raise ConfigError(f"max_images must be an integer of at least n_images ({out.n_images}), got "
-                                  f"{out.max_images!r}")
-            if out.image_block:
+                raise ConfigError(f"invalid {name}={getattr(self, name)!r} in the audit configuration")
+        if self.max_images is not None:
+            if isinstance(self.max_images, bool) or not isinstance(self.max_images, int) or self.max_images < self.n_images:
+                raise ConfigError(f"max_images must be an integer of at least n_images ({self.n_images}), got "
+                                  f"{self.max_images!r}")
+            if self.image_block:
                 raise ConfigError("max_images reads the images in looks of n_images, which are the blocks of the "
                                   "work: drop image_block")
-        return out
 
     @property
     def looks(self) -> int:

@@ -21,7 +21,6 @@ from attributions.explainer import Explainer
 from audit.atomic import atomic_write_bytes
 from audit.checks import Check, Options, UnitContext, UnitResult
 from audit.checks.base import INCONCLUSIVE
-from audit.checks.passes import given_params
 from audit.durations import duration
 from audit.errors import ModelError
 from audit.faults import kill_point
@@ -98,9 +97,9 @@ def _compute(run: Run, item: WorkItem, peak: Peak, progress: bool) -> pd.DataFra
     xs, ys = run.x[item.start:item.stop], run.y[item.start:item.stop]
     shown = max(0, min(config.heatmap_examples - item.start, len(xs)))  # example heatmaps among these images
     unit = UnitContext(seed=config.seed, heatmap_examples=shown, progress=progress, twin=twin, control=control,
-                       first_image=item.start)
+                       first_image=item.start, params=run.given[spec])
     start = time.perf_counter()
-    with memory.limit(run.budget), peak.track(), given_params(run.given[spec]), \
+    with memory.limit(run.budget), peak.track(), \
             torch.autocast(run.device.type, dtype=run.half, enabled=config.mixed_precision):
         result = run_unit(item.check, model, xs, ys, item.method, options=run.options[item.check.name], unit=unit,
                           key=key)
@@ -144,7 +143,7 @@ def _given_to(run: Run, spec: str) -> dict[str, dict[str, Any]]:
                           run.config.pattern_data, weights=run.config.weights, out=run.out)
 
 
-def run_unit(check: Check, model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, *, options: Options,
+def run_unit(check: Check[Any], model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, *, options: Options,
              unit: UnitContext, key: str) -> UnitResult:
     """One unit's result: empty where the check does not apply to the method, needs a twin the model lacks, or
     the method does not fit the model (the manifest says why); the engine's refusal as a :class:`ModelError`

@@ -8,6 +8,7 @@ import io
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -30,7 +31,7 @@ class WorkItem:
     """One model, check and method over the images [start, stop): a whole unit, or one block of it."""
 
     spec: str
-    check: Check
+    check: Check[Any]
     method: str
     start: int
     stop: int
@@ -50,7 +51,7 @@ class WorkItem:
         return f"{base}@{self.start}-{self.stop}" if self.blocked else base
 
 
-def work_items(units: list[tuple[str, Check, str]], *, n_images: int, block: int) -> list[WorkItem]:
+def work_items(units: list[tuple[str, Check[Any], str]], *, n_images: int, block: int) -> list[WorkItem]:
     """The run's work in its fixed order: each unit whole, or (``block`` > 0, a check scored per image)
     as blocks of ``block`` images. The order and the blocks depend on the configuration only."""
     items = []
@@ -61,7 +62,7 @@ def work_items(units: list[tuple[str, Check, str]], *, n_images: int, block: int
     return items
 
 
-def look_items(units: list[tuple[str, Check, str]], *, look: int, n_images: int, max_images: int) -> list[WorkItem]:
+def look_items(units: list[tuple[str, Check[Any], str]], *, look: int, n_images: int, max_images: int) -> list[WorkItem]:
     """The work of look ``look`` (1, 2, ...) of a sequential run, for the ``units`` still open: each unit scored
     per image over the look's images [(look - 1) n_images, look n_images), capped at ``max_images``, as a block;
     at the first look, a unit not scored per image over all ``max_images`` images, whole (it is read once)."""

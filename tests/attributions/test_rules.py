@@ -56,7 +56,7 @@ def test_single_layer_flat_and_wsquare_and_zb():
     from attributions.rules import Context
 
     node = next(n for n in trace(nn.Sequential(LAYER), X).nodes if n.kind == "dense")
-    ctx = Context(node, [X], LAYER(X).detach(), DenseOp(node))
+    ctx = Context(node=node, inputs=[X], output=LAYER(X).detach(), op=DenseOp(node))
     signal = torch.tensor([[[7.0]]], dtype=torch.float64)
     with torch.no_grad():  # as the engine calls rules
         wsquare, flat = R.WSquare().backward(ctx, signal)[0][0], R.Flat().backward(ctx, signal)[0][0]
@@ -139,7 +139,7 @@ def test_zb_with_each_images_own_bounds_and_the_normalised_residual_split_by_han
     from attributions.rules import Context
 
     node = next(n for n in trace(nn.Sequential(LAYER), X).nodes if n.kind == "dense")
-    ctx = Context(node, [X], LAYER(X).detach(), DenseOp(node))
+    ctx = Context(node=node, inputs=[X], output=LAYER(X).detach(), op=DenseOp(node))
     signal = torch.tensor([[[7.0]]], dtype=torch.float64)
     with torch.no_grad():  # X = (1, 2, -1): its own bounds are [-1, 2], as the fixed bounds of the zB case above
         torch.testing.assert_close(R.ZB(None, None, 0.0).backward(ctx, signal)[0],
@@ -147,7 +147,7 @@ def test_zb_with_each_images_own_bounds_and_the_normalised_residual_split_by_han
     # a = (1, 2), b = (3, -1), z = (4, 1), R = (2, 5): z-rule shares (0.5, 10) and (1.5, -5), sums 10.5 and -3.5;
     # rescaled to 10.5 / 14 and 3.5 / 14 of the total 7: (0.25, 5) and (-0.75, 2.5)
     a, b = torch.tensor([[1.0, 2.0]], dtype=torch.float64), torch.tensor([[3.0, -1.0]], dtype=torch.float64)
-    add = Context(None, [a, b], a + b)
+    add = Context(node=None, inputs=[a, b], output=a + b)
     ra, rb = R.NormalisedSplit(0.0).backward(add, torch.tensor([[[2.0, 5.0]]], dtype=torch.float64))
     torch.testing.assert_close(ra, torch.tensor([[[0.25, 5.0]]], dtype=torch.float64))
     torch.testing.assert_close(rb, torch.tensor([[[-0.75, 2.5]]], dtype=torch.float64))

@@ -97,7 +97,7 @@ def test_every_configuration_key_has_its_flag_from_its_declaration(tmp_path, mon
         main(["--debug", "run", "--models", "cnn-sgd", "--heatmap-examples", "1", "--n-images", "4",
               "--no-mixed-precision", "--bn", "keep-stats", "--out", str(tmp_path / "r")])
     config = seen["config"]
-    assert (config.heatmap_examples, config.n_images, config.mixed_precision, config.bn) == (1, 4, False, "keep-stats")
+    assert (config.heatmap_examples, config.n_images, config.mixed_precision, config.option("bn")) == (1, 4, False, "keep-stats")
 
 
 def test_the_demo_covers_each_family_each_mechanism_and_the_source_papers_checks():

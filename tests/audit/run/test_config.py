@@ -6,18 +6,18 @@ from audit.errors import ConfigError
 from audit.run.config import AuditConfig, load_config
 
 
-def test_defaults_and_check_options_read_as_attributes():
+def test_defaults_and_check_options_read_by_their_keys():
     config = load_config()
-    assert config.tests == ["csc", "random-logit", "cascading"] and config.csc_threshold == 0.99
-    assert config.bn == "reset" and config.n_vectors == 5 and config.methods == list(BUILDERS)
+    assert config.tests == ["csc", "random-logit", "cascading"] and config.option("csc_threshold") == 0.99
+    assert config.option("bn") == "reset" and config.option("n_vectors") == 5 and config.methods == list(BUILDERS)
 
 
 def test_toml_file_then_overrides(tmp_path):
     path = tmp_path / "audit.toml"
     path.write_text('models = ["cnn-sgd"]\nn_images = 8\ncsc_threshold = 1\nbn = "keep-stats"\n')
     config = load_config(path, n_images=6)
-    assert config.models == ["cnn-sgd"] and config.n_images == 6 and config.bn == "keep-stats"
-    assert config.csc_threshold == 1.0 and isinstance(config.csc_threshold, float)  # an int widens to a float
+    assert config.models == ["cnn-sgd"] and config.n_images == 6 and config.option("bn") == "keep-stats"
+    assert config.option("csc_threshold") == 1.0 and isinstance(config.option("csc_threshold"), float)  # an int widens to a float
 
 
 @pytest.mark.parametrize("values,message", [
@@ -51,5 +51,19 @@ def test_the_manifest_form_is_flat_and_round_trips():
     assert "options" not in flat and flat["randomization_threshold"] == 0.4 and flat["models"] == ["cnn-sgd", "cnn-bort"]
     again = AuditConfig.from_dict(flat).validated()
     assert again.to_dict() == flat
-    with pytest.raises(AttributeError, match="no key 'nope'"):
-        _ = config.nope
+    with pytest.raises(ConfigError, match="unknown check option 'nope'"):
+        config.option("nope")
+
+
+def test_the_configuration_is_frozen_and_reads_a_checks_option_by_its_key():
+    import dataclasses
+
+    config = load_config(models="cnn-sgd", n_images=4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.n_images = 8  # type: ignore[misc]
+    assert dataclasses.replace(config, n_images=8).validated().n_images == 8 and config.n_images == 4
+    with pytest.raises(AttributeError):
+        config.csc_threshold  # noqa: B018 - a check's option is no attribute of the configuration
+    with pytest.raises(ConfigError, match="unknown check option 'csc_treshold'.*Did you mean 'csc_threshold'"):
+        config.option("csc_treshold")
+    assert AuditConfig().option("csc_threshold") == load_config().option("csc_threshold")  # the declared default

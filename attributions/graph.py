@@ -61,8 +61,8 @@ class Node:
     name: str
     kind: str
     inputs: tuple[str, ...]
-    module: Any = None  # the OpTensors (conv, dense, affine) or a pooling module (maxpool, avgpool)
-    bn: Any = None  # the OpTensors of an eval-mode BatchNorm folded after this conv / linear
+    module: OpTensors | nn.Module | None = None  # the OpTensors (conv, dense, affine) or a pooling module (pools)
+    bn: OpTensors | None = None  # the OpTensors of an eval-mode BatchNorm folded after this conv / linear
     run: Callable[..., Any] | None = None
     record: Record | None = None  # None: the kind's default record
     reads: tuple[str, ...] = ()
@@ -81,6 +81,20 @@ class Node:
         if self.record is None:
             self.record = default(self.kind)
         check(self.name, self.kind, self.record)
+
+    @property
+    def tensors(self) -> OpTensors:
+        """The live tensors of a conv, dense or affine node (an error for a node without them)."""
+        if not isinstance(self.module, OpTensors):
+            raise AttributionError(f"node {self.name!r} of kind {self.kind!r} reads no layer's tensors")
+        return self.module
+
+    @property
+    def pool(self) -> nn.Module:
+        """The pooling module of a maxpool or avgpool node (an error for a node without one)."""
+        if not isinstance(self.module, nn.Module):
+            raise AttributionError(f"node {self.name!r} of kind {self.kind!r} has no pooling module")
+        return self.module
 
     @property
     def is_identity(self) -> bool:
@@ -158,10 +172,10 @@ class Graph:
         seen: set[int] = set()
         out = []
         for node in self.nodes:
-            if node.kind in ("conv", "dense", "affine") and node.module.module is not None \
-                    and id(node.module.module) not in seen:
-                seen.add(id(node.module.module))
-                out.append((node.module.path, node.module.module, node.bn.module if node.bn is not None else None))
+            tensors = node.tensors if node.kind in ("conv", "dense", "affine") else None
+            if tensors is not None and tensors.module is not None and id(tensors.module) not in seen:
+                seen.add(id(tensors.module))
+                out.append((tensors.path, tensors.module, node.bn.module if node.bn is not None else None))
         return out
 
     def parameter_uses(self) -> dict[str, int]:
@@ -592,7 +606,7 @@ class _Builder:
             if node is None:
                 return
             if node.kind == "dense":
-                node.pieces = pieces if node.module.out_features % pieces == 0 else 0
+                node.pieces = pieces if node.tensors.out_features % pieces == 0 else 0
                 return
             source = tensor.args[0] if tensor.args else None
             if node.kind != "move" or len(node.inputs) != 1 or not isinstance(source, torch.fx.Node) \
@@ -763,7 +777,7 @@ def fold_batchnorm(graph: Graph) -> Graph:
     def folded(node: Node) -> Node:
         changes: dict[str, Any] = {}
         if node.name in into:
-            changes |= {"bn": graph.by_name[into[node.name]].module, "folded": (*node.folded, into[node.name])}
+            changes |= {"bn": graph.by_name[into[node.name]].tensors, "folded": (*node.folded, into[node.name])}
         if any(i in drop for i in node.inputs):
             changes |= {"aliases": {**node.aliases, **{i: drop[i] for i in node.inputs if i in drop}},
                         "inputs": tuple(drop.get(i, i) for i in node.inputs)}

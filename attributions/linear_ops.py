@@ -32,7 +32,7 @@ class LinearOp:
 
     def _sources(self) -> list[torch.Tensor]:
         """The tensors the effective weights are computed from (the layer's and a folded BatchNorm's)."""
-        return [t for layer in (self.node.module, self.node.bn) if layer is not None for t in layer.sources()]
+        return [t for layer in (self.node.tensors, self.node.bn) if layer is not None for t in layer.sources()]
 
     def signed(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W+, W-) of the effective weights: two halves of :meth:`stacked`."""
@@ -149,8 +149,8 @@ class DenseOp(LinearOp):
     blocks = 0
 
     def weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        m = self.node.module
-        return _fold(self.node, m.weight, _bias(m, m.out_features, m.weight))
+        m = self.node.tensors
+        return _fold(self.node, m.required("weight"), _bias(m, m.out_features, m.required("weight")))
 
     def forward(self, x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None = None) -> torch.Tensor:
         # a strided input (the sequence-first transpose in torch.nn.MultiheadAttention) takes F.linear's slow path,
@@ -177,7 +177,7 @@ class DenseOp(LinearOp):
         CP-LRP's query and key get no signal, and their rows of a packed projection then cost nothing. A stacked
         signal (2 out, [W+; W-]: :meth:`transpose_stacked`) has each half's blocks. The products skipped are exact
         zeros (a NaN counts as not zero)."""
-        size = self.node.module.out_features // self.blocks
+        size = self.node.tensors.out_features // self.blocks
         blocks = flat.view(flat.shape[0], -1, size)
         # a block's extremes: a quarter of what any() takes over the signal (a NaN extreme is not zero)
         live = torch.nonzero(((blocks.amax(-1) != 0) | (blocks.amin(-1) != 0)).any(0)).flatten().tolist()
@@ -197,15 +197,15 @@ class DenseOp(LinearOp):
 
 class ConvOp(LinearOp):
     def weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        m = self.node.module
-        return _fold(self.node, m.weight, _bias(m, m.out_channels, m.weight))
+        m = self.node.tensors
+        return _fold(self.node, m.required("weight"), _bias(m, m.out_channels, m.required("weight")))
 
     def __init__(self, node: Node):
         super().__init__(node)
-        self._padding = explicit_padding(node.module)
+        self._padding = explicit_padding(node.tensors)
 
     def forward(self, x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None = None) -> torch.Tensor:
-        m = self.node.module
+        m = self.node.tensors
         pads, mode, padding = self._padding
         if pads is not None:
             x = F.pad(x, pads, mode=mode)
@@ -215,7 +215,7 @@ class ConvOp(LinearOp):
         return out
 
     def _input_grad(self, s: torch.Tensor, w: torch.Tensor, in_shape: Sequence[int], padding: Any) -> torch.Tensor:
-        m = self.node.module
+        m = self.node.tensors
         d = w.ndim - 2
         # the input's values are not read for its gradient, only its layout: a contiguous buffer lets the
         # convolution take its fast path, where torch.nn.grad's stride-0 stand-in costs about 10 %
@@ -240,7 +240,7 @@ class ConvOp(LinearOp):
         return cropped
 
     def transpose_stacked(self, buffer: torch.Tensor, in_shape: torch.Size) -> torch.Tensor:
-        if self.node.module.groups != 1:  # grouped weights cannot be stacked along the output channels
+        if self.node.tensors.groups != 1:  # grouped weights cannot be stacked along the output channels
             return super().transpose_stacked(buffer, in_shape)
         return self.transpose(buffer, self.stacked(), in_shape)
 
@@ -266,7 +266,7 @@ class AffineOp(LinearOp):
     """A BatchNorm that could not be folded: y = scale * x + shift per channel (axis 1)."""
 
     def weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        return bn_affine(self.node.module)
+        return bn_affine(self.node.tensors)
 
     @staticmethod
     def _shape(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -302,7 +302,7 @@ class PoolOp(LinearOp):
 def pool(node: Node, x: torch.Tensor, return_indices: bool = False) -> Any:
     """Run a pooling node functionally (a module's own hooks are never triggered)."""
     m = node.module
-    if m is None:
+    if not isinstance(m, nn.Module):  # a pooling the graph runs as traced
         if return_indices:
             raise NotImplementedError
         return node.evaluate({node.inputs[0]: x})
@@ -320,7 +320,7 @@ def pool(node: Node, x: torch.Tensor, return_indices: bool = False) -> Any:
         return (out, indices) if return_indices else out
     fn = F.max_pool1d if one_d else F.max_pool2d
     # torch's overloads want return_indices as a literal; m is a MaxPool1d / MaxPool2d, typed only as a Module
-    return fn(x, m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode,  # type: ignore[call-overload]
+    return fn(x, m.kernel_size, m.stride, m.padding, m.dilation, ceil_mode=m.ceil_mode,  # type: ignore[call-overload,misc]
               return_indices=return_indices)
 
 

@@ -666,7 +666,7 @@ def _to_winners(ctx: Context, signal: torch.Tensor) -> torch.Tensor:
     """Signals (K, B, C, *out) of a max pooling node scattered to its inputs at its forward winners ->
     (K, B, *in): torch's own kernel for a single signal on images, else :func:`_unpool`."""
     if signal.shape[0] == 1 and ctx.x.ndim == 4:
-        return to_winners(signal[0], ctx.x, ctx.node.module, ctx.winners)[None]
+        return to_winners(signal[0], ctx.x, ctx.node.pool, ctx.winners)[None]
     return _unpool(signal, ctx.winners, ctx.x.shape)
 
 

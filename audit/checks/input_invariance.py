@@ -127,9 +127,9 @@ def _first_layer(model: nn.Module, graph: Graph) -> tuple[Node, str]:
         raise AuditError(f"input invariance compensates the shift in the one layer that reads the input; this "
                          f"model's input reaches {len(firsts)}: {', '.join(firsts) or 'none'}")
     node = graph.by_name[firsts[0]]
-    owner = node.module.module if node.kind in ("conv", "dense") else None
+    owner = node.tensors.module if node.kind in ("conv", "dense") else None
     names = [n for n, m in model.named_modules() if m is owner and isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))]
-    uses = sum(1 for n in graph.nodes if n.kind in ("conv", "dense") and n.module.module is owner)
+    uses = sum(1 for n in graph.nodes if n.kind in ("conv", "dense") and n.tensors.module is owner)
     if node.kind not in ("conv", "dense") or len(names) != 1 or uses != 1:
         raise AuditError(f"input invariance: the first layer {node.name!r} ({node.kind}) must be a convolution or a "
                          "dense layer called once, whose bias can absorb the shift")

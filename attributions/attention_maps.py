@@ -29,6 +29,7 @@ from attributions.anatomy import TokenLayout, attention_nodes, token_layout
 from attributions.cam import UPSAMPLING, PerGraph, target_signals, upsampled
 from attributions.engines import Engine, Explaining
 from attributions.errors import AttributionError
+from attributions.shared_pass import SharedPass
 
 FUSIONS = ("mean", "max", "min")
 RELEVANCE_METHOD = "chefer-lrp"  # whose relevance at the attention weights Chefer et al.'s attribution weighs
@@ -152,7 +153,8 @@ class AttentionFlow(_OnAttention):
                 out.append(fused / fused.sum(-1, keepdim=True))
             return nodes, out, layout
 
-    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+             **kwargs: Any) -> torch.Tensor:
         _, operators, layout = self.operators(ex, x, targets)
         with torch.no_grad():
             joint = operators[0]
@@ -171,7 +173,8 @@ class AttentionGradCam(_OnAttention):
         super().__init__()
         self.upsample = upsample
 
-    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+             **kwargs: Any) -> torch.Tensor:
         _, (nodes, layout) = self._attention.get(ex, x)
         last = nodes[-1]
         forward, grads = target_signals(ex, x, targets, {last})

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from attributions.anatomy import cam_layer, on_grid, token_layout, token_node
 from attributions.engines import Engine, Explaining
 from attributions.errors import AttributionError
+from attributions.shared_pass import SharedPass
 
 UPSAMPLING = ("nearest", "bilinear")
 NORMALISATIONS = ("none", "before", "after")
@@ -139,7 +140,8 @@ class GradCam(Engine):
         return {"layer": node, "module": graph.by_name[node].path, "relu": self.relu or self.guided,
                 "upsample": self.upsample, "normalise": self.normalise}
 
-    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+             **kwargs: Any) -> torch.Tensor:
         layer = self.layer_of(ex, x)
         forward, grads = target_signals(ex, x, targets, {layer})
         grad, acts = grads[layer], forward.values[layer]

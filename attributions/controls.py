@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from attributions.engines import Engine, Explaining
+from attributions.shared_pass import SharedPass
 
 _SOBEL = torch.tensor([[1.0, 0.0, -1.0], [2.0, 0.0, -2.0], [1.0, 0.0, -1.0]])
 
@@ -29,7 +30,8 @@ class EdgeControl(Engine):
 
     needs_graph = False
 
-    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+             **kwargs: Any) -> torch.Tensor:
         return torch.stack([sobel_magnitude(x) for _ in targets])
 
 
@@ -43,5 +45,6 @@ class NoiseControl(Engine):
         # private: state, not a parameter of the method, so its repr (printed in the docs) stays the same
         self._generator = torch.Generator().manual_seed(seed)
 
-    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+             **kwargs: Any) -> torch.Tensor:
         return torch.stack([torch.randn(x.shape, generator=self._generator).to(x) for _ in targets])

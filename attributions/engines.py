@@ -11,6 +11,7 @@ import torch
 from captum.attr import Attribution, IntegratedGradients, NoiseTunnel
 
 from attributions import memory
+from attributions.shared_pass import SharedPass
 
 
 class Explaining(Protocol):
@@ -20,7 +21,7 @@ class Explaining(Protocol):
 
     def targets(self, logits: torch.Tensor, target: Any) -> torch.Tensor: ...
 
-    def chain_maps(self, x: torch.Tensor, targets: list[Any], envs: Any = None) -> torch.Tensor: ...
+    def chain_maps(self, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None) -> torch.Tensor: ...
 
     def sibling(self, method: str, **params: Any) -> Attribution: ...
 
@@ -30,7 +31,7 @@ class Explaining(Protocol):
 
 
 class Engine:
-    """Computes maps for K target specifications: ``maps(ex, x, targets, envs) -> (K, B, ...)``.
+    """Computes maps for K target specifications: ``maps(ex, x, targets, shared) -> (K, B, ...)``.
 
     ``chain``: whether the maps come from the rule chain (then ``propagate`` can follow it).
     ``needs_graph``: whether the engine runs the model (controls do not). ``product``: whether the maps
@@ -48,7 +49,8 @@ class Engine:
     times_input = False  # whether the maps are (x - baseline) times a model-dependent factor
     rectifies = False  # whether a ReLU or threshold acts on the backward signal (Guided Grad-CAM's guided factor)
 
-    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+             **kwargs: Any) -> torch.Tensor:
         raise NotImplementedError
 
     def prepare(self, ex: Any, x: torch.Tensor) -> None:
@@ -80,8 +82,9 @@ class RuleChain(Engine):
     chain = True
     chunked = True
 
-    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
-        return ex.chain_maps(x, targets, envs)
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+             **kwargs: Any) -> torch.Tensor:
+        return ex.chain_maps(x, targets, shared)
 
 
 CHAIN = RuleChain()
@@ -99,7 +102,8 @@ class IntegratedGradientsEngine(Engine):
     def __init__(self, n_steps: int = 50):
         self.n_steps = n_steps
 
-    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+             **kwargs: Any) -> torch.Tensor:
         logits = ex.forward(x).detach()
         n_steps = kwargs.pop("n_steps", self.n_steps)
         ig = IntegratedGradients(ex.forward)
@@ -125,7 +129,8 @@ class SmoothGradEngine(Engine):
         self.noise, self.samples, self.base, self.n_steps = noise, samples, base, n_steps
         self.times_input = base == "integrated-gradients"
 
-    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+             **kwargs: Any) -> torch.Tensor:
         logits = ex.forward(x).detach()
         sigma = self.noise * float(x.max() - x.min())
         if self.base == "gradient":

@@ -29,6 +29,7 @@ from attributions.liveness import Lean
 from attributions.methods import Method, build_method
 from attributions.records import Const
 from attributions.rules import Context, Rule, resolve, stabilize
+from attributions.shared_pass import CONNECTED, SharedPass
 from attributions.validation import named, nonfinite_tensors
 
 # (an earlier forward pass's values, the names of the nodes whose values may be taken from it)
@@ -40,11 +41,6 @@ def _entries(node: Any) -> tuple[Any, ...]:
     its recorded autograd graph, and the names of the folded BatchNorm calls that read its output."""
     return (node.name, (node.name, "indices"), (node.name, "graph"), *node.folded)
 
-
-class Releasable(tuple[Any, ...]):
-    """A shared forward pass (env, ref) handed to its last reader: its backward pass drops each value
-    once passed (as autograd frees what it saved), so memory freed early is reused by the next
-    allocations instead of being returned to the system and faulted in again."""
 
 RULE_KINDS = SIGNAL_KINDS  # every node that carries the signal has a rule
 
@@ -66,8 +62,8 @@ class ForwardPass:
         node ``start``: {node: (K, B, ...)} for ``start`` and every node below it (or those in ``keep``); for
         DeepLIFT the multipliers times each node's difference from the reference."""
         self.explainer.method.engine.prepare(self.explainer, self.x)
-        return self.explainer._signals(self.x, start, lambda env: vectors, envs=(self.values, self.reference),
-                                       keep=keep)
+        return self.explainer._signals(self.x, start, lambda env: vectors,
+                                       shared=SharedPass(self.values, self.reference), keep=keep)
 
 
 if TYPE_CHECKING:
@@ -581,19 +577,19 @@ class Explainer(Attribution):
                                    key=(tuple(x.shape[1:]), x.dtype, x.device, self.method.baseline,
                                         len(x) if self._g.batch_sized else 1))
 
-    def _signals(self, x: torch.Tensor, start: str, make_signal: Any, envs: Any = None, keep: Any = None
-                 ) -> dict[Any, Any]:
+    def _signals(self, x: torch.Tensor, start: str, make_signal: Any, shared: SharedPass | None = None,
+                 keep: Any = None) -> dict[Any, Any]:
         """Every node's signal (or only those named in ``keep``) for the signal ``make_signal(env)`` at
-        ``start``. A forward pass made here (no ``envs``), or handed over as :class:`Releasable`, is
-        released during the backward."""
-        if keep is not None and self.by_autograd and (envs is None and self._fits_whole(x)
-                                                      or envs is not None and CONNECTED in envs[0]):
-            return self._autograd_signals(x, start, make_signal, keep, envs)
+        ``start``. A forward pass made here (no ``shared`` pass), or handed over to be released, is released
+        during the backward."""
+        if keep is not None and self.by_autograd and (shared is None and self._fits_whole(x)
+                                                      or shared is not None and shared.connected):
+            return self._autograd_signals(x, start, make_signal, keep, shared)
         lean = None
-        if envs is None and keep is not None:
+        if shared is None and keep is not None:
             self._graph_for(x)
             lean = self._lean(frozenset(keep) | {start})
-        env, ref = envs if envs is not None else self._forward_envs(x, lean=lean)
+        env, ref = (shared.values, shared.reference) if shared is not None else self._forward_envs(x, lean=lean)
         factor = self.method.signal == "factor"
         with torch.no_grad():
             signal = self._start_signal(make_signal(env), env[start])
@@ -606,7 +602,7 @@ class Explainer(Attribution):
             for i, j in chunks:
                 last = j == len(signal)
                 taps = self._backward(env, ref, start, signal[i:j], keep,
-                                      release=(envs is None or isinstance(envs, Releasable)) and last,
+                                      release=(shared is None or shared.release) and last,
                                       remat=lean.remat if lean is not None else frozenset())
                 if ref is not None:  # DeepLIFT's signal: multiplier times the difference from the reference
                     taps = {k: v * (env[k] - ref[k]) for k, v in taps.items()}
@@ -622,16 +618,16 @@ class Explainer(Attribution):
             return signal
         return signal / stabilize(value, self.method.params["epsilon"])
 
-    def _autograd_signals(self, x: torch.Tensor, start: str, make_signal: Any, keep: Any, envs: Any = None
-                          ) -> dict[Any, Any]:
+    def _autograd_signals(self, x: torch.Tensor, start: str, make_signal: Any, keep: Any,
+                          shared: SharedPass | None = None) -> dict[Any, Any]:
         """:meth:`_signals` of a chain autograd can run (:attr:`by_autograd`): autograd's backward through a
-        forward pass recorded whole (``_forward_envs(connected=True)``; ``envs``: one made beforehand), one
+        forward pass recorded whole (``_forward_envs(connected=True)``; ``shared``: one made beforehand), one
         call per signal vector. The rules compute the same products one node at a time, each with its own call."""
-        if envs is None:  # values go once their last consumer has run: autograd keeps what it saves
+        if shared is None:  # values go once their last consumer has run: autograd keeps what it saves
             self._graph_for(x)
             env = self._forward_envs(x, connected=True, lean=self._lean(frozenset(keep) | {start}, autograd=True))[0]
         else:
-            env = envs[0]
+            env = shared.values
         factor = self.method.signal == "factor"
         with torch.no_grad():
             signal = self._start_signal(make_signal(env), env[start].detach())
@@ -647,7 +643,7 @@ class Explainer(Attribution):
         values = [env[n] for n in names]
         wanted = [v for v in values if isinstance(v, torch.Tensor) and v.requires_grad]
         # the pass is kept while another method or a later stage may read it, else autograd frees it as it goes
-        retain = envs is not None and not isinstance(envs, Releasable)
+        retain = shared is not None and not shared.release
         grads: list[list[torch.Tensor | None]] = []
         for k, vector in enumerate(signal):
             grads.append(list(torch.autograd.grad(root, wanted, vector, retain_graph=retain or k < len(signal) - 1,
@@ -689,7 +685,8 @@ class Explainer(Attribution):
         values, ref = self._forward_envs(x, with_ref=reference, batch=batch)
         return ForwardPass(self, x, values, ref)
 
-    def maps_for_targets(self, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
+    def maps_for_targets(self, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+                         **kwargs: Any) -> torch.Tensor:
         """Maps for several targets at once: (K, B, ...) for K target specifications.
 
         For the graph methods the K explained outputs travel down in ONE batched backward pass
@@ -702,11 +699,11 @@ class Explainer(Attribution):
         targets : list
             K target specifications, each as :meth:`attribute`'s ``target``: an int, a (B,) tensor or
             sequence, or None for the predicted class.
-        envs : tuple, optional
-            A forward pass of the graph methods made beforehand, (values, reference values or None), as
-            :func:`shared_forward` returns it (a :class:`Releasable` one is freed during the backward);
-            read by the rule-chain engines only. With it ``x`` is not checked again and the images are not
-            split into chunks; None: the passes are made here, in chunks of images under a memory budget.
+        shared : SharedPass, optional
+            A forward pass of the graph methods made beforehand (:func:`shared_forward`; one marked ``release``
+            is freed during the backward); read by the rule-chain engines only. With it ``x`` is not checked
+            again and the images are not split into chunks; None: the passes are made here, in chunks of images
+            under a memory budget.
         **kwargs
             Passed to the method's engine; only integrated gradients reads them (captum's
             ``IntegratedGradients.attribute`` keywords, e.g. ``n_steps``, ``baselines``,
@@ -718,20 +715,23 @@ class Explainer(Attribution):
             (K, B, ...) the maps, shaped like ``x`` for each target, in ``x``'s dtype.
         """
         with self._budget():
-            return self._maps_for_targets(x, targets, envs, **kwargs)
+            return self._maps_for_targets(x, targets, shared, prepared=False, **kwargs)
 
-    def _maps_for_targets(self, x: torch.Tensor, targets: list[Any], envs: Any = None, **kwargs: Any) -> torch.Tensor:
-        x = self._check_input(x) if envs is None else x  # else checked when its forward pass was made
-        if not kwargs.pop("_prepared", False):  # a chunk's call: prepared for the whole batch
+    def _maps_for_targets(self, x: torch.Tensor, targets: list[Any], shared: SharedPass | None, *, prepared: bool,
+                          **kwargs: Any) -> torch.Tensor:
+        """:meth:`maps_for_targets` within the explainer's budget; ``prepared``: a chunk's call, the method
+        prepared for the whole batch."""
+        x = self._check_input(x) if shared is None else x  # else checked when its forward pass was made
+        if not prepared:
             self.method.engine.prepare(self, x)
         engine = self.method.engine
-        n = self.images_per_pass(x, len(targets) * engine.passes) if engine.chunked and envs is None else len(x)
+        n = self.images_per_pass(x, len(targets) * engine.passes) if engine.chunked and shared is None else len(x)
         if n < len(x):  # under a memory budget: images in chunks, each with its own forward pass
-            return memory.joined([self.maps_for_targets(x[i:j], [_rows(t, i, j, len(x)) for t in targets],
-                                                        _prepared=True, **kwargs)
+            return memory.joined([self._maps_for_targets(x[i:j], [_rows(t, i, j, len(x)) for t in targets], None,
+                                                         prepared=True, **kwargs)
                                   for i, j in memory.spans(len(x), n)], 1)
         # under autocast (mixed precision) the passes run at half width; maps keep the inputs' dtype
-        maps = self.method.engine.maps(self, x, targets, envs, **kwargs).to(x.dtype)
+        maps = self.method.engine.maps(self, x, targets, shared, **kwargs).to(x.dtype)
         if tuple(maps.shape) != (len(targets), *x.shape):  # never a map of another shape: an error, not a tensor
             layer = self.method.engine.conventions(self, x).get("layer")
             raise AttributionError(
@@ -741,7 +741,7 @@ class Explainer(Attribution):
                 + ", or choose another method")
         return maps
 
-    def chain_maps(self, x: torch.Tensor, targets: list[Any], envs: Any = None) -> torch.Tensor:
+    def chain_maps(self, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None) -> torch.Tensor:
         """The rule chain's maps for K targets (K, B, ...): one forward, one batched backward.
 
         The engine's step behind :meth:`maps_for_targets` (which checks ``x``, prepares the method and
@@ -756,7 +756,7 @@ class Explainer(Attribution):
             (B, ...) inputs, already checked.
         targets : list
             K target specifications, as in :meth:`maps_for_targets`.
-        envs : tuple, optional
+        shared : SharedPass, optional
             A forward pass made beforehand, as in :meth:`maps_for_targets`; None: one is made here,
             holding only what the backward reads, and released during it.
 
@@ -773,7 +773,7 @@ class Explainer(Attribution):
                                    for t in targets])
             return onehots * logits if m.output == "logit" else onehots
 
-        taps = self._signals(x, self._g.output, start, envs, keep={"input"})
+        taps = self._signals(x, self._g.output, start, shared, keep={"input"})
         out: torch.Tensor = taps["input"]
         return out * x if m.times_input else out
 
@@ -790,15 +790,13 @@ class Explainer(Attribution):
         target : int, (B,) tensor or list, or None for the predicted class
         **kwargs : passed to captum for ``integrated-gradients`` (e.g. ``n_steps``)
         """
-        envs = kwargs.pop("_envs", None)
         as_tuple = isinstance(inputs, tuple)
         if as_tuple and len(inputs) != 1:
             raise AttributionError(f"the engine explains single-input models; got a tuple of {len(inputs)} inputs")
-        maps = self.maps_for_targets(inputs[0] if as_tuple else inputs, [target], envs, **kwargs)[0]
+        maps = self.maps_for_targets(inputs[0] if as_tuple else inputs, [target], **kwargs)[0]
         return (maps,) if as_tuple else maps
 
-    def propagate(self, x: torch.Tensor, inject_at: str, vectors: torch.Tensor, _prepared: bool = False
-                  ) -> dict[str, torch.Tensor]:
+    def propagate(self, x: torch.Tensor, inject_at: str, vectors: torch.Tensor) -> dict[str, torch.Tensor]:
         """Inject K vectors as the backward signal at ``inject_at`` and record the signal below.
 
         Parameters
@@ -813,21 +811,23 @@ class Explainer(Attribution):
             reaches, plus ``"input"``. One forward pass and one batched backward pass.
         """
         with self._budget():
-            return self._propagate(x, inject_at, vectors, _prepared)
+            return self._propagate(x, inject_at, vectors, prepared=False)
 
-    def _propagate(self, x: torch.Tensor, inject_at: str, vectors: torch.Tensor, _prepared: bool
+    def _propagate(self, x: torch.Tensor, inject_at: str, vectors: torch.Tensor, *, prepared: bool
                    ) -> dict[str, torch.Tensor]:
+        """:meth:`propagate` within the explainer's budget; ``prepared``: a chunk's call, the method prepared for
+        the whole batch."""
         if not self.method.chain:
             raise AttributionError(f"{self.method.name!r} is not a backward chain of rules; propagate supports "
                                    f"the graph methods only")
         x = self._check_input(x)
-        if not _prepared:  # a chunk's call: prepared for the whole batch
+        if not prepared:
             self.method.engine.prepare(self, x)
         if inject_at not in self._g.layers:
             raise unknown_name("layer", inject_at, self._g.layers, AttributionError)
         n = self.images_per_pass(x, len(vectors)) if vectors.ndim >= 2 and vectors.shape[1] == len(x) else len(x)
         if n < len(x):  # under a memory budget: images in chunks, each with its own forward pass
-            return memory.joined([self.propagate(x[i:j], inject_at, vectors[:, i:j], _prepared=True)
+            return memory.joined([self._propagate(x[i:j], inject_at, vectors[:, i:j], prepared=True)
                                   for i, j in memory.spans(len(x), n)], 1)
 
         def start(env: dict[Any, Any]) -> torch.Tensor:
@@ -945,11 +945,10 @@ def check_input(x: Any) -> torch.Tensor:
 
 
 _UNREACHED = object()  # a node the backward pass has not reached (None: reached with no signal)
-CONNECTED = ("input", "connected")  # the key that marks a forward pass recorded whole (Explainer._forward_envs)
 
 
 def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor, reuse: Reuse | None = None
-                   ) -> tuple[dict[Any, Any], dict[Any, Any] | None] | None:
+                   ) -> SharedPass | None:
     """One forward pass (and one reference pass, if a DeepLIFT method needs it) for all the graph
     methods among ``explainers``, which must share one traced graph (build them with ``graph=``).
 
@@ -965,29 +964,29 @@ def shared_forward(explainers: dict[str, Explainer], x: torch.Tensor, reuse: Reu
         # over the memory budget: each explainer goes in chunks of images
         return None
     x = chains[0]._check_input(x) if reuse is None else x  # else checked for the earlier pass
-    return chains[0]._forward_envs(x, any(e.method.signal == "multiplier" for e in chains),
-                                   frozenset().union(*(e.recorded for e in chains)), reuse=reuse,
-                                   # ops in surrogate form (factor chains, guided backprop) serve one method only
-                                   connected=all(e.by_autograd for e in chains) and
-                                   (len(chains) == 1 or not any(e.surrogates for e in chains)))
+    values, reference = chains[0]._forward_envs(
+        x, any(e.method.signal == "multiplier" for e in chains), frozenset().union(*(e.recorded for e in chains)),
+        reuse=reuse,
+        # ops in surrogate form (factor chains, guided backprop) serve one method only
+        connected=all(e.by_autograd for e in chains) and (len(chains) == 1 or not any(e.surrogates for e in chains)))
+    return SharedPass(values, reference)
 
 
-def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: list[Any], envs: Any = None
-                   ) -> dict[str, torch.Tensor]:
+def attribute_many(explainers: dict[str, Explainer], x: torch.Tensor, targets: list[Any],
+                   shared: SharedPass | None = None) -> dict[str, torch.Tensor]:
     """Maps of several methods on ONE model for K targets: {label: (K, B, ...)}.
 
-    The graph methods share one forward pass (see :func:`shared_forward`; ``envs`` reuses one) and
+    The graph methods share one forward pass (see :func:`shared_forward`; ``shared`` reuses one) and
     each explains all K targets in one batched backward pass.
     """
-    made = envs is None
-    envs = envs if envs is not None else shared_forward(explainers, x)
+    made = shared is None
+    shared = shared if shared is not None else shared_forward(explainers, x)
     last = next((label for label, ex in reversed(explainers.items()) if ex.method.chain), None)
     out = {}
     for label, ex in explainers.items():
         own = None  # controls, or over the memory budget: each method its own (chunked) passes
-        if ex.method.chain and envs is not None:
-            own = (envs[0], envs[1] if ex.method.signal == "multiplier" else None)
-            if made and label == last:  # nobody reads the pass made here after the last method
-                own = Releasable(own)
+        if ex.method.chain and shared is not None:
+            # nobody reads the pass made here after the last method: it is released
+            own = shared.for_reader(reference=ex.method.signal == "multiplier", last=made and label == last)
         out[label] = ex.maps_for_targets(x, targets, own)
     return out

@@ -110,3 +110,20 @@ def test_the_graph_sees_function_local_and_package_imports(tmp_path):
     source.write_text("def f():\n    from audit.run import runner\n    import reports.build\n")
     found = _imports(source, "bort.mod", set(_modules()))
     assert found == {"audit.run.runner", "reports.build"}
+
+
+def test_the_layers_above_import_only_the_engines_declared_api():
+    from attributions.engine_api import ENGINE_API
+
+    undeclared = []
+    for name, path in _modules().items():
+        if name.split(".")[0] == "attributions":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "attributions":
+                undeclared += [f"{name}: from {node.module} import {a.name}" for a in node.names
+                               if a.name not in ENGINE_API.get(node.module or "", frozenset())]
+            elif isinstance(node, ast.Import):
+                undeclared += [f"{name}: import {a.name}" for a in node.names
+                               if a.name.split(".")[0] == "attributions" and a.name not in ENGINE_API]
+    assert not undeclared, "imports of the engine outside attributions.engine_api:\n" + "\n".join(undeclared)

@@ -362,9 +362,9 @@ def _pooled_signals(explainers: dict[str, Explainer], graph: Graph, x: torch.Ten
                             leave=False):
         xs = x[start:stop]
         with model_errors():
-            envs = shared_forward(explainers, xs)
-        assert envs is not None  # every explainer left is a graph method
-        env, ref = envs
+            shared = shared_forward(explainers, xs)
+        assert shared is not None  # every explainer left is a graph method
+        env, ref = shared.values, shared.reference
         axes = channel_axes(graph, env)
         for method, target in tqdm(jobs, desc="CSC", disable=not bars(progress) or chunk < len(x), leave=False):
             ex = explainers[method]
@@ -376,7 +376,7 @@ def _pooled_signals(explainers: dict[str, Explainer], graph: Graph, x: torch.Ten
                 taps.pop(node, None)
                 _pool(pooled, method, target, taps, axes, n_vectors, start)
                 del taps
-        del env, ref, envs
+        del env, ref, shared
     return pooled
 
 

@@ -158,9 +158,9 @@ def _explained(net: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str
                ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
     """{method: ((B, H, W) heatmap, (B, H, W) signed channel sum or None)} of ``x`` on ``net``, explaining the label
     ``y`` or (``target`` "predicted") the net's prediction; ``seed``: the random control's."""
-    _, explainers, envs, logits = prepare(net, x, names, y, seed=seed, params=params)
+    _, explainers, shared, logits = prepare(net, x, names, y, seed=seed, params=params)
     t = y if target == "true" else logits.argmax(1)
-    raw = {m: v[0] for m, v in attribute_many(explainers, x, [t], envs).items()}
+    raw = {m: v[0] for m, v in attribute_many(explainers, x, [t], shared).items()}
     signed = signed_heatmaps(raw, reduction)
     return {m: (v, signed.get(m)) for m, v in heatmaps(raw, reduction).items()}
 

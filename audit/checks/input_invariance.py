@@ -180,10 +180,10 @@ def input_invariance(model: nn.Module, x: Images, y: Labels, methods: Methods = 
         moved = {m: {"baseline": values[0] if len(set(values)) == 1 else values} for m in names if takes_baseline(m)}
     maps = []
     for m_, inputs, labels, given in ((model, x, y, {}), (shifted, x_shifted, None, moved)):
-        _, explainers, envs, _ = prepare(m_, inputs, names, labels, params={**(params or {}), **given})
+        _, explainers, shared, _ = prepare(m_, inputs, names, labels, params={**(params or {}), **given})
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            raw = attribute_many(explainers, inputs, [y], envs)
+            raw = attribute_many(explainers, inputs, [y], shared)
         maps.append(heatmaps({m: v[0] for m, v in raw.items()}, reduction))
     rows = []
     for m in tqdm(names, desc="input invariance", disable=not bars(progress), leave=False):

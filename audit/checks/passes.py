@@ -12,6 +12,7 @@ from torch import nn
 from attributions.errors import AttributionError
 from attributions.explainer import Explainer, Reuse, shared_forward
 from attributions.graph import Graph, trace
+from attributions.shared_pass import SharedPass
 from audit.errors import ModelError
 from audit.inputs import check_labels, check_logits
 
@@ -39,7 +40,7 @@ def explainer(model: nn.Module, method: str, graph: Graph | None = None, params:
 def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tensor | None = None,
             graph: Graph | None = None, seed: int = 0, *, params: Params | None = None,
             reuse: Reuse | None = None, previous: dict[str, Explainer] | None = None
-            ) -> tuple[Graph, dict[str, Explainer], tuple[Any, ...] | None, torch.Tensor]:
+            ) -> tuple[Graph, dict[str, Explainer], SharedPass | None, torch.Tensor]:
     """(graph, {method: Explainer}, shared forward pass or None, logits (B, classes)) for ``x`` (B, ...).
 
     ``graph``: reuse a trace of ``model``; ``seed``: the random control's; ``params``: methods'
@@ -55,9 +56,10 @@ def prepare(model: nn.Module, x: torch.Tensor, methods: list[str], y: torch.Tens
         given: dict[str, Mapping[str, Any]] = {"random": {"seed": seed}} | dict(params or {})
         kept = {m: e for m, e in (previous or {}).items() if e.model is model and e.graph is graph and m not in given}
         explainers = {m: kept[m] if m in kept else Explainer(model, m, graph=graph, **given.get(m, {})) for m in methods}
-        envs = shared_forward(explainers, x, reuse)
-        logits = envs[0][graph.output] if envs else Explainer(model, "gradient", graph=graph).forward(x).detach()
+        shared = shared_forward(explainers, x, reuse)
+        logits = shared.values[graph.output] if shared is not None else \
+            Explainer(model, "gradient", graph=graph).forward(x).detach()
     if y is not None:
         check_logits(logits)
         check_labels(y, logits.shape[1])
-    return graph, explainers, envs, logits
+    return graph, explainers, shared, logits

@@ -68,12 +68,12 @@ def random_logit_test(model: torch.nn.Module, x: Images, y: Labels, methods: Met
     if y is None:
         raise AuditError("random_logit_test needs the labels y")
     names = resolve_methods(methods)
-    _, explainers, envs, logits = prepare(model, x, names, y, params=params)
+    _, explainers, shared, logits = prepare(model, x, names, y, params=params)
     r = random_classes(y, logits.shape[1], seed)
     n, parts = len(x), []
     structure = input_structure(x)
     for m in tqdm(names, desc="random-logit", disable=not bars(progress), leave=False):
-        both = attribute_many({m: explainers[m]}, x, [y, r], envs)[m]  # one batched backward for both classes
+        both = attribute_many({m: explainers[m]}, x, [y, r], shared)[m]  # one batched backward for both classes
         # the two sets of maps prepared in one batch: one sort per map gives its ranks and its normalisation
         flat = {m: both.reshape(2 * n, *both.shape[2:])}
         maps = ComparableMaps(heatmaps(flat, reduction)[m], signed_heatmaps(flat, reduction).get(m))

@@ -35,6 +35,7 @@ from attributions.graph import Graph, trace
 from attributions.hygiene import leaves_process_alone
 from attributions.kinds import SIGNAL_KINDS
 from attributions.records import Const
+from attributions.shared_pass import SharedPass
 from audit import style
 from audit.checks.base import (
     INCONCLUSIVE,
@@ -215,11 +216,12 @@ def _one_seed(model: nn.Module, x: torch.Tensor, y: torch.Tensor, methods: Metho
     return df, {m: np.stack(kept[m]) if m in kept else np.zeros(shape) for m in reference}
 
 
-Explain = Callable[[dict[str, Explainer], torch.Tensor, torch.Tensor, Any], dict[str, torch.Tensor]]
+Explain = Callable[[dict[str, Explainer], torch.Tensor, torch.Tensor, SharedPass | None], dict[str, torch.Tensor]]
 
 
-def _plain(explainers: dict[str, Explainer], x: torch.Tensor, t: torch.Tensor, envs: Any) -> dict[str, torch.Tensor]:
-    return {m: v[0] for m, v in attribute_many(explainers, x, [t], envs).items()}
+def _plain(explainers: dict[str, Explainer], x: torch.Tensor, t: torch.Tensor,
+           shared: SharedPass | None) -> dict[str, torch.Tensor]:
+    return {m: v[0] for m, v in attribute_many(explainers, x, [t], shared).items()}
 
 
 class StageMaps(NamedTuple):
@@ -247,7 +249,7 @@ def stage_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, method
     randomisation stage: the one loop every randomization-based check runs, as ``stages`` says, with one
     seed, ``stages.seed`` (:func:`~audit.checks.replicates.per_seed` shares several out over the images).
 
-    ``explain(explainers, x, t, envs) -> {method: (B, C, H, W) maps}`` computes a stage's maps
+    ``explain(explainers, x, t, shared) -> {method: (B, C, H, W) maps}`` computes a stage's maps
     (default: each method's attribution; sMPRT averages over noisy inputs). ``name`` names the
     calling check in errors and in the progress bar. ``every_stage=False`` yields only the trained
     model's maps and the last stage's (the intermediate stages are still applied, not explained).
@@ -287,18 +289,18 @@ def stage_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, method
         if not every_stage and 0 < stage < len(plan):
             continue
         # the nodes upstream of every re-initialised part hold the trained model's values: taken, not recomputed
-        reuse = (trained[0], unchanged_nodes(graph, changed)) if trained is not None else None
+        reuse = (trained.values, unchanged_nodes(graph, changed)) if trained is not None else None
         # the random control draws afresh at every stage (seeded by the stage), a floor for the scores;
         # logits and labels checked on the trained model
-        graph, explainers, envs, logits = prepare(stage_model, x, names, y if stage == 0 else None,
+        graph, explainers, shared, logits = prepare(stage_model, x, names, y if stage == 0 else None,
                                                   graph if stage == 0 or order != "independent" else None,
                                                   seed + stage, reuse=reuse, previous=explainers, params=params)
-        if stage == 0 and envs is not None:
+        if stage == 0 and shared is not None:
             # kept while the stages run: under a memory budget only if it leaves room for a stage's own passes
             limit = memory.budget()
-            trained = envs if limit is None or 3 * memory.tensor_bytes(envs[0]) <= limit else None
+            trained = shared if limit is None or 3 * memory.tensor_bytes(shared.values) <= limit else None
         t = y if stages.target == "true" else logits.argmax(1)
-        raw = explain(explainers, x, t, envs)
+        raw = explain(explainers, x, t, shared)
         yield StageMaps(stage, layer, heatmaps(raw, reduction), share, signed_heatmaps(raw, reduction))
 
 

@@ -21,6 +21,7 @@ import torch
 
 from attributions.explainer import Explainer, attribute_many
 from attributions.hygiene import leaves_process_alone
+from attributions.shared_pass import SharedPass
 from audit.checks.base import Check, UnitResult
 from audit.checks.calibration import NearerThanUnrelated
 from audit.checks.coverage import paragraph as coverage_paragraph
@@ -99,7 +100,8 @@ def _one_seed(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, methods:
     copies = noisy_copies(x, n_samples, noise, stages.seed)
     batch = copies.reshape(-1, *x.shape[1:])
 
-    def denoised(explainers: dict[str, Explainer], x: torch.Tensor, t: torch.Tensor, envs: Any) -> dict[str, torch.Tensor]:
+    def denoised(explainers: dict[str, Explainer], x: torch.Tensor, t: torch.Tensor,
+                 shared: SharedPass | None) -> dict[str, torch.Tensor]:
         # the stage's shared forward pass is for x alone: the noisy copies get their own, in chunks
         tt = t.repeat(n_samples)
         total: dict[str, torch.Tensor] = {}

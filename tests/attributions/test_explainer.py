@@ -117,18 +117,18 @@ def test_an_exact_gradient_chain_is_taken_from_autograd(name, method, monkeypatc
     else:  # a pass in surrogate form is the gradient of its method only: shared with another, none is recorded whole
         graph = explainers["gradient"].graph
         both = {"gradient": Explainer(model, "gradient", graph=graph), method: Explainer(model, method, graph=graph)}
-        assert (CONNECTED in shared_forward(both, x)[0]) == (not ex.surrogates)  # cp-lrp on a CNN: no op to replace
+        assert shared_forward(both, x).connected == (not ex.surrogates)  # cp-lrp on a CNN: no op to replace
         assert ex.surrogates == (name == "vit" or method == "guided-backprop")
         shared = attribute_many(both, x, targets)
         torch.testing.assert_close(shared[method], fast, rtol=1e-10, atol=1e-13 * fast.abs().max())
         torch.testing.assert_close(shared["gradient"], explainers["gradient"].maps_for_targets(x, targets))
     # from a layer inside, for the layers below it that a check keeps (CSC), on one shared pass
     layer = ex.layers[len(ex.layers) // 2]
-    envs = shared_forward({method: ex}, x)
-    assert CONNECTED in envs[0]
-    vectors = torch.randn(2, *envs[0][layer].shape, dtype=torch.float64)
+    made = shared_forward({method: ex}, x)
+    assert CONNECTED in made.values and made.connected
+    vectors = torch.randn(2, *made.values[layer].shape, dtype=torch.float64)
     keep = {"input", ex.layers[1], layer, ex.layers[-1]}
-    taps = ForwardPass(ex, x, *envs).signals(layer, vectors, keep=keep)
+    taps = ForwardPass(ex, x, made.values, made.reference).signals(layer, vectors, keep=keep)
     with memory.limit(2**40):
         chain = ForwardPass(ex, x, *ex._forward_envs(x)).signals(layer, vectors, keep=keep)
     assert list(taps) == list(chain) and set(taps) == keep - {ex.layers[-1]}

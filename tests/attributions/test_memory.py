@@ -4,6 +4,7 @@ import torch
 
 from attributions import AttributionError, Explainer, memory
 from attributions.graph import trace
+from attributions.shared_pass import SharedPass
 from audit.checks.convergence import chain_convergence
 from audit.models import build
 
@@ -95,7 +96,7 @@ def test_vectors_chunk_over_one_shared_forward_pass(monkeypatch):
     env = ex._forward_envs(x)[0]
     held = memory.tensor_bytes(env)
     with memory.limit(held * 4):  # the forward values and three vectors' signals
-        chunked = ex._signals(x, ex.layers[-1], lambda e: vectors, envs=(env, None))
+        chunked = ex._signals(x, ex.layers[-1], lambda e: vectors, shared=SharedPass(env))
     assert backwards == [3, 3, 2]
     for name, value in whole.items():
         assert chunked[name].shape == value.shape

@@ -48,7 +48,7 @@ def test_a_cell_fails_on_a_raw_exception_a_nonfinite_map_and_a_broken_promise(mo
     result = cell(model, graph, x, target, "deeplift", {}, reference=broken)
     assert result["outcome"] == "failed" and "difference missed by" in result["reason"]
 
-    def raw(self, ex, x, targets, envs=None, **kwargs):
+    def raw(self, ex, x, targets, shared=None, **kwargs):
         raise RuntimeError("The size of tensor a (2) must match the size of tensor b (16)")
 
     with monkeypatch.context() as patch:

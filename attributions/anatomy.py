@@ -47,7 +47,8 @@ def feature_maps(graph: Any, values: dict[str, Any], ndim: int, positions: int =
     tokens, a flatten) ends it. So a channels-last stretch that returns to channels-first (ConvNeXt)
     still counts, and the 4-D tensors inside attention (heads x tokens) never do. A node whose first axis is not
     the input's batch (patches folded into it, as MobileViT's and MViT's blocks do) is never one: its map would
-    not be one per input."""
+    not be one per input; nor is a node the logits do not depend on (a pooled output the classifier does not read,
+    as TextNet's): no gradient reaches it."""
     canonical = tuple(range(ndim))
     layout: dict[str, tuple[int, ...]] = {graph.nodes[0].name: canonical}
     batch = values[graph.nodes[0].name].shape[0]
@@ -73,7 +74,8 @@ def feature_maps(graph: Any, values: dict[str, Any], ndim: int, positions: int =
                 found = tuple(same[a] for a in p) if p is not None else None
         if found is not None:
             layout[node.name] = found
-    return [n for n, v in layout.items() if v == canonical and n != graph.nodes[0].name
+    read = _ancestors(graph, graph.output) | {graph.output}
+    return [n for n, v in layout.items() if v == canonical and n != graph.nodes[0].name and n in read
             and math.prod(values[n].shape[2:]) >= positions]
 
 
@@ -95,8 +97,8 @@ def cam_layer(graph: Any, values: dict[str, Any], layer: str | None, ndim: int) 
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
         raise AttributionError(f"Grad-CAM layer {layer!r} (node {chosen!r}, output shape {shape}) is not a "
                                "channels-first feature map (B, C, *spatial) with more than one position that keeps "
-                               f"the inputs' batch axis; choose one of the last feature maps: "
-                               f"{', '.join(maps[-5:]) or 'none'}")
+                               "the inputs' batch axis and that the logits depend on; choose one of the last feature "
+                               f"maps: {', '.join(maps[-5:]) or 'none'}")
     return chosen
 
 

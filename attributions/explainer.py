@@ -21,7 +21,7 @@ from torch.autograd.graph import get_gradient_edge
 from attributions import fusion, liveness, memory
 from attributions.derived import Derived
 from attributions.errors import AttributionError, unknown_name
-from attributions.graph import Graph, trace
+from attributions.graph import Graph, laid_out, trace
 from attributions.hygiene import leaves_process_alone
 from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS
 from attributions.linear_ops import OPS, DenseOp, pool
@@ -421,8 +421,9 @@ class Explainer(Attribution):
                 env[node.name] = out
             elif connected and (rule := self._rules.get(node.name)) is not None and rule.traceable:
                 inputs = [env[i] for i in node.inputs]  # the output is the surrogate's to compute: a stand-in
-                env[node.name] = rule.surrogate(Context(node=node, inputs=inputs, output=inputs[0],
-                                                        op=self._ops.get(node.name), env=env, graph=self._g))
+                out = rule.surrogate(Context(node=node, inputs=inputs, output=inputs[0], op=self._ops.get(node.name),
+                                             env=env, graph=self._g))
+                env[node.name] = laid_out(out, node.layout) if node.layout is not None else out
             else:
                 env[node.name] = self._eval(node, env)
                 if connected and node.kind not in SIGNAL_KINDS and isinstance(env[node.name], torch.Tensor):

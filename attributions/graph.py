@@ -76,6 +76,9 @@ class Node:
     # query / key / value projection of an attention): a rule that holds some of them leaves blocks of its
     # output's gradient zero, which its transpose need not multiply (attributions.linear_ops.DenseOp)
     pieces: int = 0
+    # the memory order of its value's axes where the traced op's is not contiguous (sdpa's output, (B, H, L, D) laid
+    # out as (B, L, H, D)): a view the model takes later may rely on it, so whatever computes the value lays it out alike
+    layout: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.record is None:
@@ -633,14 +636,14 @@ class _Builder:
         fused = attention.fused_run(bound.get("scale"), mask.name if mask is not None else None)
         if order is not None:  # a view the model takes later may rely on the layout
             last = specs[-1]
-            specs[-1] = (*last[:3], (lambda f: lambda env, replace: _laid_out(f(env, replace), order))(last[3]), last[4])
-            fused = (lambda f: lambda env, q, k, v: _laid_out(f(env, q, k, v), order))(fused)
+            specs[-1] = (*last[:3], (lambda f: lambda env, replace: laid_out(f(env, replace), order))(last[3]), last[4])
+            fused = (lambda f: lambda env, q, k, v: laid_out(f(env, q, k, v), order))(fused)
         for i, (suffix, kind, inputs, run, record) in enumerate(specs):
             own = name if i == len(specs) - 1 else f"{name}.{suffix}"
             self.taken[own] = self.taken.get(own, 0) + 1
             self.add(Node(own, kind, inputs, run=run, record=record, tokens=True, path=self.c.module_path(fx_node),
                           fused=attention.Fused(tuple(f"{name}.{s[0]}" for s in specs[:-1]), fused, *sizes)
-                          if own == name else None))
+                          if own == name else None, layout=order if own == name else None))
         self.names[fx_node] = name
 
     def describe(self, fx_node: torch.fx.Node, op: str, signals: tuple[str, ...]) -> ops.Described:
@@ -716,7 +719,7 @@ def _layout(val: Any) -> tuple[int, ...] | None:
     return None if order == tuple(range(len(strides))) else order
 
 
-def _laid_out(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+def laid_out(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
     """``t``'s values laid out in memory in ``order`` (as :func:`_layout` gives it)."""
     inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
     return t.permute(order).contiguous().permute(inverse)

@@ -46,6 +46,32 @@ def test_feature_maps_follow_layouts_through_permutes_and_stop_at_tokens():
     assert ex.method.engine.layer_of(ex, x) == "add"
 
 
+class _UnreadPooler(nn.Module):
+    """A model that also returns a pooling of its last map that the logits never read (Hugging Face's TextNet
+    returns a pooler output beside the classifier's own pooling): the explained output is the tuple's first."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.pooler, self.pool, self.fc = nn.Conv2d(1, 4, 3), nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))
+        return self.fc(self.pool(h).flatten(1)), self.pooler(h)
+
+
+def test_a_feature_map_the_logits_do_not_depend_on_is_never_the_layer():
+    torch.manual_seed(0)
+    model = _UnreadPooler().double().eval()
+    x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
+    graph = trace(model, x)
+    values = Explainer(model, "gradient", graph=graph).forward_pass(x, reference=False).values
+    assert "pooler" in graph.by_name and "pooler" not in feature_maps(graph, values, x.ndim)
+    ex = Explainer(model, "grad-cam", graph=graph)
+    assert ex.method.engine.layer_of(ex, x) == "relu" and ex.attribute(x, target=0).shape == x.shape
+    with pytest.raises(AttributionError, match="that the logits depend on"):
+        Explainer(model, "grad-cam", layer="pooler").attribute(x, target=0)
+
+
 def test_attention_nodes_and_the_token_layout_of_a_vit():
     torch.manual_seed(0)
     model = TinyViT(depth=2).double().eval()

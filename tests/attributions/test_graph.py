@@ -676,3 +676,26 @@ def test_attention_weights_moved_before_their_product_still_gate_it(between):
     ex = Explainer(model, "cp-lrp").capture(x)  # so CP-LRP holds them: no signal reaches the query and the key
     assert ex.rule_for(products[1].name).silent(products[1]) == {products[1].record.operands[0]}
     assert ex._ops["qkv"].blocks == 3
+
+
+class _ViewedAttention(nn.Module):
+    """Attention whose output is permuted back and viewed, as BEiT's and Data2Vec's are: the view relies on
+    scaled_dot_product_attention's output being laid out (B, L, H, D) in memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.head = nn.Linear(8, 24), nn.Linear(8, 3)
+
+    def forward(self, x):  # x (B, L, 8)
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, 4)).permute(2, 0, 3, 1, 4).unbind(0)  # (B, 2 heads, L, 4) each
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.head(out.permute(0, 2, 1, 3).view(x.shape[0], x.shape[1], 8).mean(1))
+
+
+@pytest.mark.parametrize("method", ["attnlrp", "cp-lrp", "gradient"])
+def test_a_rule_that_computes_an_attentions_output_lays_it_out_as_the_model_does(method):
+    torch.manual_seed(0)
+    model = _ViewedAttention().double().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    maps = Explainer(model, method).attribute(x, target=1)
+    assert maps.shape == x.shape and torch.isfinite(maps).all()

@@ -150,7 +150,8 @@ class DenseOp(LinearOp):
 
     def weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         m = self.node.tensors
-        return _fold(self.node, m.required("weight"), _bias(m, m.out_features, m.required("weight")))
+        w = m.required("weight")
+        return _fold(self.node, w, _bias(m, int(w.shape[0]), w))
 
     def forward(self, x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None = None) -> torch.Tensor:
         # a strided input (the sequence-first transpose in torch.nn.MultiheadAttention) takes F.linear's slow path,
@@ -198,7 +199,8 @@ class DenseOp(LinearOp):
 class ConvOp(LinearOp):
     def weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         m = self.node.tensors
-        return _fold(self.node, m.required("weight"), _bias(m, m.out_channels, m.required("weight")))
+        w = m.required("weight")
+        return _fold(self.node, w, _bias(m, int(w.shape[0]), w))
 
     def __init__(self, node: Node):
         super().__init__(node)

@@ -63,7 +63,8 @@ class OpTensors:
 
     def _shape(self) -> torch.Size:
         """The weight's shape (a BatchNorm's running mean's, without an affine weight)."""
-        held = self.weight if self.weight is not None else self.running_mean
+        held = self.weight
+        held = held if held is not None else self.running_mean  # each read computes a derived weight anew: read once
         if held is None:
             raise AttributionError(f"the op at {self.path or 'the model'!r} reads no weight")
         return held.shape

@@ -138,7 +138,8 @@ def test_the_automatic_layer_keeps_the_batch_axis_and_a_folding_one_is_refused(m
     explainer = Explainer(model, method)
     assert explainer.attribute(x, target=1).shape == x.shape
     assert explainer.method.engine.layer_of(explainer, x) == "relu"
-    with pytest.raises(AttributionError, match=r"'local' .* keeps the inputs' batch axis; choose one of .*: stem, relu"):
+    with pytest.raises(AttributionError, match=r"'local' .* keeps the inputs' batch axis and that the logits depend on; "
+                                               r"choose one of .*: stem, relu"):
         Explainer(model, method, layer="local").attribute(x, target=1)
 
 

@@ -16,6 +16,7 @@ from attributions import Explainer, available_methods
 from attributions.errors import AttributionError
 from attributions.graph import trace
 from attributions.rules import WinnerTakeAll
+from attributions.shared_pass import SharedPass
 from audit.models import build
 from tests.engine_models import (
     ConvPoolNet,
@@ -194,9 +195,9 @@ def test_zoo_recorded_forward_graph_equals_rerunning_each_op(zoo):
     targets = [0, 2, torch.tensor([1, 0, 2])]
     for method in ("gradient", "guided-backprop", "lrp-epsilon", "deeplift", "lrp-epsilon-plus"):
         ex = Explainer(model, method)
-        recorded = ex.maps_for_targets(x, targets, ex._forward_envs(x))
+        recorded = ex.maps_for_targets(x, targets, SharedPass(*ex._forward_envs(x)))
         assert ex.recorded or method != "gradient"  # every zoo model has a traced op the gradient records
-        rerun = ex.maps_for_targets(x, targets, ex._forward_envs(x, record=frozenset()))
+        rerun = ex.maps_for_targets(x, targets, SharedPass(*ex._forward_envs(x, record=frozenset())))
         torch.testing.assert_close(recorded, rerun, rtol=1e-12, atol=1e-12, msg=method)
         if method == "gradient":
             xr = x.clone().requires_grad_(True)

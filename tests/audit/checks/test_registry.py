@@ -86,7 +86,7 @@ def test_a_new_check_reaches_config_runner_verdict_cli_and_report(tmp_path, monk
     with pytest.raises(ConfigError, match="toy_pass must be a float"):
         load_config(models=["cnn-sgd"], tests="toy", toy_pass="high")
     config = load_config(models=["cnn-sgd"], methods="gradient,edge", tests="toy", n_images=4, toy_pass=0.01)
-    assert config.toy_pass == 0.01
+    assert config.option("toy_pass") == 0.01
     result = run_audit(config, tmp_path / "run", progress=False, log=lambda s: None)
     table = pd.read_csv(tmp_path / "run" / "results" / "toy.csv")
     assert set(table.method) == {"gradient", "edge"} and len(table) == 8

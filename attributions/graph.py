@@ -39,7 +39,7 @@ from torch import nn
 from attributions import attention, ops
 from attributions.capture import Capture, capture, is_view
 from attributions.errors import AttributionError
-from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS, check, default
+from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS, WEIGHT_KINDS, check, default
 from attributions.op_tensors import OpTensors
 from attributions.records import Activation, Const, Mix, Move, Product, Record, Reduce
 from attributions.refs import Ref, resolve
@@ -175,7 +175,7 @@ class Graph:
         seen: set[int] = set()
         out = []
         for node in self.nodes:
-            tensors = node.tensors if node.kind in ("conv", "dense", "affine") else None
+            tensors = node.tensors if node.kind in WEIGHT_KINDS else None
             if tensors is not None and tensors.module is not None and id(tensors.module) not in seen:
                 seen.add(id(tensors.module))
                 out.append((tensors.path, tensors.module, node.bn.module if node.bn is not None else None))

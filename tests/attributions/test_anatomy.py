@@ -33,12 +33,17 @@ class _ChannelsLast(nn.Module):
         return self.head(mixed.mean(1))
 
 
-def test_feature_maps_follow_layouts_through_permutes_and_stop_at_tokens():
+def _traced(module_class, size):
+    """(model, two seeded images of ``size`` px, its graph, the gradient's forward values) of a fresh ``module_class``."""
     torch.manual_seed(0)
-    model = _ChannelsLast().double().eval()
-    x = torch.rand(2, 1, 6, 6, dtype=torch.float64)
+    model = module_class().double().eval()
+    x = torch.rand(2, 1, size, size, dtype=torch.float64)
     graph = trace(model, x)
-    values = Explainer(model, "gradient", graph=graph).forward_pass(x, reference=False).values
+    return model, x, graph, Explainer(model, "gradient", graph=graph).forward_pass(x, reference=False).values
+
+
+def test_feature_maps_follow_layouts_through_permutes_and_stop_at_tokens():
+    model, x, graph, values = _traced(_ChannelsLast, 6)
     maps = feature_maps(graph, values, x.ndim)
     # the block's permute back to channels-first and its sum count; the channels-last stretch and attention do not
     assert maps == ["conv", "permute#1", "add"], maps
@@ -60,11 +65,7 @@ class _UnreadPooler(nn.Module):
 
 
 def test_a_feature_map_the_logits_do_not_depend_on_is_never_the_layer():
-    torch.manual_seed(0)
-    model = _UnreadPooler().double().eval()
-    x = torch.rand(2, 1, 8, 8, dtype=torch.float64)
-    graph = trace(model, x)
-    values = Explainer(model, "gradient", graph=graph).forward_pass(x, reference=False).values
+    model, x, graph, values = _traced(_UnreadPooler, 8)
     assert "pooler" in graph.by_name and "pooler" not in feature_maps(graph, values, x.ndim)
     ex = Explainer(model, "grad-cam", graph=graph)
     assert ex.method.engine.layer_of(ex, x) == "relu" and ex.attribute(x, target=0).shape == x.shape

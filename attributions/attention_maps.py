@@ -28,7 +28,7 @@ import torch
 from attributions.anatomy import TokenLayout, attention_nodes, token_layout
 from attributions.cam import UPSAMPLING, PerGraph, target_signals, upsampled
 from attributions.engines import Engine, Explaining
-from attributions.errors import AttributionError
+from attributions.errors import AttributionError, NotApplicable
 from attributions.shared_pass import SharedPass
 
 FUSIONS = ("mean", "max", "min")
@@ -97,7 +97,7 @@ class _OnAttention(Engine):
     def fits(self, ex: Any, x: torch.Tensor) -> str | None:
         try:
             self._attention.get(ex, x)
-        except AttributionError as exc:
+        except NotApplicable as exc:
             return str(exc)
         return None
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from attributions.anatomy import cam_layer, on_grid, token_layout, token_node
 from attributions.engines import Engine, Explaining
-from attributions.errors import AttributionError
+from attributions.errors import AttributionError, NotApplicable
 from attributions.shared_pass import SharedPass
 
 UPSAMPLING = ("nearest", "bilinear")
@@ -96,7 +96,12 @@ class PerGraph:
             probe = x[:2] if len(x) >= 2 else x[:1].expand(2, *x.shape[1:])
             values = gradient.forward_pass(probe, reference=False).values
             graph = gradient.graph
-            self._found[graph] = self.find(graph, values, x.ndim)
+            try:
+                self._found[graph] = self.find(graph, values, x.ndim)
+            except NotApplicable:
+                raise
+            except AttributionError as exc:  # the model traced and ran: what it lacks is what the method reads
+                raise NotApplicable(str(exc)) from exc
         return graph, self._found[graph]
 
 
@@ -131,7 +136,7 @@ class GradCam(Engine):
     def fits(self, ex: Any, x: torch.Tensor) -> str | None:
         try:
             self._locate(ex, x)
-        except AttributionError as exc:
+        except NotApplicable as exc:
             return str(exc)
         return None
 

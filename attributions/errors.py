@@ -23,6 +23,12 @@ class AttributionError(ToolkitError):
     """A model or request the attribution engine cannot handle: the node, its type, what to do."""
 
 
+class NotApplicable(AttributionError):
+    """A method that cannot explain this model at all, though both are sound: a Grad-CAM without a feature map
+    of more than one position, attention maps of a model without (whole-image) attention. An audit leaves such
+    a unit empty and records why (its manifest's ``not_applicable``)."""
+
+
 def unknown_name(kind: str, name: object, valid: Iterable[str], error: type[ToolkitError]) -> ToolkitError:
     """The error for an unknown name, listing the valid ones and the closest match.
 

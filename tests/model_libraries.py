@@ -18,6 +18,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -269,6 +270,31 @@ def _accepts(cls: type[Any], name: str) -> bool:
 # --- torchvision ---------------------------------------------------------------------------------
 
 
+# A window every stage's feature map is partitioned into (MaxViT's): the builder fixes it (7), and with it the
+# input size (a multiple of 32 x 7 = 224 px). The class is built with the builder's other settings and a 2 x 2
+# window, which runs at 64 px with the same modules and ops, an eighth of the cost.
+WINDOW = "partition_size"
+SMALLEST_WINDOW = 2
+
+
+def _settings(builder: Callable[..., nn.Module], cls: type[nn.Module]) -> dict[str, Any]:
+    """The arguments ``builder`` constructs ``cls`` with (recorded on the meta device), but the classes count and
+    the input size, which the listing sets."""
+    seen: dict[str, Any] = {}
+    original = cls.__init__
+
+    def record(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+        seen.update(inspect.signature(original).bind(self, *args, **kwargs).arguments)
+        original(self, *args, **kwargs)
+
+    cls.__init__ = record  # type: ignore[method-assign]
+    try:
+        meta_build(lambda: builder(num_classes=CLASSES))
+    finally:
+        cls.__init__ = original  # type: ignore[method-assign]
+    return {k: v for k, v in seen.items() if k not in ("self", "num_classes", "input_size", "image_size")}
+
+
 def _torchvision() -> Listing:
     import torchvision.models as models
 
@@ -279,6 +305,10 @@ def _torchvision() -> Listing:
         cls = type(default)
         # ViT and MaxViT fix their input size at construction; the others adapt (adaptive pooling)
         key = next((k for k in ("image_size", "input_size") if _accepts(cls, k)), None)
+        note = f"module {builder.__module__.rsplit('.', 1)[-1]}"
+        if _accepts(cls, WINDOW):  # the class built with the builder's settings and the smallest window
+            builder = partial(cls, **{**_settings(builder, cls), WINDOW: SMALLEST_WINDOW})
+            note += f", {WINDOW}={SMALLEST_WINDOW}"
 
         def make(size: int, builder: Callable[..., nn.Module] = builder, key: str | None = key) -> nn.Module:
             return builder(num_classes=CLASSES, **({key: size if key == "image_size" else (size, size)} if key else {}))
@@ -289,7 +319,7 @@ def _torchvision() -> Listing:
             continue
         build = cast(Callable[[], nn.Module], lambda make=make, size=size: make(size))  # mypy cannot infer a lambda's defaults
         listing.entries.append(Entry("torchvision", name, _seeded(build),
-                                     (3, size, size), probe.params, note=f"module {builder.__module__.rsplit('.', 1)[-1]}",
+                                     (3, size, size), probe.params, note=note,
                                      structure=structure(default), ops=probe.ops, volume=probe.volume))
     return listing
 

@@ -28,7 +28,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from attributions import memory
-from attributions.errors import unknown_name
+from attributions.errors import NotApplicable, unknown_name
 from attributions.explainer import Explainer, ForwardPass, shared_forward
 from attributions.graph import Graph, Node, trace
 from attributions.hygiene import leaves_process_alone
@@ -279,7 +279,11 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
     every = {m: explainer(model, m, graph, params) for m in names}
     explainers = {m: e for m, e in every.items() if e.method.chain}
     # maps that are a product of per-block operators (attention rollout): their chain is that product
-    products = {m: e for m, e in every.items() if e.method.engine.product and e.method.engine.fits(e, x) is None}
+    candidates = {m: e for m, e in every.items() if e.method.engine.product}
+    unfit = {m: reason for m, e in candidates.items() if (reason := e.method.engine.fits(e, x)) is not None}
+    products = {m: e for m, e in candidates.items() if m not in unfit}
+    if not explainers and not products and unfit:  # attention rollout of a CNN: the runner leaves the unit empty
+        raise NotApplicable("; ".join(f"{m}: {reason}" for m, reason in unfit.items()))
     if not explainers and not products:
         raise AuditError(f"none of {names} is a backward chain; CSC applies to the graph methods and to attention "
                          "rollout and its kin")

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attributions.errors import AttributionError
+from attributions.errors import AttributionError, NotApplicable
 from attributions.explainer import Explainer, Reuse, shared_forward
 from attributions.graph import Graph, trace
 from attributions.shared_pass import SharedPass
@@ -23,6 +23,8 @@ def model_errors() -> Iterator[None]:
     shape or channel count the model does not take) is a :class:`ModelError`, the audit's own."""
     try:
         yield
+    except NotApplicable:  # the runner leaves the unit empty and the manifest says why
+        raise
     except AttributionError as exc:
         raise ModelError(str(exc)) from exc
 

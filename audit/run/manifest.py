@@ -1,12 +1,13 @@
 """What a finished run's manifest records beyond its configuration: one contributor per fact.
 
-A contributor is a function ``(run) -> {manifest key: value}`` (an empty dict when it has nothing to say);
+A contributor is a function ``(run, ledger) -> {manifest key: value}`` (the run as planned, what its execution
+did) (an empty dict when it has nothing to say);
 :data:`CONTRIBUTORS` lists them in the manifest's order. Adding a fact to the manifest adds a function here.
 Contributors run on the lead process after the units are joined, with every model on the device.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -21,26 +22,27 @@ from audit.checks.options import look_level
 from audit.models.cautions import completeness_gap
 from audit.models.twins import twin_facts
 from audit.run.folder import versions
+from audit.run.ledger import Ledger
 from audit.run.plan import Run
 from audit.run.units import csv_bytes
 from bort import constraint_error
 
-Contributor = Callable[[Run], dict[str, Any]]
+Contributor = Callable[[Run, Ledger], dict[str, Any]]
 
 
-def model_sources(run: Run) -> dict[str, Any]:
+def model_sources(run: Run, ledger: Ledger) -> dict[str, Any]:
     """A library's model: which library, its version, the weight files' sha256."""
-    sources = {spec: run.models[spec].metadata for spec in run.config.models
-               if "library" in (getattr(run.models[spec], "metadata", None) or {})}
+    sources = {spec: model.metadata for spec, model in ledger.placed.every().items()
+               if "library" in (getattr(model, "metadata", None) or {})}
     return {"model_sources": sources} if sources else {}
 
 
-def cautions(run: Run) -> dict[str, Any]:
+def cautions(run: Run, ledger: Ledger) -> dict[str, Any]:
     """What a reader must know of the models (a weight cast on loading, a hook not read to the end), as logged."""
     return {"warnings": run.warnings} if run.warnings else {}
 
 
-def coverage(run: Run) -> dict[str, Any]:
+def coverage(run: Run, ledger: Ledger) -> dict[str, Any]:
     """Each check's coverage rows (what its stages re-initialised in every model), written beside its results;
     {test: {model label: summary}}, with a line for every tensor left trained."""
     record: dict[str, dict[str, dict[str, Any]]] = {}
@@ -50,7 +52,7 @@ def coverage(run: Run) -> dict[str, Any]:
             continue
         frames = []
         for spec in run.config.models:
-            table, summary = check.coverage(run.models[spec], run.x, run.options[name], run.config.seed)
+            table, summary = check.coverage(ledger.placed.model(spec), run.x, run.options[name], run.config.seed)
             label = run.labels[spec]
             frames.append(table.assign(model=label)[["model", *table.columns]])
             record.setdefault(name, {})[label] = summary
@@ -62,7 +64,7 @@ def coverage(run: Run) -> dict[str, Any]:
     return {"coverage": record} if record else {}
 
 
-def twins(run: Run) -> dict[str, Any]:
+def twins(run: Run, ledger: Ledger) -> dict[str, Any]:
     """For the checks that need a twin: each model's twin and the twin's training facts ("twins", with its control
     twin's under "control" where there is one), and why the models without a twin were skipped ("skipped", a line
     for each)."""
@@ -87,7 +89,7 @@ def twins(run: Run) -> dict[str, Any]:
     return {**({"twins": record} if record else {}), **({"skipped": skipped} if skipped else {})}
 
 
-def conventions(run: Run) -> dict[str, Any]:
+def conventions(run: Run, ledger: Ledger) -> dict[str, Any]:
     """The choices each method made on each model where they depend on it (Grad-CAM's layer: "conventions"), and
     why a method does not fit a model (an attention map of a CNN, whose units are empty: "not_applicable"),
     read on one image."""
@@ -95,7 +97,7 @@ def conventions(run: Run) -> dict[str, Any]:
     unfit: dict[str, dict[str, str]] = {}
     for name in run.config.methods:
         for spec in run.config.models:
-            ex = Explainer(run.models[spec], name)
+            ex = Explainer(ledger.placed.model(spec), name)
             reason = ex.method.engine.fits(ex, run.x[:1])
             if reason is not None:
                 unfit.setdefault(name, {})[run.labels[spec]] = reason
@@ -107,51 +109,51 @@ def conventions(run: Run) -> dict[str, Any]:
     return {**({"conventions": chosen} if chosen else {}), **({"not_applicable": unfit} if unfit else {})}
 
 
-def patterns(run: Run) -> dict[str, Any]:
+def patterns(run: Run, ledger: Ledger) -> dict[str, Any]:
     """The pattern methods' patterns: the images they were fitted on, and per model the file kept."""
     if run.patterns is None:
         return {}
-    files = {run.labels[spec]: str(next(iter(params.values()))["cache"]) for spec, params in run.given.items()
+    files = {run.labels[spec]: str(next(iter(params.values()))["cache"]) for spec, params in ledger.placed.given.items()
              if params}
     return {"patterns": {"data": run.patterns[1], "n": len(run.patterns[0]), "files": files}}
 
 
-def images(run: Run) -> dict[str, Any]:
+def images(run: Run, ledger: Ledger) -> dict[str, Any]:
     return {"images": run.images}
 
 
-def memory(run: Run) -> dict[str, Any]:
+def memory(run: Run, ledger: Ledger) -> dict[str, Any]:
     """The budget, and the peak of every unit (those of the run resumed too)."""
     old_peaks = run.previous.get("memory", {}).get("peak_mb", {}) if run.previous is not None else {}
-    return {"memory": {"budget_bytes": run.budget, "peak_mb": {**old_peaks, **run.peaks},
+    return {"memory": {"budget_bytes": run.budget, "peak_mb": {**old_peaks, **ledger.peaks},
                        "peak_of": "allocated GPU memory" if run.device.type == "cuda" else "resident memory of the process"}}
 
 
-def precision(run: Run) -> dict[str, Any]:
+def precision(run: Run, ledger: Ledger) -> dict[str, Any]:
     """Whether the maps were computed in mixed precision, and then how far each method's maps move from float32."""
     record: dict[str, object] = {"mixed": run.config.mixed_precision}
     if run.config.mixed_precision:
         record |= {"dtype": str(run.half).removeprefix("torch."),
-                   "agreement": half_precision_agreement(run.models, run.labels, list(run.config.methods), run.x,
-                                                         run.y, half=run.half, log=run.log)}
+                   "agreement": half_precision_agreement(ledger.placed.every(), run.labels, list(run.config.methods),
+                                                         run.x, run.y, half=run.half, log=run.log)}
     return {"precision": record}
 
 
-def software(run: Run) -> dict[str, Any]:
+def software(run: Run, ledger: Ledger) -> dict[str, Any]:
     """The processes and threads (float32 kernels block their sums by thread count: the last bits depend on
     it), the versions, and the time of every unit (those of the run resumed too)."""
     old = run.previous.get("timings_s", {}) if run.previous is not None else {}
     return {"processes": run.shard.world, "threads_per_process": run.threads, "versions": versions(),
-            "timings_s": {**old, **run.timings}}
+            "timings_s": {**old, **ledger.timings}}
 
 
-def units(run: Run) -> dict[str, Any]:
+def units(run: Run, ledger: Ledger) -> dict[str, Any]:
     """How many units, and the result files written."""
-    return {"units": len({(i.spec, i.check.name, i.method) for i in run.items}),
+    return {"units": len({(i.spec, i.check.name, i.method) for i in ledger.items}),
             "results": sorted(str(p.relative_to(run.out)) for p in (run.out / "results").glob("*.csv"))}
 
 
-def design(run: Run) -> dict[str, Any]:
+def design(run: Run, ledger: Ledger) -> dict[str, Any]:
     """A sequential run's design (:attr:`~audit.run.config.AuditConfig.max_images`): its looks, each look's
     interval level and the images each model x check x method cell read before it was decided or the budget
     was spent ("sequential"); nothing for a run of one look."""
@@ -159,7 +161,7 @@ def design(run: Run) -> dict[str, Any]:
     if config.looks == 1:
         return {}
     read: dict[str, int] = {}
-    for item in run.items:
+    for item in ledger.items:
         key = f"{run.labels[item.spec]}/{item.check.name}/{item.method}"
         read[key] = max(read.get(key, 0), item.stop)
     return {"sequential": {"looks": config.looks, "look_images": config.n_images, "max_images": config.max_images,
@@ -171,7 +173,7 @@ CONTRIBUTORS: tuple[Contributor, ...] = (model_sources, cautions, coverage, twin
                                          precision, design, software, units)
 
 
-def half_precision_agreement(models: dict[str, nn.Module], labels: dict[str, str], methods: list[str], x: torch.Tensor,
+def half_precision_agreement(models: Mapping[str, nn.Module], labels: Mapping[str, str], methods: list[str], x: torch.Tensor,
                              y: torch.Tensor, *, half: torch.dtype, log: Callable[[str], None]) -> dict[str, float]:
     """Per model and method, the lowest cosine similarity over the first two images between their maps
     under autocast to ``half`` and in float32 (1: unchanged); a warning for those under 0.99."""
@@ -194,7 +196,7 @@ def half_precision_agreement(models: dict[str, nn.Module], labels: dict[str, str
     return out
 
 
-def model_table(models: dict[str, nn.Module], labels: dict[str, str], x: torch.Tensor, y: torch.Tensor,
+def model_table(models: dict[str, nn.Module], labels: Mapping[str, str], x: torch.Tensor, y: torch.Tensor,
                 methods: Sequence[str] = ()) -> pd.DataFrame:
     """Per model: recorded training facts, accuracy on the audit images, constraint error; where ``methods`` holds a
     method whose maps must sum to f(x) - f(x0) exactly (DeepLIFT, RevealCancel), the gap measured on the first

@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +41,17 @@ from audit.run.units import WorkItem, label_for, work_items
 NARROWING_IMAGES = 2  # the audited images a narrowing model's DeepLIFT gap is measured on: its rounding, not a statistic
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Run:
-    """One audit run: what :func:`plan` decided, and what the units computed so far (filled by
-    :func:`audit.run.execute.execute`, read by :func:`audit.run.finish.finish`).
+    """One audit run as :func:`plan` decided it: what :func:`audit.run.execute.execute` computes and
+    :func:`audit.run.finish.finish` records (what the execution did is its :class:`~audit.run.ledger.Ledger`).
 
     Attributes
     ----------
     config : the validated configuration
     out : the run's folder
+    shard : this process's share of the run
+    log : where the run's lines go
     labels : {model spec: its folder-safe label}
     x, y : the audited images (B, C, H, W) on the run's device, their labels (B,) on the CPU
     images : what the manifest records about the images
@@ -58,12 +60,10 @@ class Run:
     patterns : the pattern methods' images and their source, or None when no pattern method is audited
     prints : the fingerprints of the input files and images
     previous : the manifest of the run resumed, or None
+    device : where the units compute
     budget, threads : the memory budget (bytes) and intra-op threads every process computes with
-    items : the run's work, in its fixed order
+    items : the run's work, in its fixed order (a sequential run's first look decides its own)
     options : {test: its check's options}
-    models, twins, controls, given : per model spec, the model and twins on the device and the parameters the run gave
-        its methods (the pattern methods' patterns), as loaded by the units that needed them
-    timings, peaks : per unit key, seconds and peak memory (MiB) of the units computed by this process
     warnings : {model, twin or control twin (as the log names it): the lines a reader must know of it}
         (:func:`audit.models.cautions.cautions`)
     """
@@ -72,30 +72,24 @@ class Run:
     out: Path
     shard: Shard
     log: Callable[[str], None]
-    labels: dict[str, str]
+    labels: Mapping[str, str]
     x: torch.Tensor
     y: torch.Tensor
-    images: dict[str, Any]
-    loaded: dict[str, nn.Module]
-    twin_specs: dict[str, str]
-    twin_models: dict[str, nn.Module]
+    images: Mapping[str, Any]
+    loaded: Mapping[str, nn.Module]
+    twin_specs: Mapping[str, str]
+    twin_models: Mapping[str, nn.Module]
+    control_specs: Mapping[str, str]
+    control_models: Mapping[str, nn.Module]
     patterns: tuple[torch.Tensor, str] | None
-    prints: dict[str, Any]
-    previous: dict[str, Any] | None
+    prints: Mapping[str, Any]
+    previous: Mapping[str, Any] | None
     device: torch.device
     budget: int
     threads: int
-    items: list[WorkItem]
-    options: dict[str, Options]
-    models: dict[str, nn.Module] = field(default_factory=dict)
-    twins: dict[str, nn.Module] = field(default_factory=dict)
-    control_specs: dict[str, str] = field(default_factory=dict)
-    control_models: dict[str, nn.Module] = field(default_factory=dict)
-    controls: dict[str, nn.Module] = field(default_factory=dict)
-    given: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    peaks: dict[str, float | None] = field(default_factory=dict)
-    warnings: dict[str, list[str]] = field(default_factory=dict)
+    items: tuple[WorkItem, ...]
+    options: Mapping[str, Options]
+    warnings: Mapping[str, list[str]]
 
     @property
     def half(self) -> torch.dtype:
@@ -142,10 +136,13 @@ def plan(config: AuditConfig, out: str | os.PathLike[str], *, resume: bool, shar
     units = [(spec, CHECKS[test], method) for spec in config.models for test in config.tests
              for method in config.methods]
     shard.barrier()  # every rank has checked the folder before the lead writes into it
-    return Run(config, out, shard, log, labels, x.to(device), y, images, loaded, twin_specs, twin_models, patterns,
-               prints, previous, device, budget, threads, work_items(units, n_images=len(x), block=config.image_block),
-               {test: CHECKS[test].options_from(config.options, config.looks) for test in config.tests},
-               control_specs=control_specs, control_models=control_models, warnings=said)
+    return Run(config=config, out=out, shard=shard, log=log, labels=labels, x=x.to(device), y=y, images=images,
+               loaded=loaded, twin_specs=twin_specs, twin_models=twin_models, control_specs=control_specs,
+               control_models=control_models, patterns=patterns, prints=prints, previous=previous, device=device,
+               budget=budget, threads=threads,
+               items=tuple(work_items(units, n_images=len(x), block=config.image_block)),
+               options={test: CHECKS[test].options_from(config.options, config.looks) for test in config.tests},
+               warnings=said)
 
 
 @contextlib.contextmanager
@@ -189,7 +186,7 @@ def _labels(models: list[str]) -> dict[str, str]:
     return labels
 
 
-def _agreed_resources(config: AuditConfig, previous: dict[str, Any] | None, device: torch.device, shard: Shard,
+def _agreed_resources(config: AuditConfig, previous: Mapping[str, Any] | None, device: torch.device, shard: Shard,
                       log: Callable[[str], None]) -> tuple[int, int]:
     """(memory budget in bytes, intra-op threads): one budget for every rank and every resume (unless a new one
     is given), so the passes chunk alike; one thread count too, the first start's: float32 kernels block their

@@ -1,8 +1,9 @@
 """The audit runner: models x checks x methods as resumable units, tidy tables, a manifest.
 
-A run is three steps with one :class:`~audit.run.plan.Run` between them: :func:`~audit.run.plan.plan` checks
-and decides everything before the folder is touched, :func:`~audit.run.execute.execute` computes the units,
-:func:`~audit.run.finish.finish` joins them and writes the manifest. Each unit (one model, one check, one method)
+A run is three steps: :func:`~audit.run.plan.plan` checks and decides everything before the folder is touched
+(a frozen :class:`~audit.run.plan.Run`), :func:`~audit.run.execute.execute` computes the units and returns what
+it did (a :class:`~audit.run.ledger.Ledger`), :func:`~audit.run.finish.finish` reads both, joins the units and
+writes the manifest. Each unit (one model, one check, one method)
 is computed with its own seed and written atomically to ``DIR/units/<model>/<test>/<method>.csv``; ``resume``
 skips the units already written, so a run killed at any point finishes with the same files as an uninterrupted
 one. What a unit computes, and how it is summarised, is the check's (:mod:`audit.checks`).
@@ -49,5 +50,5 @@ def run_audit(config: AuditConfig, out: str | os.PathLike[str] = "audit-report",
         warnings.simplefilter("ignore", ToolkitWarning)  # the run says each itself: in its log, manifest and report
         run = plan(config, out, resume=resume, shard=shard, log=log)
         with opened(run):
-            execute(run, progress=progress)
-            return finish(run)
+            ledger = execute(run, progress=progress)
+            return finish(run, ledger)

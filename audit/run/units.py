@@ -7,6 +7,7 @@ import dataclasses
 import io
 import os
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +38,15 @@ class WorkItem:
     stop: int
     blocked: bool
 
-    def unit(self, out: Path, labels: dict[str, str]) -> Path:
+    def unit(self, out: Path, labels: Mapping[str, str]) -> Path:
         return unit_path(out, labels[self.spec], self.check.name, self.method)
 
-    def path(self, out: Path, labels: dict[str, str]) -> Path:
+    def path(self, out: Path, labels: Mapping[str, str]) -> Path:
         """The unit's file, or for a block ``<method>@<start>-<stop>.csv`` beside it."""
         unit = self.unit(out, labels)
         return unit.with_name(f"{self.method}@{self.start}-{self.stop}.csv") if self.blocked else unit
 
-    def key(self, labels: dict[str, str]) -> str:
+    def key(self, labels: Mapping[str, str]) -> str:
         """"model/test/method", with "@start-stop" for a block: the seed's and the timings' key."""
         base = f"{labels[self.spec]}/{self.check.name}/{self.method}"
         return f"{base}@{self.start}-{self.stop}" if self.blocked else base
@@ -87,7 +88,7 @@ def npz_bytes(maps: np.ndarray, images: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def assemble(items: list[WorkItem], out: Path, labels: dict[str, str]) -> None:
+def assemble(items: Sequence[WorkItem], out: Path, labels: Mapping[str, str]) -> None:
     """Join the blocks of every unit computed in blocks into the unit's files."""
     blocks: dict[Path, list[Path]] = {}
     for item in items:
@@ -119,7 +120,7 @@ def _assemble_unit(unit: Path, blocks: list[Path]) -> None:
 
 
 def join(out: Path, *, tests: list[str], models: list[str], methods: list[str],
-         labels: dict[str, str]) -> dict[str, pd.DataFrame]:
+         labels: Mapping[str, str]) -> dict[str, pd.DataFrame]:
     """Each check's unit tables joined (a ``model`` column first) into ``results/<its result file>``;
     {test: table}."""
     tables = {}

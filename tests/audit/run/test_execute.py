@@ -70,3 +70,31 @@ def test_a_budget_below_the_look_or_beside_image_blocks_is_refused():
         load_config(**{**BASE, "max_images": 3}).validated()
     with pytest.raises(ConfigError, match="drop image_block"):
         load_config(**BASE, image_block=2).validated()
+
+
+@pytest.mark.parametrize("method, applies", [("guided-backprop", True), ("attention-rollout", False)])
+def test_a_unit_builds_its_methods_explainer_once(monkeypatch, method, applies):
+    """The unit's explainer of (model, method) is the check's own: no probe beside it. A method that does not fit
+    the model (attention maps of a CNN) leaves the unit empty, from the engine's NotApplicable."""
+    import torch
+
+    from attributions.explainer import Explainer
+    from audit.checks import CHECKS, UnitContext
+    from audit.data import balanced_sample
+    from audit.models.checkpoint import resolve_model
+
+    built = []
+    real = Explainer.__init__
+
+    def counting(self, model, name, *args, **kwargs):
+        built.append(name)
+        real(self, model, name, *args, **kwargs)
+
+    monkeypatch.setattr(Explainer, "__init__", counting)
+    x, y = balanced_sample("embedded", 2)
+    check = CHECKS["random-logit"]
+    result = audit.run.execute.run_unit(check, resolve_model("cnn-sgd"), torch.from_numpy(x), torch.from_numpy(y),
+                                        method, options=check.options_from({}), unit=UnitContext(), key="k")
+    assert built.count(method) == 1
+    assert result.table.empty is not applies
+    assert list(result.table.columns) == list(check.columns) or applies

@@ -1,0 +1,62 @@
+"""The run's models on its device, in this process: each moved there, and given the parameters the run gives its
+methods (the pattern methods' patterns), the first time a unit of this process needs it.
+
+The one piece of a run that changes as it goes, and only as a cache: what it holds depends on which units this
+process computed (another process, or the run resumed, may have computed the rest), never what a unit computes.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from audit.run.patterns import pattern_params
+from audit.run.plan import Run
+
+MethodParams = dict[str, dict[str, Any]]  # {method: {name: value}}
+
+
+class Placement:
+    """The models of ``run`` on its device, placed on first use (module docstring)."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self._models: dict[str, nn.Module] = {}
+        self._twins: dict[str, nn.Module] = {}
+        self._controls: dict[str, nn.Module] = {}
+        self._params: dict[str, MethodParams] = {}
+
+    def model(self, spec: str) -> nn.Module:
+        """Model ``spec`` on the run's device."""
+        if spec not in self._models:
+            run = self._run
+            self._models[spec] = model = run.loaded[spec].to(run.device)
+            self._params[spec] = pattern_params(list(run.config.methods), spec, model, run.labels[spec], run.patterns,
+                                                run.config.pattern_data, weights=run.config.weights, out=run.out)
+        return self._models[spec]
+
+    def every(self) -> dict[str, nn.Module]:
+        """{model spec: the model on the device} for every model of the run, in the run's order."""
+        return {spec: self.model(spec) for spec in self._run.config.models}
+
+    def params(self, spec: str) -> MethodParams:
+        """The parameters the run gives the methods of model ``spec``, {method: {name: value}}."""
+        self.model(spec)
+        return self._params[spec]
+
+    def twins(self, spec: str) -> tuple[nn.Module | None, nn.Module | None]:
+        """(permuted-label twin, control twin) of model ``spec`` on the run's device; None for one it lacks."""
+        run = self._run
+        placed = []
+        for specs, loaded, cache in ((run.twin_specs, run.twin_models, self._twins),
+                                     (run.control_specs, run.control_models, self._controls)):
+            if spec in specs and spec not in cache:
+                cache[spec] = loaded[spec].to(run.device)
+            placed.append(cache.get(spec))
+        return placed[0], placed[1]
+
+    @property
+    def given(self) -> Mapping[str, MethodParams]:
+        """{model spec: its methods' parameters}, for the models placed so far."""
+        return self._params

@@ -7,18 +7,22 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from attributions.errors import AttributionError
+from attributions.kinds import Kind
 from attributions.records import Move
 
+if TYPE_CHECKING:  # the graph module reads anatomy: imported for the annotations only
+    from attributions.graph import Graph, Node
+
 # kinds whose output keeps the axes of their signal inputs (element-wise maps, normalisations, sums)
-_KEEPING = ("relu", "leaky_relu", "activation", "affine", "norm", "add", "product")
+_KEEPING = (Kind.RELU, Kind.LEAKY_RELU, Kind.ACTIVATION, Kind.AFFINE, Kind.NORM, Kind.ADD, Kind.PRODUCT)
 
 
-def _permutation(node: Any, values: dict[str, Any]) -> tuple[int, ...] | None:
+def _permutation(node: Node, values: dict[str, Any]) -> tuple[int, ...] | None:
     """The axes ``node`` (a move of one signal) permutes, found by running it on a probe of distinct
     integers shaped like its input: p with output = input.permute(p), or None for any other move
     (a reshape, a flatten, an index)."""
@@ -36,7 +40,7 @@ def _permutation(node: Any, values: dict[str, Any]) -> tuple[int, ...] | None:
     return None
 
 
-def feature_maps(graph: Any, values: dict[str, Any], ndim: int, positions: int = 2) -> list[str]:
+def feature_maps(graph: Graph, values: dict[str, Any], ndim: int, positions: int = 2) -> list[str]:
     """The nodes whose outputs are channels-first feature maps (B, C, *spatial) with at least ``positions``
     positions, in forward order; ``values`` a forward pass's {node: value}, ``ndim`` the input's axes.
 
@@ -60,13 +64,13 @@ def feature_maps(graph: Any, values: dict[str, Any], ndim: int, positions: int =
                   and values[i].ndim == ndim]
         same = inputs[0] if inputs and all(i is not None and i == inputs[0] for i in inputs) else None
         found = None
-        if node.kind in ("conv", "maxpool", "avgpool"):
+        if node.kind in (Kind.CONV, Kind.MAXPOOL, Kind.AVGPOOL):
             found = canonical
         elif node.kind in _KEEPING or node.is_elementwise_mix:
             found = same
-        elif node.kind == "dense":
+        elif node.kind == Kind.DENSE:
             found = same if same is not None and same[-1] == 1 else None
-        elif node.kind == "move" and same is not None:
+        elif node.kind == Kind.MOVE and same is not None:
             if node.is_identity or (isinstance(node.record, Move) and node.record.cat):
                 found = same
             elif len(node.inputs) == 1:
@@ -79,7 +83,7 @@ def feature_maps(graph: Any, values: dict[str, Any], ndim: int, positions: int =
             and math.prod(values[n].shape[2:]) >= positions]
 
 
-def cam_layer(graph: Any, values: dict[str, Any], layer: str | None, ndim: int) -> str:
+def cam_layer(graph: Graph, values: dict[str, Any], layer: str | None, ndim: int) -> str:
     """The node whose output Grad-CAM weighs: ``layer`` as a node name, else the last node of the module
     path ``layer`` (its output), else (``auto`` or None) the last feature map (:func:`feature_maps`);
     ``values`` is a forward pass's {node: value}, ``ndim`` the input's number of axes."""
@@ -102,7 +106,7 @@ def cam_layer(graph: Any, values: dict[str, Any], layer: str | None, ndim: int) 
     return chosen
 
 
-def _resolve(graph: Any, layer: str, what: str) -> str:
+def _resolve(graph: Graph, layer: str, what: str) -> str:
     """The node ``layer`` names: a node, else the last node run inside the module path ``layer`` (its output)."""
     layers = graph.layers
     if layer in graph.by_name and layer in layers:
@@ -116,16 +120,16 @@ def _resolve(graph: Any, layer: str, what: str) -> str:
     return found
 
 
-def attention_nodes(graph: Any, values: dict[str, Any]) -> list[str]:
+def attention_nodes(graph: Graph, values: dict[str, Any]) -> list[str]:
     """The softmax nodes that put out attention weights (B, heads, T, T) which then weigh the values (a
     product), in forward order: one per attention layer, whether traced from
     ``scaled_dot_product_attention`` or written out."""
     out = []
     for node in graph.nodes:
         value = values.get(node.name)
-        if node.kind == "softmax" and isinstance(value, torch.Tensor) and value.ndim == 4 \
+        if node.kind == Kind.SOFTMAX and isinstance(value, torch.Tensor) and value.ndim == 4 \
                 and value.shape[-1] == value.shape[-2] \
-                and any(graph.by_name[c].kind in ("product", "mix") for c in graph.consumers[node.name]):
+                and any(graph.by_name[c].kind in (Kind.PRODUCT, Kind.MIX) for c in graph.consumers[node.name]):
             out.append(node.name)
     return out
 
@@ -142,7 +146,7 @@ class TokenLayout:
 MAX_PREFIX = 16  # class, distillation and register tokens: a few; more means the tokens are not the patch grid
 
 
-def token_layout(graph: Any, values: dict[str, Any], tokens: int, ndim: int) -> TokenLayout:
+def token_layout(graph: Graph, values: dict[str, Any], tokens: int, ndim: int) -> TokenLayout:
     """The layout of ``tokens`` tokens: the patch grid is the last feature map before the tokens (the patch
     embedding's output), the prefix whatever precedes it. An error names what does not fit (windowed
     attention, a token count unrelated to the grid)."""
@@ -166,7 +170,7 @@ def on_grid(tokens: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     return cells.reshape(k, b, *layout.grid, d).movedim(-1, 2)
 
 
-def token_node(graph: Any, values: dict[str, Any], layer: str | None, ndim: int) -> str:
+def token_node(graph: Graph, values: dict[str, Any], layer: str | None, ndim: int) -> str:
     """The node of token activations (B, T, D) a token Grad-CAM weighs: ``layer`` (a node or a module path),
     or by default (``auto``) the last block's first norm, i.e. the last norm that feeds the last attention (and
     no earlier one) and holds tokens of one input each on the patch grid. Where none does (tokens folded into the batch axis, as
@@ -186,7 +190,7 @@ def token_node(graph: Any, values: dict[str, Any], layer: str | None, ndim: int)
     # the last block's norms: those feeding the last attention and not an earlier one
     earlier = _ancestors(graph, attention[-2]) | {attention[-2]} if len(attention) > 1 else set()
     feeding = _ancestors(graph, attention[-1]) - earlier
-    norms = [n.name for n in graph.nodes if n.kind == "norm" and n.name in feeding]
+    norms = [n.name for n in graph.nodes if n.kind == Kind.NORM and n.name in feeding]
     if not norms:
         raise AttributionError(f"no norm feeds the last attention {attention[-1]!r}; pass layer= with a token node")
     problems = {n: _token_problem(graph, values, n, ndim, batch) for n in norms}
@@ -198,7 +202,7 @@ def token_node(graph: Any, values: dict[str, Any], layer: str | None, ndim: int)
     return str(usable[-1])
 
 
-def _token_problem(graph: Any, values: dict[str, Any], node: str, ndim: int, batch: int) -> str | None:
+def _token_problem(graph: Graph, values: dict[str, Any], node: str, ndim: int, batch: int) -> str | None:
     """Why ``node``'s output is not tokens (B, T, D) of one input each on the patch grid; None where it is."""
     value = values.get(node)
     if not (isinstance(value, torch.Tensor) and value.ndim == 3):
@@ -213,15 +217,15 @@ def _token_problem(graph: Any, values: dict[str, Any], node: str, ndim: int, bat
     return None
 
 
-def _token_candidates(graph: Any, values: dict[str, Any], ndim: int, batch: int) -> str:
+def _token_candidates(graph: Graph, values: dict[str, Any], ndim: int, batch: int) -> str:
     """What to do instead: the last token nodes (norms) that hold tokens of one input each on the patch grid."""
-    fit = [n.name for n in graph.nodes if n.kind == "norm" and _token_problem(graph, values, n.name, ndim, batch) is None]
+    fit = [n.name for n in graph.nodes if n.kind == Kind.NORM and _token_problem(graph, values, n.name, ndim, batch) is None]
     if not fit:
         return "no node of the model holds such tokens: use grad-cam, whose automatic layer keeps the batch axis"
     return f"pass layer= with one that does, e.g. {', '.join(fit[-3:])}, or use grad-cam"
 
 
-def _ancestors(graph: Any, name: str) -> set[str]:
+def _ancestors(graph: Graph, name: str) -> set[str]:
     """Every node ``name``'s value depends on through signal inputs."""
     seen, stack = set(), [name]
     while stack:

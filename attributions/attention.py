@@ -17,13 +17,14 @@ import torch
 import torch.nn.functional as F
 
 from attributions.errors import AttributionError
+from attributions.kinds import Kind
 from attributions.records import Mix, Move, Product, Record, Softmax
 
 SDPA_ARGUMENTS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 # A node description for the graph builder: (suffix, kind, inputs, run, record). Every node marks its
 # value's last axis as the channel axis (``tokens``): per head and token, a vector of the head's width.
-Spec = tuple[str, str, tuple[str, ...], Callable[[dict[str, Any], dict[str, Any]], Any], Record]
+Spec = tuple[str, Kind, tuple[str, ...], Callable[[dict[str, Any], dict[str, Any]], Any], Record]
 
 
 def _value(env: dict[str, Any], replace: dict[str, Any], name: str) -> Any:
@@ -31,16 +32,16 @@ def _value(env: dict[str, Any], replace: dict[str, Any], name: str) -> Any:
 
 
 def _product(a: str, b: str, function: Callable[[Any, Any], Any], signal: set[str]) -> tuple[
-        str, Callable[[dict[str, Any], dict[str, Any]], Any], Record]:
+        Kind, Callable[[dict[str, Any], dict[str, Any]], Any], Record]:
     """The kind, run function and record of a node computing ``function(a, b)``: a product of two signals,
     or a linear mix when one of them is constant."""
     def run(env: dict[Any, Any], replace: dict[Any, Any]) -> Any:
         return function(_value(env, replace, a), _value(env, replace, b))
 
     if a in signal and b in signal:
-        return "product", run, Product((a, b), lambda env, x, y: function(x, y),
+        return Kind.PRODUCT, run, Product((a, b), lambda env, x, y: function(x, y),
                                        op="matmul" if function is torch.matmul else "")
-    return "mix", run, Mix()
+    return Kind.MIX, run, Mix()
 
 
 def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, signal: set[str], *,
@@ -49,7 +50,7 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
     output); ``mask`` names a constant: added when floating, else where False the score is -inf."""
     specs: list[Spec] = []
     kt = f"{prefix}.key_t"
-    specs.append(("key_t", "move", (k,), lambda env, r: _value(env, r, k).transpose(-2, -1), Move()))
+    specs.append(("key_t", Kind.MOVE, (k,), lambda env, r: _value(env, r, k).transpose(-2, -1), Move()))
     signal = signal | {kt}
     kind, run, record = _product(q, kt, torch.matmul, signal)
     specs.append(("scores", kind, tuple(n for n in (q, kt) if n in signal), run, record))
@@ -59,7 +60,7 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
         s = _value(env, r, scores)
         return s * (scale if scale is not None else _value(env, r, q).shape[-1] ** -0.5)
 
-    specs.append(("scaled", "mix", (scores,), scale_scores, Mix(elementwise=True)))
+    specs.append(("scaled", Kind.MIX, (scores,), scale_scores, Mix(elementwise=True)))
     if mask is not None:
         masked = f"{prefix}.masked"
 
@@ -67,10 +68,10 @@ def attention_specs(prefix: str, q: str, k: str, v: str, scale: float | None, si
             s, m = _value(env, r, source), env[mask]
             return s + m if m.is_floating_point() else s.masked_fill(~m, float("-inf"))
 
-        specs.append(("masked", "mix", (scaled,), apply_mask, Mix(elementwise=True)))
+        specs.append(("masked", Kind.MIX, (scaled,), apply_mask, Mix(elementwise=True)))
         signal = signal | {scaled}
         scaled = masked
-    specs.append(("weights", "softmax", (scaled,), lambda env, r: torch.softmax(_value(env, r, scaled), dim=-1),
+    specs.append(("weights", Kind.SOFTMAX, (scaled,), lambda env, r: torch.softmax(_value(env, r, scaled), dim=-1),
                   Softmax(-1)))
     signal = signal | {scores, scaled, weights}
     kind, run, record = _product(weights, v, torch.matmul, signal)

@@ -19,7 +19,7 @@ ENGINE_API: dict[str, frozenset[str]] = {
     "attributions.graph": frozenset({"Graph", "Node", "trace"}),
     "attributions.hooks": frozenset({"refuse_changing_hooks", "unresolved_hooks"}),
     "attributions.hygiene": frozenset({"leaves_process_alone", "untouched"}),
-    "attributions.kinds": frozenset({"ELEMENTWISE_KINDS", "RECORDED_KINDS", "SIGNAL_KINDS"}),
+    "attributions.kinds": frozenset({"ELEMENTWISE_KINDS", "RECORDED_KINDS", "SIGNAL_KINDS", "Kind"}),
     "attributions.lazy": frozenset({"exports"}),
     "attributions.linear_ops": frozenset({"explicit_padding"}),
     "attributions.methods": frozenset({"BUILDERS", "build_method", "takes_baseline"}),

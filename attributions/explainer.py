@@ -21,13 +21,13 @@ from torch.autograd.graph import get_gradient_edge
 from attributions import fusion, liveness, memory
 from attributions.derived import Derived
 from attributions.errors import AttributionError, unknown_name
-from attributions.graph import Graph, laid_out, trace
+from attributions.graph import Graph, Node, laid_out, trace
 from attributions.hygiene import leaves_process_alone
-from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS
+from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS, Kind
 from attributions.linear_ops import OPS, DenseOp, pool
 from attributions.liveness import Lean
-from attributions.methods import Method, build_method
-from attributions.records import Const
+from attributions.methods import FIRST, Method, RuleKey, build_method
+from attributions.records import Const, LeakyReLU
 from attributions.rules import Context, Rule, resolve, stabilize
 from attributions.shared_pass import CONNECTED, SharedPass
 from attributions.validation import named, nonfinite_tensors
@@ -36,7 +36,7 @@ from attributions.validation import named, nonfinite_tensors
 Reuse = tuple[dict[Any, Any], frozenset[str]]
 
 
-def _entries(node: Any) -> tuple[Any, ...]:
+def _entries(node: Node) -> tuple[Any, ...]:
     """The keys under which a forward pass holds a node's values: its output, max pooling's winners,
     its recorded autograd graph, and the names of the folded BatchNorm calls that read its output."""
     return (node.name, (node.name, "indices"), (node.name, "graph"), *node.folded)
@@ -174,25 +174,26 @@ class Explainer(Attribution):
         """The rule of every rule-driven node, by precedence: the user's rule for its name, the user's
         ``first`` rule (layers reading the input), the user's rule for its kind, then the method's
         ``first`` rule and the method's rule for its kind."""
-        graph = self._g
+        graph = self.traced
         nodes = [n for n in graph.nodes if n.kind in RULE_KINDS]
         names = {n.name for n in nodes} | {n.name.split("#")[0] for n in nodes}
-        by_kind, by_name = {}, {}
+        by_kind: dict[RuleKey, Rule] = {}
+        by_name: dict[str, Rule] = {}
         for key, value in overrides.items():
-            if key in RULE_KINDS or key == "first":
-                by_kind[key] = resolve(value)
+            if key in RULE_KINDS or key == FIRST:
+                by_kind[FIRST if key == FIRST else Kind(key)] = resolve(value)
             elif key in names:
                 by_name[key] = resolve(value)
             else:
                 raise unknown_name("rule key (a node kind or a node name)", key,
-                                   list(RULE_KINDS) + ["first"] + sorted(names), AttributionError)
+                                   [*RULE_KINDS, FIRST, *sorted(names)], AttributionError)
         first = graph.first_layers()
         out = {}
         for node in nodes:
             # the user's choices before the method's; within each, the first layers' rule before the kind's
             candidates = [by_name.get(node.name, by_name.get(node.name.split("#")[0]))]
             for table in (by_kind, self.method.rules):
-                candidates += [table.get("first") if node.name in first else None, table.get(node.kind)]
+                candidates += [table.get(FIRST) if node.name in first else None, table.get(node.kind)]
             rule = next(r for r in candidates if r is not None)
             if node.kind not in rule.kinds:
                 raise AttributionError(f"rule {rule!r} cannot act on node {node.name!r} of kind {node.kind!r}; it "
@@ -379,8 +380,8 @@ class Explainer(Attribution):
         (:mod:`attributions.liveness`), made once per graph; ``autograd``: for autograd's backward through a
         pass recorded whole, which holds what it saves itself (no rule reads a value)."""
         if (keep, autograd) not in self._plans:
-            fused = fusion.plan(self._g, self._rules, keep) if autograd else {}
-            self._plans[keep, autograd] = liveness.plan(self._g, {} if autograd else self._rules, keep, fused)
+            fused = fusion.plan(self.traced, self._rules, keep) if autograd else {}
+            self._plans[keep, autograd] = liveness.plan(self.traced, {} if autograd else self._rules, keep, fused)
         return self._plans[keep, autograd]
 
     def _run(self, x: torch.Tensor, record: frozenset[str] = frozenset(), reuse: Reuse | None = None,
@@ -400,7 +401,7 @@ class Explainer(Attribution):
         def held(name: str) -> Any:
             return name not in freed or memory.is_small(env[name])
 
-        for position, node in enumerate(self._g.nodes[1:], start=1):
+        for position, node in enumerate(self.traced.nodes[1:], start=1):
             if lean is not None and node.name in lean.skipped:
                 continue
             if lean is not None and node.name in lean.fused:
@@ -422,7 +423,7 @@ class Explainer(Attribution):
             elif connected and (rule := self._rules.get(node.name)) is not None and rule.traceable:
                 inputs = [env[i] for i in node.inputs]  # the output is the surrogate's to compute: a stand-in
                 out = rule.surrogate(Context(node=node, inputs=inputs, output=inputs[0], op=self._ops.get(node.name),
-                                             env=env, graph=self._g))
+                                             env=env, graph=self.traced))
                 env[node.name] = laid_out(out, node.layout) if node.layout is not None else out
             else:
                 env[node.name] = self._eval(node, env)
@@ -435,11 +436,11 @@ class Explainer(Attribution):
                 value = env[name]
                 if isinstance(value, torch.Tensor) and not memory.is_small(value):
                     stand_in = memory.stand_in(value)
-                    for key in (name, *self._g.by_name[name].folded):
+                    for key in (name, *self.traced.by_name[name].folded):
                         env[key] = stand_in
         return env
 
-    def _eval(self, node: Any, env: dict[Any, Any]) -> Any:
+    def _eval(self, node: Node, env: dict[Any, Any]) -> Any:
         kind = node.kind
         if kind in LINEAR_KINDS:
             op = self._ops[node.name]
@@ -447,14 +448,14 @@ class Explainer(Attribution):
             if torch.is_grad_enabled():  # a pass recorded whole: autograd saves only what the input's gradient needs
                 w, b = (None if t is None else t.detach() for t in (w, b))
             return op.forward(env[node.inputs[0]], w, b)
-        if kind == "relu":
+        if kind == Kind.RELU:
             return F.relu(env[node.inputs[0]])
-        if kind == "leaky_relu":
-            return F.leaky_relu(env[node.inputs[0]], node.record.negative_slope)
-        if kind == "maxpool":  # the winners are kept for the backward pass
+        if kind == Kind.LEAKY_RELU:
+            return F.leaky_relu(env[node.inputs[0]], node.recorded(LeakyReLU).negative_slope)
+        if kind == Kind.MAXPOOL:  # the winners are kept for the backward pass
             out, env[(node.name, "indices")] = pool(node, env[node.inputs[0]], return_indices=True)
             return out
-        if kind == "add":
+        if kind == Kind.ADD:
             return env[node.inputs[0]] + env[node.inputs[1]]
         return node.evaluate(env)  # the traced operation itself (modules through forward, not their hooks)
 
@@ -475,7 +476,7 @@ class Explainer(Attribution):
         def value(name: str) -> Any:
             if name not in remat or name in recomputed or not memory.is_stand_in(env[name]):
                 return env[name]
-            node = self._g.by_name[name]
+            node = self.traced.by_name[name]
             out = node.evaluate(env, {i: value(i) for i in node.inputs if i in remat})
             if release:  # held until the backward passes the node, which then drops it
                 env[name] = out
@@ -484,21 +485,21 @@ class Explainer(Attribution):
 
         pending: dict[str, Any] = {start: signal}
         taps: dict[str, torch.Tensor] = {}
-        nodes = self._g.nodes
+        nodes = self.traced.nodes
         names = [n.name for n in nodes]
         for node in reversed(nodes[: names.index(start) + 1]):
             s = pending.pop(node.name, _UNREACHED)
             if s is None:  # reached with no signal (a rule held it constant): nor do the nodes it reads get one
                 if keep is None or node.name in keep:
                     taps[node.name] = signal.new_zeros((len(signal), *env[node.name].shape))
-                if node.kind == "input":
+                if node.kind == Kind.INPUT:
                     break
                 for name in node.inputs:
                     pending.setdefault(name, None)
             elif s is not _UNREACHED:
                 if keep is None or node.name in keep:
                     taps[node.name] = s
-                if node.kind == "input":
+                if node.kind == Kind.INPUT:
                     break
                 key = (node.name, "indices")
                 rule = self._rules[node.name]
@@ -507,7 +508,7 @@ class Explainer(Attribution):
                               output=value(node.name) if "output" in reads else env[node.name],
                               op=self._ops.get(node.name), ref_inputs=[ref[i] for i in node.inputs] if ref else None,
                               ref_output=ref[node.name] if ref else None, indices=env.get(key),
-                              ref_indices=ref.get(key) if ref else None, env=env, graph=self._g)
+                              ref_indices=ref.get(key) if ref else None, env=env, graph=self.traced)
                 outs = rule.backward(ctx, s)
                 for name, o in zip(node.inputs, outs):
                     before = pending.get(name)
@@ -569,14 +570,14 @@ class Explainer(Attribution):
     def _reference_env(self, x: torch.Tensor) -> dict[Any, Any]:
         """The forward pass of the reference input (1, ...): it depends on the model's tensors only, so it
         is kept until one of them changes (:mod:`attributions.derived`)."""
-        graph = self._g
+        graph = self.traced
         consts = [v for n in graph.nodes if isinstance(n.record, Const) and n.record.attribute is not None
                   for v in [n.evaluate({})]
                   if isinstance(v, torch.Tensor)]
         sources = [*self.model.parameters(), *self.model.buffers(), *consts]
         return self._reference.get(sources, lambda: self._run(self.baseline_like(x)),
                                    key=(tuple(x.shape[1:]), x.dtype, x.device, self.method.baseline,
-                                        len(x) if self._g.batch_sized else 1))
+                                        len(x) if self.traced.batch_sized else 1))
 
     def _signals(self, x: torch.Tensor, start: str, make_signal: Any, shared: SharedPass | None = None,
                  keep: Any = None) -> dict[Any, Any]:
@@ -636,11 +637,11 @@ class Explainer(Attribution):
         # as the rule chain: signals for the nodes the backward from ``start`` passes (zeros where it brings none)
         below, frontier = {start}, [start]
         while frontier:
-            for name in self._g.by_name[frontier.pop()].inputs:
+            for name in self.traced.by_name[frontier.pop()].inputs:
                 if name not in below:
                     below.add(name)
                     frontier.append(name)
-        names = [n.name for n in reversed(self._g.nodes) if n.name in below and n.name in keep]  # the rules' order
+        names = [n.name for n in reversed(self.traced.nodes) if n.name in below and n.name in keep]  # the rules' order
         values = [env[n] for n in names]
         wanted = [v for v in values if isinstance(v, torch.Tensor) and v.requires_grad]
         # the pass is kept while another method or a later stage may read it, else autograd frees it as it goes
@@ -769,12 +770,12 @@ class Explainer(Attribution):
         m = self.method
 
         def start(env: dict[Any, Any]) -> torch.Tensor:
-            logits = env[self._g.output]
+            logits = env[self.traced.output]
             onehots = torch.stack([torch.zeros_like(logits).scatter_(1, self.targets(logits, t)[:, None], 1.0)
                                    for t in targets])
             return onehots * logits if m.output == "logit" else onehots
 
-        taps = self._signals(x, self._g.output, start, shared, keep={"input"})
+        taps = self._signals(x, self.traced.output, start, shared, keep={"input"})
         out: torch.Tensor = taps["input"]
         return out * x if m.times_input else out
 
@@ -824,8 +825,8 @@ class Explainer(Attribution):
         x = self._check_input(x)
         if not prepared:
             self.method.engine.prepare(self, x)
-        if inject_at not in self._g.layers:
-            raise unknown_name("layer", inject_at, self._g.layers, AttributionError)
+        if inject_at not in self.traced.layers:
+            raise unknown_name("layer", inject_at, self.traced.layers, AttributionError)
         n = self.images_per_pass(x, len(vectors)) if vectors.ndim >= 2 and vectors.shape[1] == len(x) else len(x)
         if n < len(x):  # under a memory budget: images in chunks, each with its own forward pass
             return memory.joined([self._propagate(x[i:j], inject_at, vectors[:, i:j], prepared=True)
@@ -865,9 +866,12 @@ class Explainer(Attribution):
         return self.graph
 
     @property
-    def _g(self) -> Graph:
-        """The traced graph, in code that only the graph methods reach (their explainers always trace one)."""
-        assert self.graph is not None
+    def traced(self) -> Graph:
+        """The traced graph, once a pass has traced it (what the engines read after their forward pass); the
+        toolkit's error before."""
+        if self.graph is None:
+            raise AttributionError(f"{self!r} has not captured its model yet: call attribute, forward_pass or "
+                                   "capture(x) first")
         return self.graph
 
     def _check_input(self, given: Any) -> torch.Tensor:

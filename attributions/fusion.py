@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
-from attributions.graph import Graph
+from attributions.errors import AttributionError
+from attributions.graph import Graph, Node
+from attributions.kinds import Kind
 from attributions.records import Product
 from attributions.rules import scaled_gradient
 
@@ -44,9 +46,9 @@ def plan(graph: Graph, rules: dict[str, Any], keep: frozenset[str]) -> dict[str,
     return out
 
 
-def _fusion(graph: Graph, rules: dict[str, Any], node: Any) -> Fusion | None:
+def _fusion(graph: Graph, rules: dict[str, Any], node: Node) -> Fusion | None:
     """The fusion of attention output ``node``, or None where it cannot or need not run fused."""
-    if node.fused is None or not node.fused.holds_less or node.kind != "product" or \
+    if node.fused is None or not node.fused.holds_less or node.kind != Kind.PRODUCT or \
             any(c not in node.fused.inner and c != node.name for n in node.fused.inner for c in graph.consumers[n]):
         return None  # short sequences; a product with a constant operand; a value of an inner node read elsewhere
     nodes = [graph.by_name[n] for n in node.fused.inner] + [node]
@@ -57,7 +59,7 @@ def _fusion(graph: Graph, rules: dict[str, Any], node: Any) -> Fusion | None:
         if scale is None or (n.name not in (scores.name, node.name) and scale != (1.0,) * len(scale)):
             return None  # a rule that is not the gradient there
         scales[n.name] = scale
-    if scores.kind != "product" or len(key_t.inputs) != 1:
+    if scores.kind != Kind.PRODUCT or len(key_t.inputs) != 1:
         return None  # the query or the key a constant of the model
     (q, kt), (weights, v) = _operands(scores), _operands(node)
     (s_q, s_k), (s_w, s_v) = scales[scores.name], scales[node.name]
@@ -67,14 +69,16 @@ def _fusion(graph: Graph, rules: dict[str, Any], node: Any) -> Fusion | None:
     return Fusion(node.fused.inner, (q, key_t.inputs[0], v), (s_w * s_q, s_w * s_k, s_v))
 
 
-def run(node: Any, fusion: Fusion, env: dict[Any, Any]) -> torch.Tensor:
+def run(node: Node, fusion: Fusion, env: dict[Any, Any]) -> torch.Tensor:
     """The value of attention output ``node`` from its operands' values in ``env``, with their gradients scaled."""
     q, k, v = (scaled_gradient(env[o], s) for o, s in zip(fusion.operands, fusion.scales))
+    if node.fused is None:
+        raise AttributionError(f"node {node.name!r} is not an attention's output: it has no fused run")
     out: torch.Tensor = node.fused.run(env, q, k, v)
     return out
 
 
-def _operands(node: Any) -> tuple[str, str]:
+def _operands(node: Node) -> tuple[str, str]:
     record = node.record
     assert isinstance(record, Product)
     return record.operands

@@ -30,7 +30,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 import torch.fx
@@ -39,10 +39,15 @@ from torch import nn
 from attributions import attention, ops
 from attributions.capture import Capture, capture, is_view
 from attributions.errors import AttributionError
-from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS, WEIGHT_KINDS, check, default
+from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS, WEIGHT_KINDS, Kind, check, default
 from attributions.op_tensors import OpTensors
 from attributions.records import Activation, Const, Mix, Move, Product, Record, Reduce
 from attributions.refs import Ref, resolve
+
+if TYPE_CHECKING:  # the explainer runs the engines: imported for the annotations only
+    pass
+
+RecordT = TypeVar("RecordT", bound=Record)
 
 
 @dataclass
@@ -59,7 +64,7 @@ class Node:
     """
 
     name: str
-    kind: str
+    kind: Kind
     inputs: tuple[str, ...]
     module: OpTensors | nn.Module | None = None  # the OpTensors (conv, dense, affine) or a pooling module (pools)
     bn: OpTensors | None = None  # the OpTensors of an eval-mode BatchNorm folded after this conv / linear
@@ -84,6 +89,13 @@ class Node:
         if self.record is None:
             self.record = default(self.kind)
         check(self.name, self.kind, self.record)
+
+    def recorded(self, kind: type[RecordT]) -> RecordT:
+        """The node's record as the record type ``kind`` (:mod:`attributions.records`), or the toolkit's error."""
+        if not isinstance(self.record, kind):
+            raise AttributionError(f"node {self.name!r} of kind {self.kind!r} records a "
+                                   f"{type(self.record).__name__}, not a {kind.__name__}")
+        return self.record
 
     @property
     def tensors(self) -> OpTensors:
@@ -165,7 +177,7 @@ class Graph:
                 kind = self.by_name[c].kind
                 if kind in LINEAR_KINDS:
                     out.add(c)
-                elif kind == "move":
+                elif kind == Kind.MOVE:
                     frontier.append(c)
         return out
 
@@ -207,13 +219,14 @@ class Graph:
 # higher-order ops whose subgraph is built inline: where its submodule sits among the arguments
 _REGIONS = {"wrap_with_autocast": 4, "wrap_with_set_grad_enabled": 1}
 # the torch.nn layers whose name their main op takes, with the kind of that op
-_LEAF_KINDS = {"Linear": "dense", "Conv1d": "conv", "Conv2d": "conv", "BatchNorm1d": "affine", "BatchNorm2d": "affine",
-               "ReLU": "relu", "LeakyReLU": "leaky_relu", "MaxPool1d": "maxpool", "MaxPool2d": "maxpool",
-               "AvgPool1d": "avgpool", "AvgPool2d": "avgpool", "AdaptiveAvgPool1d": "avgpool",
-               "AdaptiveAvgPool2d": "avgpool", "Flatten": "move", "Unflatten": "move", "Dropout": "move",
-               "Dropout1d": "move", "Dropout2d": "move", "AlphaDropout": "move", "Softmax": "softmax",
-               "LayerNorm": "norm", "GroupNorm": "norm", "ConvTranspose1d": "mix", "ConvTranspose2d": "mix",
-               **{m: "activation" for m in (
+_LEAF_KINDS = {"Linear": Kind.DENSE, "Conv1d": Kind.CONV, "Conv2d": Kind.CONV, "BatchNorm1d": Kind.AFFINE,
+               "BatchNorm2d": Kind.AFFINE,
+               "ReLU": Kind.RELU, "LeakyReLU": Kind.LEAKY_RELU, "MaxPool1d": Kind.MAXPOOL, "MaxPool2d": Kind.MAXPOOL,
+               "AvgPool1d": Kind.AVGPOOL, "AvgPool2d": Kind.AVGPOOL, "AdaptiveAvgPool1d": Kind.AVGPOOL,
+               "AdaptiveAvgPool2d": Kind.AVGPOOL, "Flatten": Kind.MOVE, "Unflatten": Kind.MOVE, "Dropout": Kind.MOVE,
+               "Dropout1d": Kind.MOVE, "Dropout2d": Kind.MOVE, "AlphaDropout": Kind.MOVE, "Softmax": Kind.SOFTMAX,
+               "LayerNorm": Kind.NORM, "GroupNorm": Kind.NORM, "ConvTranspose1d": Kind.MIX, "ConvTranspose2d": Kind.MIX,
+               **{m: Kind.ACTIVATION for m in (
                    "ReLU6", "ELU", "CELU", "SELU", "GELU", "SiLU", "Mish", "Hardswish", "Hardsigmoid", "Hardtanh",
                    "Sigmoid", "Tanh", "Softplus", "LogSigmoid")}}
 
@@ -306,7 +319,7 @@ class _Builder:
         return name if count == 0 else f"{name}#{count}"
 
     def add(self, node: Node, fx_node: torch.fx.Node | None = None) -> Node:
-        if node.kind == "input":  # the graph's first node, before the parameters export lists first
+        if node.kind == Kind.INPUT:  # the graph's first node, before the parameters export lists first
             self.nodes.insert(0, node)
         else:
             self.nodes.append(node)
@@ -314,7 +327,7 @@ class _Builder:
         if fx_node is not None:
             self.names[fx_node] = node.name
             node.path = node.path or self.c.module_path(fx_node)
-        if node.kind in SIGNAL_KINDS or node.kind == "input":
+        if node.kind in SIGNAL_KINDS or node.kind == Kind.INPUT:
             self.signal.add(node.name)
         return node
 
@@ -391,12 +404,12 @@ class _Builder:
     def placeholder(self, fx_node: torch.fx.Node) -> None:
         source = self.c.sources[fx_node.name]
         if source.kind == "input":
-            self.add(Node("input", "input", ()), fx_node)
+            self.add(Node("input", Kind.INPUT, ()), fx_node)
             return
         name = self.unique(source.target if source.kind != "constant" else f"constant.{source.target}")
         get = self.c.value
         owner = source.target.rsplit(".", 1)[0] if source.kind != "constant" and "." in source.target else ""
-        self.add(Node(name, "const", (), run=lambda env, replace, p=fx_node.name: get(p),
+        self.add(Node(name, Kind.CONST, (), run=lambda env, replace, p=fx_node.name: get(p),
                       record=Const(source.target), path=owner), fx_node)
 
     def call(self, fx_node: torch.fx.Node) -> None:
@@ -458,8 +471,8 @@ class _Builder:
         Constants are recomputed in order at every pass, so their in-place ops run as written: a mask filled
         slice by slice (Swin's) is read through the tensor it was written into."""
         val = fx_node.meta.get("val")
-        kind = "const" if isinstance(val, torch.Tensor) or (isinstance(val, (tuple, list)) and val and
-                                                             isinstance(val[0], torch.Tensor)) else "value"
+        kind = Kind.CONST if isinstance(val, torch.Tensor) or (isinstance(val, (tuple, list)) and val and
+                                                             isinstance(val[0], torch.Tensor)) else Kind.VALUE
         name = self.unique(self.path_name(fx_node, op, None))
         run = _runner(cast(Any, fx_node.target), self.ref(fx_node.args), self.ref(fx_node.kwargs))
         self.add(Node(name, kind, (), run=run, reads=tuple(reads)), fx_node)
@@ -539,11 +552,11 @@ class _Builder:
         others = [self.names[a] for a in fx_node.all_input_nodes[1:] if self.names.get(a) in self.signal]
         where = f"in-place {fx_node.target} at {self.c.module_path(fx_node) or 'the model'!r}"
         if op == "copy" and len(others) == 1 and len(rest) >= 1 and self.names.get(rest[0]) in self.signal:
-            kind = "move"  # values moved into place
+            kind = Kind.MOVE  # values moved into place
         elif op in ("add", "sub") or (op in ("mul", "div") and not others):
-            kind = "mix"  # linear in the tensor and what is added
+            kind = Kind.MIX  # linear in the tensor and what is added
         elif (op in ops.ACTIVATIONS or op in ("relu", "leaky_relu")) and not others:
-            kind = "activation"  # element-wise: f on the view, the identity elsewhere
+            kind = Kind.ACTIVATION  # element-wise: f on the view, the identity elsewhere
         else:
             raise AttributionError(f"{where} writes into a view of a signal: only copies, additions, scalings and "
                                    "element-wise activations are supported there; write the result out of place "
@@ -564,13 +577,13 @@ class _Builder:
         name = self.unique(self.path_name(fx_node, op, None))
         reads = [self.names[a] for a in fx_node.all_input_nodes if a in self.names and self.names[a] not in self.signal]
         inputs = tuple(dict.fromkeys([self.names[base], *others]))
-        record = Activation(op) if kind == "activation" else default(kind)
+        record = Activation(op) if kind == Kind.ACTIVATION else default(kind)
         self.add(Node(name, kind, inputs, run=run, record=record, reads=tuple(reads), path=self.c.module_path(fx_node)))
         self.names[base] = name  # later readers of the tensor see it written
 
         def view(env: dict[str, Any], replace: dict[str, Any]) -> Any:  # the op's own result: the view, as written
             return _through(resolve(Ref(name), env, replace), steps, env, replace)
-        self.add(Node(self.unique(f"{name}.view"), "move", (name,), run=view, reads=tuple(reads)), fx_node)
+        self.add(Node(self.unique(f"{name}.view"), Kind.MOVE, (name,), run=view, reads=tuple(reads)), fx_node)
 
     def path_name(self, fx_node: torch.fx.Node, op: str, kind: str | None) -> str:
         path = self.c.module_path(fx_node)
@@ -586,9 +599,9 @@ class _Builder:
         val = fx_node.meta.get("val")
         record: Record
         if not (isinstance(val, torch.Tensor) and val.is_floating_point()):  # max's indices: held constant
-            kind, record = "const", Const()
+            kind, record = Kind.CONST, Const()
         else:
-            kind, record = ("move", Move()) if reduction is None else ("reduce", reduction)
+            kind, record = (Kind.MOVE, Move()) if reduction is None else (Kind.REDUCE, reduction)
         op = "getitem" if reduction is None else ops.op_name(parent.target)
         name = self.unique(self.path_name(fx_node, op, None))
         if signals:  # the pieces of one call: one backward node (the inputs are this call's signals)
@@ -597,8 +610,8 @@ class _Builder:
             source = parent.args[0] if parent.args else None
             if index == 0 and isinstance(source, torch.fx.Node) and len(source.users) == 1:
                 self.mark_packed(source, readers)
-        self.add(Node(name, kind, signals if kind != "const" else (), run=lambda env, replace: run(env, replace)[index],
-                      record=record, reads=signals if kind == "const" else ()), fx_node)
+        self.add(Node(name, kind, signals if kind != Kind.CONST else (), run=lambda env, replace: run(env, replace)[index],
+                      record=record, reads=signals if kind == Kind.CONST else ()), fx_node)
 
     def mark_packed(self, tensor: torch.fx.Node, pieces: int) -> None:
         """``tensor`` is read only as ``pieces`` pieces: the dense node it is computed from through single-reader data
@@ -608,11 +621,11 @@ class _Builder:
             node = self.by_name.get(self.names.get(tensor, ""))
             if node is None:
                 return
-            if node.kind == "dense":
+            if node.kind == Kind.DENSE:
                 node.pieces = pieces if node.tensors.out_features % pieces == 0 else 0
                 return
             source = tensor.args[0] if tensor.args else None
-            if node.kind != "move" or len(node.inputs) != 1 or not isinstance(source, torch.fx.Node) \
+            if node.kind != Kind.MOVE or len(node.inputs) != 1 or not isinstance(source, torch.fx.Node) \
                     or len(source.users) != 1:
                 return
             tensor = source
@@ -743,14 +756,14 @@ def mark_gates(graph: Graph) -> Graph:
     """
     def producer(name: str) -> Node:
         node = graph.by_name[name]
-        while node.kind == "move" and len(node.inputs) == 1:
+        while node.kind == Kind.MOVE and len(node.inputs) == 1:
             node = graph.by_name[node.inputs[0]]
         return node
 
     def marked(node: Node) -> Node:
         if not isinstance(node.record, Product):
             return node
-        gates = tuple(p.kind == "softmax" or (isinstance(p.record, Activation) and p.record.function in ops.GATES)
+        gates = tuple(p.kind == Kind.SOFTMAX or (isinstance(p.record, Activation) and p.record.function in ops.GATES)
                       for p in map(producer, node.record.operands))
         return replace(node, record=replace(node.record, gates=cast(tuple[bool, bool], gates)),
                        aliases=dict(node.aliases))
@@ -768,10 +781,10 @@ def fold_batchnorm(graph: Graph) -> Graph:
     """
     drop: dict[str, str] = {}
     for node in graph.nodes:
-        if node.kind != "affine" or len(node.inputs) != 1:
+        if node.kind != Kind.AFFINE or len(node.inputs) != 1:
             continue
         src = graph.by_name[node.inputs[0]]
-        if src.kind in ("conv", "dense") and src.bn is None and graph.consumers[src.name] == [node.name]:
+        if src.kind in (Kind.CONV, Kind.DENSE) and src.bn is None and graph.consumers[src.name] == [node.name]:
             drop[node.name] = src.name
     if not drop:
         return graph

@@ -42,6 +42,9 @@ class Kind(StrEnum):
     SOFTMAX = "softmax"
     REDUCE = "reduce"
 
+    def __repr__(self) -> str:  # read as its name in messages, as the string it is equal to
+        return repr(self.value)
+
 
 @dataclass(frozen=True)
 class KindSpec:
@@ -101,8 +104,8 @@ KINDS: dict[Kind, KindSpec] = {
 }
 
 
-def _kinds(**facts: bool) -> tuple[str, ...]:
-    return tuple(str(k) for k, spec in KINDS.items() if all(getattr(spec, f) == v for f, v in facts.items()))
+def _kinds(**facts: bool) -> tuple[Kind, ...]:
+    return tuple(k for k, spec in KINDS.items() if all(getattr(spec, f) == v for f, v in facts.items()))
 
 
 # the weighted layers; every kind that carries the signal (each has a rule); the others
@@ -116,10 +119,10 @@ WEIGHT_KINDS = _kinds(weight=True)  # the layers with a weight tensor
 ACTIVATION_KINDS = _kinds(activation=True)
 TRACED_KINDS = _kinds(traced=True)  # the generic rules run the traced op itself
 LINEAR_TRACED_KINDS = _kinds(traced=True, linear=True)  # of those, linear in their signals
-RECORDS: dict[str, type[Record]] = {str(k): spec.record for k, spec in KINDS.items()}
+RECORDS: dict[Kind, type[Record]] = {k: spec.record for k, spec in KINDS.items()}
 
 
-def default(kind: str) -> Record:
+def default(kind: Kind) -> Record:
     """The record of a ``kind`` node with nothing to say (a TypeError for kinds whose record has required
     fields, and for unknown kinds)."""
     if kind not in RECORDS:
@@ -127,7 +130,7 @@ def default(kind: str) -> Record:
     return RECORDS[kind]()
 
 
-def check(name: str, kind: str, record: Record) -> None:
+def check(name: str, kind: Kind, record: Record) -> None:
     """Raise TypeError unless ``record`` is the record type ``kind`` takes."""
     expected = RECORDS.get(kind)
     if expected is None:

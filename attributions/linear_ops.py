@@ -17,6 +17,7 @@ from torch import nn
 from attributions.derived import Derived
 from attributions.errors import AttributionError
 from attributions.graph import Node
+from attributions.kinds import Kind
 
 
 class LinearOp:
@@ -392,4 +393,4 @@ class _ChannelsLastMaxPool(torch.autograd.Function):
         return to_winners(grad, x, ctx.module, indices), None
 
 
-OPS = {"dense": DenseOp, "conv": ConvOp, "affine": AffineOp, "avgpool": PoolOp}
+OPS = {Kind.DENSE: DenseOp, Kind.CONV: ConvOp, Kind.AFFINE: AffineOp, Kind.AVGPOOL: PoolOp}

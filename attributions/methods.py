@@ -13,7 +13,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Literal
 
 from attributions import rules as R
 from attributions.attention_maps import AttentionFlow, AttentionGradCam
@@ -22,8 +22,13 @@ from attributions.catalog import ABOUT, FAMILIES
 from attributions.controls import EdgeControl, NoiseControl
 from attributions.engines import CHAIN, Engine, IntegratedGradientsEngine, SmoothGradEngine
 from attributions.errors import AttributionError, unknown_name
-from attributions.kinds import SIGNAL_KINDS
+from attributions.kinds import SIGNAL_KINDS, Kind
 from attributions.patterns import PatternChain, PatternRule, PatternSource
+
+# A rule table's keys: the node kinds, and FIRST, the linear layers that read the input (LRP's input-layer rules)
+FIRST: Final = "first"
+RuleKey = Kind | Literal["first"]
+Rules = dict[RuleKey, "R.Rule"]
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class Method:
     description: str
     reference: str
     signal: str = "gradient"
-    rules: dict[str, Any] = field(default_factory=dict[str, Any])
+    rules: Rules = field(default_factory=dict[RuleKey, "R.Rule"])
     output: str = "onehot"
     times_input: bool = False
     engine: Engine = CHAIN
@@ -125,7 +130,7 @@ class Method:
         backward matrix at its weighted layers (:attr:`~attributions.rules.Rule.nonnegative`: the z+ family,
         DeepLIFT-Ablation; the convolutions alone suffice, as in LRP-CMP, whose dense layers are signed): such a
         product converges to rank 1 as it grows."""
-        return self.linear_in_signal and any(getattr(self.rules.get(k), "nonnegative", False) for k in ("dense", "conv"))
+        return self.linear_in_signal and any(getattr(self.rules.get(k), "nonnegative", False) for k in (Kind.DENSE, Kind.CONV))
 
     @property
     def rectifies_signal(self) -> bool:
@@ -141,40 +146,40 @@ class Method:
         2019)."""
         if self.times_input or self.engine.times_input or self.signal in ("multiplier", "factor"):
             return True
-        first = self.rules.get("first", self.rules.get("conv"))
+        first = self.rules.get(FIRST, self.rules.get(Kind.CONV))
         return self.signal == "relevance" and bool(getattr(first, "proportional_to_input", False))
 
 
 # Data movement takes its exact adjoint in every method; the other traced kinds get each family's rule.
 def _traced(mix: R.Rule, activation: R.Rule, product: R.Rule, norm: R.Rule, softmax: R.Rule,
-            reduce: R.Rule | None = None) -> dict[str, Any]:
+            reduce: R.Rule | None = None) -> Rules:
     """``reduce`` defaults to the ``mix`` rule: the gradient's VJP, LRP's z rule (exact on a norm or a max)."""
-    return {"move": R.VJP(), "mix": mix, "activation": activation, "product": product, "norm": norm,
-            "softmax": softmax, "reduce": reduce or mix}
+    return {Kind.MOVE: R.VJP(), Kind.MIX: mix, Kind.ACTIVATION: activation, Kind.PRODUCT: product, Kind.NORM: norm,
+            Kind.SOFTMAX: softmax, Kind.REDUCE: reduce or mix}
 
 
-def _gradient_rules(relu: R.Rule, activation: R.Rule | None = None) -> dict[str, Any]:
+def _gradient_rules(relu: R.Rule, activation: R.Rule | None = None) -> Rules:
     g, exact = R.Gradient(), R.VJP()
-    return {"dense": g, "conv": g, "affine": g, "avgpool": g, "relu": relu, "leaky_relu": relu,
-            "maxpool": R.WinnerTakeAll(), "add": R.Copy(),
+    return {Kind.DENSE: g, Kind.CONV: g, Kind.AFFINE: g, Kind.AVGPOOL: g, Kind.RELU: relu, Kind.LEAKY_RELU: relu,
+            Kind.MAXPOOL: R.WinnerTakeAll(), Kind.ADD: R.Copy(),
             **_traced(exact, activation or exact, exact, exact, R.SoftmaxGradient())}
 
 
-def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabilizer: float = 1e-6) -> dict[str, Any]:
+def _lrp_rules(dense: R.Rule, conv: R.Rule, first: R.Rule | None = None, stabilizer: float = 1e-6) -> Rules:
     """Products hold a gate (attention weights, SE gates) constant (CP-LRP); the LN rule through norms."""
-    rules = {"dense": dense, "conv": conv, "affine": R.Epsilon(stabilizer), "avgpool": R.Epsilon(stabilizer),
-             "relu": R.Pass(), "leaky_relu": R.Pass(), "maxpool": R.WinnerTakeAll(),
-             "add": R.ProportionalSplit(stabilizer),
+    rules = {Kind.DENSE: dense, Kind.CONV: conv, Kind.AFFINE: R.Epsilon(stabilizer), Kind.AVGPOOL: R.Epsilon(stabilizer),
+             Kind.RELU: R.Pass(), Kind.LEAKY_RELU: R.Pass(), Kind.MAXPOOL: R.WinnerTakeAll(),
+             Kind.ADD: R.ProportionalSplit(stabilizer),
              **_traced(R.LinearZ(stabilizer), R.Pass(), R.GateProduct(stabilizer), R.NormLRP(stabilizer),
                        R.SoftmaxLRP())}
     if first is not None:
-        rules["first"] = first
+        rules[FIRST] = first
     return rules
 
 
-def _deeplift_rules(linear: R.Rule, eps: float) -> dict[str, Any]:
-    return {"dense": linear, "conv": linear, "affine": linear, "avgpool": linear, "relu": R.Rescale(),
-            "leaky_relu": R.Rescale(), "maxpool": R.DeepLiftMaxPool(eps), "add": R.Copy(),
+def _deeplift_rules(linear: R.Rule, eps: float) -> Rules:
+    return {Kind.DENSE: linear, Kind.CONV: linear, Kind.AFFINE: linear, Kind.AVGPOOL: linear, Kind.RELU: R.Rescale(),
+            Kind.LEAKY_RELU: R.Rescale(), Kind.MAXPOOL: R.DeepLiftMaxPool(eps), Kind.ADD: R.Copy(),
             **_traced(R.VJP(), R.RescaleAny(), R.DeepLiftProduct(), R.NormDeepLift(), R.SoftmaxDeepLift(),
                       R.SecantReduce())}
 
@@ -212,7 +217,7 @@ def _pattern_method(name: str, mode: str) -> Callable[..., Method]:
               source: str = "") -> Method:
         fitted = PatternSource(estimator, patterns, data, cache=cache, cache_for=cache_for, source=source)
         rule = PatternRule(fitted, mode)
-        return _method(name, rules=_gradient_rules(R.ReLUGradient("gradient")) | {"dense": rule, "conv": rule},
+        return _method(name, rules=_gradient_rules(R.ReLUGradient("gradient")) | {Kind.DENSE: rule, Kind.CONV: rule},
                        engine=PatternChain(fitted), params={"estimator": estimator})
     return build
 
@@ -235,9 +240,9 @@ def _lrp_factor(name: str, epsilon: float, gates: bool) -> Method:
     """LRP-0 through the linear layers with the transformer rules (the LN rule, the identity rule through
     activations; products with their gates held, or in halves), computed in factor form (signal "factor")."""
     gradient = R.Gradient()
-    rules = {"dense": gradient, "conv": gradient, "affine": gradient, "avgpool": gradient,
-             "relu": R.ReLUGradient("gradient"), "leaky_relu": R.ReLUGradient("gradient"), "maxpool": R.WinnerTakeAll(),
-             "add": R.Copy(), **_traced(R.VJP(), R.IdentityFactor(epsilon), R.HeldGradient(gates), R.NormFactor(),
+    rules = {Kind.DENSE: gradient, Kind.CONV: gradient, Kind.AFFINE: gradient, Kind.AVGPOOL: gradient,
+             Kind.RELU: R.ReLUGradient("gradient"), Kind.LEAKY_RELU: R.ReLUGradient("gradient"), Kind.MAXPOOL: R.WinnerTakeAll(),
+             Kind.ADD: R.Copy(), **_traced(R.VJP(), R.IdentityFactor(epsilon), R.HeldGradient(gates), R.NormFactor(),
                                         R.SoftmaxGradient())}
     return _method(name, signal="factor", output="logit", rules=rules, completeness="output",
                    params={"epsilon": epsilon})
@@ -270,9 +275,9 @@ def _cmp_alpha1beta0(epsilon: float = 0.1, stabilizer: float = 1e-6) -> Method:
 
 def _chefer_lrp(stabilizer: float = 1e-9) -> Method:
     zplus = R.AlphaBeta(1.0, 0.0, bias=False, stabilizer=stabilizer)
-    rules = {"dense": zplus, "conv": zplus, "first": R.ZB(None, None, stabilizer), "affine": R.Epsilon(stabilizer),
-             "avgpool": R.Epsilon(stabilizer), "relu": R.Pass(), "leaky_relu": R.Pass(), "maxpool": R.WinnerTakeAll(),
-             "add": R.NormalisedSplit(stabilizer),
+    rules = {Kind.DENSE: zplus, Kind.CONV: zplus, FIRST: R.ZB(None, None, stabilizer), Kind.AFFINE: R.Epsilon(stabilizer),
+             Kind.AVGPOOL: R.Epsilon(stabilizer), Kind.RELU: R.Pass(), Kind.LEAKY_RELU: R.Pass(), Kind.MAXPOOL: R.WinnerTakeAll(),
+             Kind.ADD: R.NormalisedSplit(stabilizer),
              **_traced(R.LinearZ(stabilizer), R.Pass(), R.GateProduct(stabilizer, gates=False), R.Pass(), R.Pass())}
     return _method("chefer-lrp", signal="relevance", rules=rules)
 
@@ -325,7 +330,8 @@ def _deeplift_ablation(eps: float = 1e-10, baseline: float | tuple[float, ...] =
 def _deeplift_revealcancel(eps: float = 1e-10, baseline: float | tuple[float, ...] = 0.0) -> Method:
     reveal = R.RevealCancelLinear()
     return _method("deeplift-revealcancel", signal="multiplier",
-                   rules=_deeplift_rules(R.Gradient(), eps) | {"dense": reveal, "conv": reveal, "relu": R.RevealCancelReLU()},
+                   rules=_deeplift_rules(R.Gradient(), eps) | {Kind.DENSE: reveal, Kind.CONV: reveal,
+                                                               Kind.RELU: R.RevealCancelReLU()},
                    completeness="difference", baseline=_baseline(baseline))
 
 

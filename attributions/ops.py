@@ -72,7 +72,7 @@ STRUCTURAL = frozenset({"scaled_dot_product_attention", *TUPLES})
 # Activations whose output gates another signal in a product (LRP's "gate as constant" convention).
 GATES = frozenset({"sigmoid", "hardsigmoid", "softmax"})
 
-Described = tuple[str, Record, "OpTensors | nn.Module | None"]
+Described = tuple[Kind, Record, "OpTensors | nn.Module | None"]
 
 
 class Reader(Protocol):
@@ -162,7 +162,7 @@ class OpSpec:
 
 
 def _plain(kind: Kind) -> Callable[[Call], Described]:
-    return lambda call: (kind.value, default(kind.value), None)
+    return lambda call: (kind, default(kind), None)
 
 
 def _transposed(call: Call) -> bool:
@@ -186,11 +186,11 @@ def _norm(call: Call) -> Described:
         | dict(call.reader.ref(call.kwargs))
     bound.pop("input", None)
     bound.setdefault("eps", 1e-5)
-    return Kind.NORM.value, Norm(kind, bound), None
+    return Kind.NORM, Norm(kind, bound), None
 
 
 def _weighted(call: Call) -> Described:
-    kind = {"linear": Kind.DENSE, "batch_norm": Kind.AFFINE}.get(call.op, Kind.CONV).value
+    kind = {"linear": Kind.DENSE, "batch_norm": Kind.AFFINE}.get(call.op, Kind.CONV)
     return kind, default(kind), call.reader.op_tensors(call.node, call.op)
 
 
@@ -215,11 +215,11 @@ def _product(call: Call) -> Described:
             values = _put(values, slot, operand)
         return function(*values, **resolve(ref_kwargs, env, {}))
     alone = slots == ((0,), (1,)) and len(args) == 2 and not kwargs
-    return Kind.PRODUCT.value, Product(operands, pair, quotient=call.op == "div", op=call.op if alone else ""), None
+    return Kind.PRODUCT, Product(operands, pair, quotient=call.op == "div", op=call.op if alone else ""), None
 
 
 def _by_name(kind: Kind, record: Callable[[str], Record]) -> Callable[[Call], Described]:
-    return lambda call: (kind.value, record(call.op), None)
+    return lambda call: (kind, record(call.op), None)
 
 
 def _against_constant(call: Call) -> bool:
@@ -238,20 +238,20 @@ SPECS: tuple[OpSpec, ...] = (
            "BatchNorm with running statistics in eval mode: affine (folded into the layer before it)"),
     OpSpec(frozenset({"batch_norm"}) | NORMS, _norm, lambda c: c.alone,
            "BatchNorm in training mode or without running statistics, LayerNorm, GroupNorm: norm"),
-    OpSpec(frozenset({"leaky_relu"}), lambda c: (Kind.LEAKY_RELU.value,
+    OpSpec(frozenset({"leaky_relu"}), lambda c: (Kind.LEAKY_RELU,
                                                  LeakyReLU(float(c.argument(1, "negative_slope", 0.01))), None),
            lambda c: c.single, "leaky ReLU of one signal"),
-    OpSpec(frozenset(POOLS), lambda c: (POOLS[c.op].value, default(POOLS[c.op].value), _pool_module(c)),
+    OpSpec(frozenset(POOLS), lambda c: (POOLS[c.op], default(POOLS[c.op]), _pool_module(c)),
            lambda c: c.single, "max and average pooling of one signal, with constant arguments"),
-    OpSpec(SOFTMAXES, lambda c: (Kind.SOFTMAX.value, Softmax(int(c.args[1])), None), lambda c: c.single,
+    OpSpec(SOFTMAXES, lambda c: (Kind.SOFTMAX, Softmax(int(c.args[1])), None), lambda c: c.single,
            "softmax of one signal"),
     OpSpec(frozenset({"add"}), _plain(Kind.ADD), _residual, "a residual sum of two signals of one shape"),
     OpSpec(PRODUCTS, _product, lambda c: len(c.slots) >= 2,
            "a product or quotient of two signals (more than two: refused)"),
-    OpSpec(frozenset({"div"}), lambda c: (Kind.ACTIVATION.value, Activation("div"), None),
+    OpSpec(frozenset({"div"}), lambda c: (Kind.ACTIVATION, Activation("div"), None),
            lambda c: c.on_signal == [False, True], "a constant divided by a signal: element-wise nonlinear"),
     # the other tensor gives only a shape or dtype (the builder drops it from the inputs)
-    OpSpec(LIKE, lambda c: (Kind.MOVE.value, Move(reshape=c.op in ("reshape_as", "view_as")), None),
+    OpSpec(LIKE, lambda c: (Kind.MOVE, Move(reshape=c.op in ("reshape_as", "view_as")), None),
            lambda c: c.on_signal[0], "data movement shaped like another tensor"),
     OpSpec(MIXES, _by_name(Kind.MIX, lambda op: Mix(elementwise=op in ELEMENTWISE)), lambda c: True,
            "linear ops without a layer's weights, of any number of signals: mix"),
@@ -265,11 +265,11 @@ SPECS: tuple[OpSpec, ...] = (
     OpSpec(frozenset({"addcmul", "addcdiv"}), _plain(Kind.MIX),
            lambda c: sum(c.on_signal[1:3]) <= 1 and not (c.op == "addcdiv" and c.on_signal[2:3] == [True]),
            "self + value * t1 * t2 (or / t2) with at most one signal factor: linear"),
-    OpSpec(frozenset({"maximum", "minimum"}), lambda c: (Kind.ACTIVATION.value, Activation(c.op), None),
+    OpSpec(frozenset({"maximum", "minimum"}), lambda c: (Kind.ACTIVATION, Activation(c.op), None),
            lambda c: c.single, "the element-wise maximum or minimum of a signal and a constant"),
-    OpSpec(None, lambda c: (Kind.ACTIVATION.value, Activation(c.op), None), _against_constant,
+    OpSpec(None, lambda c: (Kind.ACTIVATION, Activation(c.op), None), _against_constant,
            "any other element-wise op of a signal and a constant (an ``.other`` overload)"),
-    OpSpec(frozenset(REDUCTIONS), lambda c: (Kind.REDUCE.value, reduction(c.node, c.op), None),
+    OpSpec(frozenset(REDUCTIONS), lambda c: (Kind.REDUCE, reduction(c.node, c.op), None),
            lambda c: c.single and c.on_signal[:1] == [True] and not _against_constant(c),
            "norms, maxima, minima, logsumexp, variance of one signal over some axes: reduce"),
 )

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from attributions.errors import AttributionError, unknown_name
 from attributions.graph import Graph, Node
-from attributions.kinds import ACTIVATION_KINDS, LINEAR_KINDS, LINEAR_TRACED_KINDS, TRACED_KINDS, WEIGHT_KINDS
+from attributions.kinds import ACTIVATION_KINDS, LINEAR_KINDS, LINEAR_TRACED_KINDS, TRACED_KINDS, WEIGHT_KINDS, Kind
 from attributions.linear_ops import LinearOp, to_winners
 from attributions.records import LeakyReLU, Norm, Product, Record, Reduce, Softmax
 
@@ -168,7 +168,7 @@ class Rule:
     ``kinds``: the node kinds the rule can act on (a rule map that puts it elsewhere is refused).
     """
 
-    kinds: tuple[str, ...] = ()
+    kinds: tuple[Kind, ...] = ()
     records = False  # reads the node's vector-Jacobian product at its forward inputs (Context.vjp)
     # the forward values it reads beyond their shapes ("inputs", "output"): a forward pass made for one
     # backward frees the others once no later op reads them, as autograd saves only what a backward needs
@@ -199,19 +199,19 @@ class Rule:
         gradient is :meth:`backward` (rules with :attr:`traceable` only)."""
         raise NotImplementedError(f"{type(self).__name__} has no surrogate")
 
-    def reads_for(self, node: Any) -> tuple[str, ...]:
+    def reads_for(self, node: Node) -> tuple[str, ...]:
         """What the rule reads at ``node`` (:attr:`reads`, or less where the node's op makes it so)."""
         return self.reads
 
-    def inputs_read(self, node: Any) -> tuple[str, ...]:
+    def inputs_read(self, node: Node) -> tuple[str, ...]:
         """The inputs of ``node`` whose values the rule reads when :meth:`reads_for` names "inputs"."""
         return tuple(node.inputs)
 
-    def silent(self, node: Any) -> frozenset[str]:
+    def silent(self, node: Node) -> frozenset[str]:
         """The inputs of ``node`` the rule never passes a signal (returns None for)."""
         return frozenset()
 
-    def gradient_scales(self, node: Any) -> tuple[float, ...] | None:
+    def gradient_scales(self, node: Node) -> tuple[float, ...] | None:
         """The backward as the exact gradient times a constant per input (per operand of a product, in its
         record's order), or None where it is not one: fused ops then stand in for the node
         (:mod:`attributions.fusion`)."""
@@ -470,7 +470,7 @@ class Pass(Rule):
     """Identity: relevance passes an activation unchanged (LRP, Deep Taylor; for every element-wise
     activation, as zennit and LXT do); also through a norm or a softmax, as Chefer et al. 2021 propagate."""
 
-    kinds = ACTIVATION_KINDS + ("norm", "softmax")
+    kinds = ACTIVATION_KINDS + (Kind.NORM, Kind.SOFTMAX)
     reads = ()
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
@@ -487,7 +487,7 @@ class ReLUGradient(Rule):
         "gradient" (the plain derivative), "guided" or "deconv"
     """
 
-    kinds = ("relu", "leaky_relu")
+    kinds = (Kind.RELU, Kind.LEAKY_RELU)
     reads = ("inputs",)
 
     def __init__(self, mode: str = "gradient"):
@@ -552,7 +552,7 @@ class RectGrad(Rule):
         the percentile (0-100) of activation x signal over the layer that a unit must exceed
     """
 
-    kinds = ("relu", "leaky_relu")
+    kinds = (Kind.RELU, Kind.LEAKY_RELU)
     reads = ("output",)
     linear_in_signal = False  # the threshold tau depends on the signal
 
@@ -579,7 +579,7 @@ class Rescale(Rule):
     the same, at half the cost of the fallback's extra passes.
     """
 
-    kinds = ("relu", "leaky_relu")
+    kinds = (Kind.RELU, Kind.LEAKY_RELU)
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         multiplier = (ctx.output - ctx.references[1]).div_(ctx.x - ctx.references[0][0]).nan_to_num_(nan=0.0)
@@ -588,10 +588,10 @@ class Rescale(Rule):
 
 def _feeds_relu(ctx: Context, linear: str) -> str | None:
     """The ReLU that is the only reader of the dense / conv node ``linear``, if there is one."""
-    if ctx.graph is None or ctx.graph.by_name[linear].kind not in ("dense", "conv"):
+    if ctx.graph is None or ctx.graph.by_name[linear].kind not in (Kind.DENSE, Kind.CONV):
         return None
     readers = ctx.graph.consumers[linear]
-    return readers[0] if len(readers) == 1 and ctx.graph.by_name[readers[0]].kind == "relu" else None
+    return readers[0] if len(readers) == 1 and ctx.graph.by_name[readers[0]].kind == Kind.RELU else None
 
 
 class RevealCancelReLU(Rescale):
@@ -615,7 +615,7 @@ class RevealCancelLinear(Rule):
     makes: W+^T (m+ s) + W-^T (m- s) where dx > 0, W+^T (m- s) + W-^T (m+ s) where dx < 0, W^T ((m+ + m-) s) / 2
     where dx = 0. Complete: m+ dz+ + m- dz- = dy+ + dy- = f(z) - f(z0). Elsewhere the plain W^T s."""
 
-    kinds = ("dense", "conv")
+    kinds = (Kind.DENSE, Kind.CONV)
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         op, x = ctx.layer, ctx.x
@@ -654,7 +654,7 @@ def _unpool(signal: torch.Tensor, indices: torch.Tensor, in_shape: torch.Size, i
 class WinnerTakeAll(Rule):
     """Max pooling: the whole signal goes to the winning input (the max-pooling gradient)."""
 
-    kinds = ("maxpool",)
+    kinds = (Kind.MAXPOOL,)
     reads = ("inputs",)
     exact_gradient = True
 
@@ -684,7 +684,7 @@ class DeepLiftMaxPool(Rule):
         ``|delta_x|`` below which the gradient replaces the difference quotient
     """
 
-    kinds = ("maxpool",)
+    kinds = (Kind.MAXPOOL,)
 
     def __init__(self, eps: float = 1e-10):
         self.eps = eps
@@ -723,7 +723,7 @@ class ProportionalSplit(Rule):
         added to the sum a + b with its sign
     """
 
-    kinds = ("add",)
+    kinds = (Kind.ADD,)
 
     def __init__(self, epsilon: float = 1e-6):
         self.epsilon = epsilon
@@ -744,7 +744,7 @@ class NormalisedSplit(Rule):
         added to the sum a + b with its sign
     """
 
-    kinds = ("add",)
+    kinds = (Kind.ADD,)
 
     def __init__(self, epsilon: float = 1e-9):
         self.epsilon = epsilon
@@ -767,7 +767,7 @@ def _safe(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class Copy(Rule):
     """The gradient of an add: the same signal to every input."""
 
-    kinds = ("add",)
+    kinds = (Kind.ADD,)
     reads = ()
     exact_gradient = True
 
@@ -787,7 +787,7 @@ class VJP(Rule):
     reads = ("inputs",)
     exact_gradient = True
 
-    def reads_for(self, node: Any) -> tuple[str, ...]:
+    def reads_for(self, node: Node) -> tuple[str, ...]:
         linear = node.kind in LINEAR_TRACED_KINDS or node.is_identity or node.is_reshape
         return () if linear else self.reads
 
@@ -812,7 +812,7 @@ class ActivationGradient(Rule):
         "guided" or "deconv"
     """
 
-    kinds = ("activation",)
+    kinds = (Kind.ACTIVATION,)
     records = True
     reads = ("inputs",)
 
@@ -856,7 +856,7 @@ class LinearZ(Rule):
         added to the node's output with its sign
     """
 
-    kinds = ("mix", "reduce")
+    kinds = (Kind.MIX, Kind.REDUCE)
     records = True
 
     def __init__(self, epsilon: float = 1e-6):
@@ -877,7 +877,7 @@ class RescaleAny(Rule):
         ``|x - x0|`` at or below which the derivative replaces the secant
     """
 
-    kinds = ("activation",)
+    kinds = (Kind.ACTIVATION,)
 
     def __init__(self, tolerance: float = 1e-10):
         self.tolerance = tolerance
@@ -928,7 +928,7 @@ class SecantReduce(Rule):
     """DeepLIFT through a nonlinear reduction (a norm, a max, logsumexp): :func:`_secant`, complete
     for any reduction."""
 
-    kinds = ("reduce",)
+    kinds = (Kind.REDUCE,)
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         return [_secant(ctx, signal, _record(ctx, Reduce).dims)]
@@ -975,9 +975,9 @@ def _product_vjp(ctx: Context, signal: torch.Tensor, slot: int, at: torch.Tensor
     return ctx.vjp(signal, [at], (lambda t: pair(t, other)) if slot == 0 else (lambda t: pair(other, t)))[0]
 
 
-def _held(node: Any, gates_on: bool) -> tuple[int | None, list[str]]:
+def _held(node: Node, gates_on: bool) -> tuple[int | None, list[str]]:
     """(the operand slot a product rule holds constant: 0, 1 or None for neither, the operands' node names)."""
-    record = node.record
+    record = node.recorded(Product)
     gates = record.gates if gates_on else (False, False)
     names = list(record.operands)
     if record.quotient:
@@ -985,7 +985,7 @@ def _held(node: Any, gates_on: bool) -> tuple[int | None, list[str]]:
     return ((0 if gates[0] else 1) if gates[0] != gates[1] else None), names
 
 
-def _silent(node: Any, gates_on: bool) -> frozenset[str]:
+def _silent(node: Node, gates_on: bool) -> frozenset[str]:
     held, names = _held(node, gates_on)
     return frozenset() if held is None or names[0] == names[1] else frozenset({names[held]})
 
@@ -1015,12 +1015,12 @@ class GateProduct(Rule):
         hold gating operands constant (False: every product splits in halves)
     """
 
-    kinds = ("product",)
+    kinds = (Kind.PRODUCT,)
 
     def __init__(self, epsilon: float = 1e-6, gates: bool = True):
         self.epsilon, self.gates = epsilon, gates
 
-    def silent(self, node: Any) -> frozenset[str]:
+    def silent(self, node: Node) -> frozenset[str]:
         return _silent(node, self.gates)
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor | None]:
@@ -1087,17 +1087,17 @@ class HeldGradient(Rule):
     or a quotient's numerator), half the gradient to each operand where neither or both are gates (AttnLRP's
     uniform rule); ``gates=False`` splits every product in halves."""
 
-    kinds = ("product",)
+    kinds = (Kind.PRODUCT,)
     reads = ("inputs",)
     traceable = True
 
     def __init__(self, gates: bool = True):
         self.gates = gates
 
-    def silent(self, node: Any) -> frozenset[str]:
+    def silent(self, node: Node) -> frozenset[str]:
         return _silent(node, self.gates)
 
-    def inputs_read(self, node: Any) -> tuple[str, ...]:
+    def inputs_read(self, node: Node) -> tuple[str, ...]:
         # the gradient to one operand is linear in it: only the operand held is read
         held, names = _held(node, self.gates)
         return tuple(node.inputs) if held is None else (names[held],)
@@ -1117,7 +1117,7 @@ class HeldGradient(Rule):
         scale_a, scale_b = self.gradient_scales(ctx.node)
         return _product_of(ctx)(scaled_gradient(a, scale_a), scaled_gradient(b, scale_b))
 
-    def gradient_scales(self, node: Any) -> tuple[float, float]:
+    def gradient_scales(self, node: Node) -> tuple[float, float]:
         held, _ = _held(node, self.gates)
         return (0.5, 0.5) if held is None else (0.0, 1.0) if held == 0 else (1.0, 0.0)
 
@@ -1126,7 +1126,7 @@ class NormFactor(Rule):
     """:class:`NormLRP` (the LN rule) in factor form: the gradient of the normalisation with its standard
     deviation held, c_in = centre(weight * c) / std."""
 
-    kinds = ("norm",)
+    kinds = (Kind.NORM,)
     reads = ("inputs",)
     traceable = True
 
@@ -1210,7 +1210,7 @@ class DeepLiftProduct(Rule):
         ``|b - b0|`` at or below which a quotient's 1 / b takes its derivative
     """
 
-    kinds = ("product",)
+    kinds = (Kind.PRODUCT,)
 
     def __init__(self, tolerance: float = 1e-10):
         self.tolerance = tolerance
@@ -1287,7 +1287,7 @@ class NormLRP(Rule):
         added to the normalised output with its sign
     """
 
-    kinds = ("norm",)
+    kinds = (Kind.NORM,)
 
     def __init__(self, epsilon: float = 1e-6):
         self.epsilon = epsilon
@@ -1347,7 +1347,7 @@ class NormDeepLift(Rule):
         the ratio of r to r0 above which the secant rule replaces the exact one
     """
 
-    kinds = ("norm",)
+    kinds = (Kind.NORM,)
 
     def __init__(self, conditioning: float = 4.0):
         self.conditioning = conditioning
@@ -1382,7 +1382,7 @@ class SoftmaxGradient(Rule):
     """The softmax's gradient from its output alone, s * (g - sum(g s)), by autograd's own kernel: the
     scores it was computed from need not be kept."""
 
-    kinds = ("softmax",)
+    kinds = (Kind.SOFTMAX,)
     reads = ("output",)
     exact_gradient = True
 
@@ -1396,7 +1396,7 @@ class SoftmaxLRP(Rule):
     """AttnLRP's softmax rule (Achtibat et al. 2024, Prop. 3.1): R_in = x * (R - s * sum(R)), s the
     softmax output, the sum over the softmax dimension."""
 
-    kinds = ("softmax",)
+    kinds = (Kind.SOFTMAX,)
 
     def backward(self, ctx: Context, signal: torch.Tensor) -> list[torch.Tensor]:
         dim = _record(ctx, Softmax).dim % ctx.output.ndim + 1
@@ -1415,7 +1415,7 @@ class SoftmaxDeepLift(Rule):
         a row's sum of shifted exponentials below which the secant rule replaces the exact one (the exact terms would cancel)
     """
 
-    kinds = ("softmax",)
+    kinds = (Kind.SOFTMAX,)
 
     def __init__(self, tolerance: float = 1e-10, underflow: float = 1e-4):
         self.tolerance, self.underflow = tolerance, underflow

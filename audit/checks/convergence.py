@@ -32,7 +32,7 @@ from attributions.errors import NotApplicable, unknown_name
 from attributions.explainer import Explainer, ForwardPass, shared_forward
 from attributions.graph import Graph, Node, trace
 from attributions.hygiene import leaves_process_alone
-from attributions.kinds import ELEMENTWISE_KINDS, RECORDED_KINDS
+from attributions.kinds import ELEMENTWISE_KINDS, RECORDED_KINDS, Kind
 from attributions.methods import build_method
 from attributions.records import Move, Norm
 from audit import style
@@ -167,11 +167,11 @@ def channel_axes(graph: Graph, env: dict[str, Any]) -> dict[str, int]:
     axes: dict[str, int | None] = {}
 
     def own(node: Node) -> int | None:
-        if node.kind in ("conv", "avgpool", "maxpool", "affine") or (
-                node.kind == "norm" and not isinstance(node.module, nn.LayerNorm)
+        if node.kind in (Kind.CONV, Kind.AVGPOOL, Kind.MAXPOOL, Kind.AFFINE) or (
+                node.kind == Kind.NORM and not isinstance(node.module, nn.LayerNorm)
                 and not (isinstance(node.record, Norm) and node.record.type == "layer")):
             return 1
-        if node.kind == "dense" or node.kind == "norm" or node.tokens:
+        if node.kind == Kind.DENSE or node.kind == Kind.NORM or node.tokens:
             return -1
         return None
 
@@ -201,9 +201,9 @@ def block_outputs(graph: Graph) -> list[str]:
     activation)."""
     def mlp(name: str) -> bool:
         node = graph.by_name[name]
-        return node.kind == "dense" and any(graph.by_name[i].kind == "activation" for i in node.inputs)
+        return node.kind == Kind.DENSE and any(graph.by_name[i].kind == Kind.ACTIVATION for i in node.inputs)
 
-    return [n.name for n in graph.nodes if n.kind == "add" and any(mlp(i) for i in n.inputs)]
+    return [n.name for n in graph.nodes if n.kind == Kind.ADD and any(mlp(i) for i in n.inputs)]
 
 
 def default_injection_layers(ex: Explainer) -> list[str]:
@@ -211,10 +211,10 @@ def default_injection_layers(ex: Explainer) -> list[str]:
     (token 0) of each block's output; else the deepest conv layer and one about half-way down."""
     graph = ex.graph
     assert graph is not None, f"{ex!r} has no traced graph; injection layers exist for the graph methods only"
-    linear = [n.name for n in graph.nodes if n.kind in ("conv", "dense") and n.name != graph.output]
-    convs = [n.name for n in graph.nodes if n.kind == "conv"]
+    linear = [n.name for n in graph.nodes if n.kind in (Kind.CONV, Kind.DENSE) and n.name != graph.output]
+    convs = [n.name for n in graph.nodes if n.kind == Kind.CONV]
     picks = [graph.output]
-    if any(n.kind == "softmax" for n in graph.nodes) and block_outputs(graph):
+    if any(n.kind == Kind.SOFTMAX for n in graph.nodes) and block_outputs(graph):
         picks += [f"{name}[0]" for name in block_outputs(graph)]
     elif convs:
         picks += [convs[-1], convs[len(convs) // 2]]
@@ -226,7 +226,7 @@ def default_injection_layers(ex: Explainer) -> list[str]:
 def layer_inputs(ex: Explainer) -> dict[str, str]:
     """For each conv / dense node, the node whose output it reads (where the chain enters it)."""
     assert ex.graph is not None, f"{ex!r} has no traced graph; layer inputs exist for the graph methods only"
-    return {n.name: n.inputs[0] for n in ex.graph.nodes if n.kind in ("conv", "dense")}
+    return {n.name: n.inputs[0] for n in ex.graph.nodes if n.kind in (Kind.CONV, Kind.DENSE)}
 
 
 def _split_token(target: str) -> tuple[str, int | None]:

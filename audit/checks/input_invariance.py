@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from attributions.explainer import Explainer, attribute_many
 from attributions.graph import Graph, Node, trace
 from attributions.hygiene import leaves_process_alone
+from attributions.kinds import Kind
 from attributions.linear_ops import explicit_padding
 from attributions.methods import takes_baseline
 from audit.checks.base import Check, MedianScore, UnitResult
@@ -87,7 +88,7 @@ def shifted_model(model: nn.Module, x: torch.Tensor, shift: float | Sequence[flo
     w = layer.weight.detach()
     bias = layer.bias.detach() if layer.bias is not None else torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
     replacement: nn.Module = layer
-    if node.kind == "dense":
+    if node.kind == Kind.DENSE:
         offset = seen.reshape(1, -1) @ w.T
     else:
         if layer.groups != 1 or seen.ndim != w.ndim:
@@ -127,10 +128,10 @@ def _first_layer(model: nn.Module, graph: Graph) -> tuple[Node, str]:
         raise AuditError(f"input invariance compensates the shift in the one layer that reads the input; this "
                          f"model's input reaches {len(firsts)}: {', '.join(firsts) or 'none'}")
     node = graph.by_name[firsts[0]]
-    owner = node.tensors.module if node.kind in ("conv", "dense") else None
+    owner = node.tensors.module if node.kind in (Kind.CONV, Kind.DENSE) else None
     names = [n for n, m in model.named_modules() if m is owner and isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))]
-    uses = sum(1 for n in graph.nodes if n.kind in ("conv", "dense") and n.tensors.module is owner)
-    if node.kind not in ("conv", "dense") or len(names) != 1 or uses != 1:
+    uses = sum(1 for n in graph.nodes if n.kind in (Kind.CONV, Kind.DENSE) and n.tensors.module is owner)
+    if node.kind not in (Kind.CONV, Kind.DENSE) or len(names) != 1 or uses != 1:
         raise AuditError(f"input invariance: the first layer {node.name!r} ({node.kind}) must be a convolution or a "
                          "dense layer called once, whose bias can absorb the shift")
     return node, names[0]

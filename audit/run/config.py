@@ -27,18 +27,53 @@ from audit.run.resources import parse_size
 DEVICES = ("cpu", "cuda")
 
 
-def key(default: Any = None, *, help: str, factory: Callable[[], Any] | None = None, **flag: Any) -> Any:
-    """A general key of :class:`AuditConfig`: its default and, in one place, its command-line flag (``help`` and
-    argparse's ``type``, ``choices``, ``action``, ``metavar``); :func:`general_keys` lists them."""
-    metadata = {"help": help, "flag": flag}
+def key(default: Any = None, *, help: str, factory: Callable[[], Any] | None = None,
+        valid: Callable[[Any], bool] | None = None, rule: str = "", **flag: Any) -> Any:
+    """A general key of :class:`AuditConfig`, declared once: its default, its command-line flag (``help`` and
+    argparse's ``type``, ``choices``, ``action``, ``metavar``) and what values are valid: the flag's ``type``
+    (an int), a boolean action (true or false), its ``choices``, ``valid``, a predicate, with ``rule`` its wording;
+    :func:`general_keys` lists them, :meth:`AuditConfig.validated` checks each value against its declaration."""
+    metadata = {"help": help, "flag": flag, "valid": valid, "rule": rule}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
-def general_keys() -> list[Field[Any]]:
-    """The general keys, in order: the fields of :class:`AuditConfig` besides the checks' ``options``."""
-    return [f for f in fields(AuditConfig) if "help" in f.metadata]
+_BOOLEAN_ACTIONS = (argparse.BooleanOptionalAction, "store_true")
+
+
+def _declared_type(declared: Field[Any]) -> type | None:
+    """The type a general key's value must have, from its declaration: an int flag's, a boolean flag's, a string
+    key's; None where the key's own normalisation checks it (lists, tables, a preset or its table)."""
+    flag = declared.metadata["flag"]
+    if flag.get("type") is int:
+        return int
+    if flag.get("action") in _BOOLEAN_ACTIONS:
+        return bool
+    return str if declared.type in ("str", "str | None") else None  # the annotation's text (postponed annotations)
+
+
+def _check_declared(declared: Field[Any], value: Any) -> None:
+    """A :class:`ConfigError` unless ``value`` is what the general key ``declared`` declares: its type (None where
+    the default is None), one of its choices, and its ``valid`` predicate."""
+    name, flag, metadata = declared.name, declared.metadata["flag"], declared.metadata
+    if value is None and declared.default is None:
+        return
+    kind = _declared_type(declared)
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    if kind is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
+    if "choices" in flag and value not in flag["choices"]:
+        raise unknown_name(name.replace("_", " "), value, flag["choices"], ConfigError)
+    if metadata["valid"] is not None and not metadata["valid"](value):
+        raise ConfigError(f"invalid {name}={value!r} in the audit configuration: it must be {metadata['rule']}")
+
+
+def general_keys(config: type[AuditConfig] | None = None) -> list[Field[Any]]:
+    """The general keys of ``config`` (default :class:`AuditConfig`), in order: its fields declared with
+    :func:`key`, besides the checks' ``options``."""
+    return [f for f in fields(config or AuditConfig) if "help" in f.metadata]
 
 
 @dataclass(frozen=True)
@@ -66,14 +101,14 @@ class AuditConfig:
     tests: list[Any] = key(factory=lambda: ["csc", "random-logit", "cascading"], help="comma-separated: " + "; ".join(
         f"{c.name} ({c.description})" for c in CHECKS.values()))
     n_images: int = key(32, help="images audited per model, class-balanced: the first images of each class in order "
-                          "(imagefolder: a seeded draw per class)", type=int)
+                          "(imagefolder: a seeded draw per class)", type=int, valid=lambda v: v >= 2, rule="at least 2")
     max_images: int | None = key(None, help="the image budget of a sequential run (default: none, n_images once): "
                                  "the images are read in looks of n_images (the first n_images, then the next, up to "
                                  "max_images), and a model x check x method cell gets the next look only while its "
                                  "verdict is undecided; every look's interval is at the level 1 - 0.01 / K for K "
                                  "looks (Bonferroni over the looks), so a decision taken at any look keeps the error "
                                  "of one interval at 99 percent", type=int)
-    seed: int = key(0, help="the run's seed", type=int)
+    seed: int = key(0, help="the run's seed", type=int, valid=lambda v: v >= 0, rule=">= 0")
     protocol: str = key("toolkit", help="the checks' settings: toolkit (default), adebayo2018 (the randomized "
                         "model's prediction explained, BatchNorm statistics kept, Gaussian re-initialisation, their "
                         "SSIM and HOG) or sixt2020 (the true label, BatchNorm reset, K = 5, CSC threshold 0.99); an option given "
@@ -87,20 +122,23 @@ class AuditConfig:
     weights: str | None = key(None, help="state_dict (torch.save or .safetensors) for a timm:, torchvision: or "
                               "module:factory model")
     num_classes: int | None = key(None, help="the classifier's outputs of a timm:, torchvision: or hf: model "
-                                  "(default: the library's)", type=int)
-    heatmap_examples: int = key(2, help="images whose heatmaps the randomization checks keep for the report", type=int)
+                                  "(default: the library's)", type=int, valid=lambda v: v >= 1, rule="a positive integer")
+    heatmap_examples: int = key(2, help="images whose heatmaps the randomization checks keep for the report", type=int,
+                                valid=lambda v: v >= 0, rule=">= 0")
     max_memory: str | None = key(None, help="the memory the passes are held to, e.g. 4GB (default: half of the free "
                                  "RAM, or GPU memory, when the run starts); images and vectors go in chunks to fit")
     image_block: int = key(0, help="images per work item of the checks scored per image (default 0: a unit's images "
                            "together); smaller blocks share a unit's images among ranks; each block is seeded by its unit "
-                           "and first image, so the files depend on the blocks, not on the number of ranks", type=int)
+                           "and first image, so the files depend on the blocks, not on the number of ranks", type=int,
+                           valid=lambda v: v >= 0, rule=">= 0")
     mixed_precision: bool = key(False, help="compute the maps under autocast (bfloat16 on CPU, float16 on GPU; default "
                                 "off); the manifest records each method's agreement with float32",
                                 action=argparse.BooleanOptionalAction)
     pattern_data: str = key("explained", help="what PatternNet / PatternAttribution fit their patterns on: explained "
                             "(default: the images each check explains), train (the data set's training split) or "
                             "DATASET:SPLIT; the trained model's patterns are kept beside its checkpoint")
-    pattern_images: int = key(256, help="images the patterns are fitted on (default 256, a seeded draw)", type=int)
+    pattern_images: int = key(256, help="images the patterns are fitted on (default 256, a seeded draw)", type=int,
+                              valid=lambda v: v >= 1, rule="at least 1")
     twins: dict[str, Any] = key(factory=dict, help="the permuted-label twin of each model for the data-randomization test (a "
                       "checkpoint path, shipped name or module:factory); the shipped models' twins are found without it",
                       metavar="MODEL=TWIN,...")
@@ -150,37 +188,22 @@ class AuditConfig:
         return out
 
     def _check_types(self) -> None:
-        """A :class:`ConfigError` for a general key of the wrong type or an unknown name."""
-        if self.protocol not in PROTOCOLS:
-            raise unknown_name("protocol", str(self.protocol), list(PROTOCOLS), ConfigError)
-        for name, kind in (("n_images", int), ("seed", int), ("heatmap_examples", int), ("device", str),
-                           ("data", str), ("image_block", int), ("pattern_data", str), ("pattern_images", int)):
-            value = getattr(self, name)
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
+        """A :class:`ConfigError` for a general key that is not what its declaration says (:func:`key`), or that
+        names what does not exist (a preprocessing preset, a pattern source, a memory size)."""
+        for declared in general_keys(type(self)):
+            _check_declared(declared, getattr(self, declared.name))
         preprocess_from(self.preprocess)  # a clear error for an unknown preset or a bad table
         pattern_source(self.pattern_data, self.data)
-        for flag in ("mixed_precision", "allow_partial_weights"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ConfigError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.max_memory is not None:
             parse_size(self.max_memory)
-        if self.seed < 0:
-            raise ConfigError(f"seed must be >= 0, got {self.seed}")
 
     def _check_ranges(self) -> None:
-        """A :class:`ConfigError` for a general key out of its range, or keys that do not go together."""
-        if self.num_classes is not None and (not isinstance(self.num_classes, int) or isinstance(self.num_classes, bool)
-                                             or self.num_classes < 1):
-            raise ConfigError(f"num_classes must be a positive integer, got {self.num_classes!r}")
-        checks = [("n_images", self.n_images >= 2), ("device", self.device in DEVICES),
-                  ("image_block", self.image_block >= 0), ("pattern_images", self.pattern_images >= 1),
-                  ("heatmap_examples", 0 <= self.heatmap_examples <= self.n_images)]
-        for name, ok in checks:
-            if not ok:
-                raise ConfigError(f"invalid {name}={getattr(self, name)!r} in the audit configuration")
+        """A :class:`ConfigError` for general keys that do not go together."""
+        if self.heatmap_examples > self.n_images:
+            raise ConfigError(f"invalid heatmap_examples={self.heatmap_examples!r} in the audit configuration: it "
+                              f"must be at most n_images ({self.n_images})")
         if self.max_images is not None:
-            if isinstance(self.max_images, bool) or not isinstance(self.max_images, int) or self.max_images < self.n_images:
+            if self.max_images < self.n_images:
                 raise ConfigError(f"max_images must be an integer of at least n_images ({self.n_images}), got "
                                   f"{self.max_images!r}")
             if self.image_block:

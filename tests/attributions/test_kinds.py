@@ -43,3 +43,36 @@ def test_a_rule_table_that_misses_a_kind_is_refused_naming_the_method_and_the_ki
     rules = {k: v for k, v in gradient.rules.items() if k != "softmax"}
     with pytest.raises(AttributionError, match="method 'partial-gradient'.*no rule for the node kind softmax"):
         dataclasses.replace(gradient, name="partial-gradient", rules=rules)
+
+
+def test_rule_tables_nodes_and_rules_speak_of_kinds_by_the_enum():
+    """Every rule table is keyed by Kind (or FIRST, the input's linear layers), every rule names the kinds it acts on
+    by Kind, every traced node's kind is a Kind; a kind reads as its name in messages."""
+    import torch
+    from torch import nn
+
+    from attributions.graph import trace
+    from attributions.methods import FIRST
+
+    for name in BUILDERS:
+        method = build_method(name)
+        assert all(type(k) is Kind or k == FIRST for k in method.rules), name
+        assert all(type(k) is Kind for rule in method.rules.values() for k in rule.kinds), name
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8, 2)).eval()
+    graph = trace(model, torch.rand(1, 1, 4, 4))
+    assert [type(n.kind) for n in graph.nodes] == [Kind] * len(graph.nodes)
+    assert [n.kind for n in graph.nodes if n.kind != Kind.CONST] == ["input", "conv", "relu", "move", "dense"]
+    assert repr(Kind.CONV) == "'conv'" and f"{Kind.CONV}" == "conv"
+
+
+def test_a_nodes_record_is_read_as_its_type_or_refused():
+    import torch
+    from torch import nn
+
+    from attributions.graph import trace
+
+    graph = trace(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)).eval(), torch.rand(1, 4))
+    flatten, dense = (next(n for n in graph.nodes if n.kind == kind) for kind in (Kind.MOVE, Kind.DENSE))
+    assert isinstance(flatten.recorded(rec.Move), rec.Move)
+    with pytest.raises(AttributionError, match="records a Plain, not a Product"):
+        dense.recorded(rec.Product)

@@ -21,7 +21,7 @@ predicts that such a product converges to rank 1, whatever the weights.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -29,10 +29,8 @@ from attributions.anatomy import TokenLayout, attention_nodes, token_layout
 from attributions.cam import UPSAMPLING, PerGraph, target_signals, upsampled
 from attributions.engines import Engine
 from attributions.errors import AttributionError, NotApplicable
+from attributions.explaining import Explaining
 from attributions.shared_pass import SharedPass
-
-if TYPE_CHECKING:  # the explainer runs the engines: imported for the annotations only
-    from attributions.explainer import Explainer
 
 FUSIONS = ("mean", "max", "min")
 RELEVANCE_METHOD = "chefer-lrp"  # whose relevance at the attention weights Chefer et al.'s attribution weighs
@@ -97,7 +95,7 @@ class _OnAttention(Engine):
     def __init__(self) -> None:
         self._attention = PerGraph(_located)
 
-    def fits(self, ex: Explainer, x: torch.Tensor) -> str | None:
+    def fits(self, ex: Explaining, x: torch.Tensor) -> str | None:
         try:
             self._attention.get(ex, x)
         except NotApplicable as exc:
@@ -128,7 +126,7 @@ class AttentionFlow(_OnAttention):
         self.passes = 2 if weighting == "relevance" else 1  # the gradient's signals and the LRP relevance's
         self.discard_ratio, self.upsample = discard_ratio, upsample
 
-    def operators(self, ex: Explainer, x: torch.Tensor, targets: list[Any]) -> tuple[list[str], list[torch.Tensor], TokenLayout]:
+    def operators(self, ex: Explaining, x: torch.Tensor, targets: list[Any]) -> tuple[list[str], list[torch.Tensor], TokenLayout]:
         """(the attention nodes in forward order, each block's operator (K, B, T, T), the token layout): the map
         is the class token's row of their product, the last block's on the left. Rollout's operator is the
         fused, discarded, (A + I) row-normalised matrix; generic attention's I + mean_h[(grad A * A)+], Chefer
@@ -156,7 +154,7 @@ class AttentionFlow(_OnAttention):
                 out.append(fused / fused.sum(-1, keepdim=True))
             return nodes, out, layout
 
-    def maps(self, ex: Explainer, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
              **kwargs: Any) -> torch.Tensor:
         _, operators, layout = self.operators(ex, x, targets)
         with torch.no_grad():
@@ -176,7 +174,7 @@ class AttentionGradCam(_OnAttention):
         super().__init__()
         self.upsample = upsample
 
-    def maps(self, ex: Explainer, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
              **kwargs: Any) -> torch.Tensor:
         _, (nodes, layout) = self._attention.get(ex, x)
         last = nodes[-1]

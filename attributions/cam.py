@@ -26,7 +26,7 @@ channels, each multiplied by the ReLU'd map, as captum's ``GuidedGradCam``).
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,10 +34,8 @@ import torch.nn.functional as F
 from attributions.anatomy import cam_layer, on_grid, token_layout, token_node
 from attributions.engines import Engine
 from attributions.errors import AttributionError, NotApplicable
+from attributions.explaining import Explaining
 from attributions.shared_pass import SharedPass
-
-if TYPE_CHECKING:  # the explainer runs the engines: imported for the annotations only
-    from attributions.explainer import Explainer
 
 UPSAMPLING = ("nearest", "bilinear")
 NORMALISATIONS = ("none", "before", "after")
@@ -51,7 +49,7 @@ def _minmax(maps: torch.Tensor) -> torch.Tensor:
     return ((flat - low) / span).reshape(maps.shape)
 
 
-def target_signals(ex: Explainer, x: torch.Tensor, targets: list[Any], nodes: set[str], method: str = "gradient"
+def target_signals(ex: Explaining, x: torch.Tensor, targets: list[Any], nodes: set[str], method: str = "gradient"
                    ) -> tuple[Any, dict[str, torch.Tensor]]:
     """The forward pass of ``method`` (a chain method, on the explainer's model) on ``x`` (B, ...) and its
     backward signals at ``nodes`` for the K explained outputs, started as that method starts its maps
@@ -89,7 +87,7 @@ class PerGraph:
         self.find = find
         self._found: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
-    def get(self, ex: Explainer, x: torch.Tensor) -> tuple[Any, Any]:
+    def get(self, ex: Explaining, x: torch.Tensor) -> tuple[Any, Any]:
         """(the explainer's graph for inputs like ``x`` (B, ...), what ``find`` found in it)."""
         graph = ex.graph if ex.graph is not None and ex.graph.accepts(x.shape) else None
         if graph is None or graph not in self._found:
@@ -128,27 +126,27 @@ class GradCam(Engine):
         find = token_node if tokens else cam_layer
         self._layers = PerGraph(lambda graph, values, ndim: find(graph, values, layer, ndim))  # the node weighed
 
-    def layer_of(self, ex: Explainer, x: torch.Tensor) -> str:
+    def layer_of(self, ex: Explaining, x: torch.Tensor) -> str:
         """The node this engine weighs on the explainer's model for inputs like ``x`` (B, ...)."""
         return self._locate(ex, x)[1]
 
-    def _locate(self, ex: Explainer, x: torch.Tensor) -> tuple[Any, str]:
+    def _locate(self, ex: Explaining, x: torch.Tensor) -> tuple[Any, str]:
         """(the graph for inputs like ``x``, the node weighed in it)."""
         return self._layers.get(ex, x)
 
-    def fits(self, ex: Explainer, x: torch.Tensor) -> str | None:
+    def fits(self, ex: Explaining, x: torch.Tensor) -> str | None:
         try:
             self._locate(ex, x)
         except NotApplicable as exc:
             return str(exc)
         return None
 
-    def conventions(self, ex: Explainer, x: torch.Tensor) -> dict[str, Any]:
+    def conventions(self, ex: Explaining, x: torch.Tensor) -> dict[str, Any]:
         graph, node = self._locate(ex, x)
         return {"layer": node, "module": graph.by_name[node].path, "relu": self.relu or self.guided,
                 "upsample": self.upsample, "normalise": self.normalise}
 
-    def maps(self, ex: Explainer, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
              **kwargs: Any) -> torch.Tensor:
         layer = self.layer_of(ex, x)
         forward, grads = target_signals(ex, x, targets, {layer})

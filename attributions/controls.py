@@ -2,16 +2,14 @@
 the model entirely (the Sobel edge map) or everything (seeded noise)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from attributions.engines import Engine
+from attributions.explaining import Explaining
 from attributions.shared_pass import SharedPass
-
-if TYPE_CHECKING:  # the explainer runs the engines: imported for the annotations only
-    from attributions.explainer import Explainer
 
 _SOBEL = torch.tensor([[1.0, 0.0, -1.0], [2.0, 0.0, -2.0], [1.0, 0.0, -1.0]])
 
@@ -33,7 +31,7 @@ class EdgeControl(Engine):
 
     needs_graph = False
 
-    def maps(self, ex: Explainer, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
              **kwargs: Any) -> torch.Tensor:
         return torch.stack([sobel_magnitude(x) for _ in targets])
 
@@ -48,6 +46,6 @@ class NoiseControl(Engine):
         # private: state, not a parameter of the method, so its repr (printed in the docs) stays the same
         self._generator = torch.Generator().manual_seed(seed)
 
-    def maps(self, ex: Explainer, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
              **kwargs: Any) -> torch.Tensor:
         return torch.stack([torch.randn(x.shape, generator=self._generator).to(x) for _ in targets])

@@ -5,16 +5,14 @@ so adding a method outside the rule engine adds an engine class, not a branch.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from captum.attr import IntegratedGradients, NoiseTunnel
 
 from attributions import memory
+from attributions.explaining import Explaining
 from attributions.shared_pass import SharedPass
-
-if TYPE_CHECKING:  # the explainer runs the engines: imported for the annotations only
-    from attributions.explainer import Explainer
 
 
 class Engine:
@@ -36,25 +34,25 @@ class Engine:
     times_input = False  # whether the maps are (x - baseline) times a model-dependent factor
     rectifies = False  # whether a ReLU or threshold acts on the backward signal (Guided Grad-CAM's guided factor)
 
-    def maps(self, ex: Explainer, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
              **kwargs: Any) -> torch.Tensor:
         raise NotImplementedError
 
-    def prepare(self, ex: Explainer, x: torch.Tensor) -> None:
+    def prepare(self, ex: Explaining, x: torch.Tensor) -> None:
         """Make what the maps of the whole batch ``x`` (B, ...) depend on besides the weights, before any chunk
         of it is explained (PatternNet's patterns); nothing for most engines."""
 
-    def operators(self, ex: Explainer, x: torch.Tensor, targets: list[Any]) -> tuple[list[str], list[torch.Tensor], Any]:
+    def operators(self, ex: Explaining, x: torch.Tensor, targets: list[Any]) -> tuple[list[str], list[torch.Tensor], Any]:
         """For a ``product`` engine: (the nodes of the blocks, each block's operator (K, B, T, T), the token
         layout), the maps being a row of the operators' product."""
         raise NotImplementedError(f"{type(self).__name__} is not a product of per-block operators")
 
-    def fits(self, ex: Explainer, x: torch.Tensor) -> str | None:
+    def fits(self, ex: Explaining, x: torch.Tensor) -> str | None:
         """Why the method cannot explain the explainer's model on inputs like ``x`` (B, ...) (a Grad-CAM
         without a feature map, attention maps of a CNN), or None where it can."""
         return None
 
-    def conventions(self, ex: Explainer, x: torch.Tensor) -> dict[str, Any]:
+    def conventions(self, ex: Explaining, x: torch.Tensor) -> dict[str, Any]:
         """The choices this engine makes on the explainer's model for inputs like ``x`` (B, ...) that its
         parameters leave open (Grad-CAM's layer), for the run's manifest; {} for none."""
         return {}
@@ -69,7 +67,7 @@ class RuleChain(Engine):
     chain = True
     chunked = True
 
-    def maps(self, ex: Explainer, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
              **kwargs: Any) -> torch.Tensor:
         return ex.chain_maps(x, targets, shared)
 
@@ -89,7 +87,7 @@ class IntegratedGradientsEngine(Engine):
     def __init__(self, n_steps: int = 50):
         self.n_steps = n_steps
 
-    def maps(self, ex: Explainer, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
              **kwargs: Any) -> torch.Tensor:
         logits = ex.forward(x).detach()
         n_steps = kwargs.pop("n_steps", self.n_steps)
@@ -116,7 +114,7 @@ class SmoothGradEngine(Engine):
         self.noise, self.samples, self.base, self.n_steps = noise, samples, base, n_steps
         self.times_input = base == "integrated-gradients"
 
-    def maps(self, ex: Explainer, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
+    def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
              **kwargs: Any) -> torch.Tensor:
         logits = ex.forward(x).detach()
         sigma = self.noise * float(x.max() - x.min())

@@ -30,7 +30,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.fx
@@ -43,9 +43,6 @@ from attributions.kinds import LINEAR_KINDS, SIGNAL_KINDS, WEIGHT_KINDS, Kind, c
 from attributions.op_tensors import OpTensors
 from attributions.records import Activation, Const, Mix, Move, Product, Record, Reduce
 from attributions.refs import Ref, resolve
-
-if TYPE_CHECKING:  # the explainer runs the engines: imported for the annotations only
-    pass
 
 RecordT = TypeVar("RecordT", bound=Record)
 

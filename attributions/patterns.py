@@ -32,7 +32,7 @@ import pickle
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,12 +40,10 @@ from torch import nn
 from attributions.derived import Derived
 from attributions.engines import RuleChain
 from attributions.errors import AttributionError
+from attributions.explaining import Explaining
 from attributions.kinds import Kind
 from attributions.linear_ops import OPS
 from attributions.rules import Context, Rule
-
-if TYPE_CHECKING:  # the explainer runs the engines: imported for the annotations only
-    from attributions.explainer import Explainer
 
 ESTIMATORS = ("relu", "linear", "two-component")
 FITTED_KINDS = (Kind.DENSE, Kind.CONV)
@@ -131,7 +129,7 @@ def _pattern(stats: list[torch.Tensor], w: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, cov / torch.where(ok, scale, torch.ones_like(scale)), torch.zeros_like(cov))
 
 
-def fit_nodes(ex: Explainer, data: torch.Tensor, estimator: str, batch: int) -> dict[str, torch.Tensor]:
+def fit_nodes(ex: Explaining, data: torch.Tensor, estimator: str, batch: int) -> dict[str, torch.Tensor]:
     """{node: pattern} for every conv and dense node of the explainer's graph, from ``data`` in chunks."""
     gradient = ex.sibling("gradient") if ex.method.name != "gradient" else ex
     # under a memory budget the chunks are those whose forward pass and two pullbacks fit
@@ -184,7 +182,7 @@ class PatternSource:
         self._fitted: Derived[dict[str, torch.Tensor]] = Derived()
         self.current: dict[str, torch.Tensor] | None = None
 
-    def prepare(self, ex: Explainer, x: torch.Tensor) -> None:
+    def prepare(self, ex: Explaining, x: torch.Tensor) -> None:
         """Make the patterns for the explainer's model as it is now, fitted on ``data`` or on ``x`` (B, ...)."""
         if self.given is not None and self.data is None:  # nothing to refit on: the given ones or an error
             self.given.check(ex.model)
@@ -197,7 +195,7 @@ class PatternSource:
                 [*model.parameters(), *model.buffers(), data], lambda: self._make(ex, data),
                 key=(id(ex.graph), tuple(data.shape)))
 
-    def _make(self, ex: Explainer, data: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _make(self, ex: Explaining, data: torch.Tensor) -> dict[str, torch.Tensor]:
         """The patterns for the model's current weights: given or cached ones when they belong to these weights,
         else fitted on ``data`` (and cached, when the cache file is still missing)."""
         if self.given is None and self.cache is None:
@@ -267,7 +265,7 @@ class PatternChain(RuleChain):
     def __init__(self, source: PatternSource):
         self.source = source
 
-    def prepare(self, ex: Explainer, x: torch.Tensor) -> None:
+    def prepare(self, ex: Explaining, x: torch.Tensor) -> None:
         self.source.prepare(ex, x)
 
     def __repr__(self) -> str:

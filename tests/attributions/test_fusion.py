@@ -50,7 +50,7 @@ def test_which_attentions_fuse():
     for method in ("gradient", "attnlrp", "cp-lrp", "deeplift", "lrp-epsilon"):
         explainer = Explainer(model, method)
         explainer.attribute(x, target=0)
-        graph = explainer._g
+        graph = explainer.traced
         plans[method] = fusion.plan(graph, explainer._rules, frozenset({"input", graph.output}))
     attentions = [n for n in graph.nodes if n.fused is not None]
     assert len(attentions) == 4 and set(plans["gradient"]) == set(plans["attnlrp"]) == {n.name for n in attentions}
@@ -62,7 +62,7 @@ def test_which_attentions_fuse():
     explainer = Explainer(model, "attnlrp")
     explainer.attribute(x, target=0)
     inner = attentions[0].fused.inner[-1]
-    kept = fusion.plan(explainer._g, explainer._rules, frozenset({"input", explainer._g.output, inner}))
+    kept = fusion.plan(explainer.traced, explainer._rules, frozenset({"input", explainer.traced.output, inner}))
     assert attentions[0].name not in kept and len(kept) == 3
 
 

@@ -12,7 +12,7 @@ from attributions.graph import Graph
 from attributions.shared_pass import SharedPass
 
 
-class Described(Protocol):
+class MethodFacts(Protocol):
     """What an engine reads of a method: its name and where its signal starts (``onehot`` or ``logit``)."""
 
     @property
@@ -47,7 +47,7 @@ class Explaining(Protocol):
     def traced(self) -> Graph: ...
 
     @property
-    def method(self) -> Described: ...
+    def method(self) -> MethodFacts: ...
 
     def forward(self, x: torch.Tensor) -> torch.Tensor: ...
 

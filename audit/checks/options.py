@@ -34,6 +34,8 @@ class Option:
     rule : the predicate's wording in the error
     source : where a threshold's default comes from: a citation, a calibration measured in the run, or
         :data:`NO_SOURCE` with what shows its effect instead (every verdict threshold declares one)
+    kind : the value's type where the default does not show it: a key whose default is None (None is then valid
+        too), or ``object`` for a key whose value its own normalisation checks (a list, a table)
     """
 
     name: str
@@ -43,12 +45,17 @@ class Option:
     valid: Callable[[Any], bool] | None = None
     rule: str = ""
     source: str = ""
+    kind: type | None = None
 
     def check(self, value: Any) -> Any:
         """``value`` (an int widened to float where the default is a float), or a :class:`ConfigError`."""
-        kind = type(self.default)
+        if value is None and self.default is None:
+            return value
+        kind = self.kind or type(self.default)
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        if kind is bool and not isinstance(value, bool):
+            raise ConfigError(f"{self.name} must be true or false, got {value!r}")
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ConfigError(f"{self.name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
         if self.choices and value not in self.choices:

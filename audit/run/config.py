@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import tomllib
 from collections.abc import Callable
-from dataclasses import Field, dataclass, field, fields, replace
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from attributions.errors import unknown_name
 from audit.checks import CHECKS, check_options, get_check
+from audit.checks.options import Option
 from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError
 from audit.inputs import resolve_methods
@@ -32,7 +33,8 @@ def key(default: Any = None, *, help: str, factory: Callable[[], Any] | None = N
     """A general key of :class:`AuditConfig`, declared once: its default, its command-line flag (``help`` and
     argparse's ``type``, ``choices``, ``action``, ``metavar``) and what values are valid: the flag's ``type``
     (an int), a boolean action (true or false), its ``choices``, ``valid``, a predicate, with ``rule`` its wording;
-    :func:`general_keys` lists them, :meth:`AuditConfig.validated` checks each value against its declaration."""
+    :func:`general_keys` lists them, :meth:`AuditConfig.validated` checks each value against its declaration
+    (:func:`declared`, the checks' :class:`~audit.checks.options.Option`)."""
     metadata = {"help": help, "flag": flag, "valid": valid, "rule": rule}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
@@ -42,32 +44,16 @@ def key(default: Any = None, *, help: str, factory: Callable[[], Any] | None = N
 _BOOLEAN_ACTIONS = (argparse.BooleanOptionalAction, "store_true")
 
 
-def _declared_type(declared: Field[Any]) -> type | None:
-    """The type a general key's value must have, from its declaration: an int flag's, a boolean flag's, a string
-    key's; None where the key's own normalisation checks it (lists, tables, a preset or its table)."""
-    flag = declared.metadata["flag"]
-    if flag.get("type") is int:
-        return int
-    if flag.get("action") in _BOOLEAN_ACTIONS:
-        return bool
-    return str if declared.type in ("str", "str | None") else None  # the annotation's text (postponed annotations)
-
-
-def _check_declared(declared: Field[Any], value: Any) -> None:
-    """A :class:`ConfigError` unless ``value`` is what the general key ``declared`` declares: its type (None where
-    the default is None), one of its choices, and its ``valid`` predicate."""
-    name, flag, metadata = declared.name, declared.metadata["flag"], declared.metadata
-    if value is None and declared.default is None:
-        return
-    kind = _declared_type(declared)
-    if kind is bool and not isinstance(value, bool):
-        raise ConfigError(f"{name} must be true or false, got {value!r}")
-    if kind is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-        raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r} ({type(value).__name__})")
-    if "choices" in flag and value not in flag["choices"]:
-        raise unknown_name(name.replace("_", " "), value, flag["choices"], ConfigError)
-    if metadata["valid"] is not None and not metadata["valid"](value):
-        raise ConfigError(f"invalid {name}={value!r} in the audit configuration: it must be {metadata['rule']}")
+def declared(key_field: Field[Any]) -> Option:
+    """A general key's declaration as the checks' options have theirs (:class:`~audit.checks.options.Option`,
+    whose ``check`` validates a value): its type from the flag's ``type`` (an int), a boolean action, or a ``str``
+    annotation; ``object`` where the key's own normalisation checks it (lists, tables, a preset or its table)."""
+    flag = key_field.metadata["flag"]
+    kind = int if flag.get("type") is int else bool if flag.get("action") in _BOOLEAN_ACTIONS else \
+        str if key_field.type in ("str", "str | None") else object  # the annotation's text (postponed annotations)
+    default = key_field.default if key_field.default is not MISSING else key_field.default_factory()  # type: ignore[operator]
+    return Option(key_field.name, default, key_field.metadata["help"], choices=tuple(flag.get("choices", ())),
+                  valid=key_field.metadata["valid"], rule=key_field.metadata["rule"], kind=kind)
 
 
 def general_keys(config: type[AuditConfig] | None = None) -> list[Field[Any]]:
@@ -190,8 +176,10 @@ class AuditConfig:
     def _check_types(self) -> None:
         """A :class:`ConfigError` for a general key that is not what its declaration says (:func:`key`), or that
         names what does not exist (a preprocessing preset, a pattern source, a memory size)."""
-        for declared in general_keys(type(self)):
-            _check_declared(declared, getattr(self, declared.name))
+        if self.protocol not in PROTOCOLS:  # named with the closest protocol
+            raise unknown_name("protocol", str(self.protocol), list(PROTOCOLS), ConfigError)
+        for key_field in general_keys(type(self)):
+            declared(key_field).check(getattr(self, key_field.name))
         preprocess_from(self.preprocess)  # a clear error for an unknown preset or a bad table
         pattern_source(self.pattern_data, self.data)
         if self.max_memory is not None:

@@ -7,14 +7,12 @@ process computed (another process, or the run resumed, may have computed the res
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from torch import nn
 
+from audit.checks.passes import Params
 from audit.run.patterns import pattern_params
 from audit.run.plan import Run
-
-MethodParams = dict[str, dict[str, Any]]  # {method: {name: value}}
 
 
 class Placement:
@@ -25,7 +23,7 @@ class Placement:
         self._models: dict[str, nn.Module] = {}
         self._twins: dict[str, nn.Module] = {}
         self._controls: dict[str, nn.Module] = {}
-        self._params: dict[str, MethodParams] = {}
+        self._params: dict[str, Params] = {}
 
     def model(self, spec: str) -> nn.Module:
         """Model ``spec`` on the run's device."""
@@ -40,7 +38,7 @@ class Placement:
         """{model spec: the model on the device} for every model of the run, in the run's order."""
         return {spec: self.model(spec) for spec in self._run.config.models}
 
-    def params(self, spec: str) -> MethodParams:
+    def params(self, spec: str) -> Params:
         """The parameters the run gives the methods of model ``spec``, {method: {name: value}}."""
         self.model(spec)
         return self._params[spec]
@@ -57,6 +55,6 @@ class Placement:
         return placed[0], placed[1]
 
     @property
-    def given(self) -> Mapping[str, MethodParams]:
+    def given(self) -> Mapping[str, Params]:
         """{model spec: its methods' parameters}, for the models placed so far."""
         return self._params

@@ -5,6 +5,7 @@ so adding a method outside the rule engine adds an engine class, not a branch.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -103,15 +104,19 @@ class SmoothGradEngine(Engine):
     """captum's NoiseTunnel (smoothgrad) around a base method: the plain gradient (SmoothGrad,
     Smilkov et al. 2017), or integrated gradients from the method's baseline with ``n_steps`` steps
     (SmoothGrad over IG, as Adebayo et al. 2018 audit it). ``noise`` is sigma as a fraction of the
-    input range; every noisy copy is explained for the same target."""
+    input range; every noisy copy is explained for the same target. ``seed``: the noise of every call is drawn
+    with the global generator seeded at it (the caller's generator restored after), so the same images get the
+    same noise on every model, stage, twin and target, and a map's similarity to itself is 1, the ceiling the
+    randomization checks read against; None draws from the global generator as it goes (captum's own way)."""
 
     BASES = ("gradient", "integrated-gradients")
     chunked = True  # images in chunks of which one pass fits; the noisy copies (and IG's steps) batched within
 
-    def __init__(self, noise: float = 0.15, samples: int = 50, base: str = "gradient", n_steps: int = 50):
+    def __init__(self, noise: float = 0.15, samples: int = 50, base: str = "gradient", n_steps: int = 50,
+                 seed: int | None = 0):
         if base not in self.BASES:
             raise ValueError(f"SmoothGrad's base must be one of {', '.join(self.BASES)}, got {base!r}")
-        self.noise, self.samples, self.base, self.n_steps = noise, samples, base, n_steps
+        self.noise, self.samples, self.base, self.n_steps, self.seed = noise, samples, base, n_steps, seed
         self.times_input = base == "integrated-gradients"
 
     def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
@@ -132,6 +137,19 @@ class SmoothGradEngine(Engine):
         batch = None if per_sample >= self.samples else per_sample
         if steps > 1 and memory.budget() is not None:
             extra["internal_batch_size"] = max(per_sample * len(x), min(fit, per_sample * steps * len(x)))
-        return torch.stack([tunnel.attribute(x, nt_type="smoothgrad", nt_samples=self.samples, stdevs=sigma,
-                                             nt_samples_batch_size=batch, target=ex.targets(logits, t), **extra).detach()
-                            for t in targets])
+        maps = []
+        for t in targets:
+            with self._noise(x):
+                maps.append(tunnel.attribute(x, nt_type="smoothgrad", nt_samples=self.samples, stdevs=sigma,
+                                             nt_samples_batch_size=batch, target=ex.targets(logits, t), **extra).detach())
+        return torch.stack(maps)
+
+    def _noise(self, x: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+        """Where the noise of one call is drawn: the global generator seeded at :attr:`seed` and restored after
+        (on ``x``'s device too), or as it is (``seed`` None)."""
+        if self.seed is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []))
+        torch.manual_seed(self.seed)
+        return stack

@@ -340,15 +340,16 @@ def _integrated_gradients(n_steps: int = 50, baseline: float | tuple[float, ...]
                    completeness="difference", baseline=_baseline(baseline))
 
 
-def _smoothgrad(noise: float = 0.15, samples: int = 50) -> Method:
-    return _method("smoothgrad", engine=SmoothGradEngine(noise, samples), params={"noise": noise, "samples": samples},
-                   heatmap="max-abs")
+def _smoothgrad(noise: float = 0.15, samples: int = 50, seed: int | None = 0) -> Method:
+    return _method("smoothgrad", engine=SmoothGradEngine(noise, samples, seed=seed),
+                   params={"noise": noise, "samples": samples, "seed": seed}, heatmap="max-abs")
 
 
 def _smoothgrad_ig(noise: float = 0.15, samples: int = 50, n_steps: int = 50,
-                   baseline: float | tuple[float, ...] = 0.0) -> Method:
-    return _method("smoothgrad-ig", engine=SmoothGradEngine(noise, samples, "integrated-gradients", n_steps),
-                   params={"noise": noise, "samples": samples, "n_steps": n_steps}, baseline=_baseline(baseline))
+                   baseline: float | tuple[float, ...] = 0.0, seed: int | None = 0) -> Method:
+    return _method("smoothgrad-ig", engine=SmoothGradEngine(noise, samples, "integrated-gradients", n_steps, seed),
+                   params={"noise": noise, "samples": samples, "n_steps": n_steps, "seed": seed},
+                   baseline=_baseline(baseline))
 
 
 def _grad_cam(layer: str = "auto", relu: bool = True, upsample: str = "bilinear", normalise: str = "none") -> Method:

@@ -113,8 +113,9 @@ def _verdict_section(verdict: pd.DataFrame, tables: dict[str, Any], config: Audi
                                           "outcomes over the audited methods (controls left out) re-read at "
                                           "thresholds around the run's (marked run), and the pairs whose "
                                           "outcome changes. The intervals do not move with the threshold; "
-                                          "only the side they fall on. A calibrated verdict reads its fixed "
-                                          "threshold only where it could not calibrate.", "sensitivity")]
+                                          "only the side they fall on. The verdicts read on the controls' scale "
+                                          "(cascading, data randomization, sMPRT) have no fixed threshold and are "
+                                          "not listed.", "sensitivity")]
                       if not sensitivity.empty else []),
                    figures=_across_models(verdict, score))
 

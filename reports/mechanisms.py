@@ -133,10 +133,17 @@ def candidates(check: str, model: str, method: str, tables: dict[str, Any],
     out: list[tuple[str, bool | None, str]] = []
     if check in ("csc", "random-logit", "cascading"):
         out.append((RANK_ONE, *rank_one(tables.get("csc"), model, method, threshold)))
-    where = {"random-logit": lambda rows: rows, "cascading": _top_stage(config), "data-randomization": lambda rows: rows}
-    if check in where:
-        out.append((_input_mechanism(method), *follows_input(tables.get(check), model, method, where[check])))
+    where = {"random-logit": [lambda rows: rows], "cascading": [_top_stage(config), _last_stage],
+             "data-randomization": [lambda rows: rows]}
+    if check in where:  # cascading: at the top part's last stage (survival), else at full randomization (the floor)
+        found = [follows_input(tables.get(check), model, method, select) for select in where[check]]
+        out.append((_input_mechanism(method), *next((f for f in found if f[0]), found[0])))
     return out
+
+
+def _last_stage(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the fully randomized model (the last cascading stage)."""
+    return rows[rows.stage == int(rows.stage.max())] if not rows.empty else rows
 
 
 def check_mechanism(check: str, model: str, method: str, tables: dict[str, Any], config: AuditConfig) -> str:

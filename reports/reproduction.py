@@ -25,6 +25,7 @@ from audit.checks.calibration import Calibrated
 from audit.checks.convergence import input_row, median_interval
 from audit.checks.data_randomization import DataRandomizationOptions
 from audit.checks.randomization import CascadingOptions, Survival
+from audit.checks.scale import controls_in
 from audit.run.config import AuditConfig
 from audit.run.protocols import PROTOCOLS, overridden
 from audit.sections import Section, Table
@@ -115,14 +116,19 @@ def overall(results: list[str]) -> str:
     return "differs" if "differs" in results else INCONCLUSIVE if INCONCLUSIVE in results else "agrees"
 
 
-def measure_cell(check: str, part: pd.DataFrame, measure: str, config: AuditConfig) -> VerdictCell:
-    """The check's verdict rule read on ``measure`` instead of its own score (the same interval, threshold and
-    curve rule); a calibrated rule's fixed threshold, as the papers read the similarities themselves."""
+def measure_cell(check: str, part: pd.DataFrame, measure: str, config: AuditConfig,
+                 controls: pd.DataFrame | None = None) -> VerdictCell:
+    """The check's verdict rule read on ``measure`` instead of its own score: the same interval, scale and curve
+    rule as the verdict table's (``controls``: the model's control rows, the scale's ends), so that the two tables
+    never disagree on a cell they share."""
     definition = CHECKS[check]
-    rule = definition.verdict.fixed if isinstance(definition.verdict, (Calibrated, Survival)) else definition.verdict
-    if not isinstance(rule, (MedianScore, Survival)):
+    rule = definition.verdict
+    if not isinstance(rule, (MedianScore, Survival, Calibrated)):
         raise TypeError(f"check {check}: its verdict rule reads no metric column")
-    return dataclasses.replace(rule, metric=measure).evaluate(part, definition.options_from(config.options, config.looks))
+    if isinstance(rule, Calibrated) and measure != rule.metric:  # its references are measured on its own metric
+        rule = next(r for r in definition.side_rules if isinstance(r, MedianScore) and r.metric == measure)
+    return dataclasses.replace(rule, metric=measure).evaluate(part, definition.options_from(config.options, config.looks),
+                                                              controls=controls)
 
 
 def _short(cell: VerdictCell) -> str:
@@ -159,7 +165,8 @@ def architecture(tables: dict[str, Any], model: str) -> str:
     return str(rows.arch.iloc[0]) if not rows.empty else ""
 
 
-def _reason(check: str, part: pd.DataFrame, claim: Claim, config: AuditConfig, arch: str) -> str:
+def _reason(check: str, part: pd.DataFrame, claim: Claim, config: AuditConfig, arch: str,
+            controls: pd.DataFrame | None = None) -> str:
     """What was measured to differ: other measures that give the paper's outcome, the model (its stages against
     Inception v3's blocks under cascading, its architecture against the paper's MNIST models), and the protocol
     settings that differ from the paper's."""
@@ -167,7 +174,7 @@ def _reason(check: str, part: pd.DataFrame, claim: Claim, config: AuditConfig, a
     wanted = set(claim.expected.values())
     others = [m for m in MEASURES if m in part and m not in claim.expected]
     agree = [MEASURES[m] for m in others if len(wanted) == 1
-             and measure_cell(check, part, m, config).outcome in wanted]
+             and measure_cell(check, part, m, config, controls).outcome in wanted]
     if agree:
         reasons.append(f"measure: {', '.join(agree)} gives the paper's outcome")
     if check == "cascading":
@@ -201,12 +208,15 @@ def adebayo_table(tables: dict[str, Any], models: list[str], check: str, config:
                     results[measure] = INCONCLUSIVE
                     texts.append(f"{MEASURES[measure]} not measured")
                     continue
-                cell = measure_cell(check, part, measure, config)
+                cell = measure_cell(check, part, measure, config, controls_in(table, model))
                 results[measure] = compare(cell.outcome, expected)
                 texts.append(f"{MEASURES[measure]} {_short(cell)}, {results[measure]}")
             verdict = overall(list(results.values()))
-            reason = _reason(check, part, claim, config, architecture(tables, model)) if verdict == "differs" else ""
-            row[model] = f"{verdict}: " + "; ".join(texts) + (f" [why: {reason}]" if reason else "")
+            reason = _reason(check, part, claim, config, architecture(tables, model), controls_in(table, model)) \
+                if verdict == "differs" else ""
+            # a visual caution is shown beside the measurement but not counted among the agreements
+            head = f"{verdict}: " if claim.measured else f"not counted, a visual caution ({verdict}): "
+            row[model] = head + "; ".join(texts) + (f" [why: {reason}]" if reason else "")
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -1,9 +1,9 @@
 """How far the verdict rests on its fixed thresholds: each check's outcomes re-read at thresholds around the run's.
 
-A fixed threshold without a derivation from the model at hand (the random-logit test's 0.8, cascading and data
-randomization's 0.5, eMPRT's 0) is shown with the outcomes it decides: for each value of a grid around the run's,
-how many model x method pairs each check rejects, does not reject or leaves inconclusive, and which pairs change
-outcome against the run's value. The intervals do not depend on the threshold; only the side they fall on does.
+A fixed threshold without a derivation from the model at hand (the random-logit test's 0.8, eMPRT's 0) is shown
+with the outcomes it decides: for each value of a grid around the run's, how many model x method pairs each check
+rejects, does not reject or leaves inconclusive, and which pairs change outcome against the run's value. The
+intervals do not depend on the threshold; only the side they fall on does.
 """
 from __future__ import annotations
 

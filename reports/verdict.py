@@ -12,7 +12,8 @@ from attributions.catalog import CONTROLS
 from attributions.methods import build_method
 from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, VerdictRule
-from audit.checks.options import Options
+from audit.checks.options import NO_SOURCE, Options
+from audit.checks.scale import controls_in
 from audit.models.training import OPTIMIZERS
 from audit.run.config import AuditConfig
 from reports.mechanisms import mechanism
@@ -31,8 +32,9 @@ def _rule_cells(tables: dict[str, Any], rules: list[tuple[str, VerdictRule, bool
                 method: str) -> tuple[dict[str, Any], list[str], list[str], list[str]]:
     """(each rule's score, text and outcome columns; the rejecting checks with their failures; the inconclusive
     checks; the rejecting checks) for one model x method."""
-    cells: dict[str, Any] = {}
+    cells: dict[str, Any] = {"unsourced": 0}
     rejecting, unsure, rejected_by = [], [], []
+    by_measure: dict[str, list[tuple[str, str]]] = {}
     for name, rule, counts, options in rules:
         table = tables.get(name)
         part = table[(table.model == model) & (table.method == method)] if table is not None and not table.empty \
@@ -42,16 +44,23 @@ def _rule_cells(tables: dict[str, Any], rules: list[tuple[str, VerdictRule, bool
             if counts:
                 cells[f"outcome_{name}"] = ""
             continue
-        cell = rule.evaluate(part, options)
+        cell = rule.evaluate(part, options, controls=controls_in(table, model))
         cells |= {rule.score_column: cell.score, rule.text_column: cell.text}
+        if cell.decided_by and cell.outcome is not None and unsourced(name, cell.decided_by):
+            cells["unsourced"] += 1
+        if cell.outcome:
+            by_measure.setdefault(name, []).append((rule.score_name, cell.outcome))
         if not counts:
             continue
         cells[f"outcome_{name}"] = cell.outcome or ""
         if cell.outcome == REJECTED:
-            rejecting.append(f"{name} ({rule.failure})")
+            rejecting.append(f"{name} ({cell.reason or rule.failure})")
             rejected_by.append(name)
         elif cell.outcome == INCONCLUSIVE:
             unsure.append(name)
+    cells["measure_dependent"] = "; ".join(
+        f"{name}: " + ", ".join(f"{measure} {outcome}" for measure, outcome in read)
+        for name, read in by_measure.items() if {REJECTED, NOT_REJECTED} <= {outcome for _, outcome in read})
     return cells, rejecting, unsure, rejected_by
 
 
@@ -112,6 +121,13 @@ def verdict_table(tables: dict[str, Any], config: AuditConfig) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def unsourced(check: str, option: str) -> bool:
+    """Whether the option ``option`` of ``check``, whose fixed value decided a cell, has no source (a paper's value
+    or a calibration measured in the run: :attr:`~audit.checks.options.Option.source`)."""
+    source = next((o.source for o in CHECKS[check].options.declared() if o.name == option), "")
+    return not source or source == NO_SOURCE or source.startswith("none")
+
+
 def control_check(row: dict[str, Any]) -> str:
     """Whether a control's outcome under each check is the one the check says it must have: "as expected", or
     "UNEXPECTED: " and each check that gave another outcome (that check is broken)."""
@@ -137,6 +153,8 @@ def summary_line(verdict: pd.DataFrame) -> str:
     counts = {o: int(methods.verdict.str.startswith(o).sum()) for o in (REJECTED, NOT_REJECTED, INCONCLUSIVE)}
     line = (f"{len(methods)} model x method pairs: {counts[REJECTED]} rejected, {counts[NOT_REJECTED]} not rejected, "
             f"{counts[INCONCLUSIVE]} inconclusive (controls not counted)")
+    if "unsourced" in verdict:  # every cell, side rules' and controls' included
+        line += f"; {int(verdict.unsourced.sum())} cells decided by a value without a source"
     controls = verdict[verdict.role == "control"] if "role" in verdict else verdict.iloc[:0]
     broken = broken_checks(verdict)
     if broken:
@@ -172,7 +190,8 @@ def display_columns(verdict: pd.DataFrame) -> list[str]:
     check's), the verdict, the mechanism and the controls' check."""
     rules = [r for c in CHECKS.values() for r in ((c.verdict,) if c.verdict is not None else ()) + tuple(c.side_rules)]
     texts = [r.text_column for r in rules if r.text_column in verdict]
-    return ["model", "method"] + texts + [c for c in ("verdict", "mechanism", "control_check") if c in verdict]
+    return ["model", "method"] + texts + [c for c in ("verdict", "measure_dependent", "mechanism", "control_check")
+                                          if c in verdict]
 
 
 def score_columns(verdict: pd.DataFrame) -> list[str]:

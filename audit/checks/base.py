@@ -3,6 +3,7 @@ line, its verdict contribution and its report sections. The runner, the configur
 verdict table, the CLI and the report are all derived from these declarations."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
@@ -59,9 +60,16 @@ class VerdictCell:
     undefined : int, default 0
         Images without a defined score (constant or non-finite maps).
     final : bool, default True
-        Whether more images could not change how the outcome is read: False for a calibrated verdict that fell
-        back to its fixed threshold while its references might still separate; a sequential run reads another
-        look for such a cell, as for an inconclusive one.
+        Whether more images could not change how the outcome is read: False for a calibrated verdict whose
+        references might still separate on more images; a sequential run reads another look for such a cell, as
+        for an inconclusive one.
+    decided_by : str, default ""
+        The option whose fixed value decided the outcome (a threshold), or "" where the outcome was read on a scale
+        measured in the run (:mod:`audit.checks.scale`): the report counts the cells decided by a value without a
+        source.
+    reason : str, default ""
+        Why it rejected, where that is not the rule's own failure (:attr:`VerdictRule.failure`): e.g. the fully
+        randomized model keeps the map.
     """
 
     score: float
@@ -69,6 +77,8 @@ class VerdictCell:
     outcome: str | None
     undefined: int = 0
     final: bool = True
+    decided_by: str = ""
+    reason: str = ""
 
 
 def interval_outcome(low: float, high: float, threshold: float, rejects_at_or_above: bool = True) -> str:
@@ -157,15 +167,15 @@ class VerdictRule:
 
     @property
     def reads(self) -> tuple[str, ...]:
-        """The fields of the check's options the rule reads."""
-        return (self.threshold,)
+        """The fields of the check's options the rule reads (none for a rule read on the controls' scale)."""
+        return (self.threshold,) if self.threshold else ()
 
     @property
     def better(self) -> str:
         """Which scores are the better ones, for the report: "lower" or "higher"."""
         return "higher" if self.comparison == "<=" else "lower"
 
-    def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
+    def evaluate(self, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> VerdictCell:
         """The verdict on one model x method's rows ``part``, under the check's ``options``.
 
         Parameters
@@ -174,6 +184,9 @@ class VerdictRule:
             The rows of the check's result table for one model and one method (not empty).
         options : Options
             The check's own options; the rule reads the fields it names in :attr:`reads`.
+        controls : DataFrame, optional
+            The same model's rows of the controls (the edge and the random map) under the same check: the ends of
+            the scale a rule read on it takes (:mod:`audit.checks.scale`); without them, the measure's own ends.
 
         Returns
         -------
@@ -238,7 +251,7 @@ class MedianScore(VerdictRule):
         rows = self.select(part).sort_values("image")
         return rows["replicate"].to_numpy() if "replicate" in rows else None
 
-    def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
+    def evaluate(self, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> VerdictCell:
         """The median of ``metric`` over the images ``select`` keeps, against the threshold (:func:`scored_cell`).
 
         Parameters
@@ -247,6 +260,8 @@ class MedianScore(VerdictRule):
             The rows of the check's result table for one model and one method.
         options : Options
             The check's own options; ``getattr(options, threshold)`` is the threshold.
+        controls : DataFrame, optional
+            Not read: the threshold is the option's.
 
         Returns
         -------
@@ -257,8 +272,9 @@ class MedianScore(VerdictRule):
         """
         if self.metric not in part:  # a table written before the check measured it
             return VerdictCell(float("nan"), "n/a", None)
-        return scored_cell(self.per_image(part).to_numpy(), getattr(options, self.threshold), not self.fails_below,
+        cell = scored_cell(self.per_image(part).to_numpy(), getattr(options, self.threshold), not self.fails_below,
                            level=options.interval_level, groups=self.replicates(part))
+        return dataclasses.replace(cell, decided_by=self.threshold)
 
 
 # a check's own Options class: what its unit, its report sections and its coverage receive

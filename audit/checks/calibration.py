@@ -19,21 +19,26 @@ of each image, measured, not chosen.
 The references must separate for the reading to mean anything: the 99 % interval of the median gap
 ``z(ceiling) - z(floor)`` must lie at or above :data:`SMALLEST_GAP`, Cohen's (1988) "small" difference between two
 correlations (q = 0.1). A statistically detectable but smaller gap (0.910 against 0.908 on 128 images) would let
-noise-level differences decide. Where the references do not separate, the method's maps do not tell a model that
-learned the labels from one that learned nothing, and there is nothing to calibrate against: a map the same on
-every model (the edge detector; input x gradient's magnitudes, set by the input) and a map different on every model
-(the random map; the gradient on a small CNN) both give no gap. The fixed threshold then decides, and the cell says
-so; likewise without a control twin.
+noise-level differences decide.
+
+Where the references do not separate, they still carry the answer, read on the controls' scale
+(:mod:`audit.checks.scale`: the edge map fixes what "unchanged" scores, the random map what "unrelated" scores):
+both near the unchanged end (input x gradient's magnitudes, set by the input: 0.91) say the map is the same whether
+the model learned the labels, other labels or nothing, and the map is rejected for that; both near the unrelated
+end (the gradient on a small CNN: 0.12) say the map changes as much under a retrain on the same labels as under
+permutation, and the twin's own place on the scale decides. No reading rests on a fixed threshold.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from audit.checks.base import MedianScore, VerdictCell, VerdictRule, scored_cell, too_few
+from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, MedianScore, VerdictCell, VerdictRule, scored_cell, too_few
 from audit.checks.options import Options
+from audit.checks.scale import Scale, nearer_unchanged, scale_of
 from audit.measures.statistics import bootstrap_ci
 
 # Cohen (1988), Statistical Power Analysis for the Behavioral Sciences, section 4.2: q = z1 - z2, the difference of
@@ -58,14 +63,27 @@ def fisher_z(r: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Calibrated(VerdictRule):
-    """A verdict read between a ceiling and a floor measured per image (module docstring); without them (no
-    control twin), the ``fixed`` rule's verdict, marked so.
+    """The data-randomization verdict, every reading on the controls' scale (:mod:`audit.checks.scale`) or between
+    references measured on the same images (module docstring).
+
+    In this order, each per image with the 99 % interval of its median:
+
+    1. the untrained copy's similarity (the floor) nearer the unchanged end: rejected, the map does not depend on
+       what the model learned (a model that learned nothing gives it);
+    2. the permuted-label twin's similarity nearer the unchanged end: rejected, the map survives label permutation;
+    3. where the control twin and the untrained copy separate (Cohen's small difference, :data:`SMALLEST_GAP`):
+       the twin nearer the control than the untrained copy on Fisher's z scale rejects, nearer the untrained copy
+       does not;
+    4. else the twin's reading of step 2 decides: below the midpoint, not rejected (the map changed; where the
+       control twin's maps change as much, the test cannot tell the labels from the seed, and the cell says so).
+
+    A reading that cannot reject (the floor or the twin wholly below the midpoint) still leaves the cell
+    inconclusive where another reading is. Without a control twin only steps 2 and 4 are read.
 
     Parameters
     ----------
-    score_column, text_column, failure, threshold, score_name, why
-        As :class:`~audit.checks.base.VerdictRule`; ``threshold`` is the fixed rule's, read only where the
-        references are missing and shown beside the calibrated outcome where the two differ.
+    score_column, text_column, failure, score_name, why
+        As :class:`~audit.checks.base.VerdictRule`; ``threshold`` is not read ("").
     metric : str, default "spearman_abs"
         The column of per-image scores against the twin.
     ceiling, floor : str
@@ -75,21 +93,17 @@ class Calibrated(VerdictRule):
         seeds, then the images (:func:`~audit.measures.statistics.nested_median_ci`).
     """
 
+    threshold: str = ""
     metric: str = "spearman_abs"
     ceiling: str = "control_spearman_abs"
     floor: str = "untrained_spearman_abs"
     floor_seed: str = "untrained_replicate"
 
-    @property
-    def fixed(self) -> MedianScore:
-        """The fixed-threshold rule on the same measure: the verdict where no reference was measured."""
-        return MedianScore(self.score_column, self.text_column, self.failure, self.threshold,
-                           score_name=self.score_name, metric=self.metric, why=self.why)
-
     def per_image(self, part: pd.DataFrame) -> pd.Series:
         """The per-image scores against the twin (not the calibrated differences: a paired comparison of two models
         compares what each model's maps did)."""
-        return self.fixed.per_image(part)
+        rows = part.sort_values("image")
+        return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
     def references(self, part: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(score, ceiling, floor) per image, sorted by image; None when the rows carry no reference."""
@@ -101,6 +115,15 @@ class Calibrated(VerdictRule):
     def replicates(self, part: pd.DataFrame) -> np.ndarray | None:
         """Each image's floor seed's replicate, sorted by image; None where the rows carry none."""
         return part.sort_values("image")[self.floor_seed].to_numpy() if self.floor_seed in part else None
+
+    def floor_scores(self, part: pd.DataFrame, scale: Scale) -> np.ndarray:
+        """The floor's per-image scores, sorted by image; where one is undefined while the model's map is not (its
+        twin's or its control's score is defined: the untrained copy's map is constant, e.g. Grad-CAM's after its
+        ReLU, and shares nothing with the model's), the ``scale``'s unrelated end."""
+        rows = part.sort_values("image")
+        floor = rows[self.floor].to_numpy(dtype=float)
+        seen = np.isfinite(rows[self.metric].to_numpy(dtype=float)) | np.isfinite(rows[self.ceiling].to_numpy(dtype=float))
+        return np.where(np.isnan(floor) & seen, scale.unrelated, floor)
 
     def differences(self, part: pd.DataFrame) -> np.ndarray:
         """Per image, sorted by image: z(score) - (z(ceiling) + z(floor)) / 2, NaN where any of the three is
@@ -122,64 +145,92 @@ class Calibrated(VerdictRule):
         return bootstrap_ci((z_ceiling - z_floor)[defined], options.interval_level,
                             groups=groups[defined] if groups is not None else None)
 
-    def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
-        """The calibrated outcome (module docstring), the fixed threshold's named beside it where it differs; the
-        fixed rule's cell, marked, where the rows carry no reference or the references do not separate.
+    def evaluate(self, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> VerdictCell:
+        """The outcome of the readings in the class docstring's order.
 
         Parameters
         ----------
         part : DataFrame
             The rows of one model x method.
         options : Options
-            The check's options; the fixed rule reads ``threshold`` from them.
+            The check's options (the interval's level).
+        controls : DataFrame, optional
+            The same model's control rows: the scale's ends (:func:`~audit.checks.scale.scale_of`).
 
         Returns
         -------
         VerdictCell
-            Score: the median of ``d`` (the fixed rule's median without a calibration).
+            Score: the median similarity to the permuted-label twin.
         """
-        fixed = self.fixed.evaluate(part, options)
+        if self.metric not in part:
+            return VerdictCell(float("nan"), "n/a", None)
+        level, groups = options.interval_level, self.replicates(part)
+        scale = scale_of(controls, self.metric)
+        rows = part.sort_values("image")
+        twin = nearer_unchanged(rows[self.metric].to_numpy(float), scale, "twin", level=level)
         measured = self.references(part)
+        floor = nearer_unchanged(self.floor_scores(part, scale), scale, "untrained", level=level, groups=groups) \
+            if measured is not None else None
+        where = f"{scale.text()}, midpoint {scale.midpoint:.2f}"
+        if floor is not None and floor.outcome == REJECTED:
+            return _cell(twin.score, REJECTED, f"an untrained copy keeps the map, {_read(floor)}; {where}", twin,
+                         reason="an untrained copy keeps the map: it does not depend on what the model learned")
+        alone = "; no control twin" if measured is None else ""
+        if twin.outcome == REJECTED:
+            return _cell(twin.score, REJECTED, f"{_read(twin)} nearer unchanged; {where}{alone}", twin)
         if measured is None:
-            return _marked(fixed, "fixed threshold: no control twin")
+            return _cell(twin.score, twin.outcome, f"{_read(twin)}; {where}{alone}", twin)
+        score, ceiling, untrained = measured
         d = self.differences(part)
         defined = np.isfinite(d)
+        medians = (f"twin {np.nanmedian(score):.3f}, control {np.nanmedian(ceiling):.3f}, "
+                   f"untrained {np.nanmedian(untrained):.3f}")
         if too_few(int(defined.sum()), len(d)):
-            return scored_cell(d, 0.0, level=options.interval_level, groups=self.replicates(part))  # inconclusive
-        score, ceiling, floor = (v[defined] for v in measured)
-        medians = f"twin {np.median(score):.3f}, control {np.median(ceiling):.3f}, untrained {np.median(floor):.3f}"
+            return _cell(twin.score, INCONCLUSIVE, f"{len(d) - int(defined.sum())} of {len(d)} images undefined",
+                         twin)
         gap, low_gap, high_gap = self.gap(part, options)
-        if not low_gap >= SMALLEST_GAP:
-            # final only where the gap's whole interval lies under the smallest gap: else more images may separate
-            return _marked(fixed, f"fixed threshold: the control twin and an untrained model do not separate, z gap "
-                                  f"{gap:.2f} [{low_gap:.2f}, {high_gap:.2f}] (not wholly at or above "
-                                  f"{SMALLEST_GAP:g}); {medians}", final=not high_gap >= SMALLEST_GAP)
-        cell = scored_cell(d, 0.0, label="nearer the control by (z)", level=options.interval_level,
-                           groups=self.replicates(part))
-        differs = beside_fixed(getattr(options, self.threshold), fixed.outcome, cell.outcome)
-        return VerdictCell(cell.score, f"{cell.text[:-1]}; {medians}){differs}", cell.outcome, cell.undefined)
+        assert floor is not None
+        if low_gap >= SMALLEST_GAP:
+            cell = scored_cell(d, 0.0, label="nearer the control than the untrained copy by (z)", level=level,
+                               groups=groups)
+            outcome = _both(cell.outcome, floor.outcome)
+            return _cell(twin.score, outcome, f"{cell.text.split('(', 1)[1][:-1]}; {medians}; {where}", cell)
+        outcome = _both(twin.outcome, floor.outcome)
+        same = (f"the control twin and an untrained copy do not separate (z gap {gap:.2f} [{low_gap:.2f}, "
+                f"{high_gap:.2f}], under {SMALLEST_GAP:g}): the maps change with the seed as much as with the labels")
+        return _cell(twin.score, outcome, f"{_read(twin)}; {medians}; {same}; {where}", twin,
+                     final=not high_gap >= SMALLEST_GAP)
 
     def rule_text(self, options: Options) -> str:
-        return (f"rejected ({self.failure}) when, image by image, the {self.score_name} to the twin lies nearer to "
-                "the control twin's (the same recipe on the true labels) than to an untrained model's, on Fisher's z "
-                "scale: the 99 % interval of the median of z(score) - (z(control) + z(untrained)) / 2 at or above 0; "
-                "not rejected when it lies below 0, inconclusive when it contains 0; where the two references do not "
-                f"separate by at least Cohen's small difference (z gap {SMALLEST_GAP:g}) or there is no control twin, "
-                "the fixed threshold "
-                f"{getattr(options, self.threshold)}"
-                + (f"; the {self.score_name} is {self.why}" if self.why else ""))
+        return (f"on the controls' scale (the edge map's score: unchanged; the random map's: unrelated), image by "
+                f"image, the 99 % interval of the median: rejected when an untrained copy's {self.score_name} to the "
+                "model's map lies nearer the unchanged end (the map does not depend on what the model learned), or "
+                f"when the permuted-label twin's does ({self.failure}); else, where the control twin (the same "
+                "recipe on the true labels) and the untrained copy separate by Cohen's small difference (z gap "
+                f"{SMALLEST_GAP:g}), rejected when the twin lies nearer the control than the untrained copy on "
+                "Fisher's z scale, not rejected when nearer the untrained copy; where they do not separate, not "
+                "rejected when the twin lies nearer the unrelated end; inconclusive where a reading's interval "
+                "contains its midpoint" + (f"; the {self.score_name} is {self.why}" if self.why else ""))
 
 
-def beside_fixed(threshold: float, fixed: str | None, calibrated: str | None) -> str:
-    """What the fixed threshold would have decided, for a calibrated cell's text: "; fixed threshold T: outcome"
-    where it differs from the calibrated outcome, else nothing."""
-    return f"; fixed threshold {threshold}: {fixed}" if fixed != calibrated else ""
+def _read(cell: VerdictCell) -> str:
+    """A reading's median and interval from its cell's text, e.g. "twin 0.912 ... [0.01, 0.05]"."""
+    return cell.text.split("(", 1)[1].rsplit(")", 1)[0] if "(" in cell.text else cell.text
 
 
-def _marked(cell: VerdictCell, why: str, final: bool = True) -> VerdictCell:
-    """``cell`` with ``why`` added to its text: a fixed-threshold outcome standing where no calibration was
-    possible (``final`` False: not yet, :attr:`~audit.checks.base.VerdictCell.final`)."""
-    return VerdictCell(cell.score, f"{cell.text}; {why}", cell.outcome, cell.undefined, final)
+def _both(reading: str | None, floor: str | None) -> str | None:
+    """A cell's outcome from a reading that may reject and the floor's reading, which did not: the reading's where
+    it rejects or both do not, else inconclusive."""
+    if reading == REJECTED or (reading == NOT_REJECTED and floor == NOT_REJECTED):
+        return reading
+    return INCONCLUSIVE
+
+
+def _cell(score: float, outcome: str | None, text: str, reading: VerdictCell, *, reason: str = "",
+          final: bool = True) -> VerdictCell:
+    """A verdict cell with its outcome leading its text (and a rejection's ``reason`` after it)."""
+    head = f"{outcome}: {reason}" if reason else str(outcome)
+    return VerdictCell(score, f"{head} ({text})", outcome, reading.undefined, final and reading.final, reason=reason)
 
 
 @dataclass(frozen=True)
@@ -190,38 +241,73 @@ class NearerThanUnrelated(MedianScore):
 
     Rejected when the score lies nearer the ceiling: the 99 % interval of the median of
     ``score - (1 + floor) / 2`` (:func:`nearer`) at or above 0; not rejected when it lies below 0; inconclusive when
-    it contains 0. Without a floor measured (one image per seed), the fixed threshold, marked so.
+    it contains 0. Without a floor measured (one image per seed), the score is read on the controls' scale
+    (:mod:`audit.checks.scale`), marked so.
 
     Parameters
     ----------
-    score_column, text_column, failure, threshold, score_name, metric, select
-        As :class:`~audit.checks.base.MedianScore`; ``threshold`` is the fixed rule's, read only where no floor was
-        measured and shown beside the calibrated outcome where the two differ.
+    score_column, text_column, failure, score_name, metric, select
+        As :class:`~audit.checks.base.MedianScore`; ``threshold`` is not read ("").
     floor : str, default "unrelated_spearman"
         The column of per-image scores against an unrelated map.
     """
 
+    threshold: str = ""
     floor: str = "unrelated_spearman"
 
-    def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
-        """The calibrated outcome; the fixed rule's cell, marked, where no floor was measured. Score: the median
-        ``metric`` (as the fixed rule's)."""
-        fixed = super().evaluate(part, options)
+    def evaluate(self, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> VerdictCell:
+        """The calibrated outcome; the score read on the controls' scale where no floor was measured. Score: the
+        median ``metric``."""
+        if self.metric not in part:
+            return VerdictCell(float("nan"), "n/a", None)
         rows = self.select(part).sort_values("image")
-        if fixed.outcome is None:
-            return fixed
+        score = rows[self.metric].to_numpy(float)
+        groups = self.replicates(part)
         if self.floor not in rows or not np.isfinite(rows[self.floor].to_numpy(float)).any():
-            return _marked(fixed, "fixed threshold: no unrelated map measured (one image per seed)")
-        score, floor = rows[self.metric].to_numpy(float), rows[self.floor].to_numpy(float)
+            scale = scale_of(controls, self.metric, self.select)
+            cell = nearer_unchanged(score, scale, self.score_name, level=options.interval_level, groups=groups)
+            return dataclasses.replace(cell, text=f"{cell.text[:-1]}; no unrelated map measured (one image per "
+                                                  f"seed): {scale.text()})")
+        floor = rows[self.floor].to_numpy(float)
         cell = scored_cell(nearer(score, 1.0, floor), 0.0, label="nearer its trained map than an unrelated one by",
-                           level=options.interval_level, groups=self.replicates(part))
+                           level=options.interval_level, groups=groups)
         medians = f"{self.score_name} {np.nanmedian(score):.3f}, unrelated {np.nanmedian(floor):.3f}"
-        differs = beside_fixed(getattr(options, self.threshold), fixed.outcome, cell.outcome)
-        return VerdictCell(fixed.score, f"{cell.text[:-1]}; {medians}){differs}", cell.outcome, cell.undefined)
+        median = float(np.nanmedian(score)) if np.isfinite(score).any() else float("nan")
+        return VerdictCell(median, f"{cell.text[:-1]}; {medians})", cell.outcome, cell.undefined)
 
     def rule_text(self, options: Options) -> str:
         return (f"rejected ({self.failure}) when, image by image, the {self.score_name} lies nearer to a map's "
                 "similarity to itself (1) than to its similarity to an unrelated map (another image's, compared the "
                 f"same way): the 99 % interval of the median of {self.score_name} - (1 + unrelated) / 2 at or above "
                 "0; not rejected when it lies below 0, inconclusive when it contains 0; without an unrelated map "
-                f"(one image per seed), the fixed threshold {getattr(options, self.threshold)}")
+                "(one image per seed), read on the controls' scale: rejected when nearer the edge map's score than "
+                "the random map's")
+
+
+@dataclass(frozen=True)
+class OnScale(MedianScore):
+    """A verdict read on the controls' scale (:mod:`audit.checks.scale`): rejected when the 99 % interval of the
+    median ``metric`` over the rows ``select`` keeps lies at or above the midpoint between the edge map's score
+    (unchanged) and the random map's (unrelated), not rejected when it lies below, inconclusive when it contains it.
+
+    Parameters
+    ----------
+    score_column, text_column, failure, score_name, metric, select, why
+        As :class:`~audit.checks.base.MedianScore`; ``threshold`` is not read ("").
+    """
+
+    threshold: str = ""
+
+    def evaluate(self, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> VerdictCell:
+        if self.metric not in part:
+            return VerdictCell(float("nan"), "n/a", None)
+        scale = scale_of(controls, self.metric, self.select)
+        cell = nearer_unchanged(self.per_image(part).to_numpy(float), scale, "", level=options.interval_level,
+                                groups=self.replicates(part))
+        return dataclasses.replace(cell, text=f"{cell.text[:-1]}; {scale.text()})")
+
+    def rule_text(self, options: Options) -> str:
+        return (f"rejected ({self.failure}) when the 99 % interval of the median {self.score_name} lies nearer the "
+                "edge map's score (unchanged) than the random map's (unrelated), both measured in the run; not "
+                "rejected when it lies nearer the random map's; inconclusive when it contains the midpoint"
+                + (f"; the {self.score_name} is {self.why}" if self.why else ""))

@@ -511,7 +511,7 @@ class Collapse(VerdictRule):
     threshold: str = "csc_threshold"
     score_name: str = "CSC (median |cos| of the chain from the logits)"
 
-    def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
+    def evaluate(self, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> VerdictCell:
         logits = part[part.is_logits.astype(bool)].sort_values("depth", ascending=False)
         if logits.empty:
             return VerdictCell(float("nan"), "n/a", None)

@@ -22,12 +22,13 @@ from tqdm.auto import tqdm
 
 from attributions.explainer import attribute_many
 from attributions.hygiene import leaves_process_alone
-from audit.checks.base import Check, MedianScore, UnitResult
-from audit.checks.calibration import Calibrated
-from audit.checks.options import NO_SOURCE, Options, UnitContext, option
+from audit.checks.base import Check, UnitResult
+from audit.checks.calibration import Calibrated, OnScale
+from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import Params, prepare
 from audit.checks.randomization import heatmap_pages, untrained_copy
 from audit.checks.replicates import replicates, seed_groups
+from audit.checks.scale import UNCHANGED, UNRELATED, scale_of
 from audit.checks.stage_options import TARGETS, heatmap_scale, images_per_seed_option, measures_option
 from audit.data.preprocess import preprocess_from
 from audit.errors import AuditError
@@ -183,14 +184,6 @@ def _untrained_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, names: l
 class DataRandomizationOptions(Options):
     """The data-randomization test's keys."""
 
-    data_randomization_threshold: float = option(0.5, "Spearman of |map| between the model's and the twin's maps at "
-                                                 "or above which a method is rejected (the 99 % interval of its "
-                                                 "median); the signed Spearman and SSIM are read against it too",
-                                                 valid=lambda v: 0 < v <= 1, rule="in (0, 1]",
-                                                 source="calibrated: the verdict reads the twin between the control "
-                                                 "twin and an untrained copy, measured in the run; this fixed value "
-                                                 "decides only where they do not separate or there is no control "
-                                                 "twin (the cell says so), and for the side rules; there: " + NO_SOURCE)
     data_target: str = option("true", "explained class of the data-randomization test: the true label on both models "
                               "(Adebayo et al.) or each model's prediction", choices=TARGETS)
     measures: str = measures_option()
@@ -209,25 +202,26 @@ def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, option
     return UnitResult(df, maps[method] if unit.heatmap_examples else None)
 
 
-def data_figure(table: pd.DataFrame, model: str, threshold: float) -> Figure:
+def data_figure(table: pd.DataFrame, model: str) -> Figure:
     """Per-image Spearman of ``|map|`` between each method's maps on the model and on its permuted-label twin (the
-    verdict's measure): a box and every image's point per method, one panel per family; dashed: the fixed threshold;
-    triangles: the medians of the calibrated verdict's references, where the model has a control twin."""
+    verdict's measure): a box and every image's point per method, one panel per family; dashed: the controls' scale's
+    midpoint (:mod:`audit.checks.scale`); triangles: the medians of the calibrated verdict's references, where the
+    model has a control twin."""
     part = table[table.model == model]
+    scale = scale_of(part[part.method.isin([UNCHANGED, UNRELATED])], "spearman_abs")
     references = {"control twin": "control_spearman_abs", "untrained": "untrained_spearman_abs"}
-    fig = score_boxes(part, "spearman_abs", threshold, "Spearman of |map|, model vs twin", references)
+    fig = score_boxes(part, "spearman_abs", scale.midpoint, "Spearman of |map|, model vs twin", references)
     calibrated = "control_spearman_abs" in part and part.control_spearman_abs.notna().any()
     return Figure(f"data_randomization_{model}", fig, f"Data randomization on {model}: Spearman rank correlation of "
                   "the magnitudes of each image's maps on the model and on its twin trained on permuted labels (the "
-                  "measure of Adebayo et al., section 5), per image (points) and per method (boxes)"
+                  "measure of Adebayo et al., section 5), per image (points) and per method (boxes). Dashed: the "
+                  f"midpoint ({scale.midpoint:.2f}) of the {scale.text()}; a map whose twin lies above it is nearer "
+                  "unchanged"
                   + ("; beside each box, the median of the model's maps against its control twin's (up triangle: "
                      "a model that learned the same labels) and against an untrained copy's (down triangle: a model "
-                     "that learned nothing). A method whose twin scores nearer the control than the untrained copy "
-                     "is rejected (the verdict's calibrated rule); the dashed line "
-                     f"({threshold:g}) is the fixed threshold read where the two references do not separate."
-                     if calibrated else
-                     f"; a method whose median's 99 % interval lies at or above the dashed line ({threshold:g}) is "
-                     "rejected: its map does not depend on what the model learned.")
+                     "that learned nothing). A method whose untrained copy lies above the midpoint does not depend "
+                     "on what the model learned; where the two references separate, a twin nearer the control than "
+                     "the untrained copy is rejected (the verdict's rule)." if calibrated else ".")
                   + (" Dotted grey, in every panel: the random-map control's median, the floor a map unrelated to "
                      "the model's scores." if floor_of(part, "spearman_abs") is not None else ""))
 
@@ -263,7 +257,6 @@ def _twin_table(manifest: dict[str, Any], models: list[str]) -> pd.DataFrame:
 
 
 def _sections(table: pd.DataFrame, context: ReportContext, options: DataRandomizationOptions) -> list[Section]:
-    threshold = options.data_randomization_threshold
     models = list(table.model.unique())
     manifest = _manifest(context)
     twins = _twin_table(manifest, models)
@@ -294,7 +287,7 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: DataRandomiz
                                          "training accuracy on their training labels and test accuracy on the true "
                                          "ones.", "twins")]
                     if not twins.empty else [],
-                    figures=[data_figure(table, m, threshold) for m in models] + grids)]
+                    figures=[data_figure(table, m) for m in models] + grids)]
 
 
 CHECK = Check(
@@ -303,13 +296,10 @@ CHECK = Check(
     summary=lambda df: (f"median Spearman of |map| model vs twin {df.spearman_abs.median():.3f}, signed "
                         f"{df.spearman.median():.3f}, SSIM {df.ssim.median():.3f}"),
     verdict=Calibrated("data_randomization_spearman_abs", "data_randomization", "magnitudes survive label permutation",
-                       "data_randomization_threshold", score_name="Spearman of |map|", metric="spearman_abs",
-                       why=MEASURE_WHY),
-    side_rules=(MedianScore("data_randomization_spearman", "data_randomization_spearman",
-                            "the signed map survives label permutation", "data_randomization_threshold",
-                            score_name="Spearman (signed)", metric="spearman"),
-                MedianScore("data_randomization_ssim", "data_randomization_ssim", "survives label permutation (SSIM)",
-                            "data_randomization_threshold")),
+                       score_name="Spearman of |map|", metric="spearman_abs", why=MEASURE_WHY),
+    side_rules=(OnScale("data_randomization_spearman", "data_randomization_spearman",
+                        "the signed map survives label permutation", score_name="Spearman (signed)", metric="spearman"),
+                OnScale("data_randomization_ssim", "data_randomization_ssim", "survives label permutation (SSIM)")),
     controls={"edge": "rejected", "random": "not rejected"},
     description="maps of the model and of its twin trained on permuted labels compared by the Spearman rank "
                 "correlation of their magnitudes (the verdict) and signed, flip-invariant SSIM and HOG",

@@ -12,7 +12,6 @@ the fraction of the model's parameters (elements) re-initialised in that stage's
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import textwrap
 import warnings
@@ -49,13 +48,14 @@ from audit.checks.base import (
     seed_spread,
     too_few,
 )
-from audit.checks.calibration import beside_fixed, nearer
+from audit.checks.calibration import nearer
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import record as coverage_record
-from audit.checks.options import CONFIDENCE, NO_SOURCE, Options, UnitContext, option
+from audit.checks.options import CONFIDENCE, Options, UnitContext, option
 from audit.checks.passes import Params, model_errors, prepare
 from audit.checks.reinit import BN_POLICIES, INITS, reinitialise, reinitialise_part, reset_batchnorm
 from audit.checks.replicates import joined, per_seed
+from audit.checks.scale import Scale, nearer_unchanged, scale_of
 from audit.checks.stage_options import GRID_SCALES, ORDERS, StageOptions, StageSettings, measures_option, stage_settings
 from audit.checks.stages import Stage, randomization_plan
 from audit.data.preprocess import Preprocess, preprocess_from
@@ -389,100 +389,111 @@ def survived(intervals: pd.DataFrame, threshold: float) -> int:
 
 @dataclass(frozen=True)
 class Survival(VerdictRule):
-    """The cascading verdict, read along the whole curve of ``metric`` over the stages, calibrated by the curve's
-    own ends.
+    """The cascading verdict, read along the whole curve of ``metric`` over the stages, on the controls' scale and
+    between the curve's own ends.
 
-    Each image's similarity at a stage is read between two references measured on the same image, seed and method:
-    the trained map's similarity to itself (1, the ceiling) and the fully randomized model's map's (the last stage,
-    the floor: what the method shows of a model that learned nothing). A map *survives* a stage when it lies nearer
-    the ceiling: the 99 % interval of the median of ``score - (1 + floor) / 2`` (:func:`~audit.checks.calibration.nearer`)
-    lies at or above 0. The map is rejected when it survives every stage of the model's top part: the first
-    ``top`` cascading stages (option ``randomization_top``; default 1, the logit layer, the one part every
-    classifier has and the one that defines the explained class). Adebayo et al. rejected guided backprop for
-    being "invariant to higher layer parameters" although its maps changed once the lowest layers were
-    randomized: a rule that reads only the last stage would let it through. Not rejected when some stage of the
-    top part has its interval wholly under 0; inconclusive otherwise (an interval containing 0, or too few defined
-    images). A map the same on every model (the edge detector) has its floor at the ceiling and survives every
-    stage. The text names the stage where the map stopped surviving.
+    Two readings, per image with the 99 % interval of the median:
 
-    The fixed ``threshold`` (on the similarity itself) decides where there is nothing to calibrate against: the top
-    part is the whole model (no stage below it gives a floor), or the fully randomized model's maps are not
-    distinguishable from the trained one's (the 99 % interval of their median reaches 1: a map the same on every
-    model). Elsewhere its outcome is named beside the calibrated one where the two differ; ``calibrated=False``
-    reads it alone (the papers' reading, for the reproduction tables).
+    1. **The floor**: the fully randomized model's map (the last stage) against the trained map, on the controls'
+       scale (:mod:`audit.checks.scale`: the edge map scores "unchanged", the random map "unrelated"). Nearer the
+       unchanged end: rejected, the map does not depend on the weights: a model that learned nothing gives nearly
+       the same map (Adebayo et al.'s "input structure still prevalent"; input x gradient's |map| keeps 0.91 of its
+       ranking on the shipped CNNs). Where the top part is the whole model, this reading is the check.
+    2. **Survival of the top part**: each image's similarity at a stage read between the trained map's similarity
+       to itself (1) and the floor (the same image's at the last stage; where that map is undefined, a constant
+       map, the scale's midpoint stands for the survival level): a map *survives* a stage when it lies nearer 1
+       (:func:`~audit.checks.calibration.nearer`). Rejected when it survives every stage of the top part: the first
+       ``top`` cascading stages (option ``randomization_top``; default 1, the logit layer, the one part every
+       classifier has and the one that defines the explained class). Adebayo et al. rejected guided backprop for
+       being "invariant to higher layer parameters" although its maps changed once the lowest layers were
+       randomized: a rule that reads only the last stage would let it through.
+
+    Not rejected when the floor lies below the midpoint (or the fully randomized model's maps are constant) and some
+    stage of the top part lies wholly below its survival level; else inconclusive. The text names the stage where
+    the map stopped surviving.
     """
 
+    threshold: str = ""
     metric: str = "ssim"
     top: str = "randomization_top"
-    calibrated: bool = True
-
-    @property
-    def fixed(self) -> Survival:
-        """The same rule read against the fixed threshold alone."""
-        return dataclasses.replace(self, calibrated=False)
 
     @property
     def reads(self) -> tuple[str, ...]:
-        return (self.threshold, self.top)
+        return (self.top,)
 
     def per_image(self, part: pd.DataFrame) -> pd.Series:
         rows = part[part.stage == 1].sort_values("image")  # after the logit layer is randomized
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
-    def evaluate(self, part: pd.DataFrame, options: Options) -> VerdictCell:
+    def evaluate(self, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> VerdictCell:
         intervals = stage_intervals(part, self.metric, options.interval_level) if self.metric in part else pd.DataFrame()
         if intervals.empty:
             return VerdictCell(float("nan"), "n/a", None)
-        threshold, top = getattr(options, self.threshold), min(getattr(options, self.top), len(intervals))
-        fixed, fixed_kept = _curve_outcome(intervals, threshold, top)
+        level, top = options.interval_level, min(getattr(options, self.top), len(intervals))
+        scale = scale_of(controls, self.metric, lambda rows: rows[rows.stage > 0])
+        last_rows = part[part.stage == part.stage.max()].sort_values("image")
+        floors = floor_scores(part, self.metric, scale)
+        floor = nearer_unchanged(floors.to_numpy(float), scale, "full randomization", level=level,
+                                 groups=last_rows["replicate"].to_numpy() if "replicate" in last_rows else None)
         head = intervals.iloc[:top]
         last = head.iloc[-1]
         rows = part[part.stage == last.stage]
         spread = seed_spread(rows[self.metric].to_numpy(float), rows["replicate"].to_numpy() if "replicate" in rows
                              else None)
         undefined = int(head.undefined.sum())
-        looks = looked(options.interval_level, int(head.defined.iloc[-1] + head.undefined.iloc[-1]))
+        looks = looked(level, int(head.defined.iloc[-1] + head.undefined.iloc[-1]))
         score = f"after {last.layer}: {last['median']:.3f} [{last.low:.3f}, {last.high:.3f}]"
-        floor = intervals.iloc[-1]
-        why = ("" if self.calibrated is False else "the top part is the whole model" if top >= len(intervals) else
-               f"the fully randomized model's maps are undefined (constant) on {floor.undefined} of "
-               f"{floor.defined + floor.undefined} images" if too_few(floor.defined, floor.defined + floor.undefined)
-               else f"the fully randomized model's maps are not distinguishable from the trained one's "
-               f"({floor['median']:.3f} [{floor.low:.3f}, {floor.high:.3f}])" if floor.high >= 1 else None)
-        if why is not None:
-            return VerdictCell(float(last["median"]), f"{fixed} ({score}; {_stop(intervals, fixed_kept)}{spread}"
-                               f"{looks}" + (f"; fixed threshold {threshold}: {why})" if why else ")"), fixed, undefined)
-        near = stage_intervals(nearness(part, self.metric), self.metric, options.interval_level)
+        where = f"{scale.text()}, midpoint {scale.midpoint:.2f}"
+        read = floor.text.split("(", 1)[1].rsplit(")", 1)[0]
+        constant = int(last_rows[self.metric].isna().sum() - floors.isna().sum())
+        if constant:
+            read += f"; {constant} constant maps of the fully randomized model read as unrelated"
+        if floor.outcome == REJECTED:
+            return VerdictCell(float(last["median"]), f"{REJECTED}: the map does not depend on the weights, the fully "
+                               f"randomized model keeps it ({read}; {where}; {score})", REJECTED, undefined,
+                               reason=f"the fully randomized model keeps the map ({self.score_name})")
+        if top >= len(intervals):  # no stage below the top part gives a floor: the floor's reading is the check
+            return VerdictCell(float(last["median"]), f"{floor.outcome} ({read}; {where}; the top part is the whole "
+                               "model)", floor.outcome, undefined)
+        near = stage_intervals(nearness(part, self.metric, scale), self.metric, level)
         outcome, kept = _curve_outcome(near, 0.0, top)
+        if outcome == NOT_REJECTED and floor.outcome != NOT_REJECTED:
+            outcome = INCONCLUSIVE  # changed at the top, but the floor's own reading is open
         at = near.iloc[top - 1]
-        differs = beside_fixed(threshold, fixed, outcome)
         return VerdictCell(float(last["median"]), f"{outcome} ({score}; nearer the trained map than the fully "
-                           f"randomized model's ({floor['median']:.3f}) by {at['median']:.3f} [{at.low:.3f}, {at.high:.3f}]; "
-                           f"{_stop(near, kept)}{spread}{looks}){differs}", outcome, undefined)
+                           f"randomized model's by {at['median']:.3f} [{at.low:.3f}, {at.high:.3f}]; "
+                           f"{_stop(near, kept)}; {read}; {where}{spread}{looks})", outcome, undefined)
 
     def rule_text(self, options: Options) -> str:
         top = getattr(options, self.top)
         part = "the logit layer (the first cascading stage)" if top == 1 else f"the first {top} cascading stages"
-        if not self.calibrated:
-            return (f"rejected ({self.failure}) when the map survives the randomization of {part}: the 99 % interval "
-                    f"of its median {self.score_name} to the trained map lies at or above "
-                    f"{getattr(options, self.threshold)} at each of them; not rejected when it lies wholly below at "
-                    "one of them; else inconclusive")
-        return (f"rejected ({self.failure}) when the map survives the randomization of {part}: image by image, its "
-                f"{self.score_name} to the trained map lies nearer to the trained map's own (1) than to the fully "
-                f"randomized model's (the last stage), the 99 % interval of the median of {self.score_name} - "
-                "(1 + last stage's) / 2 at or above 0 at each of them; not rejected when it lies wholly below 0 at "
-                "one of them; else inconclusive; where the top part is the whole model or the fully randomized "
-                "model's maps are not distinguishable from the trained one's, the fixed threshold "
-                f"{getattr(options, self.threshold)} on the {self.score_name} itself")
+        return (f"on the controls' scale (the edge map's score: unchanged; the random map's: unrelated), image by "
+                f"image, the 99 % interval of the median: rejected when the fully randomized model's map has a "
+                f"{self.score_name} to the trained map nearer the unchanged end (the map does not depend on the "
+                f"weights); else rejected ({self.failure}) when the map survives the randomization of {part}: its "
+                f"{self.score_name} to the trained map lies nearer the trained map's own (1) than the fully "
+                "randomized model's (the last stage) at each of them; not rejected when the floor lies nearer the "
+                "unrelated end and some stage of the top part lies wholly below its survival level; else "
+                "inconclusive")
 
 
-def nearness(part: pd.DataFrame, metric: str) -> pd.DataFrame:
+def floor_scores(part: pd.DataFrame, metric: str, scale: Scale) -> pd.Series:
+    """Each image's ``metric`` at the last stage (the fully randomized model's map against the trained one), by
+    image; where it is undefined while the trained map is not (stage 0 scores it: a constant map of the randomized
+    model, e.g. Grad-CAM's after its ReLU, which shares nothing with the trained map), the ``scale``'s unrelated
+    end."""
+    floor = part[part.stage == part.stage.max()].set_index("image")[metric].sort_index()
+    trained = part[part.stage == 0].set_index("image")[metric].reindex(floor.index)
+    filled: pd.Series = floor.where(floor.notna() | trained.isna(), scale.unrelated)
+    return filled
+
+
+def nearness(part: pd.DataFrame, metric: str, scale: Scale | None = None) -> pd.DataFrame:
     """One model x method's rows ``part`` of the randomized stages with ``metric`` replaced by each image's
-    :func:`~audit.checks.calibration.nearer` (ceiling 1, floor: the image's score at the last stage; where that is
-    undefined, a constant map of the untrained model, e.g. Grad-CAM's after its ReLU, the median floor of the other
-    images, so that a map scored at the stage keeps its place)."""
-    floor = part[part.stage == part.stage.max()].set_index("image")[metric]
+    :func:`~audit.checks.calibration.nearer` (ceiling 1, floor: the image's score at the last stage,
+    :func:`floor_scores` on ``scale``, default the measure's own ends); an image without a floor keeps its place
+    at the median floor of the others."""
+    floor = floor_scores(part, metric, scale if scale is not None else Scale())
     floor = floor.fillna(floor.median())
     rows = part[part.stage > 0].copy()
     rows[metric] = nearer(rows[metric].to_numpy(float), 1.0, floor.reindex(rows.image).to_numpy(float))
@@ -732,13 +743,6 @@ class MeasuredStageOptions(StageOptions):
 class CascadingOptions(MeasuredStageOptions):
     """The cascading check's keys: the stage keys, and how its verdict reads the curve."""
 
-    randomization_threshold: float = option(0.5, "similarity to the trained map at or above which a map survives a "
-                                            "stage (the 99 % interval of its median), where the top part is the "
-                                            "whole model", valid=lambda v: 0 < v <= 1, rule="in (0, 1]",
-                                            source="calibrated: a map survives a stage when it lies nearer the "
-                                            "trained map than the fully randomized model's map, both measured in "
-                                            "the run; this fixed value decides only where the top part is the "
-                                            "whole model (the cell says so); there: " + NO_SOURCE)
     randomization_top: int = option(1, "cascading stages from the logits that form the model's top part: a map that "
                                     "survives all of them is rejected (1: the logit layer)", valid=lambda v: v >= 1,
                                     rule=">= 1", source="Adebayo et al. 2018, section 4: a map invariant to the "
@@ -771,13 +775,11 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: StageOptions
 
 
 def _checks() -> list[Check[Any]]:
-    verdict = Survival("cascading_ssim", "cascading", "survives the randomization of the top layers",
-                       "randomization_threshold", score_name="SSIM")
+    verdict = Survival("cascading_ssim", "cascading", "survives the randomization of the top layers", score_name="SSIM")
     magnitudes = Survival("cascading_spearman_abs", "cascading_spearman_abs", "magnitudes survive the randomization of "
-                          "the top layers", "randomization_threshold", score_name="Spearman of |map|",
-                          metric="spearman_abs")
+                          "the top layers", score_name="Spearman of |map|", metric="spearman_abs")
     signed = Survival("cascading_spearman", "cascading_spearman", "the signed map survives the randomization of the "
-                      "top layers", "randomization_threshold", score_name="signed Spearman", metric="spearman")
+                      "top layers", score_name="signed Spearman", metric="spearman")
     out = []
     for position, order in enumerate(ORDERS):
         cascading = order == "cascading"

@@ -26,7 +26,7 @@ from audit.checks.base import Check, UnitResult
 from audit.checks.calibration import NearerThanUnrelated
 from audit.checks.coverage import paragraph as coverage_paragraph
 from audit.checks.coverage import recorded_in
-from audit.checks.options import NO_SOURCE, UnitContext, option
+from audit.checks.options import UnitContext, option
 from audit.checks.passes import Params
 from audit.checks.randomization import stage_figure, stage_maps
 from audit.checks.replicates import joined, per_seed
@@ -131,19 +131,13 @@ def _one_seed(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, methods:
 
 @dataclass(frozen=True)
 class SmprtOptions(StageOptions):
-    """sMPRT's keys: the stage keys, its order, noise and threshold."""
+    """sMPRT's keys: the stage keys, its order and noise."""
 
     smprt_order: str = option("bottom-up", "layer order of sMPRT's randomization", choices=ORDERS)
     smprt_samples: int = option(50, "noisy copies averaged per sMPRT map (the last noise-free)",
                                 valid=lambda v: v >= 1, rule=">= 1")
     smprt_noise: float = option(0.1, "sMPRT noise, standard deviation as a fraction of the image's range",
                                 valid=lambda v: v >= 0, rule=">= 0")
-    smprt_threshold: float = option(0.5, "median Spearman at full randomization from which a method counts as "
-                                    "weight-insensitive, where no unrelated map was measured (one image per seed)",
-                                    valid=lambda v: 0 < v <= 1, rule="in (0, 1]",
-                                    source="calibrated: the map at full randomization is read between its trained "
-                                    "map and another image's, both measured in the run; this fixed value decides "
-                                    "only with one image per seed (the cell says so); there: " + NO_SOURCE)
 
 
 def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: SmprtOptions,
@@ -154,11 +148,9 @@ def _run(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, 
 
 
 def _sections(table: pd.DataFrame, context: ReportContext, options: SmprtOptions) -> list[Section]:
-    threshold = options.smprt_threshold
     figures = [stage_figure(table, m, "spearman", "Spearman of |denoised map|", f"smprt_{m}",
                             f"sMPRT on {m}: Spearman correlation of each denoised map's magnitude with the trained "
-                            "model's as layers are randomized", ylim=(-0.05, 1.05), threshold=threshold,
-                            meaning="a method whose interval lies at or above it after the last stage is rejected")
+                            "model's as layers are randomized", ylim=(-0.05, 1.05))
                for m in table.model.unique()]
     return [Section("Smooth MPRT (sMPRT)", text="Maps averaged over noisy inputs before comparison, so that noise "
                     "alone does not lower the similarity. Lower after full randomization is better. "
@@ -176,7 +168,7 @@ CHECK = Check(
     name="smprt", cite=("hedstrom2024",), title="Smooth MPRT (sMPRT)", reference="Hedstroem et al. 2023", result_file="smprt.csv",
     columns=COLUMNS, run=_run, sections=_sections, order=41,
     summary=lambda df: f"median Spearman at full randomization {_last_stage(df).spearman.median():.3f}",
-    verdict=NearerThanUnrelated("smprt_spearman", "smprt", "weight-insensitive (denoised)", "smprt_threshold",
+    verdict=NearerThanUnrelated("smprt_spearman", "smprt", "weight-insensitive (denoised)",
                                 score_name="Spearman of magnitudes (sMPRT)", metric="spearman", select=_last_stage),
     description="maps averaged over noisy inputs, compared by Spearman of magnitudes after each randomization stage",
     controls={"edge": "rejected"})

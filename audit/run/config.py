@@ -62,6 +62,13 @@ def general_keys(config: type[AuditConfig] | None = None) -> list[Field[Any]]:
     return [f for f in fields(config or AuditConfig) if "help" in f.metadata]
 
 
+# check options that no verdict reads any more, and why: a configuration that gives one is refused with the reason,
+# a manifest that records one (a run written before) still loads
+RETIRED = {name: "the verdict reads the controls' scale measured in the run (the edge map's score: unchanged; the "
+                 "random map's: unrelated), not a fixed value"
+           for name in ("randomization_threshold", "data_randomization_threshold", "smprt_threshold")}
+
+
 @dataclass(frozen=True)
 class AuditConfig:
     """What to audit and how. Every field is recorded in the run's manifest.
@@ -209,10 +216,16 @@ class AuditConfig:
         return {**general, **self.options}
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> AuditConfig:
-        """The inverse of :meth:`to_dict` (unvalidated); unknown keys are a :class:`ConfigError`."""
+    def from_dict(cls, values: dict[str, Any], *, recorded: bool = False) -> AuditConfig:
+        """The inverse of :meth:`to_dict` (unvalidated); unknown keys are a :class:`ConfigError`, and so are
+        retired ones (:data:`RETIRED`) unless the values were ``recorded`` by a run (a manifest written before they
+        were retired), which leaves them out."""
         general = {f.name for f in fields(cls)} - {"options"}
         known = check_options()
+        for key in values:
+            if key in RETIRED and not recorded:
+                raise ConfigError(f"the check option {key!r} is retired: {RETIRED[key]}; leave it out")
+        values = {k: v for k, v in values.items() if k not in RETIRED}
         for key in values:
             if key not in general and key not in known:
                 raise unknown_name("configuration key", key, sorted(general | set(known)), ConfigError)

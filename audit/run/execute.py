@@ -20,6 +20,7 @@ from attributions.errors import AttributionError, NotApplicable
 from audit.atomic import atomic_write_bytes
 from audit.checks import Check, Options, UnitContext, UnitResult
 from audit.checks.base import INCONCLUSIVE
+from audit.checks.scale import UNCHANGED, UNRELATED
 from audit.durations import duration
 from audit.errors import ModelError
 from audit.faults import kill_point
@@ -51,23 +52,37 @@ def execute(run: Run, *, progress: bool) -> Ledger:
         looked += items
         work.compute(items, f"look {look} of {config.looks}")
         run.shard.barrier()  # every rank's blocks of this look are written: each reads them and decides alike
-        units = {key: unit for key, unit in units.items() if unit[1].per_image and undecided(run, done[key])}
+        units = {key: unit for key, unit in units.items()
+                 if unit[1].per_image and undecided(run, done[key], controls_of(done, key))}
         if not units:
             break
     return work.ledger(tuple(looked))
 
 
-def undecided(run: Run, items: list[WorkItem]) -> bool:
+def controls_of(done: dict[str, list[WorkItem]], key: str) -> list[WorkItem]:
+    """The blocks written so far of the controls (the edge and the random map) of the cell ``key``
+    ("model/test/method"): the ends of the scale its verdict reads (:mod:`audit.checks.scale`)."""
+    base = key.rsplit("/", 1)[0]
+    return [item for name in (UNCHANGED, UNRELATED) for item in done.get(f"{base}/{name}", [])]
+
+
+def _blocks(run: Run, items: list[WorkItem]) -> pd.DataFrame:
+    """The rows of the blocks ``items`` (with their ``method``), read from their files; empty where none has rows."""
+    tables = [t for t in (read_table(item.path(run.out, run.labels)) for item in items) if not t.empty]
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+
+
+def undecided(run: Run, items: list[WorkItem], controls: list[WorkItem] | None = None) -> bool:
     """Whether the verdict of the cell whose blocks are ``items`` is still inconclusive, or not yet final, on the
-    images they hold (read from their files, so that every rank and a resumed run decide alike); a cell the check
-    says nothing of is decided."""
+    images they hold, read on the scale of its ``controls``' blocks (read from their files, so that every rank and
+    a resumed run decide alike); a cell the check says nothing of is decided."""
     check = items[0].check
     if check.verdict is None or items[0].unit(run.out, run.labels).exists():  # joined by a finished run
         return False
-    tables = [t for t in (read_table(item.path(run.out, run.labels)) for item in items) if not t.empty]
-    if not tables:
+    part = _blocks(run, items)
+    if part.empty:
         return False
-    cell = check.verdict.evaluate(pd.concat(tables, ignore_index=True), run.options[check.name])
+    cell = check.verdict.evaluate(part, run.options[check.name], controls=_blocks(run, controls or []))
     return cell.outcome == INCONCLUSIVE or not cell.final
 
 

@@ -80,7 +80,7 @@ def twins(run: Run, ledger: Ledger) -> dict[str, Any]:
                                                 **twin_facts(run.control_models[spec])}
                 else:
                     run.log(f"{label}/{name}: no control twin (give one with controls, --controls MODEL=CONTROL): "
-                            "the verdict reads the fixed threshold")
+                            "the verdict reads the twin on the controls' scale alone")
                 continue
             why = ("no permuted-label twin: give one with twins (--twins MODEL=TWIN), trained by attribution-audit "
                    "train --permute-labels SEED --twin-of MODEL")

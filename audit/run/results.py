@@ -107,7 +107,7 @@ def load_results(out: str | os.PathLike[str]) -> AuditResult:
     if manifest.get("status") != "complete":
         raise ConfigError(f"the run in {out} did not finish; rerun it with --resume")
     try:
-        config = AuditConfig.from_dict(manifest["config"]).validated()
+        config = AuditConfig.from_dict(manifest["config"], recorded=True).validated()
     except ConfigError as exc:
         raise ConfigError(f"{out / 'manifest.json'}: {exc}") from None
     tables = {}

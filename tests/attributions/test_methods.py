@@ -1,4 +1,6 @@
 """Our maps against captum's, in float64: max |difference| <= 1e-5 of the map's max |value|."""
+import copy
+
 import pytest
 import torch
 from captum.attr import (
@@ -96,13 +98,17 @@ def test_deeplift_sums_to_output_difference(name):
 
 def test_noise_tunnel_wraps_our_methods():
     model, x = MODELS["cnn"], _x("cnn")
-    torch.manual_seed(5)
-    ours = Explainer(model, "smoothgrad", samples=8).attribute(x, target=1)
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    ours = Explainer(model, "smoothgrad", samples=8, seed=5).attribute(x, target=1)
+    assert torch.equal(torch.random.get_rng_state(), before)  # the caller's generator as it was
     torch.manual_seed(5)
     sigma = 0.15 * float(x.max() - x.min())
     ref = NoiseTunnel(Saliency(model)).attribute(x, nt_type="smoothgrad", nt_samples=8, stdevs=sigma, target=1,
                                                  abs=False)
     _close(ours, ref)
+    torch.manual_seed(5)  # seed None: the global generator as it goes, captum's own way
+    _close(Explainer(model, "smoothgrad", samples=8, seed=None).attribute(x, target=1), ref)
     smoothed_lrp = NoiseTunnel(Explainer(model, "lrp-epsilon")).attribute(x, nt_type="smoothgrad", nt_samples=4,
                                                                            stdevs=0.1, target=1)
     assert smoothed_lrp.shape == x.shape and torch.isfinite(smoothed_lrp).all()
@@ -113,8 +119,7 @@ def test_smoothgrad_over_integrated_gradients_matches_captum(name):
     """Adebayo et al.'s SmoothGrad over IG: captum's NoiseTunnel around IntegratedGradients, same seed, same noise."""
     model, x = MODELS[name], _x(name)
     target = torch.tensor([1, 0, 2])
-    torch.manual_seed(7)
-    ours = Explainer(model, "smoothgrad-ig", samples=5, n_steps=8, noise=0.2).attribute(x, target=target)
+    ours = Explainer(model, "smoothgrad-ig", samples=5, n_steps=8, noise=0.2, seed=7).attribute(x, target=target)
     torch.manual_seed(7)
     sigma = 0.2 * float(x.max() - x.min())
     ref = NoiseTunnel(IntegratedGradients(model)).attribute(x, nt_type="smoothgrad", nt_samples=5, stdevs=sigma,
@@ -175,8 +180,7 @@ def test_zoo_every_method_is_finite_and_deterministic(zoo):
         first = probe.attribute(x, target=1)
         again = Explainer(model, method, graph=graph, **params).attribute(x, target=1)
         assert first.shape == x.shape and bool(torch.isfinite(first).all()), method
-        if method not in ("smoothgrad", "smoothgrad-ig"):  # captum's noise tunnel draws from the global generator
-            assert torch.equal(first, again), method
+        assert torch.equal(first, again), method  # SmoothGrad's noise too: seeded, the same on every call
 
 
 def test_deeplift_matches_captum_on_smooth_activation_modules():
@@ -234,3 +238,22 @@ def test_a_baseline_per_channel_and_bad_baselines():
     for bad in ("zero", [], [0.1, "a"], True):
         with pytest.raises(AttributionError, match="baseline must be a number or one number per input channel"):
             Explainer(model, "integrated-gradients", baseline=bad)
+
+
+def test_smoothgrads_noise_is_the_same_on_every_model_so_a_map_meets_itself():
+    """The same images get the same noise draws on every call and every model: two calls on one model give one map
+    (the ceiling the randomization checks read against is 1), while a model with other weights gives another map
+    from the same noise; another seed draws other noise."""
+    model, x = MODELS["cnn"], _x("cnn")
+    first = Explainer(model, "smoothgrad", samples=4).attribute(x, target=1)
+    torch.manual_seed(99)  # the global generator's state does not enter
+    assert torch.equal(first, Explainer(model, "smoothgrad", samples=4).attribute(x, target=1))
+    assert not torch.equal(first, Explainer(model, "smoothgrad", samples=4, seed=1).attribute(x, target=1))
+    # the last linear layer's weight and bias doubled: every logit, and so every gradient at every noisy point,
+    # doubles, and the map doubles exactly only where both models saw the same noise
+    other = copy.deepcopy(model)
+    last = [m for m in other.modules() if isinstance(m, torch.nn.Linear)][-1]
+    with torch.no_grad():
+        last.weight.mul_(2.0)
+        last.bias.mul_(2.0)
+    _close(Explainer(other, "smoothgrad", samples=4).attribute(x, target=1), 2 * first)

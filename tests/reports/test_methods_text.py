@@ -21,7 +21,7 @@ def test_paragraphs_state_models_data_checks_thresholds_and_versions():
     text = dict(pairs)
     assert "92.13 %" in text["Models"] and "cnn-bort" in text["Models"] and "[@zhang2023bort]" in text["Models"]
     assert text["Data"].startswith("12 ") and "class-balanced" in text["Data"] and "seed 7" in text["Software"]
-    assert "smoothgrad [@smilkov2017] (noise = 0.15, samples = 50)" in text["Attribution methods"]
+    assert "smoothgrad [@smilkov2017] (noise = 0.15, samples = 50, seed = 0)" in text["Attribution methods"]
     assert "rejected (class-insensitive)" in text["Random-logit test"] and "at or above 0.75" in text["Random-logit test"]
     assert "inconclusive when it contains the threshold" in text["Random-logit test"]
     assert "n_vectors = 5" in text["Cosine-similarity convergence"]

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 
 from audit.run.config import load_config
-from reports.reproduction import ADEBAYO, SIXT, adebayo_table, sixt_table
+from reports.reproduction import ADEBAYO, SIXT, _counts, adebayo_table, measure_cell, sixt_table
 
 CONFIG = load_config(models=["m"], methods="gradient,guided-backprop,input-x-gradient,integrated-gradients",
                      tests="cascading,data-randomization")
@@ -29,7 +29,7 @@ def test_each_measure_the_paper_concluded_by_is_compared_and_inconclusive_is_nev
         _stages("guided-backprop", ssim=(0.9, 0.2), spearman_abs=(0.9, 0.3), spearman=(0.8, 0.1))
         + _stages("input-x-gradient", ssim=(0.8, 0.4), spearman_abs=(0.9, 0.8), spearman=(0.05, 0.0))
         + _stages("gradient", ssim=(0.9, 0.1), spearman_abs=(0.2, 0.1), spearman=(0.7, 0.1)))
-    cascade = pd.concat([cascade, pd.DataFrame(_stages("integrated-gradients", ssim=(0.5, 0.4), spearman_abs=(0.9, 0.8),
+    cascade = pd.concat([cascade, pd.DataFrame(_stages("integrated-gradients", ssim=(0.7, 0.4), spearman_abs=(0.9, 0.8),
                                                        spearman=(0.0, 0.0)))])
     table = adebayo_table({"cascading": cascade}, ["m"], "cascading", CONFIG).set_index("method")
     assert table.loc["guided-backprop", "m"].startswith("agrees: SSIM rejected (after s1: 0.900")
@@ -37,9 +37,9 @@ def test_each_measure_the_paper_concluded_by_is_compared_and_inconclusive_is_nev
     assert table.loc["input-x-gradient", "Adebayo et al. 2018"].startswith("measure-dependent")
     cell = table.loc["input-x-gradient", "m"]
     assert cell.startswith("agrees: signed Spearman not rejected") and "SSIM rejected" in cell
-    # an SSIM interval around the threshold leaves the cell inconclusive, not differing
+    # an SSIM interval around its survival level ((1 + 0.4) / 2 = 0.7) leaves the cell inconclusive, not differing
     assert table.loc["integrated-gradients", "m"].startswith("inconclusive: ")
-    assert "SSIM inconclusive (after s1: 0.500" in table.loc["integrated-gradients", "m"]
+    assert "SSIM inconclusive (after s1: 0.700" in table.loc["integrated-gradients", "m"]
     # the gradient survives the logit layer here: differs, and the cell says what was measured to differ
     gradient = table.loc["gradient", "m"]
     assert gradient.startswith("differs: SSIM rejected") and "[why: measure: Spearman of |map| gives the paper's " \
@@ -62,8 +62,11 @@ def test_data_randomization_is_judged_by_the_rank_correlations_and_a_visual_caut
     ig = table.loc["integrated-gradients"]
     assert "not a measured claim" in ig["Adebayo et al. 2018"]
     # SSIM 0.36 would say "changed"; the paper's rank correlations say the structure stayed and the signs changed
-    assert ig["m"].startswith("agrees: Spearman of |map| rejected (0.91") and "signed Spearman not rejected" in ig["m"]
+    # a visual caution is shown, not counted among the agreements
+    assert ig["m"].startswith("not counted, a visual caution (agrees): Spearman of |map| rejected (twin: 0.91")
+    assert "signed Spearman not rejected" in ig["m"]
     assert table.loc["gradient", "m"].startswith("differs: Spearman of |map| rejected")
+    assert _counts(table.reset_index(), ["m"]) == "0 agree, 1 differ, 0 inconclusive"
 
 
 def test_sixt_compares_the_csc_interval_with_the_papers_099_whatever_the_runs_threshold():
@@ -88,3 +91,30 @@ def test_every_claim_names_where_it_stands_and_a_measure_it_rests_on():
     assert all(c.where and c.expected for c in claims)
     assert {c.method for c in SIXT} >= {"deep-taylor", "lrp-zplus", "excitation-backprop", "patternattribution",
                                         "deconvnet", "rectgrad", "guided-backprop", "deeplift"}
+
+
+def test_the_papers_table_reads_each_measure_with_the_verdicts_rule():
+    """Input x gradient whose fully randomized model keeps 0.91 of its |map| ranking, beside the controls (the edge
+    map at 1, the random map at 0): the verdict table's Spearman-of-|map| cell and the papers' table's read the same
+    rule on the same scale, and both reject; the signed Spearman, which drops, is not rejected by either."""
+    from reports.verdict import verdict_table
+
+    cascade = pd.DataFrame(_stages("input-x-gradient", ssim=(0.5, 0.3), spearman_abs=(0.93, 0.91), spearman=(0.05, 0.0))
+                           + _stages("edge", ssim=(1.0, 1.0), spearman_abs=(1.0, 1.0), spearman=(1.0, 1.0))
+                           + _stages("random", ssim=(0.0, 0.0), spearman_abs=(0.0, 0.0), spearman=(0.0, 0.0)))
+    config = load_config(models=["m"], methods="input-x-gradient,edge,random", tests="cascading")
+    verdict = verdict_table({"cascading": cascade}, config).set_index("method")
+    part = cascade[cascade.method == "input-x-gradient"]
+    controls = cascade[cascade.method.isin(["edge", "random"])]
+    for measure, column in (("spearman_abs", "cascading_spearman_abs"), ("spearman", "cascading_spearman"),
+                            ("ssim", "cascading")):
+        ours = measure_cell("cascading", part, measure, config, controls)
+        assert verdict.loc["input-x-gradient", column].startswith(ours.outcome + " ") or \
+            verdict.loc["input-x-gradient", column].startswith(ours.outcome + ":"), measure
+    assert measure_cell("cascading", part, "spearman_abs", config, controls).outcome == "rejected"
+    assert measure_cell("cascading", part, "spearman", config, controls).outcome == "not rejected"
+    assert "cascading: SSIM not rejected, Spearman of |map| rejected" in verdict.loc["input-x-gradient",
+                                                                                     "measure_dependent"]
+    table = adebayo_table({"cascading": cascade}, ["m"], "cascading", config).set_index("method")
+    assert table.loc["input-x-gradient", "m"].startswith("differs:")  # SSIM, which the paper saw stay high, drops here
+    assert "Spearman of |map| rejected" in table.loc["input-x-gradient", "m"]

@@ -24,8 +24,7 @@ def test_declarations_come_from_the_fields_in_order():
     # a subclass's fields follow its base's: the stage keys, then the cascading check's own
     assert [o.name for o in CascadingOptions.declared()] == ["bn", "target", "init", "granularity", "images_per_seed",
                                                              "heatmap_scale",
-                                                             "measures", "randomization_threshold",
-                                                             "randomization_top"]
+                                                             "measures", "randomization_top"]
 
 
 def test_parse_takes_its_own_keys_checks_them_and_widens_ints():
@@ -100,5 +99,7 @@ def test_every_threshold_a_verdict_reads_says_where_its_default_comes_from():
                 sources[name] = declared[name].source
     assert not {name for name, source in sources.items() if source == NO_SOURCE}
     assert sources["csc_threshold"].startswith("Sixt et al. 2020")
-    for name in ("data_randomization_threshold", "randomization_threshold", "smprt_threshold"):
-        assert sources[name].startswith("calibrated")
+    # the verdicts read on the controls' scale read no threshold at all
+    assert {c.name for c in CHECKS.values() if c.verdict is not None and not c.verdict.reads} \
+        == {"data-randomization", "smprt"}
+    assert CHECKS["cascading"].verdict.reads == ("randomization_top",)

@@ -28,11 +28,11 @@ def test_registered_checks_in_order_with_their_declarations():
         "cascading": ("SSIM", "lower"), "data-randomization": ("Spearman of |map|", "lower"),
         "emprt": ("eMPRT score (entropy ratio)", "higher"),
         "smprt": ("Spearman of magnitudes (sMPRT)", "lower"), "input-invariance": ("relative L2 change", "lower")}
-    assert {"n_vectors", "csc_threshold", "random_logit_threshold", "randomization_threshold", "randomization_top",
-            "bn", "target", "init", "images_per_seed", "heatmap_scale", "granularity", "data_randomization_threshold",
+    assert {"n_vectors", "csc_threshold", "random_logit_threshold", "randomization_top",
+            "bn", "target", "init", "images_per_seed", "heatmap_scale", "granularity",
             "data_target",
             "emprt_order", "emprt_bins", "emprt_curve", "emprt_threshold", "smprt_order", "smprt_samples", "smprt_noise",
-            "smprt_threshold", "measures",
+            "measures",
             "shift", "invariance_reference", "invariance_tolerance"} == set(check_options())
     with pytest.raises(ConfigError, match="unknown test 'cascade'.*Did you mean 'cascading'"):
         get_check("cascade")

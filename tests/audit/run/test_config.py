@@ -52,9 +52,9 @@ def test_bad_values_are_config_errors(values, message):
 
 
 def test_the_manifest_form_is_flat_and_round_trips():
-    config = load_config(models="cnn-sgd,cnn-bort", randomization_threshold=0.4)
+    config = load_config(models="cnn-sgd,cnn-bort", random_logit_threshold=0.4)
     flat = config.to_dict()
-    assert "options" not in flat and flat["randomization_threshold"] == 0.4 and flat["models"] == ["cnn-sgd", "cnn-bort"]
+    assert "options" not in flat and flat["random_logit_threshold"] == 0.4 and flat["models"] == ["cnn-sgd", "cnn-bort"]
     again = AuditConfig.from_dict(flat).validated()
     assert again.to_dict() == flat
     with pytest.raises(ConfigError, match="unknown check option 'nope'"):
@@ -92,3 +92,10 @@ def test_a_general_key_is_one_declaration_checked_where_it_is_declared():
                          ("2", "passes must be a int")):
         with pytest.raises(ConfigError, match=message):
             Wider(passes=bad).validated()
+
+
+def test_a_retired_threshold_is_refused_with_its_reason_and_an_old_manifest_still_loads():
+    with pytest.raises(ConfigError, match="'randomization_threshold' is retired: the verdict reads the controls' scale"):
+        load_config(models="cnn-sgd", randomization_threshold=0.4)
+    old = {**load_config(models="cnn-sgd").to_dict(), "data_randomization_threshold": 0.5}
+    assert "data_randomization_threshold" not in AuditConfig.from_dict(old, recorded=True).validated().to_dict()

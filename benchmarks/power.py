@@ -19,6 +19,7 @@ from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE
 from audit.checks.calibration import SMALLEST_GAP, Calibrated
 from audit.checks.options import Options
+from audit.checks.scale import controls_in, scale_of
 from audit.cli import DEMO_METHODS
 from audit.run import AuditConfig, load_config, run_audit
 
@@ -29,7 +30,7 @@ TESTS = ("random-logit", "cascading", "data-randomization")
 DECIDED = 0.8  # the share of subsets that must decide for a size to count as enough
 
 
-def _effect(check: str, part: pd.DataFrame, options: Options) -> str:
+def _effect(check: str, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> str:
     """|median - what decides| / IQR of the per-image scores the verdict reads: the calibrated differences on
     Fisher's z scale where the calibrated rule decided, else the scores against the fixed threshold ("n/a" where
     the scores have no spread, "> 100" far from it)."""
@@ -43,7 +44,9 @@ def _effect(check: str, part: pd.DataFrame, options: Options) -> str:
         scores = rule.per_image(part)
         if scores is None:  # a verdict on a score that is not per image has no spread to measure against
             raise ValueError(f"check {check!r}: its verdict's score is not per image")
-        values, at = scores.to_numpy(dtype=float), getattr(options, rule.threshold)
+        at = getattr(options, rule.threshold) if rule.threshold else \
+            scale_of(controls, getattr(rule, "metric", "ssim")).midpoint  # a verdict read on the controls' scale
+        values = scores.to_numpy(dtype=float)
     values = values[np.isfinite(values)]
     spread = float(np.subtract(*np.percentile(values, [75, 25]))) if len(values) else np.nan
     if not spread > 0:
@@ -63,14 +66,16 @@ def power_table(tables: dict[str, pd.DataFrame], config: AuditConfig) -> pd.Data
             continue
         options = CHECKS[check].options_from(config.options)
         for (model, method), part in table.groupby(["model", "method"], sort=False):
+            controls = controls_in(table, str(model))
             images = np.sort(part.image.unique())
             row = {"check": check, "model": model, "method": method,
-                   "outcome (64 images)": rule.evaluate(part, options).outcome,
-                   "effect (IQR)": _effect(check, part, options)}
+                   "outcome (64 images)": rule.evaluate(part, options, controls=controls).outcome,
+                   "effect (IQR)": _effect(check, part, options, controls)}
             needed = None
             for n in SIZES:
                 subsets = [rng.choice(images, size=min(n, len(images)), replace=False) for _ in range(SUBSETS)]
-                decided = np.mean([rule.evaluate(part[part.image.isin(s)], options).outcome != INCONCLUSIVE
+                decided = np.mean([rule.evaluate(part[part.image.isin(s)], options, controls=controls).outcome
+                                   != INCONCLUSIVE
                                    for s in subsets])
                 row[f"decided at {n}"] = round(float(decided), 2)
                 if needed is None and decided >= DECIDED:

@@ -94,7 +94,7 @@ def _verdict_text(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditCo
             "images whose maps are constant or non-finite have no defined score and are counted in the cell. "
             "Controls (the edge detector, the random map) are not counted; each must have the outcome its check "
             "names, else the check is broken." + (" BROKEN: " + "; ".join(broken) + "." if broken else "")
-            + (f" {family_wise_error(len(ran))}." if ran else "")
+            + (f" {family_wise_error(len(ran), sum(v.readings for v in ran.values()))}." if ran else "")
             + " Mechanism, for a rejected method: " + MECHANISMS)
 
 

@@ -171,18 +171,22 @@ def summary_line(verdict: pd.DataFrame) -> str:
 ONE_SIDED_ERROR = 0.015
 
 
-def family_wise_error(checks: int) -> str:
-    """The family-wise error of a rejection across ``checks`` combined checks, in one sentence (Bonferroni's bound:
-    it holds whatever the dependence between the checks)."""
-    bound = min(1.0, checks * ONE_SIDED_ERROR)
+def family_wise_error(checks: int, readings: int | None = None) -> str:
+    """The family-wise error of a rejection across ``checks`` combined checks that read ``readings`` rejecting
+    intervals in all (default one per check; a check read on the controls' scale reads two: its floor and its
+    survival or twin reading), in one sentence (Bonferroni's bound: it holds whatever the dependence between them)."""
+    readings = checks if readings is None else readings
+    bound = min(1.0, readings * ONE_SIDED_ERROR)
+    intervals = (f"{readings} intervals ({checks} checks, those read on the controls' scale with two: the floor and "
+                 "the survival or twin reading)" if readings != checks else f"{checks} checks")
     return (f"Family-wise error: a method is rejected when any of the {checks} checks run rejects it, each on a 99 % "
             f"interval, which lies wholly on the rejecting side of a true median that should not reject in at most "
             f"{ONE_SIDED_ERROR:.1%} of simulated audits (the percentile bootstrap covers a little less than its "
             f"nominal 99 % on 16 to 64 images; a check that re-initialises the model resamples its seeds too, and "
             f"holds that bound where the spread between seeds is up to 0.8 times the spread between images, the "
             f"largest measured on the shipped models); so the chance that a method no check should reject is rejected by one "
-            f"is at most {checks} x {ONE_SIDED_ERROR:.1%} = {bound:.1%} (Bonferroni's bound, whatever the dependence "
-            "between the checks); each check's own outcome keeps its 99 % interval")
+            f"is at most {readings} x {ONE_SIDED_ERROR:.1%} = {bound:.1%} over the {intervals} (Bonferroni's bound, "
+            "whatever the dependence between them); each check's own outcome keeps its 99 % intervals")
 
 
 def display_columns(verdict: pd.DataFrame) -> list[str]:

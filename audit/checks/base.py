@@ -171,6 +171,11 @@ class VerdictRule:
         return (self.threshold,) if self.threshold else ()
 
     @property
+    def readings(self) -> int:
+        """How many intervals the rule reads that can each reject (the family-wise error counts them)."""
+        return 1
+
+    @property
     def better(self) -> str:
         """Which scores are the better ones, for the report: "lower" or "higher"."""
         return "higher" if self.comparison == "<=" else "lower"

@@ -99,6 +99,10 @@ class Calibrated(VerdictRule):
     floor: str = "untrained_spearman_abs"
     floor_seed: str = "untrained_replicate"
 
+    @property
+    def readings(self) -> int:
+        return 2  # the untrained copy on the controls' scale, and the twin (on the scale or between the references)
+
     def per_image(self, part: pd.DataFrame) -> pd.Series:
         """The per-image scores against the twin (not the calibrated differences: a paired comparison of two models
         compares what each model's maps did)."""

@@ -421,6 +421,10 @@ class Survival(VerdictRule):
     def reads(self) -> tuple[str, ...]:
         return (self.top,)
 
+    @property
+    def readings(self) -> int:
+        return 2  # the floor on the controls' scale, and the survival of the top part
+
     def per_image(self, part: pd.DataFrame) -> pd.Series:
         rows = part[part.stage == 1].sort_values("image")  # after the logit layer is randomized
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())

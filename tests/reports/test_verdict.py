@@ -58,8 +58,9 @@ def test_each_check_rejects_on_its_own_and_reasons_are_joined():
                            + _curve("deeplift", [0.3, 0.3], input_spearman_abs=0.9, spearman_abs=0.9))
     v = verdict_table({"csc": csc, "random-logit": logit, "cascading": cascade}, CONFIG).set_index("method")
     assert v.loc["gradient", "verdict"] == "not rejected"  # never "pass": a sanity check cannot certify
+    # its fully randomized model keeps 0.7 of the map by SSIM, nearer the unchanged end (1) than the unrelated (0)
     assert v.loc["lrp-zplus", "verdict"] == ("rejected: csc (chain converges), random-logit (class-insensitive), "
-                                             "cascading (survives the randomization of the top layers)")
+                                             "cascading (the fully randomized model keeps the map (SSIM))")
     # z+: convergence reached first at the layer nearest the logits with median >= 0.99 (depth 1, 0.995)
     assert v.loc["lrp-zplus", "collapse_layer"] == "rejected (from l1: 0.995; 0.999 at the input)"
     assert v.loc["lrp-zplus", "csc_max_median"] == 0.999
@@ -87,7 +88,7 @@ def test_each_check_rejects_on_its_own_and_reasons_are_joined():
     assert v.loc["deeplift", "random_logit"].startswith("rejected (0.900 [")
     assert list(v.reset_index()[display_columns(v.reset_index())].columns) == [
         "model", "method", "collapse_layer", "random_logit", "cascading", "cascading_spearman_abs",
-        "cascading_spearman", "verdict", "mechanism", "control_check"]
+        "cascading_spearman", "verdict", "measure_dependent", "mechanism", "control_check"]
 
 
 def test_an_interval_that_contains_the_threshold_is_inconclusive():
@@ -150,7 +151,7 @@ def test_controls_are_not_counted_and_a_wrong_outcome_marks_the_check_broken():
     assert set(v[v.role == "control"].method) == {"edge", "random"}
     assert (v[v.role == "control"].control_check == "as expected").all()
     assert summary_line(v) == ("1 model x method pairs: 0 rejected, 1 not rejected, 0 inconclusive (controls not "
-                               "counted); controls as expected")
+                               "counted); 0 cells decided by a value without a source; controls as expected")
     broken = pd.DataFrame(_curve("edge", [0.1, 0.1]) + _curve("gradient", [0.1, 0.1]))  # the edge map changed
     b = verdict_table({"cascading": broken}, config)
     assert b.set_index("method").loc["edge", "control_check"].startswith("UNEXPECTED: cascading gave not rejected")
@@ -215,8 +216,13 @@ def test_the_one_sided_error_the_family_wise_bound_uses_holds_in_simulated_audit
                            for k in range(1000)])
         above, covered = bounds[:, 0] > dist.median(), (bounds[:, 0] <= dist.median()) & (dist.median() <= bounds[:, 1])
         assert above.mean() <= ONE_SIDED_ERROR and covered.mean() >= 0.97, (n, above.mean(), covered.mean())
-    assert family_wise_error(7).endswith("at most 7 x 1.5% = 10.5% (Bonferroni's bound, whatever the dependence "
-                                         "between the checks); each check's own outcome keeps its 99 % interval")
+    assert family_wise_error(7).endswith("at most 7 x 1.5% = 10.5% over the 7 checks (Bonferroni's bound, whatever "
+                                         "the dependence between them); each check's own outcome keeps its 99 % "
+                                         "intervals")
+    # the demo's checks: CSC and the random logit read one interval, cascading and data randomization two each
+    from audit.checks import CHECKS
+    readings = sum(CHECKS[c].verdict.readings for c in ("csc", "random-logit", "cascading", "data-randomization"))
+    assert readings == 6 and "at most 6 x 1.5% = 9.0% over the 6 intervals (4 checks" in family_wise_error(4, readings)
 
 
 def test_holm_adjusts_a_family_of_p_values_as_derived_by_hand():

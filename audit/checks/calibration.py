@@ -38,7 +38,7 @@ import pandas as pd
 
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, MedianScore, VerdictCell, VerdictRule, scored_cell, too_few
 from audit.checks.options import Options
-from audit.checks.scale import Scale, nearer_unchanged, scale_of
+from audit.checks.scale import Scale, nearer_unchanged, reading, scale_of
 from audit.measures.statistics import bootstrap_ci
 
 # Cohen (1988), Statistical Power Analysis for the Behavioral Sciences, section 4.2: q = z1 - z2, the difference of
@@ -177,13 +177,13 @@ class Calibrated(VerdictRule):
             if measured is not None else None
         where = f"{scale.text()}, midpoint {scale.midpoint:.2f}"
         if floor is not None and floor.outcome == REJECTED:
-            return _cell(twin.score, REJECTED, f"an untrained copy keeps the map, {_read(floor)}; {where}", twin,
+            return _cell(twin.score, REJECTED, f"an untrained copy keeps the map, {reading(floor)}; {where}", twin,
                          reason="an untrained copy keeps the map: it does not depend on what the model learned")
         alone = "; no control twin" if measured is None else ""
         if twin.outcome == REJECTED:
-            return _cell(twin.score, REJECTED, f"{_read(twin)} nearer unchanged; {where}{alone}", twin)
+            return _cell(twin.score, REJECTED, f"{reading(twin)} nearer unchanged; {where}{alone}", twin)
         if measured is None:
-            return _cell(twin.score, twin.outcome, f"{_read(twin)}; {where}{alone}", twin)
+            return _cell(twin.score, twin.outcome, f"{reading(twin)}; {where}{alone}", twin)
         score, ceiling, untrained = measured
         d = self.differences(part)
         defined = np.isfinite(d)
@@ -198,11 +198,11 @@ class Calibrated(VerdictRule):
             cell = scored_cell(d, 0.0, label="nearer the control than the untrained copy by (z)", level=level,
                                groups=groups)
             outcome = _both(cell.outcome, floor.outcome)
-            return _cell(twin.score, outcome, f"{cell.text.split('(', 1)[1][:-1]}; {medians}; {where}", cell)
+            return _cell(twin.score, outcome, f"{reading(cell)}; {medians}; {where}", cell)
         outcome = _both(twin.outcome, floor.outcome)
         same = (f"the control twin and an untrained copy do not separate (z gap {gap:.2f} [{low_gap:.2f}, "
                 f"{high_gap:.2f}], under {SMALLEST_GAP:g}): the maps change with the seed as much as with the labels")
-        return _cell(twin.score, outcome, f"{_read(twin)}; {medians}; {same}; {where}", twin,
+        return _cell(twin.score, outcome, f"{reading(twin)}; {medians}; {same}; {where}", twin,
                      final=not high_gap >= SMALLEST_GAP)
 
     def rule_text(self, options: Options) -> str:
@@ -215,11 +215,6 @@ class Calibrated(VerdictRule):
                 "Fisher's z scale, not rejected when nearer the untrained copy; where they do not separate, not "
                 "rejected when the twin lies nearer the unrelated end; inconclusive where a reading's interval "
                 "contains its midpoint" + (f"; the {self.score_name} is {self.why}" if self.why else ""))
-
-
-def _read(cell: VerdictCell) -> str:
-    """A reading's median and interval from its cell's text, e.g. "twin 0.912 ... [0.01, 0.05]"."""
-    return cell.text.split("(", 1)[1].rsplit(")", 1)[0] if "(" in cell.text else cell.text
 
 
 def _both(reading: str | None, floor: str | None) -> str | None:

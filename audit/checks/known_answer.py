@@ -29,8 +29,6 @@ from audit.checks.stage_options import StageSettings
 from audit.inputs import Images, Labels, check_inputs
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps
 
-MIXED = ("edge", "gradient")  # the model-independent end, the model-dependent end
-
 
 def mixture(edge: torch.Tensor, gradient: torch.Tensor, weight: float) -> torch.Tensor:
     """``(1 - weight) * edge + weight * gradient`` of heatmaps (N, H, W), each image's map first scaled to a largest
@@ -80,8 +78,8 @@ def cascading_curve(model: nn.Module, x: Images, y: Labels, weights: Sequence[fl
         maps |= {"edge": stage.maps["edge"], "random": stage.maps["random"]}
         for method, values in maps.items():
             comparable = ComparableMaps(values)
-            if stage.stage == 0:
-                reference[method] = ReferenceMaps(values)
+            if stage.stage == 0:  # the trained model's maps, prepared once as the reference
+                reference[method] = ReferenceMaps(comparable)
             scores = reference[method].compare(comparable)
             parts.append(pd.DataFrame({"method": method, "stage": stage.stage, "layer": stage.layer,
                                        "image": np.arange(len(x)), "replicate": 0, **scores}))

@@ -55,7 +55,7 @@ from audit.checks.options import CONFIDENCE, Options, UnitContext, option
 from audit.checks.passes import Params, model_errors, prepare
 from audit.checks.reinit import BN_POLICIES, INITS, reinitialise, reinitialise_part, reset_batchnorm
 from audit.checks.replicates import joined, per_seed
-from audit.checks.scale import Scale, nearer_unchanged, scale_of
+from audit.checks.scale import Scale, nearer_unchanged, reading, scale_of
 from audit.checks.stage_options import GRID_SCALES, ORDERS, StageOptions, StageSettings, measures_option, stage_settings
 from audit.checks.stages import Stage, randomization_plan
 from audit.data.preprocess import Preprocess, preprocess_from
@@ -448,7 +448,7 @@ class Survival(VerdictRule):
         looks = looked(level, int(head.defined.iloc[-1] + head.undefined.iloc[-1]))
         score = f"after {last.layer}: {last['median']:.3f} [{last.low:.3f}, {last.high:.3f}]"
         where = f"{scale.text()}, midpoint {scale.midpoint:.2f}"
-        read = floor.text.split("(", 1)[1].rsplit(")", 1)[0]
+        read = reading(floor)
         constant = int(last_rows[self.metric].isna().sum() - floors.isna().sum())
         if constant:
             read += f"; {constant} constant maps of the fully randomized model read as unrelated"

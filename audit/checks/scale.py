@@ -53,10 +53,6 @@ class Scale:
         """The score equally near both ends: above it a map lies nearer "unchanged"."""
         return (self.unchanged + self.unrelated) / 2
 
-    def position(self, score: float) -> float:
-        """Where ``score`` lies on the scale: 0 at the unrelated end, 1 at the unchanged end."""
-        return (score - self.unrelated) / (self.unchanged - self.unrelated)
-
     def text(self) -> str:
         """The ends in words, for a verdict's text."""
         how = "the controls" if self.measured else "the measure's own ends (no controls run)"
@@ -89,6 +85,12 @@ def nearer_unchanged(values: np.ndarray, scale: Scale, label: str, *, level: flo
     when it contains the midpoint or too few scores are defined (:func:`~audit.checks.base.scored_cell`, ``label``
     and ``groups`` as there)."""
     return scored_cell(np.asarray(values, dtype=float), scale.midpoint, label=label, level=level, groups=groups)
+
+
+def reading(cell: VerdictCell) -> str:
+    """What a reading's cell text holds between its outcome's parentheses (its median, interval and notes), to be
+    quoted in another cell's text; the whole text where it has none."""
+    return cell.text.split("(", 1)[1].rsplit(")", 1)[0] if "(" in cell.text else cell.text
 
 
 def controls_in(table: pd.DataFrame | None, model: str | None = None) -> pd.DataFrame | None:

@@ -52,8 +52,9 @@ def execute(run: Run, *, progress: bool) -> Ledger:
         looked += items
         work.compute(items, f"look {look} of {config.looks}")
         run.shard.barrier()  # every rank's blocks of this look are written: each reads them and decides alike
+        scales: dict[str, pd.DataFrame] = {}  # the controls' rows per model x check, read once per look
         units = {key: unit for key, unit in units.items()
-                 if unit[1].per_image and undecided(run, done[key], controls_of(done, key))}
+                 if unit[1].per_image and undecided(run, done[key], _controls(run, done, key, scales))}
         if not units:
             break
     return work.ledger(tuple(looked))
@@ -66,23 +67,31 @@ def controls_of(done: dict[str, list[WorkItem]], key: str) -> list[WorkItem]:
     return [item for name in (UNCHANGED, UNRELATED) for item in done.get(f"{base}/{name}", [])]
 
 
+def _controls(run: Run, done: dict[str, list[WorkItem]], key: str, read: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The rows of the controls' blocks of the cell ``key``'s model and check, read once into ``read``."""
+    base = key.rsplit("/", 1)[0]
+    if base not in read:
+        read[base] = _blocks(run, controls_of(done, key))
+    return read[base]
+
+
 def _blocks(run: Run, items: list[WorkItem]) -> pd.DataFrame:
     """The rows of the blocks ``items`` (with their ``method``), read from their files; empty where none has rows."""
     tables = [t for t in (read_table(item.path(run.out, run.labels)) for item in items) if not t.empty]
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
 
 
-def undecided(run: Run, items: list[WorkItem], controls: list[WorkItem] | None = None) -> bool:
+def undecided(run: Run, items: list[WorkItem], controls: pd.DataFrame | None = None) -> bool:
     """Whether the verdict of the cell whose blocks are ``items`` is still inconclusive, or not yet final, on the
-    images they hold, read on the scale of its ``controls``' blocks (read from their files, so that every rank and
-    a resumed run decide alike); a cell the check says nothing of is decided."""
+    images they hold, read on the scale of its ``controls``' rows (both read from their files, so that every rank
+    and a resumed run decide alike); a cell the check says nothing of is decided."""
     check = items[0].check
     if check.verdict is None or items[0].unit(run.out, run.labels).exists():  # joined by a finished run
         return False
     part = _blocks(run, items)
     if part.empty:
         return False
-    cell = check.verdict.evaluate(part, run.options[check.name], controls=_blocks(run, controls or []))
+    cell = check.verdict.evaluate(part, run.options[check.name], controls=controls)
     return cell.outcome == INCONCLUSIVE or not cell.final
 
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -472,7 +475,40 @@ def build_method(name: str, **params: Any) -> Method:
     if bad:
         raise AttributionError(f"method {name!r} has no parameter {', '.join(sorted(bad))}; "
                           f"parameters: {', '.join(accepted) or 'none'}")
+    for key, value in params.items():
+        _check_type(name, key, value, _hints(builder).get(key))
     return builder(**params)
+
+
+# the types a parameter's value is checked against; a parameter of another type (a baseline: a number or a sequence)
+# is normalised by its builder, with an error of its own
+_SIMPLE = {int, float, bool, str, type(None)}
+
+
+@functools.cache
+def _hints(builder: Callable[..., Method]) -> dict[str, Any]:
+    """A builder's parameter types ({} where they cannot be read)."""
+    try:
+        return typing.get_type_hints(builder)
+    except (NameError, TypeError):
+        return {}
+
+
+def _check_type(method: str, key: str, value: Any, hint: Any) -> None:
+    """An :class:`AttributionError` where ``value`` is not of the builder's declared type for ``key`` (an integer
+    is a float, numpy's scalars count, a bool is no number); a type other than the simple ones (:data:`_SIMPLE`)
+    is left to the builder."""
+    kinds = {typing.get_origin(k) or k for k in (typing.get_args(hint) if typing.get_origin(hint) in
+                                                  (typing.Union, types.UnionType) else (hint,))}
+    if hint is None or not kinds <= _SIMPLE:
+        return
+    numeric = {int: numbers.Integral, float: numbers.Real}  # numpy's scalars too; a float parameter takes an int
+    fits = any(isinstance(value, numeric.get(k, k)) and not (k in numeric and isinstance(value, bool))
+               for k in kinds)
+    if not fits:
+        wanted = " or ".join(sorted("None" if k is type(None) else k.__name__ for k in kinds))
+        raise AttributionError(f"method {method!r}: parameter {key} must be {wanted}, got {value!r} "
+                               f"({type(value).__name__})")
 
 
 def takes_baseline(name: str) -> bool:

@@ -26,6 +26,7 @@ from audit.checks.base import VerdictCell
 from audit.checks.randomization import CHECKS as RANDOMIZATION
 from audit.checks.randomization import stage_maps
 from audit.checks.stage_options import StageSettings
+from audit.errors import ConfigError
 from audit.inputs import Images, Labels, check_inputs
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps
 
@@ -66,7 +67,7 @@ def cascading_curve(model: nn.Module, x: Images, y: Labels, weights: Sequence[fl
     """
     for w in weights:
         if not 0 <= w <= 1:
-            raise ValueError(f"a mixture's weight must lie in [0, 1], got {w}")
+            raise ConfigError(f"a mixture's weight must lie in [0, 1], got {w}")
     x, y = check_inputs(model, x, y)
     settings = stages if stages is not None else StageSettings(order="cascading")
     names = [f"mixture@{w:g}" for w in weights]

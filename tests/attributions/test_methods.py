@@ -257,3 +257,21 @@ def test_smoothgrads_noise_is_the_same_on_every_model_so_a_map_meets_itself():
         last.weight.mul_(2.0)
         last.bias.mul_(2.0)
     _close(Explainer(other, "smoothgrad", samples=4).attribute(x, target=1), 2 * first)
+
+
+@pytest.mark.parametrize("name, params, message", [
+    ("smoothgrad", {"seed": "x"}, "parameter seed must be None or int, got 'x'"),
+    ("smoothgrad", {"seed": 1.5}, "parameter seed must be None or int, got 1.5"),
+    ("smoothgrad", {"samples": True}, "parameter samples must be int, got True"),
+    ("grad-cam", {"relu": 1}, "parameter relu must be bool, got 1"),
+    ("rectgrad", {"q": "98"}, "parameter q must be float, got '98'")])
+def test_a_parameter_of_the_wrong_type_is_the_toolkits_error(name, params, message):
+    import numpy as np
+
+    from attributions.errors import AttributionError
+    from attributions.methods import build_method
+    with pytest.raises(AttributionError, match=message):
+        build_method(name, **params)
+    # what the types allow: an integer for a float, numpy's scalars, None where declared
+    for ok in ({"noise": 1}, {"samples": np.int64(4)}, {"noise": np.float32(0.1)}, {"seed": None}):
+        build_method("smoothgrad", **ok)

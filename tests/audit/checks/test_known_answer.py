@@ -7,6 +7,7 @@ import torch
 
 from audit import embedded_sample, load_checkpoint
 from audit.checks.known_answer import cascading_curve, mixture, resolution
+from audit.errors import AuditError, ConfigError
 
 
 def test_a_mixture_weighs_each_map_scaled_to_a_largest_magnitude_of_one():
@@ -36,5 +37,8 @@ def test_the_resolution_is_the_last_weight_of_the_rejected_run():
                                                                        "rejected"]})
     assert resolution(curve) == 0.2
     assert resolution(curve.assign(outcome="not rejected")) is None
-    with pytest.raises(ValueError, match="weight must lie in"):
+    with pytest.raises(ConfigError, match="weight must lie in"):
         cascading_curve(torch.nn.Linear(2, 2), torch.zeros(1, 2), torch.zeros(1, dtype=torch.long), weights=(1.5,))
+    x, y = embedded_sample()
+    with pytest.raises(AuditError, match="labels"):  # the audit's own check of the images and labels
+        cascading_curve(load_checkpoint("cnn-sgd"), torch.from_numpy(x[:4]), torch.from_numpy(y[:3]))

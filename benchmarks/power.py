@@ -19,7 +19,7 @@ from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE
 from audit.checks.calibration import SMALLEST_GAP, Calibrated
 from audit.checks.options import Options
-from audit.checks.scale import controls_in, scale_of
+from audit.checks.scale import controls_in
 from audit.cli import DEMO_METHODS
 from audit.run import AuditConfig, load_config, run_audit
 
@@ -44,8 +44,8 @@ def _effect(check: str, part: pd.DataFrame, options: Options, controls: pd.DataF
         scores = rule.per_image(part)
         if scores is None:  # a verdict on a score that is not per image has no spread to measure against
             raise ValueError(f"check {check!r}: its verdict's score is not per image")
-        at = getattr(options, rule.threshold) if rule.threshold else \
-            scale_of(controls, getattr(rule, "metric", "ssim")).midpoint  # a verdict read on the controls' scale
+        scale = rule.scale(controls)  # a verdict read on the controls' scale, else against its threshold
+        at = scale.midpoint if scale is not None else getattr(options, rule.threshold)
         values = scores.to_numpy(dtype=float)
     values = values[np.isfinite(values)]
     spread = float(np.subtract(*np.percentile(values, [75, 25]))) if len(values) else np.nan

@@ -38,6 +38,7 @@ from reports.verdict import (
     broken_checks,
     display_columns,
     family_wise_error,
+    scales_table,
     score_columns,
     summary_line,
     verdict_table,
@@ -103,8 +104,19 @@ def _verdict_section(verdict: pd.DataFrame, tables: dict[str, Any], config: Audi
     thresholds = _verdict_text(verdict, tables, config)
     evidence = evidence_table(verdict, tables, config)
     sensitivity = sensitivity_table(tables, config)
+    scales = scales_table(tables, config)
+    dependent = verdict[verdict.get("measure_dependent", pd.Series("", index=verdict.index)).astype(bool)]
     return Section("Verdict", thresholds, tables=[Table(verdict[display_columns(verdict)],
                                                         "Verdict per model and method.", "verdict")]
+                   + ([Table(scales, "The scales the randomization verdicts read on: per check, measure and model, "
+                                     "the random map's median score (unrelated), the edge map's (unchanged) and "
+                                     "their midpoint; a score nearer the unchanged end is read as unchanged.",
+                             "scales")] if not scales.empty else [])
+                   + ([Table(dependent[["model", "method", "measure_dependent"]].rename(
+                       columns={"measure_dependent": "outcome by measure"}),
+                       "Measure-dependent outcomes: the pairs where one measure of a check rejects and another does "
+                       "not (the verdict column reads each check's own measure).", "measure_dependent")]
+                      if not dependent.empty else [])
                    + ([Table(evidence, "The measurements behind the mechanism column: for each rejected method "
                                        "and each check that rejected it, every mechanism that could explain it, "
                                        "whether it holds, and what was measured.", "mechanisms")]

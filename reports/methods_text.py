@@ -151,7 +151,7 @@ def _check_paragraph(manifest: dict[str, Any], config: dict[str, Any], name: str
     if covered:
         text += " " + _coverage_sentence(covered)
     rule = check.verdict
-    if rule is not None and getattr(rule, "threshold", None) in config:
+    if rule is not None and (not rule.threshold or rule.threshold in config):  # a scale rule reads no threshold
         text += f" A method is {rule.rule_text(check.options_from(config))}."
     if check.needs_twin:
         text += _twin_sentence(manifest, name)

@@ -121,6 +121,26 @@ def verdict_table(tables: dict[str, Any], config: AuditConfig) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def scales_table(tables: dict[str, Any], config: AuditConfig) -> pd.DataFrame:
+    """The scales the verdicts read on (:mod:`audit.checks.scale`), once per check, rule's measure and model: the
+    random map's score (unrelated), the edge map's (unchanged), their midpoint and where the ends come from; the
+    verdict cells do not repeat them."""
+    rows = []
+    for name, rule, _, _ in _rules(tables, config):
+        table = tables.get(name)
+        if table is None or table.empty or getattr(rule, "metric", None) not in table:  # a measure not measured
+            continue
+        for model in dict.fromkeys(table.model):
+            scale = rule.scale(controls_in(table, model))
+            if scale is None:
+                continue
+            rows.append({"check": name, "measure": rule.score_name, "model": model,
+                         "unrelated": round(scale.unrelated, 3), "unchanged": round(scale.unchanged, 3),
+                         "midpoint": round(scale.midpoint, 3),
+                         "ends": "the controls" if scale.measured else "the measure's own (no controls run)"})
+    return pd.DataFrame(rows, columns=["check", "measure", "model", "unrelated", "unchanged", "midpoint", "ends"])
+
+
 def unsourced(check: str, option: str) -> bool:
     """Whether the option ``option`` of ``check``, whose fixed value decided a cell, has no source (a paper's value
     or a calibration measured in the run: :attr:`~audit.checks.options.Option.source`)."""
@@ -194,8 +214,7 @@ def display_columns(verdict: pd.DataFrame) -> list[str]:
     check's), the verdict, the mechanism and the controls' check."""
     rules = [r for c in CHECKS.values() for r in ((c.verdict,) if c.verdict is not None else ()) + tuple(c.side_rules)]
     texts = [r.text_column for r in rules if r.text_column in verdict]
-    return ["model", "method"] + texts + [c for c in ("verdict", "measure_dependent", "mechanism", "control_check")
-                                          if c in verdict]
+    return ["model", "method"] + texts + [c for c in ("verdict", "mechanism", "control_check") if c in verdict]
 
 
 def score_columns(verdict: pd.DataFrame) -> list[str]:

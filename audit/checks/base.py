@@ -170,6 +170,11 @@ class VerdictRule:
         """The fields of the check's options the rule reads (none for a rule read on the controls' scale)."""
         return (self.threshold,) if self.threshold else ()
 
+    def scale(self, controls: pd.DataFrame | None) -> Any:
+        """The :class:`~audit.checks.scale.Scale` the rule reads its scores on, from the model's ``controls`` rows;
+        None for a rule read against a threshold."""
+        return None
+
     @property
     def readings(self) -> int:
         """How many intervals the rule reads that can each reject (the family-wise error counts them)."""

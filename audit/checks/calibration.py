@@ -103,6 +103,9 @@ class Calibrated(VerdictRule):
     def readings(self) -> int:
         return 2  # the untrained copy on the controls' scale, and the twin (on the scale or between the references)
 
+    def scale(self, controls: pd.DataFrame | None) -> Scale:
+        return scale_of(controls, self.metric)
+
     def per_image(self, part: pd.DataFrame) -> pd.Series:
         """The per-image scores against the twin (not the calibrated differences: a paired comparison of two models
         compares what each model's maps did)."""
@@ -169,21 +172,21 @@ class Calibrated(VerdictRule):
         if self.metric not in part:
             return VerdictCell(float("nan"), "n/a", None)
         level, groups = options.interval_level, self.replicates(part)
-        scale = scale_of(controls, self.metric)
+        scale = self.scale(controls)
         rows = part.sort_values("image")
         twin = nearer_unchanged(rows[self.metric].to_numpy(float), scale, "twin", level=level)
         measured = self.references(part)
         floor = nearer_unchanged(self.floor_scores(part, scale), scale, "untrained", level=level, groups=groups) \
             if measured is not None else None
-        where = f"{scale.text()}, midpoint {scale.midpoint:.2f}"
+        where = scale.note()
         if floor is not None and floor.outcome == REJECTED:
-            return _cell(twin.score, REJECTED, f"an untrained copy keeps the map, {reading(floor)}; {where}", twin,
+            return _cell(twin.score, REJECTED, f"an untrained copy keeps the map, {reading(floor)}{where}", twin,
                          reason="an untrained copy keeps the map: it does not depend on what the model learned")
         alone = "; no control twin" if measured is None else ""
         if twin.outcome == REJECTED:
-            return _cell(twin.score, REJECTED, f"{reading(twin)} nearer unchanged; {where}{alone}", twin)
+            return _cell(twin.score, REJECTED, f"{reading(twin)} nearer unchanged{where}{alone}", twin)
         if measured is None:
-            return _cell(twin.score, twin.outcome, f"{reading(twin)}; {where}{alone}", twin)
+            return _cell(twin.score, twin.outcome, f"{reading(twin)}{where}{alone}", twin)
         score, ceiling, untrained = measured
         d = self.differences(part)
         defined = np.isfinite(d)
@@ -198,23 +201,24 @@ class Calibrated(VerdictRule):
             cell = scored_cell(d, 0.0, label="nearer the control than the untrained copy by (z)", level=level,
                                groups=groups)
             outcome = _both(cell.outcome, floor.outcome)
-            return _cell(twin.score, outcome, f"{reading(cell)}; {medians}; {where}", cell)
+            return _cell(twin.score, outcome, f"{reading(cell)}; {medians}{where}", cell)
         outcome = _both(twin.outcome, floor.outcome)
         same = (f"the control twin and an untrained copy do not separate (z gap {gap:.2f} [{low_gap:.2f}, "
                 f"{high_gap:.2f}], under {SMALLEST_GAP:g}): the maps change with the seed as much as with the labels")
-        return _cell(twin.score, outcome, f"{reading(twin)}; {medians}; {same}; {where}", twin,
+        return _cell(twin.score, outcome, f"{reading(twin)}; {medians}; {same}{where}", twin,
                      final=not high_gap >= SMALLEST_GAP)
 
     def rule_text(self, options: Options) -> str:
-        return (f"on the controls' scale (the edge map's score: unchanged; the random map's: unrelated), image by "
-                f"image, the 99 % interval of the median: rejected when an untrained copy's {self.score_name} to the "
-                "model's map lies nearer the unchanged end (the map does not depend on what the model learned), or "
-                f"when the permuted-label twin's does ({self.failure}); else, where the control twin (the same "
+        return (f"rejected when an untrained copy's {self.score_name} to the model's map lies nearer the edge map's "
+                "score (unchanged) than the random map's (unrelated), both measured in the run (the map does not "
+                "depend on what the model learned), or when the permuted-label twin's does "
+                f"({self.failure}); else, where the control twin (the same "
                 "recipe on the true labels) and the untrained copy separate by Cohen's small difference (z gap "
                 f"{SMALLEST_GAP:g}), rejected when the twin lies nearer the control than the untrained copy on "
                 "Fisher's z scale, not rejected when nearer the untrained copy; where they do not separate, not "
                 "rejected when the twin lies nearer the unrelated end; inconclusive where a reading's interval "
-                "contains its midpoint" + (f"; the {self.score_name} is {self.why}" if self.why else ""))
+                "contains its midpoint; each reading per image, on the 99 % interval of the median"
+                + (f"; the {self.score_name} is {self.why}" if self.why else ""))
 
 
 def _both(reading: str | None, floor: str | None) -> str | None:
@@ -254,6 +258,9 @@ class NearerThanUnrelated(MedianScore):
     threshold: str = ""
     floor: str = "unrelated_spearman"
 
+    def scale(self, controls: pd.DataFrame | None) -> Scale:
+        return scale_of(controls, self.metric, self.select)
+
     def evaluate(self, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> VerdictCell:
         """The calibrated outcome; the score read on the controls' scale where no floor was measured. Score: the
         median ``metric``."""
@@ -263,10 +270,10 @@ class NearerThanUnrelated(MedianScore):
         score = rows[self.metric].to_numpy(float)
         groups = self.replicates(part)
         if self.floor not in rows or not np.isfinite(rows[self.floor].to_numpy(float)).any():
-            scale = scale_of(controls, self.metric, self.select)
+            scale = self.scale(controls)
             cell = nearer_unchanged(score, scale, self.score_name, level=options.interval_level, groups=groups)
             return dataclasses.replace(cell, text=f"{cell.text[:-1]}; no unrelated map measured (one image per "
-                                                  f"seed): {scale.text()})")
+                                                  f"seed): read on the controls' scale{scale.note()})")
         floor = rows[self.floor].to_numpy(float)
         cell = scored_cell(nearer(score, 1.0, floor), 0.0, label="nearer its trained map than an unrelated one by",
                            level=options.interval_level, groups=groups)
@@ -297,13 +304,16 @@ class OnScale(MedianScore):
 
     threshold: str = ""
 
+    def scale(self, controls: pd.DataFrame | None) -> Scale:
+        return scale_of(controls, self.metric, self.select)
+
     def evaluate(self, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> VerdictCell:
         if self.metric not in part:
             return VerdictCell(float("nan"), "n/a", None)
-        scale = scale_of(controls, self.metric, self.select)
+        scale = self.scale(controls)
         cell = nearer_unchanged(self.per_image(part).to_numpy(float), scale, "", level=options.interval_level,
                                 groups=self.replicates(part))
-        return dataclasses.replace(cell, text=f"{cell.text[:-1]}; {scale.text()})")
+        return dataclasses.replace(cell, text=f"{cell.text[:-1]}{scale.note()})")
 
     def rule_text(self, options: Options) -> str:
         return (f"rejected ({self.failure}) when the 99 % interval of the median {self.score_name} lies nearer the "

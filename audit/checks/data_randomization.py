@@ -28,7 +28,7 @@ from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import Params, prepare
 from audit.checks.randomization import heatmap_pages, untrained_copy
 from audit.checks.replicates import replicates, seed_groups
-from audit.checks.scale import UNCHANGED, UNRELATED, scale_of
+from audit.checks.scale import controls_in, scale_of
 from audit.checks.stage_options import TARGETS, heatmap_scale, images_per_seed_option, measures_option
 from audit.data.preprocess import preprocess_from
 from audit.errors import AuditError
@@ -208,7 +208,7 @@ def data_figure(table: pd.DataFrame, model: str) -> Figure:
     midpoint (:mod:`audit.checks.scale`); triangles: the medians of the calibrated verdict's references, where the
     model has a control twin."""
     part = table[table.model == model]
-    scale = scale_of(part[part.method.isin([UNCHANGED, UNRELATED])], "spearman_abs")
+    scale = scale_of(controls_in(part), "spearman_abs")  # the verdict's measure
     references = {"control twin": "control_spearman_abs", "untrained": "untrained_spearman_abs"}
     fig = score_boxes(part, "spearman_abs", scale.midpoint, "Spearman of |map|, model vs twin", references)
     calibrated = "control_spearman_abs" in part and part.control_spearman_abs.notna().any()

@@ -425,6 +425,9 @@ class Survival(VerdictRule):
     def readings(self) -> int:
         return 2  # the floor on the controls' scale, and the survival of the top part
 
+    def scale(self, controls: pd.DataFrame | None) -> Scale:
+        return scale_of(controls, self.metric, lambda rows: rows[rows.stage > 0])  # at stage 0 every map meets itself
+
     def per_image(self, part: pd.DataFrame) -> pd.Series:
         rows = part[part.stage == 1].sort_values("image")  # after the logit layer is randomized
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
@@ -434,7 +437,7 @@ class Survival(VerdictRule):
         if intervals.empty:
             return VerdictCell(float("nan"), "n/a", None)
         level, top = options.interval_level, min(getattr(options, self.top), len(intervals))
-        scale = scale_of(controls, self.metric, lambda rows: rows[rows.stage > 0])
+        scale = self.scale(controls)
         last_rows = part[part.stage == part.stage.max()].sort_values("image")
         floors = floor_scores(part, self.metric, scale)
         floor = nearer_unchanged(floors.to_numpy(float), scale, "full randomization", level=level,
@@ -447,18 +450,18 @@ class Survival(VerdictRule):
         undefined = int(head.undefined.sum())
         looks = looked(level, int(head.defined.iloc[-1] + head.undefined.iloc[-1]))
         score = f"after {last.layer}: {last['median']:.3f} [{last.low:.3f}, {last.high:.3f}]"
-        where = f"{scale.text()}, midpoint {scale.midpoint:.2f}"
-        read = reading(floor)
+        where = scale.note()
+        read = reading(floor, notes=False)  # the seeds' spread and the look are the cell's own
         constant = int(last_rows[self.metric].isna().sum() - floors.isna().sum())
         if constant:
             read += f"; {constant} constant maps of the fully randomized model read as unrelated"
         if floor.outcome == REJECTED:
             return VerdictCell(float(last["median"]), f"{REJECTED}: the map does not depend on the weights, the fully "
-                               f"randomized model keeps it ({read}; {where}; {score})", REJECTED, undefined,
+                               f"randomized model keeps it ({read}; {score}{where})", REJECTED, undefined,
                                reason=f"the fully randomized model keeps the map ({self.score_name})")
         if top >= len(intervals):  # no stage below the top part gives a floor: the floor's reading is the check
-            return VerdictCell(float(last["median"]), f"{floor.outcome} ({read}; {where}; the top part is the whole "
-                               "model)", floor.outcome, undefined)
+            return VerdictCell(float(last["median"]), f"{floor.outcome} ({read}; the top part is the whole "
+                               f"model{where})", floor.outcome, undefined)
         near = stage_intervals(nearness(part, self.metric, scale), self.metric, level)
         outcome, kept = _curve_outcome(near, 0.0, top)
         if outcome == NOT_REJECTED and floor.outcome != NOT_REJECTED:
@@ -466,19 +469,18 @@ class Survival(VerdictRule):
         at = near.iloc[top - 1]
         return VerdictCell(float(last["median"]), f"{outcome} ({score}; nearer the trained map than the fully "
                            f"randomized model's by {at['median']:.3f} [{at.low:.3f}, {at.high:.3f}]; "
-                           f"{_stop(near, kept)}; {read}; {where}{spread}{looks})", outcome, undefined)
+                           f"{_stop(near, kept)}; {read}{where}{spread}{looks})", outcome, undefined)
 
     def rule_text(self, options: Options) -> str:
         top = getattr(options, self.top)
         part = "the logit layer (the first cascading stage)" if top == 1 else f"the first {top} cascading stages"
-        return (f"on the controls' scale (the edge map's score: unchanged; the random map's: unrelated), image by "
-                f"image, the 99 % interval of the median: rejected when the fully randomized model's map has a "
-                f"{self.score_name} to the trained map nearer the unchanged end (the map does not depend on the "
-                f"weights); else rejected ({self.failure}) when the map survives the randomization of {part}: its "
-                f"{self.score_name} to the trained map lies nearer the trained map's own (1) than the fully "
-                "randomized model's (the last stage) at each of them; not rejected when the floor lies nearer the "
-                "unrelated end and some stage of the top part lies wholly below its survival level; else "
-                "inconclusive")
+        return (f"rejected when the fully randomized model's map has a {self.score_name} to the trained map nearer the "
+                "edge map's score (unchanged) than the random map's (unrelated), both measured in the run (the map "
+                f"does not depend on the weights), or when it survives the randomization of {part} "
+                f"({self.failure}): its {self.score_name} to the trained map lies nearer the trained map's own (1) "
+                "than the fully randomized model's (the last stage) at each of them; not rejected when the fully "
+                "randomized model's lies nearer the unrelated end and some stage of the top part lies below its "
+                "survival level; else inconclusive; each reading per image, on the 99 % interval of the median")
 
 
 def floor_scores(part: pd.DataFrame, metric: str, scale: Scale) -> pd.Series:

@@ -54,9 +54,14 @@ class Scale:
         return (self.unchanged + self.unrelated) / 2
 
     def text(self) -> str:
-        """The ends in words, for a verdict's text."""
+        """The ends in words, for a figure's caption."""
         how = "the controls" if self.measured else "the measure's own ends (no controls run)"
         return f"scale {self.unrelated:.2f} (unrelated) to {self.unchanged:.2f} (unchanged), {how}"
+
+    def note(self) -> str:
+        """What a verdict cell adds about its scale: nothing where the controls measured the ends (the report's
+        table of scales gives them, once per check, model and measure), else that the measure's own ends stood."""
+        return "" if self.measured else "; the measure's own ends 1 and 0 (no controls run)"
 
 
 def scale_of(controls: pd.DataFrame | None, metric: str,
@@ -87,10 +92,12 @@ def nearer_unchanged(values: np.ndarray, scale: Scale, label: str, *, level: flo
     return scored_cell(np.asarray(values, dtype=float), scale.midpoint, label=label, level=level, groups=groups)
 
 
-def reading(cell: VerdictCell) -> str:
-    """What a reading's cell text holds between its outcome's parentheses (its median, interval and notes), to be
-    quoted in another cell's text; the whole text where it has none."""
-    return cell.text.split("(", 1)[1].rsplit(")", 1)[0] if "(" in cell.text else cell.text
+def reading(cell: VerdictCell, notes: bool = True) -> str:
+    """What a reading's cell text holds between its outcome's parentheses, to be quoted in another cell's text: its
+    median and interval, and (``notes``) what follows them (the seeds' spread, the look, the undefined images, which
+    the quoting cell may give once for all its readings); the whole text where it has none."""
+    inner = cell.text.split("(", 1)[1].rsplit(")", 1)[0] if "(" in cell.text else cell.text
+    return inner if notes else inner.split(";")[0]
 
 
 def controls_in(table: pd.DataFrame | None, model: str | None = None) -> pd.DataFrame | None:

@@ -54,10 +54,11 @@ def test_report_files_and_sections(built, finished):
                  "figures/heatmaps_cnn-bort_image1.png"):
         assert (out / name).exists(), name
     tex = (out / "tables.tex").read_text()
-    # the two papers' tables (Sixt's CSC, Adebayo's cascading), the verdict, the mechanisms' measurements, the
-    # thresholds' sensitivity, Bort vs baseline, the models
-    assert tex.count(r"\label{tab:") == tex.count(r"\bottomrule") == 7 and r"\begin{tabular}" in tex
-    assert r"\label{tab:sensitivity}" in tex
+    # the two papers' tables (Sixt's CSC, Adebayo's cascading), the verdict, the scales it read on, the pairs whose
+    # outcome depends on the measure, the mechanisms' measurements, the thresholds' sensitivity, Bort vs baseline,
+    # the models
+    assert tex.count(r"\label{tab:") == tex.count(r"\bottomrule") == 9 and r"\begin{tabular}" in tex
+    assert all(rf"\label{{tab:{t}}}" in tex for t in ("sensitivity", "scales", "measure_dependent"))
     assert r"\label{tab:mechanisms}" in tex
     csc = pd.read_csv(out / "results" / "csc.csv")
     assert set(csc.model) == {"cnn-sgd", "cnn-bort"} and "edge" not in set(csc.method)

@@ -75,3 +75,11 @@ def test_a_model_of_unknown_training_is_not_said_to_be_trained_with_unknown():
                             "test_accuracy": float("nan")}])
     text = dict(methods_text.paragraphs(manifest(), models))["Models"]
     assert "unknown" not in text and "timm:resnet18 (architecture timm:resnet18)" in text
+
+
+def test_a_verdict_read_on_the_controls_scale_states_its_rule_in_the_methods_text():
+    """Cascading reads no threshold: its paragraph still says how it rejects, on the scale the controls measure."""
+    text = dict(methods_text.paragraphs(manifest(), MODELS))
+    cascading = text["Parameter randomization (cascading)"]
+    assert "A method is rejected when the fully randomized model's map has a SSIM to the trained map nearer the edge " \
+        "map's score (unchanged) than the random map's (unrelated)" in cascading

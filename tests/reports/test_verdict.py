@@ -88,7 +88,7 @@ def test_each_check_rejects_on_its_own_and_reasons_are_joined():
     assert v.loc["deeplift", "random_logit"].startswith("rejected (0.900 [")
     assert list(v.reset_index()[display_columns(v.reset_index())].columns) == [
         "model", "method", "collapse_layer", "random_logit", "cascading", "cascading_spearman_abs",
-        "cascading_spearman", "verdict", "measure_dependent", "mechanism", "control_check"]
+        "cascading_spearman", "verdict", "mechanism", "control_check"]
 
 
 def test_an_interval_that_contains_the_threshold_is_inconclusive():
@@ -261,3 +261,19 @@ def test_the_nested_interval_holds_that_error_over_eight_seeds_where_three_do_no
             assert above <= ONE_SIDED_ERROR and covered >= 0.97, (ratio, n, above, covered)
     above, covered = audits(0.8, 3, 64)
     assert above > ONE_SIDED_ERROR and covered < 0.97, (above, covered)
+
+
+def test_the_scales_are_given_once_per_check_measure_and_model_not_in_every_cell():
+    """The random map at 0.1 and the edge map at 1 on every randomized stage: the cascading SSIM's scale is 0.1 to
+    1 with its midpoint 0.55, stated once in the scales table; a measure the table does not hold and a check read
+    against a threshold have no row."""
+    from reports.verdict import scales_table
+
+    cascade = pd.DataFrame(_curve("gradient", [0.1, 0.05]) + _curve("edge", [1.0, 1.0]) + _curve("random", [0.1, 0.1]))
+    logit = pd.DataFrame(_per_image("gradient", _around(0.2)))
+    table = scales_table({"cascading": cascade, "random-logit": logit}, CONFIG)
+    assert list(table.check) == ["cascading"] and list(table.measure) == ["SSIM"]
+    ssim = table[table.measure == "SSIM"].iloc[0]
+    assert (ssim.unrelated, ssim.unchanged, ssim.midpoint, ssim.ends) == (0.1, 1.0, 0.55, "the controls")
+    cell = verdict_table({"cascading": cascade}, CONFIG).set_index("method").loc["gradient", "cascading"]
+    assert "0.55" not in cell and "unchanged)" not in cell

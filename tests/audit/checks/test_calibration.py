@@ -102,7 +102,8 @@ def test_the_scale_is_the_controls_where_they_ran():
     twin lies nearer the unrelated end (not rejected), where the measure's own ends (midpoint 0.5) would reject."""
     part = _rows(0.6, np.nan, np.nan, noise=0.0)
     measured = RULE.evaluate(part, OPTIONS, controls=_controls(1.0, 0.3))
-    assert measured.outcome == NOT_REJECTED and "0.30 (unrelated) to 1.00 (unchanged), the controls" in measured.text
+    assert measured.outcome == NOT_REJECTED and "no controls run" not in measured.text
+    assert RULE.scale(_controls(1.0, 0.3)).midpoint == pytest.approx(0.65)
     assert RULE.evaluate(part, OPTIONS).outcome == REJECTED
     # controls that do not order (the edge below the random map) are no scale: the measure's own ends stand
     assert "no controls run" in RULE.evaluate(part, OPTIONS, controls=_controls(0.2, 0.3)).text

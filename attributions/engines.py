@@ -6,6 +6,7 @@ so adding a method outside the rule engine adds an engine class, not a branch.
 from __future__ import annotations
 
 import contextlib
+import zlib
 from typing import Any
 
 import torch
@@ -103,11 +104,12 @@ class IntegratedGradientsEngine(Engine):
 class SmoothGradEngine(Engine):
     """captum's NoiseTunnel (smoothgrad) around a base method: the plain gradient (SmoothGrad,
     Smilkov et al. 2017), or integrated gradients from the method's baseline with ``n_steps`` steps
-    (SmoothGrad over IG, as Adebayo et al. 2018 audit it). ``noise`` is sigma as a fraction of the
-    input range; every noisy copy is explained for the same target. ``seed``: the noise of every call is drawn
-    with the global generator seeded at it (the caller's generator restored after), so the same images get the
-    same noise on every model, stage, twin and target, and a map's similarity to itself is 1, the ceiling the
-    randomization checks read against; None draws from the global generator as it goes (captum's own way)."""
+    (SmoothGrad over IG, as Adebayo et al. 2018 audit it). ``noise`` is sigma as a fraction of each image's range
+    (Smilkov et al.'s noise level); every noisy copy is explained for the same target. ``seed``: each image's noise
+    is drawn with the global generator seeded at :meth:`image_seed` (the seed and the image's values; the caller's
+    generator restored after), so an image gets the same noise whatever images it is explained beside, on every
+    model, stage, twin, block and target, and a map's similarity to itself is 1, the ceiling the randomization
+    checks read against; None draws from the global generator as it goes, for the whole batch (captum's own way)."""
 
     BASES = ("gradient", "integrated-gradients")
     chunked = True  # images in chunks of which one pass fits; the noisy copies (and IG's steps) batched within
@@ -122,34 +124,56 @@ class SmoothGradEngine(Engine):
     def maps(self, ex: Explaining, x: torch.Tensor, targets: list[Any], shared: SharedPass | None = None,
              **kwargs: Any) -> torch.Tensor:
         logits = ex.forward(x).detach()
-        sigma = self.noise * float(x.max() - x.min())
         if self.base == "gradient":
             tunnel = NoiseTunnel(ex.sibling("gradient"))
             steps, extra = 1, {}
         else:
             tunnel = NoiseTunnel(IntegratedGradients(ex.forward))
-            steps, extra = self.n_steps, {"n_steps": self.n_steps, "baselines": ex.baseline_like(x)}
+            steps, extra = self.n_steps, {"n_steps": self.n_steps}
+        # seeded: one image per call, its own noise; else the batch at once, as captum draws it
+        parts = [slice(i, i + 1) for i in range(len(x))] if self.seed is not None else [slice(0, len(x))]
         # the passes (noisy copies x IG's steps x images) in batches that fit the memory budget: whole noisy
-        # copies of the batch where they fit, else one copy at a time with IG's steps in internal batches, which
-        # captum keeps no smaller than the copy's images (one pass of the images fits: the explainer chunks them)
-        fit = memory.fitting(self.samples * steps * len(x), lambda: 2 * ex.bytes_per_image(x))
-        per_sample = max(1, min(self.samples, fit // (steps * len(x))))
+        # copies of the call's images where they fit, else one copy at a time with IG's steps in internal batches,
+        # which captum keeps no smaller than the copy's images (one pass of the images fits: the explainer chunks)
+        size = parts[0].stop - parts[0].start
+        fit = memory.fitting(self.samples * steps * size, lambda: 2 * ex.bytes_per_image(x))
+        per_sample = max(1, min(self.samples, fit // (steps * size)))
         batch = None if per_sample >= self.samples else per_sample
         if steps > 1 and memory.budget() is not None:
-            extra["internal_batch_size"] = max(per_sample * len(x), min(fit, per_sample * steps * len(x)))
+            extra["internal_batch_size"] = max(per_sample * size, min(fit, per_sample * steps * size))
         maps = []
         for t in targets:
-            with self._noise(x):
-                maps.append(tunnel.attribute(x, nt_type="smoothgrad", nt_samples=self.samples, stdevs=sigma,
-                                             nt_samples_batch_size=batch, target=ex.targets(logits, t), **extra).detach())
+            classes = ex.targets(logits, t)
+            out = []
+            for part in parts:
+                xs = x[part]
+                sigma = self.noise * float(xs.max() - xs.min())
+                base = {"baselines": ex.baseline_like(xs)} if steps > 1 else {}
+                with self._noise(xs):
+                    out.append(tunnel.attribute(xs, nt_type="smoothgrad", nt_samples=self.samples, stdevs=sigma,
+                                                nt_samples_batch_size=batch, target=classes[part],
+                                                **(extra | base)).detach())
+            maps.append(torch.cat(out))
         return torch.stack(maps)
 
+    def image_seed(self, image: torch.Tensor) -> int:
+        """The seed of one image's noise: the engine's :attr:`seed` and the image's values (C, H, W) relative to its
+        range on 256 levels, through CRC-32. Relative, so that the image shifted by a constant (the input-invariance
+        check) or scaled gets the same noise, as it gets the same sigma; on 256 levels, so that the rounding of the
+        shift does not change them (an 8-bit image's values sit on the levels)."""
+        values = image.detach().to("cpu", torch.float64)
+        span = float(values.max() - values.min())
+        levels = ((values - values.min()) * (255 / span if span > 0 else 0.0)).round().to(torch.uint8)
+        data = str(tuple(image.shape)).encode() + levels.contiguous().numpy().tobytes()
+        return zlib.crc32(data, zlib.crc32(str(self.seed).encode()))
+
     def _noise(self, x: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
-        """Where the noise of one call is drawn: the global generator seeded at :attr:`seed` and restored after
-        (on ``x``'s device too), or as it is (``seed`` None)."""
+        """Where the noise of one call on ``x`` (one image, (1, C, H, W), where seeded) is drawn: the global
+        generator seeded at the image's :meth:`image_seed` and restored after (on ``x``'s device too), or as it is
+        (``seed`` None)."""
         if self.seed is None:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
         stack.enter_context(torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []))
-        torch.manual_seed(self.seed)
+        torch.manual_seed(self.image_seed(x[0]))
         return stack

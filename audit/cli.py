@@ -5,6 +5,7 @@ The top of the import layers: the only module that calls both the runner and the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -125,9 +126,13 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError("--control trains the control twin on the true labels: drop --permute-labels")
     if args.control is not None and args.twin_of is None:
         raise ConfigError("--control SEED trains the control twin of a model: add --twin-of MODEL")
-    if args.twin_of is not None and args.control is None and args.permute_labels is None:
+    if args.pairs is not None and (args.twin_of is None or args.control is not None or args.permute_labels is not None
+                                   or args.pairs < 1):
+        raise ConfigError("--pairs N trains N permuted-label twins and their control twins of --twin-of MODEL, "
+                          "their seeds its own: give --twin-of, N >= 1, and neither --permute-labels nor --control")
+    if args.twin_of is not None and args.control is None and args.permute_labels is None and args.pairs is None:
         raise ConfigError(f"--twin-of {args.twin_of} trains a twin: add --permute-labels SEED (the permuted-label "
-                          "twin) or --control SEED (its control twin on the true labels)")
+                          "twin), --control SEED (its control twin on the true labels) or --pairs N (N of each)")
     config = TrainConfig(arch=args.arch or "cnn", optimizer=args.optimizer, epochs=args.epochs,
                          batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
                          weight_decay=args.weight_decay, seed=args.seed if args.control is None else args.control,
@@ -138,10 +143,32 @@ def _train(args: argparse.Namespace) -> int:
                          model=args.model, num_classes=args.num_classes, preprocess=args.preprocess,
                          loader_workers=args.loader_workers, device=args.device,
                          mixed_precision=args.mixed_precision)
+    runs = [(config, args.out)] if args.pairs is None else \
+        twin_pairs(config, args.out, args.pairs, args.subset_seed, args.fit_accuracy)
     with sharded(args.device):
-        train(config, out=args.out, resume=args.resume, progress=not args.quiet, force=args.force,
-              save_every=args.save_every)
+        for cfg, out in runs:
+            train(cfg, out=out, resume=args.resume, progress=not args.quiet, force=args.force,
+                  save_every=args.save_every)
+    if args.pairs is not None:
+        twins, controls = (",".join(f"MODEL={out}" for cfg, out in runs if (cfg.permute_labels is None) == control)
+                           for control in (False, True))
+        print(f"{args.pairs} twin pairs of {args.twin_of}; audit with --twins {twins} --controls {controls} (MODEL: "
+              "the model as the run names it)")
     return 0
+
+
+def twin_pairs(config: Any, out: str, pairs: int, subset_seed: int | None, fit: str | None) -> list[tuple[Any, str]]:
+    """The ``pairs`` x 2 trainings of ``train --pairs``, each (TrainConfig, checkpoint path): pair k's permuted-label
+    twin (labels permuted with seed k, initial weights seed 2k - 1) and its control twin (seed 2k), both on the same
+    subset (``subset_seed``, default 0), as the shipped pairs, each with its role's ``--fit-accuracy`` (``fit``);
+    paths ``OUT-permuted-k.pt`` and ``OUT-control-k.pt``."""
+    stem = str(out).removesuffix(".pt")
+    shared = dataclasses.replace(config, subset_seed=0 if subset_seed is None else subset_seed)
+    return [run for k in range(1, pairs + 1) for run in (
+        (dataclasses.replace(shared, seed=2 * k - 1, permute_labels=k, fit_accuracy=_fit_accuracy(fit, k)),
+         f"{stem}-permuted-{k}.pt"),
+        (dataclasses.replace(shared, seed=2 * k, permute_labels=None, fit_accuracy=_fit_accuracy(fit, None)),
+         f"{stem}-control-{k}.pt"))]
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -300,6 +327,10 @@ def _train_twin_arguments(t: argparse.ArgumentParser) -> None:
                    help="train the control twin (with --twin-of): the permuted-label twin's recipe on the true labels "
                    "from initial weights of this seed, the reference of the calibrated data-randomization verdict; "
                    "give it the twin's --train-limit, --subset-seed, --epochs and settings")
+    t.add_argument("--pairs", type=int, default=None, metavar="N",
+                   help="train N pairs of a permuted-label twin and its control twin of --twin-of (pair k: labels "
+                   "permuted with seed k, initial weights seeds 2k - 1 and 2k, one --subset-seed), saved as "
+                   "OUT-permuted-k.pt and OUT-control-k.pt: the twins are draws too, and the audit resamples the pairs")
     t.add_argument("--subset-seed", type=int, default=None, metavar="SEED",
                    help="seeds the --train-limit subset (default: --seed); a permuted-label twin and its control "
                    "twin share it")

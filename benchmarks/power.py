@@ -2,7 +2,7 @@
 
 An audit of cnn-sgd and vgg-sgd on 64 images (the demo's methods; the random-logit test, cascading randomization
 and the calibrated data-randomization test) is re-read on random subsets of its images: for each check, model and
-method, the share of 50 seeded subsets of 8, 16 and 32 images on which the verdict decides (rejected or not
+method, the share of 50 seeded subsets of 16, 32 and 48 images on which the verdict decides (rejected or not
 rejected), beside its outcome on all 64. The effect is how far the method's median score lies from what decides
 it (the threshold, or for the calibrated verdict 0 of its midpoint difference), in units of the per-image scores'
 interquartile range: the images needed grow as the effect shrinks. The audit is kept in ``benchmarks/.power-run``
@@ -24,7 +24,7 @@ from audit.cli import DEMO_METHODS
 from audit.run import AuditConfig, load_config, run_audit
 
 RUN = Path(__file__).resolve().parent / ".power-run"
-SIZES = (8, 16, 32)  # and the whole 64, on which the verdict is the run's
+SIZES = (16, 32, 48)  # and the whole 64, on which the verdict is the run's (a look holds 16 images or more)
 SUBSETS = 50
 TESTS = ("random-logit", "cascading", "data-randomization")
 DECIDED = 0.8  # the share of subsets that must decide for a size to count as enough
@@ -64,7 +64,7 @@ def power_table(tables: dict[str, pd.DataFrame], config: AuditConfig) -> pd.Data
         table, rule = tables.get(check), CHECKS[check].verdict
         if table is None or table.empty or rule is None:
             continue
-        options = CHECKS[check].options_from(config.options)
+        options = CHECKS[check].options_from(config.options, family=config.family)
         for (model, method), part in table.groupby(["model", "method"], sort=False):
             controls = controls_in(table, str(model))
             images = np.sort(part.image.unique())

@@ -84,13 +84,15 @@ def _verdict_text(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditCo
     broken = broken_checks(verdict)
     return (summary_line(verdict) + ". A sanity check can reject a method; it cannot certify one: each check "
             "says rejected, not rejected or inconclusive, and a method is rejected when any check rejects it. "
-            + " ".join(f"{name}: {v.rule_text(CHECKS[name].options_from(config.options, config.looks))}."
-                       for name, v in ran.items())
-            + " Per-image scores are medians over images with their 99 % bootstrap interval (10,000 resamples)"
+            + " ".join(f"{name}: {v.rule_text(options)}." for name, v in ran.items()
+                       if (options := CHECKS[name].options_from(config.options, config.looks, config.family)))
+            + f" Per-image scores are medians over images with their {look_level(1, config.family):.2%} bootstrap "
+            "interval (10,000 resamples; the level set for the run's checks, below)"
             + (f" (this run is sequential: the images were read in up to {config.looks} looks of "
                f"{config.n_images}, up to {config.max_images}, each cell until it was decided; every interval is "
-               f"at {look_level(config.looks):.2%}, 99 % split over the looks, so that a decision taken at any "
-               "look keeps the error of one 99 % interval, and each cell names the images it read)"
+               f"at {look_level(config.looks, config.family):.2%}, that level split over the looks, so that a "
+               "decision taken at any look keeps the error of one interval of a run of one look, and each cell names "
+               "the images it read)"
                if config.looks > 1 else "") + "; "
             "images whose maps are constant or non-finite have no defined score and are counted in the cell. "
             "Controls (the edge detector, the random map) are not counted; each must have the outcome its check "
@@ -141,9 +143,12 @@ def _bort_sections(tables: dict[str, Any]) -> list[Section]:
     return [Section("Bort vs baseline", "The median of each check's per-image score (named in the "
                     "score column, with which values are the better ones) per method for each baseline "
                     "and its Bort twin, with a paired Wilcoxon signed-rank test on the per-image scores "
-                    "(scipy), and its p-value adjusted by Holm's step-down procedure over the methods of "
-                    "each check: read the adjusted p against a level, and the chance of a false "
-                    "difference among a check's methods stays at that level.",
+                    "(scipy) of the images both models read (a sequential run may read more of one: the rest are "
+                    "counted as dropped); where images share a re-initialisation seed, each seed's mean "
+                    "difference is one unit, since the seed's draw moves its images together; its p-value "
+                    "adjusted by Holm's step-down procedure over the methods of each check: read the adjusted p "
+                    "against a level, and the chance of a false difference among a check's methods stays at that "
+                    "level.",
                     tables=[Table(comparison, "Bort vs baseline: paired Wilcoxon tests on each check's "
                                               "per-image scores.", "bort")],
                     figures=[fig] if fig else [])]
@@ -170,7 +175,8 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
     context = ReportContext(config, run, partial(example_maps, run))
     for name, check in CHECKS.items():
         if name in tables:
-            sections += check.sections(tables[name], context, check.options_from(config.options, config.looks))
+            sections += check.sections(tables[name], context,
+                                       check.options_from(config.options, config.looks, config.family))
     sections += _bort_sections(tables)
     sections.append(_models_section(manifest, tables))
     config_text = json.dumps({k: manifest[k] for k in ("config", "seeds", "versions") if k in manifest}, indent=2)

@@ -5,7 +5,8 @@ alone:
 
 * **rank-1 chain convergence** (Sixt et al. 2020, Theorem 1): the chain is one the theorem covers (linear in the
   signal, non-negative matrices at its weighted layers: :attr:`attributions.Method.nonnegative_chain`), its CSC
-  at the input reaches the threshold (the whole 99 % interval), and its spectrum is that of one direction:
+  reaches the threshold (the whole interval) at the layer nearest the logits where it does (the layer the verdict
+  rejected at; else the input), and its spectrum there is that of one direction:
   sigma2 / sigma1 at most the bound a chain reaching the threshold by convergence meets
   (:func:`~audit.checks.convergence.rank_one_ratio`, 0.072 for 0.99; the effective rank is shown beside it, not
   read against a threshold of its own, since none is derived for it). A high CSC of sparse signals (one channel
@@ -36,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from attributions.methods import build_method
-from audit.checks.convergence import ConvergenceOptions, input_row, median_interval, rank_one_ratio
+from audit.checks.convergence import ConvergenceOptions, converged_row, median_interval, rank_one_ratio
 from audit.checks.randomization import CascadingOptions
 from audit.measures.heatmaps import FOLLOWED
 from audit.measures.statistics import bootstrap_ci
@@ -61,18 +62,19 @@ MECHANISMS = ("rank-1 chain convergence (Sixt et al. 2020, Theorem 1: a chain of
 def rank_one(csc: pd.DataFrame | None, model: str, method: str, threshold: float) -> tuple[bool | None, str]:
     """Whether the chain converges to rank 1 (see the module's text), and the evidence; None where CSC was not
     run."""
-    rows = input_row(csc, model, method)
+    rows = converged_row(csc, model, method, threshold)
     if rows.empty:
         return None, "CSC not run"
     if not build_method(method).nonnegative_chain:
         return False, "not a chain of non-negative matrices (outside Theorem 1)"
     row, low = rows.iloc[0], float(median_interval(rows)[1][0])
+    where = "the input" if row["layer"] == "input" else str(row["layer"])
     ratio, directions = float(row.get("sigma2_over_sigma1", np.nan)), float(row.get("effective_rank", np.nan))
     if ratio != ratio or directions != directions:
-        return None, f"CSC {row['median']:.3f} at the input; its spectrum not measured"
+        return None, f"CSC {row['median']:.3f} at {where}; its spectrum not measured"
     bound = rank_one_ratio(threshold)
     holds = low >= threshold and ratio <= bound
-    return holds, (f"CSC {row['median']:.3f} at the input (interval from {low:.3f}), sigma2/sigma1 {ratio:.3f} "
+    return holds, (f"CSC {row['median']:.3f} at {where} (interval from {low:.3f}), sigma2/sigma1 {ratio:.3f} "
                    f"(bound {bound:.3f}), effective rank {directions:.2f}")
 
 

@@ -14,6 +14,8 @@ import pandas as pd
 from attributions.methods import BUILDERS, build_method
 from audit import style
 from audit.checks import CHECKS
+from audit.checks.options import look_level
+from audit.run.config import family_of, looks_of
 from reports.latex import escape
 from reports.references import REFERENCES, plain, short
 
@@ -38,13 +40,14 @@ def _twin_sentence(manifest: dict[str, Any], test: str) -> str:
     """Which twin each model was compared with, how it was trained and how well it fits its permuted labels; and
     the models skipped for want of a twin."""
     parts = []
-    for model, twin in manifest.get("twins", {}).items():
-        accuracy = twin.get("train_accuracy")
-        test_accuracy = twin.get("test_accuracy")
-        parts.append(f"{model} with {twin['spec']} (labels of {twin.get('train_size', '?')} training images permuted "
-                     f"with seed {twin.get('label_seed', '?')}; training accuracy "
-                     f"{'?' if accuracy is None else f'{accuracy:.3f}'} on them, test accuracy "
-                     f"{'?' if test_accuracy is None else f'{test_accuracy:.3f}'} on the true labels)")
+    for model, record in manifest.get("twins", {}).items():
+        for twin in record.get("pairs", [record]):  # a run of one pair recorded it alone
+            accuracy = twin.get("train_accuracy")
+            test_accuracy = twin.get("test_accuracy")
+            parts.append(f"{model} with {twin['spec']} (labels of {twin.get('train_size', '?')} training images "
+                         f"permuted with seed {twin.get('label_seed', '?')}; training accuracy "
+                         f"{'?' if accuracy is None else f'{accuracy:.3f}'} on them, test accuracy "
+                         f"{'?' if test_accuracy is None else f'{test_accuracy:.3f}'} on the true labels)")
     text = f" Twins: {'; '.join(parts)}." if parts else ""
     skipped = manifest.get("skipped", {}).get(test, {})
     return text + (f" Not tested for want of a twin: {', '.join(skipped)}." if skipped else "")
@@ -158,19 +161,26 @@ def _check_paragraph(manifest: dict[str, Any], config: dict[str, Any], name: str
     return check.title, text
 
 
+def _level(config: dict[str, Any]) -> str:
+    """The level of one look's intervals in the run the manifest's ``config`` records, as a percentage."""
+    looks = looks_of(config["n_images"], config.get("max_images")) if config.get("n_images") else 1
+    return f"{look_level(looks, family_of(list(config.get('tests', [])))):.2%}"
+
+
 def _statistics_paragraph(config: dict[str, Any], bort: bool) -> str:
     """The statistics paragraph: outcomes, intervals, similarity measures and, with Bort models, the paired test."""
     return ("A sanity check can reject a method, not certify it: each check's outcome is "
             "rejected, not rejected or inconclusive (an interval that contains the threshold, or fewer than half "
             "of the images, or fewer than three, with a defined score). "
-            "Scores are medians over images with 99 % bootstrap confidence intervals (10,000 "
-            f"resamples) {_cite(['efron1993'])}. SSIM {_cite(['wang2004'])} is computed on maps normalised to [0, 1] by "
+            f"Scores are medians over images with {_level(config)} bootstrap confidence intervals (10,000 "
+            f"resamples) {_cite(['efron1993'])}, a level set so that a method's family-wise error over the checks' "
+            "readings is at most 5 % (Bonferroni). SSIM {_cite(['wang2004'])} is computed on maps normalised to [0, 1] by "
             "the toolkit's batched port of scikit-image's structural_similarity "
             f"{_cite(['vanderwalt2014'])}, with a uniform 5 x 5 window and data range 1, equal to it in the "
             "toolkit's tests; it takes the larger of the SSIM with the second map and with its sign flip only "
             "where the two maps are not of one sign. The signed Spearman correlation is computed on the signed "
             "maps (channel sums), also for the methods whose heatmap is the largest magnitude over channels. "
-            "The 99 % interval of CSC's pooled median is a cluster bootstrap over images"
+            "The interval of CSC's pooled median is a cluster bootstrap over images"
             + (f". The checks' settings follow the {config['protocol']} protocol where the toolkit has an option "
                "for them" if config.get("protocol", "toolkit") != "toolkit" else "")
             + (f"; baselines and their Bort twins are compared per image with the paired Wilcoxon signed-rank "

@@ -127,8 +127,8 @@ def measure_cell(check: str, part: pd.DataFrame, measure: str, config: AuditConf
         raise TypeError(f"check {check}: its verdict rule reads no metric column")
     if isinstance(rule, Calibrated) and measure != rule.metric:  # its references are measured on its own metric
         rule = next(r for r in definition.side_rules if isinstance(r, MedianScore) and r.metric == measure)
-    return dataclasses.replace(rule, metric=measure).evaluate(part, definition.options_from(config.options, config.looks),
-                                                              controls=controls)
+    options = definition.options_from(config.options, config.looks, config.family)
+    return dataclasses.replace(rule, metric=measure).evaluate(part, options, controls=controls)
 
 
 def _short(cell: VerdictCell) -> str:

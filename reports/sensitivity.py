@@ -62,14 +62,15 @@ def sensitivity_table(tables: dict[str, Any], config: AuditConfig) -> pd.DataFra
         rule = check.verdict
         if rule is None or table is None or table.empty or not rule.threshold:
             continue
-        options = check.options_from(config.options, config.looks)
+        options = check.options_from(config.options, config.looks, config.family)
         value = getattr(options, rule.threshold)
         source = next(o.source for o in check.options.declared() if o.name == rule.threshold)
         parts = [(model, method, part) for (model, method), part in table.groupby(["model", "method"], sort=False)
                  if build_method(method).family != CONTROLS]
         at_run = {(m, k): rule.evaluate(p, options).outcome for m, k, p in parts}
         for candidate in threshold_grid(name, value):
-            moved = check.options_from({**config.options, rule.threshold: candidate}, config.looks)
+            moved = check.options_from({**config.options, rule.threshold: candidate}, config.looks,
+                                        config.family)
             outcomes = {(m, k): rule.evaluate(p, moved).outcome if candidate != value else at_run[(m, k)]
                         for m, k, p in parts}
             changed = [f"{m}/{k}: {at_run[(m, k)]} -> {o}" for (m, k), o in outcomes.items() if o != at_run[(m, k)]]

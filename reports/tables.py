@@ -22,7 +22,8 @@ HEADINGS = {"collapse_layer": "CSC", "random_logit": "random logit", "control_ch
             "cascading_ssim": "cascading: median SSIM at the top stage", "arch": "architecture",
             "audit_accuracy": "accuracy on the audited images", "orth_error_max": "orthogonality error (max)",
             "orth_error_mean": "orthogonality error (mean)", "wilcoxon_p": "Wilcoxon p",
-            "holm_p": "Holm-adjusted p (over the methods)", "n": "images",
+            "holm_p": "Holm-adjusted p (over the methods)", "n": "images", "units": "independent units (seeds)",
+            "images_dropped": "images read by one model only",
             "median_difference": "median difference (Bort - baseline)", "better": "better values",
             "deeplift_completeness_gap": "DeepLIFT: completeness gap",
             "deeplift-revealcancel_completeness_gap": "RevealCancel: completeness gap"}

@@ -12,7 +12,7 @@ from attributions.catalog import CONTROLS
 from attributions.methods import build_method
 from audit.checks import CHECKS
 from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, VerdictRule
-from audit.checks.options import NO_SOURCE, Options
+from audit.checks.options import FAMILY_ERROR, INFLATION, NO_SOURCE, Options, look_level, one_sided_error
 from audit.checks.scale import controls_in
 from audit.models.training import OPTIMIZERS
 from audit.run.config import AuditConfig
@@ -23,7 +23,7 @@ def _rules(tables: dict[str, Any], config: AuditConfig) -> list[tuple[str, Verdi
     """(check name, rule, counts in the verdict, the check's options) for each verdict rule of the checks that
     were run."""
     run = set(tables) | set(config.tests)
-    return [(name, rule, rule is check.verdict, check.options_from(config.options, config.looks))
+    return [(name, rule, rule is check.verdict, check.options_from(config.options, config.looks, config.family))
             for name, check in CHECKS.items()
             if name in run for rule in ((check.verdict,) if check.verdict is not None else ()) + tuple(check.side_rules)]
 
@@ -182,31 +182,26 @@ def summary_line(verdict: pd.DataFrame) -> str:
     return line + ("; controls as expected" if len(controls) else "")
 
 
-# How often the 99 % percentile-bootstrap interval of a median lies wholly above the true median: 0.5 % if its coverage
-# were nominal; measured at most 1.3 % in 1,000 simulated audits each of 16, 32 and 64 images from a skewed
-# distribution (tests/reports/test_verdict.py holds the constant to the simulation), rounded up. The checks that
-# re-initialise share 8 seeds out over the images and read a nested interval (seeds, then images): it holds the same
-# bound where the seeds' spread is up to 0.8 times the images' own, the largest measured on the shipped models
-# (same file).
-ONE_SIDED_ERROR = 0.015
-
-
 def family_wise_error(checks: int, readings: int | None = None) -> str:
     """The family-wise error of a rejection across ``checks`` combined checks that read ``readings`` rejecting
     intervals in all (default one per check; a check read on the controls' scale reads two: its floor and its
-    survival or twin reading), in one sentence (Bonferroni's bound: it holds whatever the dependence between them)."""
+    survival or twin reading), each at the level :func:`~audit.checks.options.look_level` gives that family, in one
+    sentence (Bonferroni's bound: it holds whatever the dependence between them)."""
     readings = checks if readings is None else readings
-    bound = min(1.0, readings * ONE_SIDED_ERROR)
+    level = look_level(1, readings)
+    each = one_sided_error(level)
+    bound = min(1.0, readings * each)
     intervals = (f"{readings} intervals ({checks} checks, those read on the controls' scale with two: the floor and "
                  "the survival or twin reading)" if readings != checks else f"{checks} checks")
-    return (f"Family-wise error: a method is rejected when any of the {checks} checks run rejects it, each on a 99 % "
-            f"interval, which lies wholly on the rejecting side of a true median that should not reject in at most "
-            f"{ONE_SIDED_ERROR:.1%} of simulated audits (the percentile bootstrap covers a little less than its "
-            f"nominal 99 % on 16 to 64 images; a check that re-initialises the model resamples its seeds too, and "
-            f"holds that bound where the spread between seeds is up to 0.8 times the spread between images, the "
-            f"largest measured on the shipped models); so the chance that a method no check should reject is rejected by one "
-            f"is at most {readings} x {ONE_SIDED_ERROR:.1%} = {bound:.1%} over the {intervals} (Bonferroni's bound, "
-            "whatever the dependence between them); each check's own outcome keeps its 99 % intervals")
+    return (f"Family-wise error: a method is rejected when any of the {checks} checks run rejects it; each of its "
+            f"{readings} rejecting intervals is at {level:.2%} (in a run of one look), at which one interval lies "
+            f"wholly on the rejecting side of a true median that should not reject in at most {each:.2%} of "
+            f"simulated audits ({INFLATION:g} times its nominal {(1 - level) / 2:.2%}: the most the percentile "
+            "bootstrap exceeded its nominal on 16 to 64 images of skewed, tied, discrete and heavy-tailed scores, "
+            "with re-initialisation seeds spread up to 0.8 times the images, its seeds resampled too); so the chance "
+            f"that a method no check should reject is rejected by one is at most {readings} x {each:.2%} = "
+            f"{bound:.1%} over the {intervals} (Bonferroni's bound, whatever the dependence between them), within "
+            f"the {FAMILY_ERROR:.0%} the levels are set for")
 
 
 def display_columns(verdict: pd.DataFrame) -> list[str]:
@@ -236,10 +231,11 @@ def twins(models: pd.DataFrame) -> list[tuple[str, str]]:
 def bort_comparison(tables: dict[str, Any]) -> pd.DataFrame:
     """Paired Wilcoxon signed-rank tests (scipy) of the per-image scores behind each per-image verdict
     (random-logit SSIM, SSIM at full cascading randomization, eMPRT's score, sMPRT's Spearman, input
-    invariance's relative L2), baseline vs Bort twin, per method; each row names its score and which
-    of its values are the better ones. ``holm_p``: the p-values adjusted by Holm's step-down procedure over the
-    methods of each (baseline, Bort, check) family, so that the chance of one false difference among a check's
-    methods stays at the level read.
+    invariance's relative L2), baseline vs Bort twin, per method, on the images both read, the images that share a
+    re-initialisation seed one unit (:func:`_paired`); each row names its score, which of its values are the
+    better ones, its images, its units and the images dropped. ``holm_p``: the p-values adjusted by Holm's
+    step-down procedure over the methods of each (baseline, Bort, check) family, so that the chance of one false
+    difference among a check's methods stays at the level read.
 
     Parameters
     ----------
@@ -255,24 +251,42 @@ def bort_comparison(tables: dict[str, Any]) -> pd.DataFrame:
             if check.verdict is None or frame is None or frame.empty:
                 continue
             for method in frame.method.unique():
-                base_scores = check.verdict.per_image(frame[(frame.model == base) & (frame.method == method)])
-                bort_scores = check.verdict.per_image(frame[(frame.model == bort) & (frame.method == method)])
-                if base_scores is None or bort_scores is None or len(base_scores) == 0 \
-                        or len(base_scores) != len(bort_scores):
-                    continue
-                a, b = base_scores.to_numpy(), bort_scores.to_numpy()
-                diff = b - a
-                p = float(stats.wilcoxon(a, b).pvalue) if np.any(diff != 0) else 1.0
-                rows.append({"baseline": base, "bort": bort, "test": name, "method": method,
-                             "score": check.verdict.score_name, "better": check.verdict.better,
-                             "baseline_score": float(np.median(a)), "bort_score": float(np.median(b)),
-                             "median_difference": float(np.median(diff)), "wilcoxon_p": p, "n": len(a)})
+                row = _paired(check.verdict, frame[(frame.model == base) & (frame.method == method)],
+                              frame[(frame.model == bort) & (frame.method == method)])
+                if row is not None:
+                    rows.append({"baseline": base, "bort": bort, "test": name, "method": method,
+                                 "score": check.verdict.score_name, "better": check.verdict.better, **row})
     out = pd.DataFrame(rows)
     if out.empty:
         return out
     out.insert(list(out.columns).index("n"), "holm_p",
                out.groupby(["baseline", "bort", "test"], sort=False).wilcoxon_p.transform(holm))
     return out
+
+
+def _paired(rule: VerdictRule, base: pd.DataFrame, bort: pd.DataFrame) -> dict[str, Any] | None:
+    """The paired comparison of one method's per-image scores on the baseline's rows and the Bort model's: on the
+    images both read (a sequential run may read more on one; the others counted as ``images_dropped``), by the
+    Wilcoxon signed-rank test of the differences, of each seed's mean difference where images share a
+    re-initialisation seed (the seed's draw moves its images together: the seeds are the independent units,
+    ``units``); None where no image is shared."""
+    a, b = rule.per_image(base), rule.per_image(bort)
+    if a is None or b is None:
+        return None
+    shared = a.index.intersection(b.index)
+    if len(shared) == 0:
+        return None
+    diff = (b.loc[shared] - a.loc[shared]).to_numpy(dtype=float)
+    seeds = rule.replicates(base)
+    units = diff
+    if seeds is not None and len(seeds) == len(a):
+        cluster = pd.Series(seeds, index=a.index).loc[shared].to_numpy()
+        if len(np.unique(cluster)) < len(shared):
+            units = pd.Series(diff).groupby(cluster).mean().to_numpy()
+    p = float(stats.wilcoxon(units).pvalue) if np.any(units != 0) else 1.0
+    return {"baseline_score": float(np.median(a.loc[shared])), "bort_score": float(np.median(b.loc[shared])),
+            "median_difference": float(np.median(diff)), "wilcoxon_p": p, "n": len(shared), "units": len(units),
+            "images_dropped": len(a) + len(b) - 2 * len(shared)}
 
 
 def holm(p: pd.Series) -> pd.Series:

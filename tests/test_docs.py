@@ -92,3 +92,8 @@ def test_the_speed_page_shows_every_table_make_bench_writes_with_its_provenance(
         provenance = re.search(r"Measured (\S+ \S+ UTC) at commit (\w+)", written)
         assert provenance is not None and f"Measured {provenance[1]} at commit {provenance[2]}" in page, name
         assert "|" in written and "| ---" not in page, name  # a Markdown table, rendered as one
+    # the operating curves split between the two checks' pages: each shows its own table only
+    for page, own, other in (("cascading", "Cascading randomization on", "Data randomization on"),
+                             ("data-randomization", "Data randomization on", "Cascading randomization on")):
+        text = " ".join(re.sub(r"<[^>]+>", " ", (site / "checks" / f"{page}.html").read_text()).split())
+        assert own in text and other not in text, page

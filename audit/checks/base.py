@@ -180,6 +180,11 @@ class VerdictRule:
         """How many intervals the rule reads that can each reject (the family-wise error counts them)."""
         return 1
 
+    def replicates(self, part: pd.DataFrame) -> np.ndarray | None:
+        """The draw each image's score rests on (a re-initialisation seed's replicate), in image order; None for a
+        rule whose scores rest on no draw of their own."""
+        return None
+
     @property
     def better(self) -> str:
         """Which scores are the better ones, for the report: "lower" or "higher"."""
@@ -212,7 +217,7 @@ class VerdictRule:
 
     def rule_text(self, options: Options) -> str:
         """The rule in one sentence, for the report."""
-        return (f"rejected ({self.failure}) when the 99 % interval of the median {self.score_name} lies at or "
+        return (f"rejected ({self.failure}) when the interval of the median {self.score_name} lies at or "
                 f"{'above' if self.comparison == '>=' else 'below'} {getattr(options, self.threshold)}, not rejected "
                 "when it lies wholly on the other side, inconclusive when it contains the threshold"
                 + (f"; the {self.score_name} is {self.why}" if self.why else ""))
@@ -256,10 +261,12 @@ class MedianScore(VerdictRule):
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
     def replicates(self, part: pd.DataFrame) -> np.ndarray | None:
-        """Each image's re-initialisation seed's replicate, in :meth:`per_image`'s order; None when the table has
-        no ``replicate`` column (a check that draws no seed)."""
+        """The draw each image's score rests on, in :meth:`per_image`'s order: its re-initialisation seed's
+        replicate (column ``replicate``), else its twin pair (``twin_pair``: a data-randomization table); None when
+        the table has neither (a check that draws nothing)."""
         rows = self.select(part).sort_values("image")
-        return rows["replicate"].to_numpy() if "replicate" in rows else None
+        column = next((c for c in ("replicate", "twin_pair") if c in rows), None)
+        return rows[column].to_numpy() if column is not None else None
 
     def evaluate(self, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> VerdictCell:
         """The median of ``metric`` over the images ``select`` keeps, against the threshold (:func:`scored_cell`).
@@ -317,7 +324,7 @@ class Check(Generic[OptionsT]):
         it may disagree) that do not count in the verdict
     controls : the outcome each control method must have under this check (the edge detector, the random map);
         a control with another outcome marks the check as broken in the report
-    needs_twin : the unit also takes the model's permuted-label twin (``unit.twin``); a model without one is
+    needs_twin : the unit also takes the model's permuted-label twins (``unit.twins``); a model without one is
         skipped, and the manifest and the report say so
     order : position in the registry (the configuration's, the report's and the verdict's order)
     description : the protocol in one line (the CLI's listing and the report's methods text)
@@ -358,10 +365,11 @@ class Check(Generic[OptionsT]):
                 raise TypeError(f"check {self.name}: its verdict reads {missing[0]!r}, not a field of "
                                 f"{self.options.__name__}")
 
-    def options_from(self, values: Mapping[str, Any], looks: int = 1) -> OptionsT:
+    def options_from(self, values: Mapping[str, Any], looks: int = 1, family: int = 1) -> OptionsT:
         """The check's options from a configuration's flat keys (:meth:`Options.parse`), read ``looks`` times by
-        a sequential run (a check whose units are not split by images is read once)."""
-        return self.options.parse(values, looks if self.per_image else 1)
+        a sequential run (a check whose units are not split by images is read once), in a run whose checks read
+        ``family`` rejecting intervals per method."""
+        return self.options.parse(values, looks if self.per_image else 1, family)
 
     @property
     def coverage_file(self) -> str:

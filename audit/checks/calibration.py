@@ -89,8 +89,13 @@ class Calibrated(VerdictRule):
     ceiling, floor : str
         The columns of the per-image scores against the ceiling and the floor references.
     floor_seed : str
-        The column of each image's replicate of the floor's re-initialisation seed: the intervals resample the
-        seeds, then the images (:func:`~audit.measures.statistics.nested_median_ci`).
+        The column of each image's replicate of the floor's re-initialisation seed: the floor's interval resamples
+        the seeds, then the images (:func:`~audit.measures.statistics.nested_median_ci`).
+    pair : str
+        The column of each image's twin pair (a permuted-label twin and its control twin: one training draw of
+        each). With several pairs the readings of the twin resample the pairs, then the images (the seeds nested in
+        them); with one, the twin's reading resamples the images alone, the references' the seeds, and the cell
+        says that it rests on one pair.
     """
 
     threshold: str = ""
@@ -98,6 +103,7 @@ class Calibrated(VerdictRule):
     ceiling: str = "control_spearman_abs"
     floor: str = "untrained_spearman_abs"
     floor_seed: str = "untrained_replicate"
+    pair: str = "twin_pair"
 
     @property
     def readings(self) -> int:
@@ -122,6 +128,17 @@ class Calibrated(VerdictRule):
     def replicates(self, part: pd.DataFrame) -> np.ndarray | None:
         """Each image's floor seed's replicate, sorted by image; None where the rows carry none."""
         return part.sort_values("image")[self.floor_seed].to_numpy() if self.floor_seed in part else None
+
+    def pairs(self, part: pd.DataFrame) -> int:
+        """How many twin pairs the rows were read on (1 where they carry no pair)."""
+        return int(part[self.pair].nunique()) if self.pair in part and part[self.pair].notna().any() else 1
+
+    def twin_groups(self, part: pd.DataFrame) -> np.ndarray | None:
+        """What the readings of the twin resample, per image sorted by image: the twin pairs where there are
+        several, else the floor's seeds (None where the rows carry neither)."""
+        if self.pairs(part) > 1:
+            return part.sort_values("image")[self.pair].to_numpy()
+        return self.replicates(part)
 
     def floor_scores(self, part: pd.DataFrame, scale: Scale) -> np.ndarray:
         """The floor's per-image scores, sorted by image; where one is undefined while the model's map is not (its
@@ -148,7 +165,7 @@ class Calibrated(VerdictRule):
         assert measured is not None, "a gap needs rows with the references"
         _, z_ceiling, z_floor = (fisher_z(v) for v in measured)
         defined = np.isfinite(self.differences(part))
-        groups = self.replicates(part)
+        groups = self.twin_groups(part)
         return bootstrap_ci((z_ceiling - z_floor)[defined], options.interval_level,
                             groups=groups[defined] if groups is not None else None)
 
@@ -171,17 +188,19 @@ class Calibrated(VerdictRule):
         """
         if self.metric not in part:
             return VerdictCell(float("nan"), "n/a", None)
-        level, groups = options.interval_level, self.replicates(part)
+        level, seeds, groups = options.interval_level, self.replicates(part), self.twin_groups(part)
         scale = self.scale(controls)
         rows = part.sort_values("image")
-        twin = nearer_unchanged(rows[self.metric].to_numpy(float), scale, "twin", level=level)
+        pairs = self.pairs(part)
+        twin = nearer_unchanged(rows[self.metric].to_numpy(float), scale, "twin", level=level,
+                                groups=groups if pairs > 1 else None)
         measured = self.references(part)
-        floor = nearer_unchanged(self.floor_scores(part, scale), scale, "untrained", level=level, groups=groups) \
+        floor = nearer_unchanged(self.floor_scores(part, scale), scale, "untrained", level=level, groups=seeds) \
             if measured is not None else None
-        where = scale.note()
         if floor is not None and floor.outcome == REJECTED:
-            return _cell(twin.score, REJECTED, f"an untrained copy keeps the map, {reading(floor)}{where}", twin,
+            return _cell(twin.score, REJECTED, f"an untrained copy keeps the map, {reading(floor)}{scale.note()}", twin,
                          reason="an untrained copy keeps the map: it does not depend on what the model learned")
+        where = scale.note() + pair_note(pairs)
         alone = "; no control twin" if measured is None else ""
         if twin.outcome == REJECTED:
             return _cell(twin.score, REJECTED, f"{reading(twin)} nearer unchanged{where}{alone}", twin)
@@ -217,8 +236,14 @@ class Calibrated(VerdictRule):
                 f"{SMALLEST_GAP:g}), rejected when the twin lies nearer the control than the untrained copy on "
                 "Fisher's z scale, not rejected when nearer the untrained copy; where they do not separate, not "
                 "rejected when the twin lies nearer the unrelated end; inconclusive where a reading's interval "
-                "contains its midpoint; each reading per image, on the 99 % interval of the median"
+                "contains its midpoint; each reading per image, on the interval of the median (with several twin "
+                "pairs, the readings of the twins resample the pairs, then the images)"
                 + (f"; the {self.score_name} is {self.why}" if self.why else ""))
+
+
+def pair_note(pairs: int) -> str:
+    """What a cell read on the twins adds: how many pairs its interval resampled, or that it rests on one."""
+    return f"; {pairs} twin pairs resampled" if pairs > 1 else "; rests on one twin pair"
 
 
 def _both(reading: str | None, floor: str | None) -> str | None:
@@ -284,7 +309,7 @@ class NearerThanUnrelated(MedianScore):
     def rule_text(self, options: Options) -> str:
         return (f"rejected ({self.failure}) when, image by image, the {self.score_name} lies nearer to a map's "
                 "similarity to itself (1) than to its similarity to an unrelated map (another image's, compared the "
-                f"same way): the 99 % interval of the median of {self.score_name} - (1 + unrelated) / 2 at or above "
+                f"same way): the interval of the median of {self.score_name} - (1 + unrelated) / 2 at or above "
                 "0; not rejected when it lies below 0, inconclusive when it contains 0; without an unrelated map "
                 "(one image per seed), read on the controls' scale: rejected when nearer the edge map's score than "
                 "the random map's")
@@ -313,10 +338,11 @@ class OnScale(MedianScore):
         scale = self.scale(controls)
         cell = nearer_unchanged(self.per_image(part).to_numpy(float), scale, "", level=options.interval_level,
                                 groups=self.replicates(part))
-        return dataclasses.replace(cell, text=f"{cell.text[:-1]}{scale.note()})")
+        pairs = f"{pair_note(int(part.twin_pair.nunique()))}" if "twin_pair" in part else ""
+        return dataclasses.replace(cell, text=f"{cell.text[:-1]}{scale.note()}{pairs})")
 
     def rule_text(self, options: Options) -> str:
-        return (f"rejected ({self.failure}) when the 99 % interval of the median {self.score_name} lies nearer the "
+        return (f"rejected ({self.failure}) when the interval of the median {self.score_name} lies nearer the "
                 "edge map's score (unchanged) than the random map's (unrelated), both measured in the run; not "
                 "rejected when it lies nearer the random map's; inconclusive when it contains the midpoint"
                 + (f"; the {self.score_name} is {self.why}" if self.why else ""))

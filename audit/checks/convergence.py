@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,8 +48,8 @@ from audit.progress import bars
 from audit.sections import Figure, ReportContext, Section
 
 COLUMNS = ["method", "inject_at", "is_logits", "layer", "depth", "kind", "channels", "median", "median_low",
-           "median_high", "p10", "p25", "p75", "p90", "mean", "baseline", "sigma2_over_sigma1", "effective_rank",
-           "collapsed"]
+           "median_high", "interval_level", "p10", "p25", "p75", "p90", "mean", "baseline", "sigma2_over_sigma1",
+           "effective_rank", "collapsed"]
 
 
 def _joins(node: Node) -> bool:
@@ -245,7 +246,7 @@ def _vector_seed(seed: int, layer: str) -> int:
 @leaves_process_alone
 def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, methods: Methods = "all", *,
                       inject_at: str | list[str] | None = None, n_vectors: int = 5, seed: int = 0,
-                      threshold: float = 0.99, spectrum_vectors: int = 8,
+                      threshold: float = 0.99, spectrum_vectors: int = 8, level: float = 0.99,
                       progress: bool = True, params: Params | None = None) -> pd.DataFrame:
     """Layer-wise cosine-similarity convergence of each method's backward chain.
 
@@ -260,6 +261,9 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
     n_vectors : K, the Gaussian vectors compared pairwise (Sixt et al.: 5)
     seed : seeds the vectors (the same vectors for every method)
     threshold : a layer is ``collapsed`` when its median ``|cos|`` reaches it
+    level : the level at which the verdict reads the chain from the logits, which rejects where any of its L
+        layers' intervals reaches the threshold: each layer's interval is at 1 - (1 - level) / L (Bonferroni over
+        the layers; column ``interval_level``)
     spectrum_vectors : vectors used for the spectrum estimate (at least 8; the first ``n_vectors``
         of them give the ``|cos|`` statistics)
     progress : whether to show progress bars
@@ -289,7 +293,7 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
                          "rollout and its kin")
     k_total = max(n_vectors, spectrum_vectors)
     rows = [row for m, e in products.items()
-            for row in _product_rows(m, e, graph, x, y, n_vectors, k_total, seed, threshold)]
+            for row in _product_rows(m, e, graph, x, y, n_vectors, k_total, seed, threshold, level)]
     if not explainers:
         return pd.DataFrame(rows, columns=COLUMNS)
     any_ex = next(iter(explainers.values()))
@@ -298,16 +302,17 @@ def chain_convergence(model: torch.nn.Module, x: Images, y: Labels = None, metho
     forward = max(e.bytes_per_image(x) for e in explainers.values()) if memory.budget() is not None else 0
     pooled = _pooled_signals(explainers, graph, x, vectors, signal_plan(len(x), forward, recorded, k_total),
                              n_vectors=n_vectors, progress=progress)
-    rows += _chain_rows(pooled, graph, shapes, ["input"] + any_ex.layers, threshold)
+    rows += _chain_rows(pooled, graph, shapes, ["input"] + any_ex.layers, threshold, level)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _chain_rows(pooled: dict[tuple[str, str, str], Any], graph: Graph, shapes: dict[str, Any], layers: list[str],
-                threshold: float) -> list[dict[str, Any]]:
+                threshold: float, level: float) -> list[dict[str, Any]]:
     """One row per (method, injection node, recorded layer) of the pooled chain statistics; ``layers``: the
-    recorded layers in forward order (their depth)."""
+    recorded layers in forward order (their depth); ``level``: the chain's, split over its layers."""
     depth = {name: i for i, name in enumerate(layers)}
     kinds = {n.name: n.kind for n in graph.nodes}
+    chain = Counter((method, target) for method, target, _ in pooled)
     rows = []
     for (method, target, layer), (channels, cos_parts, ratios, ranks, images) in pooled.items():
         node, token = _split_token(target)
@@ -315,7 +320,8 @@ def _chain_rows(pooled: dict[tuple[str, str, str], Any], graph: Graph, shapes: d
         rows.append({"method": method, "inject_at": target, "is_logits": target == graph.output, "layer": layer,
                      "depth": depth[layer], "kind": kinds.get(layer, "input"), "channels": channels,
                      **_statistics(np.concatenate(cos_parts), np.concatenate(ratios), np.concatenate(ranks),
-                                   np.concatenate(images) if target == graph.output else None),
+                                   np.concatenate(images) if target == graph.output else None,
+                                   layer_level(level, chain[method, target])),
                      "baseline": random_cosine_median(min(channels, size_l))})
         rows[-1]["collapsed"] = bool(rows[-1]["median"] >= threshold)
     return rows
@@ -384,13 +390,21 @@ def _pooled_signals(explainers: dict[str, Explainer], graph: Graph, x: torch.Ten
     return pooled
 
 
-def _statistics(cos: np.ndarray, ratio: np.ndarray, rank: np.ndarray, images: np.ndarray | None) -> dict[str, float]:
-    """The ``|cos|`` quantiles and mean of one layer's pooled pairs, the 99 % interval of their median (a cluster
-    bootstrap over the ``images`` the values come from; NaN without them: the hidden injection points, which no
-    verdict reads), and the median spectrum ratio and rank."""
+def layer_level(level: float, layers: int) -> float:
+    """The level of each of a chain's ``layers`` intervals so that the chain's reading keeps ``level`` over them
+    all: 1 - (1 - level) / layers (Bonferroni)."""
+    return 1 - (1 - level) / max(layers, 1)
+
+
+def _statistics(cos: np.ndarray, ratio: np.ndarray, rank: np.ndarray, images: np.ndarray | None,
+                level: float) -> dict[str, float]:
+    """The ``|cos|`` quantiles and mean of one layer's pooled pairs, the interval of their median at ``level`` (a
+    cluster bootstrap over the ``images`` the values come from; NaN without them: the hidden injection points,
+    which no verdict reads), and the median spectrum ratio and rank."""
     q = np.quantile(cos, [0.1, 0.25, 0.5, 0.75, 0.9]) if cos.size else [np.nan] * 5
-    _, low, high = cluster_median_ci(cos, images, 0.99) if images is not None else (np.nan,) * 3
-    return {"median": q[2], "median_low": low, "median_high": high, "p10": q[0], "p25": q[1], "p75": q[3], "p90": q[4],
+    _, low, high = cluster_median_ci(cos, images, level) if images is not None else (np.nan,) * 3
+    return {"median": q[2], "median_low": low, "median_high": high,
+            "interval_level": level if images is not None else np.nan, "p10": q[0], "p25": q[1], "p75": q[3], "p90": q[4],
             "mean": float(cos.mean()) if cos.size else np.nan,
             "sigma2_over_sigma1": float(np.median(ratio)) if len(ratio) else np.nan,
             "effective_rank": float(np.median(rank)) if len(rank) else np.nan}
@@ -454,8 +468,8 @@ def _pool(pooled: dict[tuple[str, str, str], list[Any]], method: str, target: st
         entry[3].append(rank)
 
 
-def _product_rows(method: str, ex: Explainer, graph: Graph, x: torch.Tensor, y: torch.Tensor | None, n_vectors: int, k_total: int,
-                  seed: int, threshold: float) -> list[dict[str, Any]]:
+def _product_rows(method: str, ex: Explainer, graph: Graph, x: torch.Tensor, y: torch.Tensor | None, n_vectors: int,
+                  k_total: int, seed: int, threshold: float, level: float) -> list[dict[str, Any]]:
     """CSC of a map that is the class token's row of a product of per-block operators M_L ... M_1 (K = 1
     target: ``y``, else the prediction): K Gaussian row vectors over the tokens replace that row and are
     multiplied down, r <- r M_l, recorded after each block at its attention node (depth = the node's)."""
@@ -469,7 +483,7 @@ def _product_rows(method: str, ex: Explainer, graph: Graph, x: torch.Tensor, y: 
         r = (r[:, :, None, :] @ operator).squeeze(2)  # (K, B, T)
         cos, images = pairwise_abs_cos_by_image(r, n_vectors)
         ratio, rank = image_spectra(r)
-        measured = _statistics(cos, ratio, rank, images)
+        measured = _statistics(cos, ratio, rank, images, layer_level(level, len(nodes)))
         rows.append({"method": method, "inject_at": graph.output, "is_logits": True, "layer": node, "depth": depth[node],
                      "kind": graph.by_name[node].kind, "channels": tokens, **measured,
                      "baseline": random_cosine_median(tokens), "collapsed": bool(measured["median"] >= threshold)})
@@ -483,6 +497,18 @@ def median_interval(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndar
     bounds = [rows[c].to_numpy(float) if c in rows else median for c in ("median_low", "median_high")]
     low, high = (np.where(np.isnan(b), median, b) for b in bounds)
     return median, low, high
+
+
+def converged_row(csc: pd.DataFrame | None, model: str, method: str, threshold: float) -> pd.DataFrame:
+    """The CSC row (one, or none) where the chain injected at the logits converged: the layer nearest the logits
+    whose whole interval reaches ``threshold`` (the one the verdict rejected at), else the input's row
+    (:func:`input_row`)."""
+    if csc is None or csc.empty:
+        return pd.DataFrame()
+    part = csc[(csc.model == model) & (csc.method == method) & csc.is_logits.astype(bool)]
+    part = part.sort_values("depth", ascending=False)
+    reached = part[median_interval(part)[1] >= threshold]
+    return reached.iloc[:1] if not reached.empty else part.iloc[-1:]
 
 
 def input_row(csc: pd.DataFrame | None, model: str, method: str) -> pd.DataFrame:
@@ -536,9 +562,11 @@ class Collapse(VerdictRule):
         return VerdictCell(top, f"{INCONCLUSIVE} (at {where(int(unsure[0]))}{tail})", INCONCLUSIVE)
 
     def rule_text(self, options: Options) -> str:
-        return (f"rejected (chain converges) when the 99 % interval of the median |cos| of the chain injected at the "
+        return (f"rejected (chain converges) when the interval of the median |cos| of the chain injected at the "
                 f"logits lies at or above {getattr(options, self.threshold)} at some layer, not rejected when it lies "
-                "below at every layer, else inconclusive")
+                "below at every layer, else inconclusive; each of the chain's L layers' intervals at the check's "
+                "level split over them (1 - (1 - level) / L, Bonferroni), so that the chain's reading keeps the "
+                "check's level")
 
 
 @dataclass(frozen=True)
@@ -554,7 +582,8 @@ class ConvergenceOptions(Options):
 def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: ConvergenceOptions,
          unit: UnitContext) -> UnitResult:
     return UnitResult(chain_convergence(model, x, y, [method], n_vectors=options.n_vectors, seed=unit.seed,
-                                        threshold=options.csc_threshold, progress=unit.progress,
+                                        threshold=options.csc_threshold, level=options.interval_level,
+                                        progress=unit.progress,
                                         params=unit.params))
 
 

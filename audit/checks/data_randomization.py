@@ -11,6 +11,7 @@ each model's own prediction.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ from audit.checks.replicates import replicates, seed_groups
 from audit.checks.scale import controls_in, scale_of
 from audit.checks.stage_options import TARGETS, heatmap_scale, images_per_seed_option, measures_option
 from audit.data.preprocess import preprocess_from
-from audit.errors import AuditError
+from audit.errors import AuditError, ConfigError
 from audit.inputs import Images, Labels, Methods, Reduction, check_count, check_inputs, check_option, resolve_methods
 from audit.measures.heatmaps import ComparableMaps, ReferenceMaps, follows, heatmaps, input_structure, signed_heatmaps
 from audit.measures.measure_sets import MeasureSet
@@ -51,27 +52,33 @@ MEASURE_WHY = ("the measure Adebayo et al. (2018, section 5) used for this test:
 # untrained model (every tensor re-initialised: what a model that learned nothing gives)
 REFERENCES = ("control", "untrained")
 COLUMNS = ["method", "image", "ssim", "spearman", "spearman_abs", "hog", "input_spearman_abs", "edge_spearman_abs",
-           "control_spearman_abs", "untrained_spearman_abs", "untrained_replicate"]
+           "control_spearman_abs", "untrained_spearman_abs", "untrained_replicate", "twin_pair"]
 
 
 @leaves_process_alone
-def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, methods: Methods = "all", *, target: str = "true",
-                       seed: int = 0, reduction: Reduction | None = None, progress: bool = True,
-                       keep_maps: int = 0, measures: str | MeasureSet = "toolkit", control: nn.Module | None = None,
-                       images_per_seed: int = 2, first_image: int = 0,
-                       params: Params | None = None) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+def data_randomization(model: nn.Module, twin: nn.Module | Sequence[nn.Module], x: Images, y: Labels,
+                       methods: Methods = "all", *, target: str = "true", seed: int = 0,
+                       reduction: Reduction | None = None, progress: bool = True, keep_maps: int = 0,
+                       measures: str | MeasureSet = "toolkit",
+                       control: nn.Module | Sequence[nn.Module] | None = None, images_per_seed: int = 2,
+                       first_image: int = 0, params: Params | None = None) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Similarity of each method's maps on ``model`` and on its permuted-label ``twin`` (and, with a ``control``
     twin, on the control and on the untrained model: the calibrated verdict's references).
 
     Parameters
     ----------
-    model, twin : nn.Module of one architecture (else a :class:`~audit.errors.ConfigError`); neither is modified
-    control : the control twin (the twin's recipe on the true labels, another seed), of the same architecture;
-        with it the maps are also computed on it and on untrained copies of the model (every tensor
+    model : nn.Module, not modified
+    twin : nn.Module or a sequence of them, the permuted-label twins (one per pair: twins are training draws too),
+        each of the model's architecture (else a :class:`~audit.errors.ConfigError`); not modified. With several,
+        the images are shared out over the pairs as over the re-initialisation seeds: image i of the run belongs to
+        the seed replicate ``i // images_per_seed`` and to the pair of that replicate modulo the pairs, so that the
+        pairs, like the seeds, grow with the images and the verdict's interval resamples them
+    control : the control twins (the twins' recipe on the true labels, another seed), one per twin, in the twins'
+        order; with them the maps are also computed on them and on untrained copies of the model (every tensor
         re-initialised: consecutive images share a seed, :mod:`audit.checks.replicates`), and compared with the
         model's by the Spearman of ``|map|``
-    images_per_seed, first_image : how many consecutive images share an untrained copy's seed, and the run's index
-        of the first image given (as the randomization checks')
+    images_per_seed, first_image : how many consecutive images share an untrained copy's seed (and a pair), and
+        the run's index of the first image given (as the randomization checks')
     x : (B, C, H, W) images
     y : (B,) labels
     methods : names, "all" or a comma-separated string
@@ -92,50 +99,82 @@ def data_randomization(model: nn.Module, twin: nn.Module, x: Images, y: Labels, 
     input_spearman_abs and edge_spearman_abs (Spearman of the twin's ``|map|`` with the input's magnitude and with
     its edges: :func:`~audit.measures.heatmaps.input_structure`), control_spearman_abs and untrained_spearman_abs
     (the model's ``|map|`` against the control twin's and the untrained model's; NaN without a control),
-    untrained_replicate (the replicate of the image's untrained copy);
+    untrained_replicate (the replicate of the image's untrained copy), twin_pair (the pair of its twins, from 0);
     and {method: (2, keep_maps, H, W)}, the model's and the twin's heatmaps.
     """
-    x, y = _checked(model, twin, control, x, y, target=target, keep_maps=keep_maps)
+    twins, controls = as_pairs(twin, control)
+    x, y = checked_pair(model, twins, controls, x, y, target=target, keep_maps=keep_maps)
     names = resolve_methods(methods)
-    maps: dict[str, list[torch.Tensor]] = {m: [] for m in names}
-    signed: dict[str, list[torch.Tensor]] = {m: [] for m in names}
-    nets = [model, twin] + ([control] if control is not None else [])
-    for k, net in enumerate(tqdm(nets, desc="data randomization", disable=not bars(progress), leave=False)):
-        for m, (v, s) in _explained(net, x, y, names, seed + k, target, reduction, params=params).items():
-            maps[m].append(v)
-            signed[m] += [s] if s is not None else []
     floor = replicates(first_image, len(x), images_per_seed)
-    if control is not None:  # the untrained copies, one per seed, each explaining its own images
-        for m, v in _untrained_maps(model, x, y, names, first_image, images_per_seed, seed, target, reduction,
-                                    params=params).items():
-            maps[m].append(v)
+    pair = floor % len(twins)
+    roles = role_maps(model, twins, controls, x, y, names, seed=seed, target=target, reduction=reduction,
+                      first_image=first_image, images_per_seed=images_per_seed, params=params, progress=progress)
+    maps = {m: [role[m][0] for role in roles] for m in names}
+    signed = {m: [s for role in roles[:2] if (s := role[m][1]) is not None] for m in names}
     # how far the twin's map follows the input's magnitude and edges: what a map that survives label permutation
     # may be carried by (the mechanism the verdict names)
     structure = input_structure(x)
     rows = []
     for m in names:
-        scores = _scores(maps[m], signed[m], structure, measures)
+        scores = pair_scores(maps[m], signed[m], structure, measures)
         rows += [{"method": m, "image": i, **{k: float(v[i]) for k, v in scores.items()},
-                  "untrained_replicate": int(floor[i])} for i in range(len(x))]
+                  "untrained_replicate": int(floor[i]), "twin_pair": int(pair[i])} for i in range(len(x))]
     kept = {m: torch.stack([v[:keep_maps] for v in maps[m][:2]]).numpy() for m in names}
     return pd.DataFrame(rows, columns=COLUMNS), kept
 
 
-def _checked(model: nn.Module, twin: nn.Module, control: nn.Module | None, x: Images, y: Labels, *, target: str,
-             keep_maps: int) -> tuple[torch.Tensor, torch.Tensor]:
+Maps = dict[str, tuple[torch.Tensor, torch.Tensor | None]]  # {method: ((B, H, W) heatmaps, signed sums or None)}
+
+
+def role_maps(model: nn.Module, twins: list[nn.Module], controls: list[nn.Module], x: torch.Tensor, y: torch.Tensor,
+              names: list[str], *, seed: int, target: str, reduction: Reduction | None, first_image: int,
+              images_per_seed: int, params: Params | None, progress: bool) -> list[Maps]:
+    """The maps of the test's roles, in order: the model's, the permuted-label twins', then (with controls) the
+    control twins' and the untrained copies'; each :data:`Maps` of all B images. The model explains every image;
+    pair k's twin and control the images of pair k (replicate mod the pairs); each untrained copy the images of
+    its seed. ``seed``: the random control's (the k-th role draws from seed + k)."""
+    pair = replicates(first_image, len(x), images_per_seed) % len(twins)
+    shares = [np.flatnonzero(pair == k) for k in range(len(twins))]
+    jobs: list[Iterable[tuple[nn.Module, slice | np.ndarray]]] = [[(model, slice(0, len(x)))], list(zip(twins, shares))]
+    if controls:  # the untrained copies made one at a time, a copy per seed
+        jobs += [list(zip(controls, shares)),
+                 ((untrained_copy(model, x, drawn), images)
+                  for images, _, drawn in seed_groups(first_image, len(x), images_per_seed, seed))]
+    return [pooled_maps(parts, x, y, names, seed=seed + k, target=target, reduction=reduction, params=params)
+            for k, parts in enumerate(tqdm(jobs, desc="data randomization", disable=not bars(progress), leave=False))]
+
+
+def as_pairs(twin: nn.Module | Sequence[nn.Module], control: nn.Module | Sequence[nn.Module] | None
+              ) -> tuple[list[nn.Module], list[nn.Module]]:
+    """(twins, controls) as lists, one of each per pair (no controls: empty); a :class:`ConfigError` where there
+    is no twin, or the controls are not one per twin."""
+    twins = [twin] if isinstance(twin, nn.Module) else list(twin)
+    controls = [] if control is None else [control] if isinstance(control, nn.Module) else list(control)
+    if not twins:
+        raise ConfigError("data_randomization needs at least one permuted-label twin")
+    if controls and len(controls) != len(twins):
+        raise ConfigError(f"data_randomization got {len(twins)} permuted-label twins and {len(controls)} control "
+                          "twins: give one control twin per twin, in the same order (pair k: the k-th of each)")
+    return twins, controls
+
+
+def checked_pair(model: nn.Module, twins: list[nn.Module], controls: list[nn.Module], x: Images, y: Labels, *,
+             target: str, keep_maps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(x (B, C, H, W), y (B,)) checked, after the options and the twins' architectures: the audit's own errors."""
     check_option("target", target, TARGETS)
     check_count("keep_maps", keep_maps)
-    same_architecture(model, twin, "the model", "the twin")
-    if control is not None:
-        same_architecture(model, control, "the model", "the control twin")
+    for k, twin in enumerate(twins):
+        same_architecture(model, twin, "the model", "the twin" if len(twins) == 1 else f"twin {k + 1}")
+    for k, control in enumerate(controls):
+        same_architecture(model, control, "the model", "the control twin" if len(controls) == 1
+                          else f"control twin {k + 1}")
     x, y = check_inputs(model, x, y)
     if y is None:
         raise AuditError("data_randomization needs the labels y")
     return x, y
 
 
-def _scores(maps: list[torch.Tensor], signed: list[torch.Tensor], structure: dict[str, np.ndarray],
+def pair_scores(maps: list[torch.Tensor], signed: list[torch.Tensor], structure: dict[str, np.ndarray],
             measures: str | MeasureSet) -> dict[str, np.ndarray]:
     """{score: (B,) values} of one method: its maps on the model, the twin, then the control and the untrained
     copies where computed (each (B, H, W)), and the model's and the twin's signed maps (or none)."""
@@ -166,17 +205,24 @@ def _explained(net: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str
     return {m: (v, signed.get(m)) for m, v in heatmaps(raw, reduction).items()}
 
 
-def _untrained_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str], first_image: int,
-                    images_per_seed: int, seed: int, target: str, reduction: Reduction | None, *,
-                    params: Params | None) -> dict[str, torch.Tensor]:
-    """{method: (B, H, W) heatmaps} of ``x`` on untrained copies of ``model``, each re-initialised with one seed and
-    explaining its own images (:func:`~audit.checks.replicates.seed_groups`)."""
-    out: dict[str, torch.Tensor] = {}
-    for images, _, drawn in seed_groups(first_image, len(x), images_per_seed, seed):
-        copy = untrained_copy(model, x, drawn)
-        for m, (v, _) in _explained(copy, x[images], y[images], names, seed + 3, target, reduction,
-                                     params=params).items():
-            out.setdefault(m, v.new_empty((len(x), *v.shape[1:])))[images] = v
+def pooled_maps(parts: Iterable[tuple[nn.Module, slice | np.ndarray]], x: torch.Tensor, y: torch.Tensor,
+                names: list[str], *, seed: int, target: str, reduction: Reduction | None, params: Params | None
+                ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """{method: ((B, H, W) heatmaps, (B, H, W) signed channel sums or None)} of ``x``, each net of ``parts``
+    explaining its own images (a slice or an index array of ``x``); ``seed``: the random control's."""
+    out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    for net, images in parts:
+        if isinstance(images, np.ndarray) and not images.size:
+            continue
+        index = images if isinstance(images, slice) else torch.as_tensor(images)
+        for m, (v, s) in _explained(net, x[index], y[index], names, seed, target, reduction, params=params).items():
+            if m not in out:
+                out[m] = (v.new_empty((len(x), *v.shape[1:])),
+                          s.new_empty((len(x), *s.shape[1:])) if s is not None else None)
+            maps, signed = out[m]
+            maps[index] = v
+            if s is not None and signed is not None:
+                signed[index] = s
     return out
 
 
@@ -193,11 +239,11 @@ class DataRandomizationOptions(Options):
 
 def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: DataRandomizationOptions,
          unit: UnitContext) -> UnitResult:
-    if unit.twin is None:  # the runner skips a model without a twin before it gets here
+    if not unit.twins:  # the runner skips a model without a twin before it gets here
         raise AuditError("the data-randomization test needs the model's permuted-label twin")
-    df, maps = data_randomization(model, unit.twin, x, y, [method], target=options.data_target, seed=unit.seed,
+    df, maps = data_randomization(model, unit.twins, x, y, [method], target=options.data_target, seed=unit.seed,
                                   progress=unit.progress, keep_maps=unit.heatmap_examples, measures=options.measures,
-                                  control=unit.control, images_per_seed=options.images_per_seed,
+                                  control=unit.controls or None, images_per_seed=options.images_per_seed,
                                   first_image=unit.first_image, params=unit.params)
     return UnitResult(df, maps[method] if unit.heatmap_examples else None)
 
@@ -243,15 +289,16 @@ def _fits(record: dict[str, Any]) -> str:
 
 
 def _twin_table(manifest: dict[str, Any], models: list[str]) -> pd.DataFrame:
-    """The twins the run compared, each model's permuted-label twin and its control twin: which checkpoint, its
-    labels, seeds, training subset and accuracies."""
+    """The twins the run compared, each model's pairs of a permuted-label twin and its control twin: which
+    checkpoint, its labels, seeds, training subset and accuracies."""
     twins = manifest.get("twins", {})
-    rows = [{"model": m, "role": role, "twin": record["spec"], "labels": record.get("labels"),
+    rows = [{"model": m, "pair": k, "role": role, "twin": record["spec"], "labels": record.get("labels"),
              "label seed": record.get("label_seed"), "seed": record.get("seed"),
              "training images": record.get("train_size"), "training accuracy": record.get("train_accuracy"),
              "fits its labels": _fits(record), "test accuracy": record.get("test_accuracy")}
             for m in models if m in twins
-            for role, record in (("permuted-label twin", twins[m]), ("control twin", twins[m].get("control")))
+            for k, pair in enumerate(twins[m].get("pairs", [twins[m]]), start=1)  # a run of one pair recorded it alone
+            for role, record in (("permuted-label twin", pair), ("control twin", pair.get("control")))
             if record]
     return pd.DataFrame(rows)
 

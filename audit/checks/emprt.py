@@ -140,7 +140,7 @@ class EmprtOptions(StageOptions):
     emprt_bins: int = option(100, "histogram bins of eMPRT's entropy", valid=lambda v: v >= 2, rule=">= 2")
     emprt_curve: bool = option(True, "explain every randomization stage for eMPRT's curve (False: only the trained "
                                "and the fully randomized model, all the score needs)")
-    emprt_threshold: float = option(0.0, "eMPRT score at or below which a method is rejected when the 99 % interval "
+    emprt_threshold: float = option(0.0, "eMPRT score at or below which a method is rejected when the interval "
                                     "of its median lies there (default 0: the score of the model-independent edge "
                                     "control; Hedstroem et al. give eMPRT as a ranking, without a threshold)",
                                     valid=lambda v: v > -1, rule="> -1",
@@ -165,7 +165,7 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: EmprtOptions
                for m in table.model.unique()]
     return [Section("Efficient MPRT (eMPRT)", text="Relative rise of the maps' histogram entropy as layers are "
                     "randomized; the score is the last stage's. Higher is better; the edge control scores 0. Hedstroem "
-                    "et al. rank methods by it and give no threshold: a method is rejected only where the 99 % interval "
+                    "et al. rank methods by it and give no threshold: a method is rejected only where the interval "
                     "of its median lies at or below the threshold (by default 0, the model-independent edge control's "
                     "score), inconclusive where the interval contains it. "
                     + coverage_paragraph(context.run, "emprt_coverage.csv", list(table.model.unique())),

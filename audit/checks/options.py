@@ -99,13 +99,27 @@ def option(default: Any, help: str, *, choices: tuple[Any, ...] = (), valid: Cal
                                             "source": source})
 
 
-CONFIDENCE = 0.99  # the level of every verdict's interval in a run of one look
+CONFIDENCE = 0.99  # the level of a verdict's interval in a run of one look and a few readings
+FAMILY_ERROR = 0.05  # the most a method's verdict may be wrongly rejected, over every reading of every check run
+# The percentile bootstrap's one-sided error (an interval wholly on one side of the true median) measured at most
+# this many times its nominal (1 - level) / 2 on 16 to 64 images, over skewed, tied, discrete and heavy-tailed
+# scores and seed spreads (tests/reports/test_verdict.py): what the family-wise bound multiplies.
+INFLATION = 3.0
+SMALLEST_LOOK = 16  # the fewest images of a look of a sequential run: the bound above is measured from 16 on
 
 
-def look_level(looks: int) -> float:
-    """The level of one look's interval in a design of ``looks`` looks: :data:`CONFIDENCE` split over them
-    (Bonferroni), so that a decision taken at any look keeps the error of one interval of a run of one look."""
-    return 1 - (1 - CONFIDENCE) / looks
+def one_sided_error(level: float) -> float:
+    """The one-sided error of an interval at ``level``, as bounded by simulation: :data:`INFLATION` x (1 - level)/2."""
+    return INFLATION * (1 - level) / 2
+
+
+def look_level(looks: int, family: int = 1) -> float:
+    """The level of one look's interval in a design of ``looks`` looks, in a run whose checks read ``family``
+    rejecting intervals per method in all: the largest level of :data:`CONFIDENCE` and the level at which ``family``
+    readings keep a method's family-wise error at :data:`FAMILY_ERROR` (Bonferroni: each reading's one-sided error,
+    :func:`one_sided_error`, at most FAMILY_ERROR / family), then split over the looks (Bonferroni), so that a
+    decision taken at any look keeps the error of one interval of a run of one look."""
+    return 1 - min(1 - CONFIDENCE, 2 * FAMILY_ERROR / (INFLATION * family)) / looks
 
 
 @dataclass(frozen=True)
@@ -117,14 +131,17 @@ class Options:
     looks : not a key of its own: how many times the run's sequential design reads a verdict (``max_images``
         over ``n_images``, :class:`~audit.run.config.AuditConfig`); each look's interval is at
         :attr:`interval_level`
+    family : not a key of its own: how many rejecting intervals the run's checks read per method in all
+        (:attr:`~audit.run.config.AuditConfig.family`), over which the family-wise error is held
     """
 
     looks: int = field(default=1, metadata={"derived": True})
+    family: int = field(default=1, metadata={"derived": True})
 
     @property
     def interval_level(self) -> float:
-        """The level of a verdict's interval at one look (:func:`look_level` of :attr:`looks`)."""
-        return look_level(self.looks)
+        """The level of a verdict's interval at one look (:func:`look_level` of :attr:`looks` and :attr:`family`)."""
+        return look_level(self.looks, self.family)
 
     @classmethod
     def declared(cls) -> tuple[Option, ...]:
@@ -133,10 +150,12 @@ class Options:
                      if not f.metadata.get("derived"))
 
     @classmethod
-    def parse(cls: type[OptionsT], values: Mapping[str, Any], looks: int = 1) -> OptionsT:
+    def parse(cls: type[OptionsT], values: Mapping[str, Any], looks: int = 1, family: int = 1) -> OptionsT:
         """The options from a configuration's flat keys (the others ignored; a missing one takes its default),
-        each value checked (:meth:`Option.check`), read ``looks`` times by the run's design."""
-        return cls(looks=looks, **{o.name: o.check(values.get(o.name, o.default)) for o in cls.declared()})
+        each value checked (:meth:`Option.check`), read ``looks`` times by the run's design, in a ``family`` of
+        rejecting intervals."""
+        return cls(looks=looks, family=family, **{o.name: o.check(values.get(o.name, o.default))
+                                                  for o in cls.declared()})
 
 
 @dataclass(frozen=True)
@@ -148,8 +167,8 @@ class UnitContext:
     seed : the run's seed (each unit's global seed is set from it and the unit's key by the runner)
     heatmap_examples : how many of the unit's first images keep their raw heatmaps for the report
     progress : whether to show progress bars
-    twin : the model's permuted-label twin, for a check that needs one (else None)
-    control : the model's control twin (the twin's recipe on the true labels), beside the twin (else None)
+    twins : the model's permuted-label twins, one per pair, for a check that needs them (else empty)
+    controls : the model's control twins (the twins' recipe on the true labels), one per pair (else empty)
     first_image : the run's index of the unit's first image (a block's start): what a check that shares seeds out
         over the images reads, so that a block's images keep the seeds they have in the whole run
     params : {method: {name: value}}, the parameters the run gives each method's explainers (the pattern methods'
@@ -159,7 +178,7 @@ class UnitContext:
     seed: int = 0
     heatmap_examples: int = 0
     progress: bool = False
-    twin: nn.Module | None = None
-    control: nn.Module | None = None
+    twins: tuple[nn.Module, ...] = ()
+    controls: tuple[nn.Module, ...] = ()
     first_image: int = 0
     params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

@@ -92,7 +92,7 @@ class RandomLogitOptions(Options):
     """The random-logit test's key."""
 
     random_logit_threshold: float = option(0.8, "SSIM at or above which a method is rejected as class-insensitive "
-                                           "when the 99 % interval of its median lies there (Sixt et al.: near 1 "
+                                           "when the interval of its median lies there (Sixt et al.: near 1 "
                                            "for converging chains, 0.4-0.8 for the others)",
                                            valid=lambda v: 0 < v <= 1, rule="in (0, 1]",
                                            source="Sixt et al. 2020, the random-logit figure: the top of the range "

@@ -432,6 +432,10 @@ class Survival(VerdictRule):
         rows = part[part.stage == 1].sort_values("image")  # after the logit layer is randomized
         return pd.Series(rows[self.metric].to_numpy(), index=rows.image.to_numpy())
 
+    def replicates(self, part: pd.DataFrame) -> np.ndarray | None:
+        rows = part[part.stage == 1].sort_values("image")
+        return rows["replicate"].to_numpy() if "replicate" in rows else None
+
     def evaluate(self, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> VerdictCell:
         intervals = stage_intervals(part, self.metric, options.interval_level) if self.metric in part else pd.DataFrame()
         if intervals.empty:
@@ -480,7 +484,7 @@ class Survival(VerdictRule):
                 f"({self.failure}): its {self.score_name} to the trained map lies nearer the trained map's own (1) "
                 "than the fully randomized model's (the last stage) at each of them; not rejected when the fully "
                 "randomized model's lies nearer the unrelated end and some stage of the top part lies below its "
-                "survival level; else inconclusive; each reading per image, on the 99 % interval of the median")
+                "survival level; else inconclusive; each reading per image, on the interval of the median")
 
 
 def floor_scores(part: pd.DataFrame, metric: str, scale: Scale) -> pd.Series:

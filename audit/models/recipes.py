@@ -56,3 +56,13 @@ for _arch, _recipe in _TWIN_RECIPES.items():
     RECIPES[f"{_arch}-permuted"] = TrainConfig(arch=_arch, seed=1, permute_labels=1, twin_of=f"{_arch}-sgd",
                                                **_recipe, **_TWIN)
     RECIPES[f"{_arch}-control"] = TrainConfig(arch=_arch, seed=2, twin_of=f"{_arch}-sgd", **_recipe, **_TWIN)
+# Twins are draws too (a training run's seed and a label permutation): the CNN and the VGG ship three pairs, pair k
+# the same recipe with its own permutation (seed k) and initial weights (seeds 2k - 1 and 2k), so that the
+# data-randomization verdict resamples the pairs as it resamples the re-initialisation seeds.
+TWIN_PAIRS = {"cnn": 3, "vgg": 3}
+for _arch, _pairs in TWIN_PAIRS.items():
+    for _k in range(2, _pairs + 1):
+        RECIPES[f"{_arch}-permuted-{_k}"] = TrainConfig(arch=_arch, seed=2 * _k - 1, permute_labels=_k,
+                                                        twin_of=f"{_arch}-sgd", **_TWIN_RECIPES[_arch], **_TWIN)
+        RECIPES[f"{_arch}-control-{_k}"] = TrainConfig(arch=_arch, seed=2 * _k, twin_of=f"{_arch}-sgd",
+                                                       **_TWIN_RECIPES[_arch], **_TWIN)

@@ -6,11 +6,15 @@ subset, epochs and settings) on the true labels from another seed: how alike the
 model that learned the same labels this way are, the reference the calibrated verdict reads the permuted twin
 against. A shipped checkpoint's twins are the shipped checkpoints whose metadata say ``twin_of`` it (the role
 from their labels); any other model's are named by the user (``AuditConfig.twins``, ``AuditConfig.controls``).
+Twins are draws too (a training seed and a permutation): a model may have several pairs (the CNN and the VGG ship
+three), the k-th permuted-label twin paired with the k-th control twin.
 A pair is compared only if the two are the same architecture: the same module class and the same parameter and
 buffer names and shapes.
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,23 +37,41 @@ def twin_role(meta: dict[str, Any]) -> str:
     return str(meta.get("twin") or ("permuted" if labels == "permuted" else "control"))
 
 
-def shipped_twin(spec: str, role: str = "permuted") -> str | None:
-    """The shipped checkpoint trained as the ``role`` twin (:data:`ROLES`) of the shipped model ``spec``, if any.
+def _pair_order(name: str) -> tuple[int, str]:
+    """How shipped twins of one model and role are ordered: ``cnn-permuted`` (pair 1), then ``cnn-permuted-2``..."""
+    match = re.search(r"-(\d+)$", name)
+    return (int(match.group(1)) if match else 1, name)
+
+
+def shipped_twins(spec: str, role: str = "permuted") -> list[str]:
+    """The shipped checkpoints trained as ``role`` twins (:data:`ROLES`) of the shipped model ``spec``, pair 1 first
+    (``cnn-permuted``, ``cnn-permuted-2``, ...); empty when it has none.
 
     Parameters
     ----------
     spec : a shipped checkpoint's name
-    role : ``permuted`` (the permuted-label twin) or ``control`` (the control twin, trained on the true labels)
+    role : ``permuted`` (the permuted-label twins) or ``control`` (the control twins, trained on the true labels)
     """
     if role not in ROLES:
         raise unknown_name("twin role", role, ROLES, ConfigError)
-    return next((name for name, meta in available_checkpoints().items()
-                 if meta.get("twin_of") == spec and twin_role(meta) == role), None)
+    return sorted((name for name, meta in available_checkpoints().items()
+                   if meta.get("twin_of") == spec and twin_role(meta) == role), key=_pair_order)
 
 
-def twin_spec(spec: str, given: dict[str, str], role: str = "permuted") -> str | None:
-    """The ``role`` twin (:data:`ROLES`) of the model ``spec``: the user's (``given``, model spec -> twin spec),
-    else the shipped one.
+def shipped_twin(spec: str, role: str = "permuted") -> str | None:
+    """The first of :func:`shipped_twins` (the ``role`` twin of pair 1), if any.
+
+    Parameters
+    ----------
+    spec : a shipped checkpoint's name
+    role : ``permuted`` or ``control``
+    """
+    return next(iter(shipped_twins(spec, role)), None)
+
+
+def twin_specs(spec: str, given: Mapping[str, str | Sequence[str]], role: str = "permuted") -> list[str]:
+    """The ``role`` twins (:data:`ROLES`) of the model ``spec``, one per pair: the user's (``given``), else the
+    shipped ones.
 
     Parameters
     ----------
@@ -57,31 +79,33 @@ def twin_spec(spec: str, given: dict[str, str], role: str = "permuted") -> str |
         The model as the configuration names it (a shipped name, a checkpoint path, a library model or
         ``module:factory``).
     given : dict
-        Model spec -> twin spec, the user's pairs (``AuditConfig.twins`` for the permuted-label twins,
-        ``AuditConfig.controls`` for the control twins).
+        Model spec -> twin spec or list of twin specs (one per pair), the user's (``AuditConfig.twins`` for the
+        permuted-label twins, ``AuditConfig.controls`` for the control twins).
     role : str, default "permuted"
         ``permuted`` or ``control``.
 
     Returns
     -------
-    str or None
-        The twin's spec; None when the user gives none and no shipped checkpoint is ``spec``'s twin of that role
-        (:func:`shipped_twin`).
+    list of str
+        The twins' specs in pair order; empty when the user gives none and no shipped checkpoint is ``spec``'s twin
+        of that role (:func:`shipped_twins`).
 
     Raises
     ------
     ConfigError
-        When the user's twin is a library model (``timm:``, ``torchvision:``, ``hf:``), which would load
+        When a twin the user gives is a library model (``timm:``, ``torchvision:``, ``hf:``), which would load
         the model's own weights or fresh ones.
     """
-    if spec in given:
-        twin = given[spec]
+    if spec not in given:
+        return shipped_twins(spec, role)
+    value = given[spec]
+    twins = [value] if isinstance(value, str) else [str(t) for t in value]
+    for twin in twins:
         if is_library_spec(twin):
             raise ConfigError(f"the {ROLES[role]} of {spec} is {twin!r}, a library model: it would load the model's "
                               "own weights (or fresh ones); give the twin as a checkpoint path or module:factory that "
                               "loads its weights")
-        return twin
-    return shipped_twin(spec, role)
+    return twins
 
 
 def same_architecture(model: nn.Module, twin: nn.Module, model_name: str, twin_name: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from attributions.errors import unknown_name
 from audit.checks import CHECKS, check_options, get_check
-from audit.checks.options import Option
+from audit.checks.options import SMALLEST_LOOK, Option
 from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError
 from audit.inputs import resolve_methods
@@ -133,11 +133,12 @@ class AuditConfig:
     pattern_images: int = key(256, help="images the patterns are fitted on (default 256, a seeded draw)", type=int,
                               valid=lambda v: v >= 1, rule="at least 1")
     twins: dict[str, Any] = key(factory=dict, help="the permuted-label twin of each model for the data-randomization test (a "
-                      "checkpoint path, shipped name or module:factory); the shipped models' twins are found without it",
-                      metavar="MODEL=TWIN,...")
+                      "checkpoint path, shipped name or module:factory; a list, or the model named again, for several "
+                      "pairs); the shipped models' twins are found without it", metavar="MODEL=TWIN,...")
     controls: dict[str, Any] = key(factory=dict, help="the control twin of each model (its twin's recipe on the true labels, "
-                         "another seed), the reference of the data-randomization test's calibrated verdict; the "
-                         "shipped models' control twins are found without it", metavar="MODEL=CONTROL,...")
+                         "another seed), the reference of the data-randomization test's calibrated verdict; one per "
+                         "pair, in the twins' order; the shipped models' control twins are found without it",
+                         metavar="MODEL=CONTROL,...")
     allow_partial_weights: bool = key(False, help="load a library model whose weights leave tensors missing, unexpected "
                                       "or of another shape (e.g. a head of another size), keeping those freshly "
                                       "initialised; what was left out is recorded in the manifest's model_sources (default: an "
@@ -204,11 +205,22 @@ class AuditConfig:
             if self.image_block:
                 raise ConfigError("max_images reads the images in looks of n_images, which are the blocks of the "
                                   "work: drop image_block")
+            if self.n_images < SMALLEST_LOOK:
+                raise ConfigError(f"max_images reads the images in looks of n_images ({self.n_images}), and a look "
+                                  f"must hold at least {SMALLEST_LOOK} images: the error a decision at any look keeps "
+                                  f"is measured from {SMALLEST_LOOK} images on (on fewer, the bootstrap interval's "
+                                  f"error exceeds its bound); set n_images to {SMALLEST_LOOK} or more")
+
+    @property
+    def family(self) -> int:
+        """How many rejecting intervals the run's checks read per method in all (each check's verdict rule's
+        ``readings``): the family over which a method's error is held (:func:`~audit.checks.options.look_level`)."""
+        return family_of(self.tests)
 
     @property
     def looks(self) -> int:
         """How many looks the run's design takes at each cell: ceil(max_images / n_images), 1 without a budget."""
-        return 1 if self.max_images is None else -(-self.max_images // self.n_images)
+        return looks_of(self.n_images, self.max_images)
 
     def to_dict(self) -> dict[str, Any]:
         """The flat form (general keys, then the checks' keys) written to the manifest."""
@@ -233,17 +245,41 @@ class AuditConfig:
                    options={k: v for k, v in values.items() if k in known})
 
 
+def family_of(tests: list[Any]) -> int:
+    """How many rejecting intervals the checks ``tests`` read per method in all (their verdict rules' ``readings``;
+    at least 1)."""
+    rules = [rule for t in tests if t in CHECKS and (rule := CHECKS[t].verdict) is not None]
+    return max(1, sum(rule.readings for rule in rules))
+
+
+def looks_of(n_images: int, max_images: int | None) -> int:
+    """How many looks a design of looks of ``n_images`` up to ``max_images`` takes (1 without a budget)."""
+    return 1 if max_images is None else -(-max_images // n_images)
+
+
 def _as_pairs(value: Any, name: str) -> dict[str, Any]:
-    """{model: twin} from a table or "model=twin,model=twin"."""
+    """{model: twin, or [twin, ...] for several pairs} from a table or "model=twin,model=twin" (a model named
+    more than once has a twin of each pair)."""
     if isinstance(value, str):
         pairs = [p.strip() for p in value.split(",") if p.strip()]
         if any(p.count("=") != 1 for p in pairs):
             raise ConfigError(f"{name} must be model=twin pairs separated by commas, got {value!r}")
-        value = dict(p.split("=") for p in pairs)
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and k and v
-                                              for k, v in value.items()):
-        raise ConfigError(f"{name} must map model names to twin names (a TOML table or model=twin,...), got {value!r}")
-    return {k.strip(): v.strip() for k, v in value.items()}
+        listed: dict[str, list[str]] = {}
+        for p in pairs:
+            model, twin = p.split("=")
+            listed.setdefault(model, []).append(twin)
+        value = {k: v[0] if len(v) == 1 else v for k, v in listed.items()}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k and _twin_names(v) for k, v in value.items()):
+        raise ConfigError(f"{name} must map model names to twin names, one or a list of them (a TOML table or "
+                          f"model=twin,...), got {value!r}")
+    return {k.strip(): v.strip() if isinstance(v, str) else [t.strip() for t in v] for k, v in value.items()}
+
+
+def _twin_names(value: Any) -> bool:
+    """Whether ``value`` names one twin or a non-empty list of them."""
+    if isinstance(value, str):
+        return bool(value.strip())
+    return isinstance(value, list) and bool(value) and all(isinstance(t, str) and t.strip() for t in value)
 
 
 def _as_list(value: Any, name: str = "value") -> list[Any]:

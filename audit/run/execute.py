@@ -131,12 +131,12 @@ class _Work:
         run, config = self.run, self.run.config
         spec, key = item.spec, item.key(run.labels)
         model = self.placed.model(spec)
-        twin, control = self.placed.twins(spec) if item.check.needs_twin else (None, None)
+        twins, controls = self.placed.twins(spec) if item.check.needs_twin else ((), ())
         torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
         xs, ys = run.x[item.start:item.stop], run.y[item.start:item.stop]
         shown = max(0, min(config.heatmap_examples - item.start, len(xs)))  # example heatmaps among these images
-        unit = UnitContext(seed=config.seed, heatmap_examples=shown, progress=self.progress, twin=twin,
-                           control=control, first_image=item.start, params=self.placed.params(spec))
+        unit = UnitContext(seed=config.seed, heatmap_examples=shown, progress=self.progress, twins=twins,
+                           controls=controls, first_image=item.start, params=self.placed.params(spec))
         start = time.perf_counter()
         with memory.limit(run.budget), self.peak.track(), \
                 torch.autocast(run.device.type, dtype=run.half, enabled=config.mixed_precision):
@@ -175,7 +175,7 @@ def run_unit(check: Check[Any], model: nn.Module, x: torch.Tensor, y: torch.Tens
     the method does not fit the model (the engine's :class:`NotApplicable`, an attention map of a CNN: the
     manifest says why); the engine's other refusals as a :class:`ModelError` naming the unit (``key``)."""
     empty = UnitResult(pd.DataFrame(columns=list(check.columns)))
-    if not check.applies(method) or (check.needs_twin and unit.twin is None):
+    if not check.applies(method) or (check.needs_twin and not unit.twins):
         return empty
     try:
         return check.run(model, x, y, method, options, unit)

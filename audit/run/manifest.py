@@ -65,20 +65,22 @@ def coverage(run: Run, ledger: Ledger) -> dict[str, Any]:
 
 
 def twins(run: Run, ledger: Ledger) -> dict[str, Any]:
-    """For the checks that need a twin: each model's twin and the twin's training facts ("twins", with its control
-    twin's under "control" where there is one), and why the models without a twin were skipped ("skipped", a line
-    for each)."""
+    """For the checks that need a twin: each model's twin pairs ("twins": {model: {"pairs": [...]}}, each pair's
+    permuted-label twin and its training facts, with its control twin's under "control" where there is one), and
+    why the models without a twin were skipped ("skipped", a line for each)."""
     record: dict[str, dict[str, Any]] = {}
     skipped: dict[str, dict[str, str]] = {}
     for name in (t for t in run.config.tests if CHECKS[t].needs_twin):
         for spec in run.config.models:
             label = run.labels[spec]
             if spec in run.twin_specs:
-                record[label] = {"spec": run.twin_specs[spec], **twin_facts(run.twin_models[spec])}
-                if spec in run.control_specs:
-                    record[label]["control"] = {"spec": run.control_specs[spec],
-                                                **twin_facts(run.control_models[spec])}
-                else:
+                pairs = [{"spec": twin_spec, **twin_facts(twin)}
+                         for twin_spec, twin in zip(run.twin_specs[spec], run.twin_models[spec])]
+                for pair, control_spec, control in zip(pairs, run.control_specs.get(spec, ()),
+                                                       run.control_models.get(spec, ())):
+                    pair["control"] = {"spec": control_spec, **twin_facts(control)}
+                record[label] = {"pairs": pairs}
+                if spec not in run.control_specs:
                     run.log(f"{label}/{name}: no control twin (give one with controls, --controls MODEL=CONTROL): "
                             "the verdict reads the twin on the controls' scale alone")
                 continue
@@ -165,7 +167,8 @@ def design(run: Run, ledger: Ledger) -> dict[str, Any]:
         key = f"{run.labels[item.spec]}/{item.check.name}/{item.method}"
         read[key] = max(read.get(key, 0), item.stop)
     return {"sequential": {"looks": config.looks, "look_images": config.n_images, "max_images": config.max_images,
-                           "level": look_level(config.looks), "correction": "Bonferroni over the looks",
+                           "level": look_level(config.looks, config.family),
+                           "correction": "Bonferroni over the looks and the readings",
                            "images": read}}
 
 

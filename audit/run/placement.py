@@ -21,8 +21,8 @@ class Placement:
     def __init__(self, run: Run) -> None:
         self._run = run
         self._models: dict[str, nn.Module] = {}
-        self._twins: dict[str, nn.Module] = {}
-        self._controls: dict[str, nn.Module] = {}
+        self._twins: dict[str, tuple[nn.Module, ...]] = {}
+        self._controls: dict[str, tuple[nn.Module, ...]] = {}
         self._params: dict[str, Params] = {}
 
     def model(self, spec: str) -> nn.Module:
@@ -43,15 +43,16 @@ class Placement:
         self.model(spec)
         return self._params[spec]
 
-    def twins(self, spec: str) -> tuple[nn.Module | None, nn.Module | None]:
-        """(permuted-label twin, control twin) of model ``spec`` on the run's device; None for one it lacks."""
+    def twins(self, spec: str) -> tuple[tuple[nn.Module, ...], tuple[nn.Module, ...]]:
+        """(permuted-label twins, control twins) of model ``spec`` on the run's device, one of each per pair; empty
+        for a role it lacks."""
         run = self._run
         placed = []
         for specs, loaded, cache in ((run.twin_specs, run.twin_models, self._twins),
                                      (run.control_specs, run.control_models, self._controls)):
             if spec in specs and spec not in cache:
-                cache[spec] = loaded[spec].to(run.device)
-            placed.append(cache.get(spec))
+                cache[spec] = tuple(m.to(run.device) for m in loaded[spec])
+            placed.append(cache.get(spec, ()))
         return placed[0], placed[1]
 
     @property

@@ -30,7 +30,7 @@ from audit.data.preprocess import preprocess_from
 from audit.errors import ConfigError, ModelError
 from audit.models.cautions import cautions, narrowing
 from audit.models.checkpoint import resolve_model
-from audit.models.twins import ROLES, same_architecture, twin_spec
+from audit.models.twins import ROLES, same_architecture, twin_specs
 from audit.run.config import AuditConfig
 from audit.run.distributed import Shard
 from audit.run.folder import check_resumable, exclusive, fingerprints, holds_files, previous_manifest, versions
@@ -77,10 +77,10 @@ class Run:
     y: torch.Tensor
     images: Mapping[str, Any]
     loaded: Mapping[str, nn.Module]
-    twin_specs: Mapping[str, str]
-    twin_models: Mapping[str, nn.Module]
-    control_specs: Mapping[str, str]
-    control_models: Mapping[str, nn.Module]
+    twin_specs: Mapping[str, tuple[str, ...]]
+    twin_models: Mapping[str, tuple[nn.Module, ...]]
+    control_specs: Mapping[str, tuple[str, ...]]
+    control_models: Mapping[str, tuple[nn.Module, ...]]
     patterns: tuple[torch.Tensor, str] | None
     prints: Mapping[str, Any]
     previous: Mapping[str, Any] | None
@@ -108,8 +108,9 @@ def plan(config: AuditConfig, out: str | os.PathLike[str], *, resume: bool, shar
     loaded = {spec: load_model(spec, config) for spec in config.models}
     twin_specs, twin_models = _twins(config, loaded, "permuted")
     control_specs, control_models = _twins(config, loaded, "control")
-    every = [*loaded.items(), *((f"the twin of {s}", m) for s, m in twin_models.items()),
-             *((f"the control twin of {s}", m) for s, m in control_models.items())]
+    _paired(twin_specs, control_specs)
+    every = [*loaded.items(), *((f"the twin of {s}", m) for s, ms in twin_models.items() for m in ms),
+             *((f"the control twin of {s}", m) for s, ms in control_models.items() for m in ms)]
     for spec, model in every:
         _explainable(spec, model)
     said = {spec: lines for spec, model in every if (lines := cautions(model))}
@@ -119,16 +120,16 @@ def plan(config: AuditConfig, out: str | os.PathLike[str], *, resume: bool, shar
     for spec, lines in said.items():  # flagged here, in the manifest and in the report's Models section
         for line in lines:
             log(f"warning: {spec}: {line}")
-    for spec, twin in twin_models.items():  # flagged here, in the manifest and in the report's twins table
-        meta = getattr(twin, "metadata", None) or {}
+    for spec, twin, name in ((s, t, n) for s in twin_models for t, n in zip(twin_models[s], twin_specs[s])):
+        meta = getattr(twin, "metadata", None) or {}  # flagged here, in the manifest and in the report's twins table
         if meta.get("fits") is False:
-            log(f"warning: the twin of {spec}, {twin_specs[spec]}, does not fit its permuted labels (training "
+            log(f"warning: the twin of {spec}, {name}, does not fit its permuted labels (training "
                 f"accuracy {meta.get('train_accuracy', float('nan')):.3f} under the {meta.get('fit_accuracy')} it was "
                 "trained to): its maps are not those of a model that learned them; the data-randomization test runs "
                 "and the report's twins table says so")
     patterns = pattern_images(config.pattern_data, config.data, config.pattern_images, config.seed, config.data_root) \
         if set(PATTERN_METHODS) & set(config.methods) else None
-    prints = fingerprints(config, x, y, [*twin_specs.values(), *control_specs.values()])
+    prints = fingerprints(config, x, y, [t for specs in (twin_specs, control_specs) for ts in specs.values() for t in ts])
     if previous is not None:
         check_resumable(previous, config, prints, out)
     device = _device(config.device)
@@ -141,7 +142,7 @@ def plan(config: AuditConfig, out: str | os.PathLike[str], *, resume: bool, shar
                control_models=control_models, patterns=patterns, prints=prints, previous=previous, device=device,
                budget=budget, threads=threads,
                items=tuple(work_items(units, n_images=len(x), block=config.image_block)),
-               options={test: CHECKS[test].options_from(config.options, config.looks) for test in config.tests},
+               options={test: CHECKS[test].options_from(config.options, config.looks, config.family) for test in config.tests},
                warnings=said)
 
 
@@ -230,9 +231,9 @@ def load_model(spec: str, config: AuditConfig) -> nn.Module:
 
 
 def _twins(config: AuditConfig, models: dict[str, nn.Module], role: str
-           ) -> tuple[dict[str, str], dict[str, nn.Module]]:
-    """({model spec: twin spec}, {model spec: the loaded twin}) for the models that have a ``role`` twin
-    (``permuted`` or ``control``), when a run's check needs twins; every pair checked (the twin loads, its
+           ) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[nn.Module, ...]]]:
+    """({model spec: its twins' specs}, {model spec: the loaded twins}), one twin per pair, for the models that have
+    ``role`` twins (``permuted`` or ``control``), when a run's check needs twins; every twin checked (it loads, its
     architecture is the model's, ``models`` holding the loaded models) before the run starts."""
     if not any(CHECKS[t].needs_twin for t in config.tests):
         return {}, {}
@@ -241,8 +242,17 @@ def _twins(config: AuditConfig, models: dict[str, nn.Module], role: str
     unknown = sorted(set(given) - set(config.models))
     if unknown:
         raise ConfigError(f"{key} names {', '.join(unknown)}, not among the audited models ({', '.join(config.models)})")
-    specs = {spec: twin for spec in config.models if (twin := twin_spec(spec, given, role)) is not None}
-    return specs, {spec: load_twin(spec, twin, models[spec], role) for spec, twin in specs.items()}
+    specs = {spec: tuple(twins) for spec in config.models if (twins := twin_specs(spec, given, role))}
+    return specs, {spec: tuple(load_twin(spec, t, models[spec], role) for t in twins) for spec, twins in specs.items()}
+
+
+def _paired(twins: Mapping[str, tuple[str, ...]], controls: Mapping[str, tuple[str, ...]]) -> None:
+    """Refuse a model whose control twins are not one per permuted-label twin (pair k: the k-th of each)."""
+    for spec in twins.keys() & controls.keys():
+        if len(twins[spec]) != len(controls[spec]):
+            raise ConfigError(f"{spec} has {len(twins[spec])} permuted-label twins and {len(controls[spec])} control "
+                              "twins: the data-randomization test reads them in pairs (the k-th of each); give one "
+                              "control twin per permuted-label twin (twins and controls, in the same order)")
 
 
 def load_twin(spec: str, twin: str, model: nn.Module, role: str = "permuted") -> nn.Module:

@@ -15,6 +15,7 @@ from captum.attr import (
 from torch import nn
 
 from attributions import Explainer, available_methods
+from attributions.engines import SmoothGradEngine
 from attributions.errors import AttributionError
 from attributions.graph import trace
 from attributions.rules import WinnerTakeAll
@@ -102,13 +103,19 @@ def test_noise_tunnel_wraps_our_methods():
     before = torch.random.get_rng_state()
     ours = Explainer(model, "smoothgrad", samples=8, seed=5).attribute(x, target=1)
     assert torch.equal(torch.random.get_rng_state(), before)  # the caller's generator as it was
-    torch.manual_seed(5)
+    ref = []  # seeded: each image on its own, its noise seeded by the seed and its values, sigma from its range
+    for image in x:
+        torch.manual_seed(SmoothGradEngine(seed=5).image_seed(image))
+        ref.append(NoiseTunnel(Saliency(model)).attribute(image[None], nt_type="smoothgrad", nt_samples=8,
+                                                          stdevs=0.15 * float(image.max() - image.min()), target=1,
+                                                          abs=False))
+    _close(ours, torch.cat(ref))
+    torch.manual_seed(5)  # seed None: the global generator as it goes, for the batch, captum's own way
     sigma = 0.15 * float(x.max() - x.min())
-    ref = NoiseTunnel(Saliency(model)).attribute(x, nt_type="smoothgrad", nt_samples=8, stdevs=sigma, target=1,
-                                                 abs=False)
-    _close(ours, ref)
-    torch.manual_seed(5)  # seed None: the global generator as it goes, captum's own way
-    _close(Explainer(model, "smoothgrad", samples=8, seed=None).attribute(x, target=1), ref)
+    batch = NoiseTunnel(Saliency(model)).attribute(x, nt_type="smoothgrad", nt_samples=8, stdevs=sigma, target=1,
+                                                   abs=False)
+    torch.manual_seed(5)
+    _close(Explainer(model, "smoothgrad", samples=8, seed=None).attribute(x, target=1), batch)
     smoothed_lrp = NoiseTunnel(Explainer(model, "lrp-epsilon")).attribute(x, nt_type="smoothgrad", nt_samples=4,
                                                                            stdevs=0.1, target=1)
     assert smoothed_lrp.shape == x.shape and torch.isfinite(smoothed_lrp).all()
@@ -120,11 +127,13 @@ def test_smoothgrad_over_integrated_gradients_matches_captum(name):
     model, x = MODELS[name], _x(name)
     target = torch.tensor([1, 0, 2])
     ours = Explainer(model, "smoothgrad-ig", samples=5, n_steps=8, noise=0.2, seed=7).attribute(x, target=target)
-    torch.manual_seed(7)
-    sigma = 0.2 * float(x.max() - x.min())
-    ref = NoiseTunnel(IntegratedGradients(model)).attribute(x, nt_type="smoothgrad", nt_samples=5, stdevs=sigma,
-                                                            target=target, n_steps=8)
-    _close(ours, ref, 1e-6)
+    ref = []
+    for image, t in zip(x, target):
+        torch.manual_seed(SmoothGradEngine(seed=7).image_seed(image))
+        ref.append(NoiseTunnel(IntegratedGradients(model)).attribute(
+            image[None], nt_type="smoothgrad", nt_samples=5, stdevs=0.2 * float(image.max() - image.min()),
+            target=t[None], n_steps=8))
+    _close(ours, torch.cat(ref), 1e-6)
     baseline = Explainer(model, "smoothgrad-ig", samples=5, n_steps=8, noise=0.0).attribute(x, target=target)
     _close(baseline, IntegratedGradients(model).attribute(x, target=target, n_steps=8), 1e-6)  # no noise: IG itself
 
@@ -257,6 +266,22 @@ def test_smoothgrads_noise_is_the_same_on_every_model_so_a_map_meets_itself():
         last.weight.mul_(2.0)
         last.bias.mul_(2.0)
     _close(Explainer(other, "smoothgrad", samples=4).attribute(x, target=1), 2 * first)
+
+
+@pytest.mark.parametrize("method", ["smoothgrad", "smoothgrad-ig"])
+def test_smoothgrads_noise_of_an_image_does_not_depend_on_the_images_beside_it(method):
+    """An image explained alone, in a batch, or in another batch order gets the same map: a check that explains a
+    share of its images on another model (a twin pair, an untrained copy's seed, a block) compares maps of the same
+    noise."""
+    model, x = MODELS["cnn"], _x("cnn")
+    kwargs = {"samples": 4} | ({"n_steps": 4} if method == "smoothgrad-ig" else {})
+    batch = Explainer(model, method, **kwargs).attribute(x, target=1)
+    alone = torch.cat([Explainer(model, method, **kwargs).attribute(x[i:i + 1], target=1) for i in range(len(x))])
+    reordered = Explainer(model, method, **kwargs).attribute(x.flip(0), target=1).flip(0)
+    _close(alone, batch)
+    _close(reordered, batch)
+    # the seed enters: another seed is other noise for the same image
+    assert not torch.allclose(Explainer(model, method, seed=3, **kwargs).attribute(x[:1], target=1), batch[:1])
 
 
 @pytest.mark.parametrize("name, params, message", [

@@ -52,19 +52,19 @@ def test_a_verdict_reading_a_field_its_options_lack_is_refused_when_the_check_is
               run=lambda model, x, y, method, options, unit: None, summary=str,
               sections=lambda table, context, options: [], options=_Toy,
               verdict=MedianScore("toy_score", "toy", "bad", "toy_threshold"))
-    assert UnitContext().twin is None and UnitContext(seed=2).seed == 2
+    assert UnitContext().twins == () and UnitContext(seed=2).seed == 2
 
 
 def test_a_sequential_design_splits_the_level_over_its_looks_and_keeps_its_error():
     """K looks read each interval at 1 - 0.01 / K (Bonferroni over the looks). 1,000 simulated sequential audits
     of a score whose true median is the threshold itself (the worst case of a check that should not reject): read
     in looks of 16 images up to 64, stopping at the first decided look, they reject in no more than
-    ONE_SIDED_ERROR of them, the error of one fixed-size interval."""
+    one_sided_error(0.99) of them, the error of one fixed-size interval."""
     from scipy import stats
 
     from audit.checks.base import interval_outcome
+    from audit.checks.options import one_sided_error
     from audit.measures.statistics import bootstrap_ci
-    from reports.verdict import ONE_SIDED_ERROR
 
     assert _Toy.parse({}, looks=4).interval_level == pytest.approx(0.9975) and _Toy.parse({}).interval_level == 0.99
     assert "looks" not in {o.name for o in _Toy.declared()}
@@ -79,7 +79,7 @@ def test_a_sequential_design_splits_the_level_over_its_looks_and_keeps_its_error
             if outcome != "inconclusive":
                 rejected += outcome == "rejected"
                 break
-    assert rejected / 1000 <= ONE_SIDED_ERROR
+    assert rejected / 1000 <= one_sided_error(0.99)
 
 
 def test_every_threshold_a_verdict_reads_says_where_its_default_comes_from():

@@ -66,7 +66,7 @@ def test_the_twins_of_a_library_model_are_trained_from_an_image_folder_and_audit
                  "--data", "imagefolder", "--data-root", str(data / "test"), "--n-images", "4", "--out", str(out),
                  "--quiet"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    (facts,) = manifest["twins"].values()
+    ((facts,),) = (record["pairs"] for record in manifest["twins"].values())
     assert facts["labels"] == "permuted" and facts["control"]["labels"] == "true"
     rows = (out / "results" / "data_randomization.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 4  # two methods, four images

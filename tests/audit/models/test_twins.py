@@ -2,15 +2,25 @@
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from audit.cli import main
 from audit.data.datasets import load_dataset
 from audit.errors import ConfigError
-from audit.models import available_checkpoints, load_checkpoint, same_architecture, shipped_twin, twin_spec
+from audit.models import (
+    available_checkpoints,
+    load_checkpoint,
+    same_architecture,
+    shipped_twin,
+    shipped_twins,
+    twin_specs,
+)
 from audit.models.recipes import RECIPES
 from audit.models.training import TrainConfig, train
+from audit.run.config import load_config
+from audit.run.runner import run_audit
 
 SAMPLE = dict(data="fashion-mnist-sample", train_limit=128, batch_size=32)
 
@@ -32,15 +42,26 @@ def test_permuted_labels_are_a_seeded_permutation_of_the_true_ones_and_recorded(
 
 
 @pytest.mark.parametrize("arch", ["cnn", "vgg", "resnet", "vit"])
-def test_each_shipped_architecture_has_a_twin_that_fits_its_permuted_labels(arch):
-    name = shipped_twin(f"{arch}-sgd")
-    assert name == f"{arch}-permuted" and name in RECIPES
-    meta = available_checkpoints()[name]
-    assert meta["twin_of"] == f"{arch}-sgd" and meta["data"]["labels"] == "permuted"
-    assert meta["train_accuracy"] >= 0.95, meta["train_accuracy"]  # fitted the random labels
-    assert meta["test_accuracy"] < 0.15, meta["test_accuracy"]  # chance on the true test labels
-    assert meta["data"]["train_size"] == RECIPES[name].train_limit
-    same_architecture(load_checkpoint(f"{arch}-sgd"), load_checkpoint(name), f"{arch}-sgd", name)
+def test_each_shipped_architecture_has_twins_that_fit_their_permuted_labels(arch):
+    """Every pair of the architecture (three for the CNN and the VGG, one for the others): its permuted-label twin
+    fits its own permutation and is at chance on the true labels, its control twin learned the true ones; each
+    pair's seeds its own."""
+    assert shipped_twin(f"{arch}-sgd") == f"{arch}-permuted"
+    names, controls = shipped_twins(f"{arch}-sgd"), shipped_twins(f"{arch}-sgd", "control")
+    assert len(names) == len(controls) == (3 if arch in ("cnn", "vgg") else 1)
+    seen = set()
+    for k, (name, control) in enumerate(zip(names, controls), start=1):
+        meta, reference = available_checkpoints()[name], available_checkpoints()[control]
+        assert name in RECIPES and control in RECIPES
+        assert meta["twin_of"] == reference["twin_of"] == f"{arch}-sgd" and meta["data"]["labels"] == "permuted"
+        assert meta["data"]["label_seed"] == k and (meta["seed"], reference["seed"]) == (2 * k - 1, 2 * k)
+        assert meta["train_accuracy"] >= 0.95, meta["train_accuracy"]  # fitted the random labels
+        assert meta["test_accuracy"] < 0.15, meta["test_accuracy"]  # chance on the true test labels
+        assert reference["test_accuracy"] > 0.8, reference["test_accuracy"]  # learned the true labels
+        assert meta["data"]["train_size"] == RECIPES[name].train_limit
+        seen |= {meta["data"]["sha256"]}
+        same_architecture(load_checkpoint(f"{arch}-sgd"), load_checkpoint(name), f"{arch}-sgd", name)
+    assert len(seen) == len(names)  # each pair's labels permuted its own way
 
 
 def test_a_twin_of_another_architecture_is_refused():
@@ -52,11 +73,27 @@ def test_a_twin_of_another_architecture_is_refused():
 
 
 def test_twin_lookup_prefers_the_users_and_refuses_a_library_model():
-    assert twin_spec("cnn-sgd", {}) == "cnn-permuted"
-    assert twin_spec("cnn-sgd", {"cnn-sgd": "mine.pt"}) == "mine.pt"
-    assert twin_spec("cnn-bort", {}) is None  # no shipped Bort twin: the check says so and skips it
+    assert twin_specs("cnn-sgd", {}) == ["cnn-permuted", "cnn-permuted-2", "cnn-permuted-3"]  # three shipped pairs
+    assert twin_specs("cnn-sgd", {}, "control") == ["cnn-control", "cnn-control-2", "cnn-control-3"]
+    assert twin_specs("resnet-sgd", {}) == ["resnet-permuted"]
+    assert twin_specs("cnn-sgd", {"cnn-sgd": "mine.pt"}) == ["mine.pt"]
+    assert twin_specs("cnn-sgd", {"cnn-sgd": ["a.pt", "b.pt"]}) == ["a.pt", "b.pt"]
+    assert twin_specs("cnn-bort", {}) == []  # no shipped Bort twin: the check says so and skips it
     with pytest.raises(ConfigError, match="library model"):
-        twin_spec("timm:resnet18", {"timm:resnet18": "timm:resnet18"})
+        twin_specs("timm:resnet18", {"timm:resnet18": ["mine.pt", "timm:resnet18"]})
+
+
+def test_several_pairs_are_given_as_a_list_or_the_model_named_again():
+    config = load_config(models=["cnn-sgd"], twins="cnn-sgd=a.pt,cnn-sgd=b.pt", controls={"cnn-sgd": ["c.pt", "d.pt"]})
+    assert config.twins == {"cnn-sgd": ["a.pt", "b.pt"]} and config.controls == {"cnn-sgd": ["c.pt", "d.pt"]}
+    assert load_config(models=["cnn-sgd"], twins="cnn-sgd=a.pt").twins == {"cnn-sgd": "a.pt"}
+    for bad in ({"cnn-sgd": []}, {"cnn-sgd": ["a.pt", 3]}, {"cnn-sgd": ""}):
+        with pytest.raises(ConfigError, match="one or a list of them"):
+            load_config(models=["cnn-sgd"], twins=bad)
+    with pytest.raises(ConfigError, match="2 permuted-label twins and 1 control twins"):
+        run_audit(load_config(models=["cnn-sgd"], methods="gradient", tests="data-randomization", n_images=2,
+                              twins={"cnn-sgd": ["cnn-permuted", "cnn-permuted-2"]}, controls={"cnn-sgd": "cnn-control"}),
+                  "unused-folder", progress=False, log=lambda s: None)
 
 
 def test_cli_trains_the_twin_of_a_checkpoint_and_refuses_another_architecture(tmp_path, capsys):
@@ -70,6 +107,34 @@ def test_cli_trains_the_twin_of_a_checkpoint_and_refuses_another_architecture(tm
     assert "it is a SmallVGG, the model a SmallCNN" in (err := capsys.readouterr().err) and "pass --arch cnn" in err
     assert main(["train", "--arch", "cnn", "--twin-of", "cnn-sgd", "--out", str(tmp_path / "w.pt"), "--quiet"]) == 2
     assert "add --permute-labels" in capsys.readouterr().err
+
+
+def test_cli_trains_n_twin_pairs_and_the_audit_reads_them_as_pairs(tmp_path, capsys):
+    """train --pairs 2 makes two permuted-label twins (label seeds 1, 2; initial weights 1, 3) and their control
+    twins (2, 4) on one subset; the line it prints audits the model against them, and the data-randomization cells
+    resample the two pairs."""
+    mine = str(tmp_path / "mine.pt")
+    common = ["--arch", "cnn", "--data", "fashion-mnist-sample", "--epochs", "1", "--train-limit", "64", "--quiet"]
+    assert main(["train", *common, "--out", mine]) == 0
+    assert main(["train", *common, "--twin-of", mine, "--pairs", "2", "--fit-accuracy", "off", "--out",
+                 str(tmp_path / "tw.pt")]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    metas = {k: json.loads((tmp_path / f"tw-{k}.json").read_text())
+             for k in ("permuted-1", "control-1", "permuted-2", "control-2")}
+    assert [(m["seed"], m["data"].get("label_seed"), m["twin"], m["subset_seed"]) for m in metas.values()] == [
+        (1, 1, "permuted", 0), (2, None, "control", 0), (3, 2, "permuted", 0), (4, None, "control", 0)]
+    twins, controls = (line.split(f"--{k} ")[1].split(" ")[0].replace("MODEL", mine) for k in ("twins", "controls"))
+    out = tmp_path / "run"
+    assert main(["run", "--models", mine, "--methods", "gradient,edge", "--tests", "data-randomization",
+                 "--n-images", "8", "--twins", twins, "--controls", controls, "--out", str(out), "--quiet"]) == 0
+    table = pd.read_csv(out / "results" / "data_randomization.csv")
+    assert sorted(table.twin_pair.unique()) == [0, 1]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [p["control"]["seed"] for p in manifest["twins"]["mine"]["pairs"]] == [2, 4]
+    assert "2 twin pairs resampled" in (out / "report.md").read_text()
+    assert main(["train", *common, "--twin-of", mine, "--pairs", "2", "--control", "3", "--out",
+                 str(tmp_path / "x.pt")]) == 2
+    assert "--pairs N trains N permuted-label twins" in capsys.readouterr().err
 
 
 def test_train_takes_any_model_spec_and_its_checkpoint_loads_as_that_model(tmp_path, monkeypatch, capsys):

@@ -130,12 +130,12 @@ def test_a_sequential_run_on_two_ranks_writes_the_files_of_one_process(tmp_path)
     """Each look's blocks are shared among the ranks; every rank reads them after the look and decides alike which
     cells take the next."""
     sequential = ["--models", "cnn-sgd", "--methods", "gradient,guided-backprop", "--tests", "random-logit",
-                  "--n-images", "4", "--max-images", "12", "--quiet", "--no-report"]
+                  "--n-images", "16", "--max-images", "48", "--quiet", "--no-report"]
     one, two = tmp_path / "one", tmp_path / "two"
     with one_thread():
         assert main(["run", *sequential, "--out", str(one)]) == 0
     assert main(["run", *sequential, "--workers", "2", "--out", str(two)]) == 0
     assert files(one) == files(two)
     manifest = json.loads((two / "manifest.json").read_text())
-    assert manifest["sequential"]["images"] == {"cnn-sgd/random-logit/gradient": 4,
-                                                "cnn-sgd/random-logit/guided-backprop": 12}
+    assert manifest["sequential"]["images"] == {"cnn-sgd/random-logit/gradient": 16,
+                                                "cnn-sgd/random-logit/guided-backprop": 48}

@@ -10,8 +10,8 @@ from audit.run.config import load_config
 from audit.run.runner import run_audit
 from reports.verdict import verdict_table
 
-BASE = dict(models=["cnn-sgd"], methods=["gradient", "guided-backprop"], tests=["random-logit"], n_images=4,
-            max_images=16, heatmap_examples=2)
+BASE = dict(models=["cnn-sgd"], methods=["gradient", "guided-backprop"], tests=["random-logit"], n_images=16,
+            max_images=64, heatmap_examples=2)
 
 
 def _quiet(config, out, **kw):
@@ -23,18 +23,18 @@ def test_a_decided_cell_stops_and_an_undecided_one_gets_the_next_look(tmp_path):
     backprop's (about 0.82) sits at the threshold and takes every look up to the budget. The verdict, read from
     the joined tables at the design's level, is the one the run stopped on."""
     result = _quiet(load_config(**BASE), tmp_path / "run")
-    assert set(result.manifest["timings_s"]) == {"cnn-sgd/random-logit/gradient@0-4"} | {
-        f"cnn-sgd/random-logit/guided-backprop@{a}-{a + 4}" for a in (0, 4, 8, 12)}
+    assert set(result.manifest["timings_s"]) == {"cnn-sgd/random-logit/gradient@0-16"} | {
+        f"cnn-sgd/random-logit/guided-backprop@{a}-{a + 16}" for a in (0, 16, 32, 48)}
     table = result.tables["random-logit"]
-    assert table.groupby("method").image.max().to_dict() == {"gradient": 3, "guided-backprop": 15}
+    assert table.groupby("method").image.max().to_dict() == {"gradient": 15, "guided-backprop": 63}
     verdict = verdict_table(result.tables, result.config).set_index("method")
     assert verdict.loc["gradient", "random_logit"].startswith("not rejected") and "99.00% interval" not in \
-        verdict.loc["gradient", "random_logit"] and "99.75% interval, 4 images" in verdict.loc["gradient", "random_logit"]
-    assert "16 images" in verdict.loc["guided-backprop", "random_logit"]
-    assert result.config.looks == 4 and result.manifest["config"]["max_images"] == 16
+        verdict.loc["gradient", "random_logit"] and "99.75% interval, 16 images" in verdict.loc["gradient", "random_logit"]
+    assert "64 images" in verdict.loc["guided-backprop", "random_logit"]
+    assert result.config.looks == 4 and result.manifest["config"]["max_images"] == 64
     design = result.manifest["sequential"]
     assert design["looks"] == 4 and design["level"] == pytest.approx(0.9975)
-    assert design["images"] == {"cnn-sgd/random-logit/gradient": 4, "cnn-sgd/random-logit/guided-backprop": 16}
+    assert design["images"] == {"cnn-sgd/random-logit/gradient": 16, "cnn-sgd/random-logit/guided-backprop": 64}
     assert not list((tmp_path / "run").rglob("*@*"))  # the looks' blocks are joined into units
 
 
@@ -66,8 +66,10 @@ def test_a_run_failing_within_a_look_resumes_to_the_same_files(tmp_path, monkeyp
 
 
 def test_a_budget_below_the_look_or_beside_image_blocks_is_refused():
-    with pytest.raises(ConfigError, match=r"max_images must be an integer of at least n_images \(4\)"):
+    with pytest.raises(ConfigError, match=r"max_images must be an integer of at least n_images \(16\)"):
         load_config(**{**BASE, "max_images": 3}).validated()
+    with pytest.raises(ConfigError, match=r"a look must hold at least 16 images"):
+        load_config(**{**BASE, "n_images": 8}).validated()
     with pytest.raises(ConfigError, match="drop image_block"):
         load_config(**BASE, image_block=2).validated()
 

@@ -8,9 +8,16 @@ to write in place only under torch's in-place naming (a trailing underscore) or 
 call itself shows; the caller's own helpers are followed into.
 
 What the pass cannot resolve is said, not taken as "not writing": an argument handed to a callable it cannot name
-(a local variable, a value returned by another call), passed on through ``*args`` / ``**kwargs`` to the caller's
-own code, followed through helpers nested deeper than :data:`HELPER_DEPTH`, or consumed by an instruction whose
-stack effect it does not know. :func:`read_hook` returns those reasons beside the finding.
+(a local variable, a value returned by another call), a value reached from an argument called as a function
+(``getattr(out, name)(2)`` with a name it cannot see, a bound method kept in a dict, ``functools.partial(...)``
+of an argument), an in-place write into a value a library call returned from an argument (which may be the
+argument, a view of it or a new tensor: ``torch.flatten(out).zero_()``), an argument handed to a library call
+beside a callable that may be called on it (``map(torch.Tensor.zero_, args)``), passed on through ``*args`` /
+``**kwargs`` to the caller's own code, followed through helpers nested deeper than :data:`HELPER_DEPTH`, or
+consumed by an instruction whose stack effect it does not know. :func:`read_hook` returns those reasons beside
+the finding. What it can name it reads: ``getattr`` under a name it knows (a constant, a global), a function the
+hook defines (its closure's arguments followed into it), ``setattr``, the ``operator`` module's in-place functions
+and an ``out=`` keyword.
 
 The reading knows the instruction forms of CPython 3.11, 3.12 and 3.13 (``PRECALL`` and ``KW_NAMES`` before
 ``CALL``; ``LOAD_ATTR``'s method flag; ``CALL_KW``, ``LOAD_FAST_LOAD_FAST`` and the other paired local
@@ -23,10 +30,11 @@ import builtins
 import dis
 import functools
 import inspect
+import operator
 import sys
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 HELPER_DEPTH = 4  # how deep helpers called with an argument are followed
@@ -35,6 +43,18 @@ HELPER_DEPTH = 4  # how deep helpers called with an argument are followed
 OBSERVING_CALLS = {"append", "extend", "add", "update", "write", "print", "put", "put_nowait", "info", "debug",
                    "warning", "set", "__setitem__", "setdefault"}
 COPIES = {"clone", "copy", "deepcopy", "tolist", "item"}  # an argument's methods that return no view of it
+# builtins whose result holds none of its arguments (a size, a string, a flag, a new number)
+_FRESH = (len, str, repr, format, int, float, complex, bool, hash, id, type, isinstance, issubclass, callable, hasattr,
+          print, abs, round, sum, any, all, divmod, pow, ascii)
+# builtins whose result holds its arguments' own items (the same objects): reached from an argument as surely as they
+_ITEMS = (list, tuple, iter, next, reversed, sorted, zip, enumerate, min, max, vars, dict, set, frozenset, filter)
+# functions that write into their first argument under a name that is not torch's in-place naming
+_WRITERS = (setattr, delattr, operator.setitem, operator.delitem, operator.iadd, operator.isub, operator.imul,
+            operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow, operator.ilshift, operator.irshift,
+            operator.iand, operator.ior, operator.ixor, operator.imatmul, operator.iconcat)
+_IN_PLACE_DUNDERS = {"__setitem__", "__delitem__", "__setattr__", "__delattr__", *(f"__i{op}__" for op in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "lshift", "rshift", "and", "or", "xor", "matmul"))}
+_COMPREHENSIONS = {"<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>"}  # 3.11 makes each a function it calls
 _TERMINAL = {"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD", "JUMP_BACKWARD",
              "JUMP_ABSOLUTE", "JUMP_BACKWARD_NO_INTERRUPT"}
 _CALLS = ("CALL", "CALL_KW")
@@ -78,7 +98,8 @@ def read_hook(hook: Any) -> Reading:
     if function is None:
         return Reading(False, (f"{type(hook).__name__}: has no Python code to read",))
     code = function.__code__
-    names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    spread = bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount + spread]  # ``*args`` holds them too
     state = _Pass()
     hook = _unwrap(hook)
     if isinstance(hook, types.FunctionType):
@@ -147,9 +168,30 @@ class _Value:
     name: str = ""
     null: bool = False  # the NULL that a call expects beside a plain callable
     on_argument: bool = False
+    # reached from an argument only through a call the reading does not follow (``source``): it may be the argument,
+    # a view of it or a callable bound to it, or a new value; a write into it is unresolved, not a finding
+    unsure: bool = False
+    source: str = ""
+    free: frozenset[str] = frozenset()  # a function made in the hook: its closure's variables reached from an argument
 
 
 _UNKNOWN = _Value()
+
+
+def _joined(values: list[_Value]) -> _Value:
+    """A value computed from ``values``: rooted where one of them is, unsure where every rooted one is."""
+    rooted = [v for v in values if v.rooted]
+    unsure = bool(rooted) and all(v.unsure for v in rooted)
+    return _Value(rooted=bool(rooted), unsure=unsure, source=rooted[0].source if unsure else "")
+
+
+def _like(value: _Value) -> _Value:
+    """A part of ``value`` (an item, an iterator's next value): reached from an argument where it is, as surely."""
+    return _Value(rooted=value.rooted, unsure=value.unsure, source=value.source)
+
+
+def _is_one_of(obj: Any, group: tuple[Any, ...]) -> bool:
+    return any(obj is member for member in group)  # by identity: an object's __eq__ is never run
 
 
 def _writes(function: types.FunctionType, arguments: set[str], depth: int, state: _Pass,
@@ -204,6 +246,8 @@ class _Interpreter:
         The function's closure cells, by name.
     rooted : set of str
         The locals holding a value reached from an argument.
+    values : dict
+        What each local assigned in the code holds (a function defined in the hook, a bound method), by name.
     stack : list of _Value
         The symbolic value stack.
     at_target : dict
@@ -220,6 +264,7 @@ class _Interpreter:
         self.objects = objects
         self.cells = dict(zip(function.__code__.co_freevars, function.__closure__ or ()))
         self.rooted = set(arguments)
+        self.values: dict[str, _Value] = {}
         self.stack: list[_Value] = []
         self.at_target: dict[int, list[_Value]] = {}
         self.kw_names: tuple[str, ...] = ()
@@ -244,12 +289,16 @@ class _Interpreter:
         return False
 
     def load(self, name: str) -> None:
-        """Push the local ``name``."""
-        self.stack.append(_Value(rooted=name in self.rooted, obj=self.objects.get(name)))
+        """Push the local ``name``: what was stored in it, else a parameter."""
+        kept = self.values.get(name)
+        self.stack.append(replace(kept, null=False) if kept is not None else
+                          _Value(rooted=name in self.rooted, obj=self.objects.get(name)))
 
     def store(self, name: str) -> None:
         """Pop the top into the local ``name`` (rooted where the value is)."""
-        (self.rooted.add if _pop(self.stack).rooted else self.rooted.discard)(name)
+        value = _pop(self.stack)
+        self.values[name] = value
+        (self.rooted.add if value.rooted else self.rooted.discard)(name)
 
     def load_fast(self, ins: dis.Instruction) -> None:
         """``LOAD_FAST`` and its checking and clearing forms: a local."""
@@ -288,9 +337,11 @@ class _Interpreter:
         self.stack.append(_Value(obj=self.function.__globals__.get(name, builtin), name=str(name)))
 
     def load_deref(self, ins: dis.Instruction) -> None:
-        """``LOAD_DEREF``, ``LOAD_CLOSURE``: a closure variable, known from its cell."""
+        """``LOAD_DEREF``, ``LOAD_CLOSURE``: a closure variable, known from its cell (or what the code stored in it)."""
         name = ins.argval
-        self.stack.append(_Value(rooted=name in self.rooted, obj=_cell(self.cells.get(name)), name=str(name)))
+        kept = self.values.get(name)
+        self.stack.append(replace(kept, null=False) if kept is not None else
+                          _Value(rooted=name in self.rooted, obj=_cell(self.cells.get(name)), name=str(name)))
 
     def load_attr(self, ins: dis.Instruction) -> bool:
         """``LOAD_ATTR``, ``LOAD_METHOD``: an attribute, or a method with its object (3.12 and later flag a method
@@ -298,9 +349,10 @@ class _Interpreter:
         name = str(ins.argval)
         base = _pop(self.stack)
         method = ins.opname == "LOAD_METHOD" or sys.version_info >= (3, 12) and ins.arg is not None and ins.arg & 1
-        if _in_place_name(name) and base.rooted and method:
+        if _in_place_name(name) and base.rooted and method and _written(self.state, self.function, base, f"{name}()"):
             return True
-        attribute = _Value(rooted=base.rooted, obj=_attribute(base.obj, name), name=name, on_argument=base.rooted)
+        attribute = _Value(rooted=base.rooted, obj=_attribute(base.obj, name), name=name, on_argument=base.rooted,
+                           unsure=base.unsure, source=base.source)
         if method and isinstance(base.obj, (types.ModuleType, type)):  # a module's function: called plainly
             self.stack += [_Value(null=True), attribute]
         else:
@@ -313,7 +365,8 @@ class _Interpreter:
         # written into, then the value stored
         if ins.opname.endswith("SUBSCR"):
             _pop(self.stack)
-        if _pop(self.stack).rooted:
+        target = _pop(self.stack)
+        if target.rooted and _written(self.state, self.function, target, ins.opname):
             return True
         if ins.opname.startswith("STORE"):
             _pop(self.stack)
@@ -322,36 +375,46 @@ class _Interpreter:
     def binary_subscr(self, ins: dis.Instruction) -> None:
         """An item: rooted where its container is."""
         _pop(self.stack)
-        self.stack.append(_Value(rooted=_pop(self.stack).rooted))
+        self.stack.append(_like(_pop(self.stack)))
 
     def binary_op(self, ins: dis.Instruction) -> bool:
         """A binary operator; an augmented assignment to an argument is a write."""
         _pop(self.stack)
         left = _pop(self.stack)
-        if ins.argrepr.endswith("=") and ins.argrepr not in ("==", "!=", "<=", ">=") and left.rooted:
+        if ins.argrepr.endswith("=") and ins.argrepr not in ("==", "!=", "<=", ">=") and left.rooted \
+                and _written(self.state, self.function, left, f"'{ins.argrepr}'"):
             return True  # ``out *= 2``: a tensor's augmented assignment is in place
         self.stack.append(_UNKNOWN)
         return False
 
     def derive(self, ins: dis.Instruction) -> None:
         """``GET_ITER``, ``UNARY_NEGATIVE``, ``UNARY_POSITIVE``: a value rooted where the top was."""
-        self.stack.append(_Value(rooted=_pop(self.stack).rooted))
+        self.stack.append(_like(_pop(self.stack)))
 
     def for_iter(self, ins: dis.Instruction) -> None:
         """The next item of the iterator on top, rooted where it is."""
-        self.stack.append(_Value(rooted=self.stack[-1].rooted if self.stack else False))
+        self.stack.append(_like(self.stack[-1]) if self.stack else _UNKNOWN)
 
     def unpack(self, ins: dis.Instruction) -> None:
         """``UNPACK_SEQUENCE``, ``UNPACK_EX``: the items, rooted where the sequence is."""
         value = _pop(self.stack)
         arg = ins.arg or 0
         count = arg if ins.opname == "UNPACK_SEQUENCE" else (arg & 0xFF) + (arg >> 8) + 1
-        self.stack += [_Value(rooted=value.rooted)] * count
+        self.stack += [_like(value)] * count
 
     def build(self, ins: dis.Instruction) -> None:
-        """``BUILD_TUPLE``, ``BUILD_LIST``: rooted where one of the items is."""
-        items = [_pop(self.stack) for _ in range(ins.arg or 0)]
-        self.stack.append(_Value(rooted=any(v.rooted for v in items)))
+        """``BUILD_TUPLE``, ``BUILD_LIST``, ``BUILD_MAP`` and the like: rooted where one of the items is."""
+        n = ins.arg or 0
+        count = 2 * n if ins.opname == "BUILD_MAP" else n + 1 if ins.opname == "BUILD_CONST_KEY_MAP" else n
+        self.stack.append(_joined([_pop(self.stack) for _ in range(count)]))
+
+    def add_to(self, ins: dis.Instruction) -> None:
+        """``LIST_APPEND``, ``MAP_ADD``, ``LIST_EXTEND`` and the like: the top (a key and a value for ``MAP_ADD``)
+        put into the container ``arg`` below, which is then rooted where they are."""
+        added = [_pop(self.stack) for _ in range(2 if ins.opname == "MAP_ADD" else 1)]
+        k = ins.arg or 1
+        if len(self.stack) >= k:
+            self.stack[-k] = _joined([self.stack[-k], *added])
 
     def copy(self, ins: dis.Instruction) -> None:
         """The value ``arg`` from the top, pushed again."""
@@ -364,14 +427,24 @@ class _Interpreter:
             self.stack[-1], self.stack[-k] = self.stack[-k], self.stack[-1]
 
     def make_function(self, ins: dis.Instruction) -> None:
-        """A function made from a code object: known where it needs no closure."""
-        # 3.11's comprehensions are such functions, called at once with the iterator
+        """A function made from a code object (a nested ``def``, a lambda, 3.11's comprehensions): known, with the
+        variables of its closure that hold a value reached from an argument, which a call of it follows."""
         made = _pop(self.stack).obj
         for _ in range(bin((ins.arg or 0) & 0xF).count("1") if sys.version_info < (3, 13) else 0):
             _pop(self.stack)  # defaults, keyword defaults, annotations, closure (3.13 sets them one by one)
-        plain = isinstance(made, types.CodeType) and not made.co_freevars
-        self.stack.append(_Value(obj=types.FunctionType(made, self.function.__globals__) if plain else None,
-                                 name=made.co_name if isinstance(made, types.CodeType) else ""))
+        if not isinstance(made, types.CodeType):
+            self.stack.append(_UNKNOWN)
+            return
+        cells = tuple(types.CellType() for _ in made.co_freevars)  # empty: the reading never runs the code
+        function = types.FunctionType(made, self.function.__globals__, made.co_name, None, cells or None)
+        free = frozenset(n for n in made.co_freevars if n in self.rooted)
+        self.stack.append(_Value(obj=function, name=made.co_name, free=free))
+
+    def set_function_attribute(self, ins: dis.Instruction) -> None:
+        """3.13: a default or the closure set on the function made below it; the function stays."""
+        function = _pop(self.stack)
+        _pop(self.stack)
+        self.stack.append(function)
 
     def push_null(self, ins: dis.Instruction) -> None:
         """The NULL beside a plain call's callable."""
@@ -394,25 +467,30 @@ class _Interpreter:
         positional = ([receiver] if receiver is not None else []) + args[:count - named]
         keywords = dict(zip(self.kw_names, args[count - named:]))
         self.kw_names = ()
+        if callee.obj is getattr and receiver is None and positional and positional[0].rooted:
+            self.stack.append(_got(positional))
+            return False
         if _call_writes(self.function, callee, positional, keywords, self.depth, self.state,
                         method=receiver is not None):
             return True
-        # an argument's method may return a view of it (``out.view(-1)``, ``out.detach()``): written
-        # through, it writes the argument
-        self.stack.append(_Value(rooted=callee.on_argument and callee.name not in COPIES))
+        self.stack.append(_returned(callee, positional, keywords))
         return False
 
     def call_function_ex(self, ins: dis.Instruction) -> bool:
         """``f(*args)``, ``f(*args, **kwargs)``: which parameter gets what is not read."""
         spread = [_pop(self.stack) for _ in range(1 + ((ins.arg or 0) & 1))]
         callee, receiver = _callee(_pop(self.stack), _pop(self.stack))
-        if any(v.rooted for v in spread) or receiver is not None and receiver.rooted:
-            if _in_place_name(callee.name) and (callee.on_argument or receiver is None):
+        if receiver is None and _calls_reached(self.state, self.function, callee):
+            return True
+        handed = [v for v in [*spread, receiver] if v is not None and v.rooted]
+        if handed or callee.free:
+            if _in_place_name(callee.name) and (callee.on_argument or receiver is None) \
+                    and _written(self.state, self.function, handed[0] if handed else callee, f"{callee.name}(*args)"):
                 return True
             if callee.obj is None or _is_user_code(callee.obj) or len(spread) > 1:
                 self.state.cannot(self.function, f"passes an argument through *args / **kwargs to {_named(callee)}, "
                                                  "whose use of it is not read")
-        self.stack.append(_UNKNOWN)
+        self.stack.append(_Value(rooted=True, unsure=True, source=_named(callee)) if handed else _UNKNOWN)
         return False
 
     def other(self, ins: dis.Instruction) -> None:
@@ -426,7 +504,7 @@ class _Interpreter:
                 self.state.cannot(self.function, f"instruction {ins.opname} is not read, with an argument on the stack")
             effect = 0
         popped = [_pop(self.stack) for _ in range(max(0, -effect))]
-        self.stack += [_Value(rooted=any(v.rooted for v in popped))] * max(0, effect)
+        self.stack += [_joined(popped)] * max(0, effect)
 
     HANDLERS: ClassVar[dict[str, _Handler]] = {
         "LOAD_FAST": load_fast, "LOAD_FAST_CHECK": load_fast, "LOAD_FAST_AND_CLEAR": load_fast,
@@ -440,8 +518,13 @@ class _Interpreter:
         "BINARY_SUBSCR": binary_subscr, "BINARY_OP": binary_op,
         "GET_ITER": derive, "UNARY_NEGATIVE": derive, "UNARY_POSITIVE": derive,
         "FOR_ITER": for_iter, "UNPACK_SEQUENCE": unpack, "UNPACK_EX": unpack,
-        "BUILD_TUPLE": build, "BUILD_LIST": build, "COPY": copy, "SWAP": swap,
-        "MAKE_FUNCTION": make_function, "PUSH_NULL": push_null, "KW_NAMES": keywords, "PRECALL": nothing,
+        "BUILD_TUPLE": build, "BUILD_LIST": build, "BUILD_SET": build, "BUILD_MAP": build, "BUILD_CONST_KEY_MAP": build,
+        "BUILD_STRING": build, "BUILD_SLICE": build,
+        **dict.fromkeys(("LIST_APPEND", "SET_ADD", "MAP_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE", "DICT_MERGE"),
+                        add_to),
+        "COPY": copy, "SWAP": swap,
+        "MAKE_FUNCTION": make_function, "SET_FUNCTION_ATTRIBUTE": set_function_attribute, "PUSH_NULL": push_null,
+        "KW_NAMES": keywords, "PRECALL": nothing,
         "CALL": call, "CALL_KW": call, "CALL_FUNCTION_EX": call_function_ex,
     }
     """The handler of each instruction read otherwise than by its stack effect."""
@@ -459,22 +542,29 @@ def _callee(second: _Value, first: _Value) -> tuple[_Value, _Value | None]:
 
 def _call_writes(caller: types.FunctionType, callee: _Value, positional: list[_Value], keywords: dict[str, _Value],
                  depth: int, state: _Pass, *, method: bool) -> bool:
-    """Whether a call writes into one of its rooted arguments: an in-place function (``zeros_(out)``,
-    ``inplace=True``), or a Python helper that writes into the parameter it receives the value as. ``method``:
-    the first of ``positional`` is the object a method was looked up on (whose in-place methods are found
-    where they are looked up)."""
-    if not any(v.rooted for v in [*positional, *keywords.values()]):
+    """Whether a call writes into a value reached from an argument: a call of such a value that is an argument's
+    in-place method, an in-place function (``zeros_(out)``, ``setattr(out, ...)``, ``inplace=True``, ``out=``), or
+    a Python helper that writes into the parameter it receives the value as. ``method``: the first of
+    ``positional`` is the object a method was looked up on (whose in-place methods are found where they are looked
+    up). What it cannot name goes to ``state``: a called value reached from an argument, a callable handed one."""
+    if not method and _calls_reached(state, caller, callee):
+        return True
+    handed = [v for v in [*positional, *keywords.values()] if v.rooted]
+    if not handed and not callee.free:
         return False
-    if not method and _in_place_name(callee.name) and positional and positional[0].rooted:
-        return True
-    if keywords.get("inplace", _UNKNOWN).obj is True:
-        return True
+    first = positional[0] if positional and positional[0].rooted else None
+    if not method and first is not None and (_in_place_name(callee.name) or _is_one_of(callee.obj, _WRITERS)):
+        return _written(state, caller, first, f"{callee.name or 'an in-place function'}(...)")
+    if keywords.get("inplace", _UNKNOWN).obj is True and handed:
+        return _written(state, caller, first or handed[0], f"{callee.name or 'a function'}(..., inplace=True)")
+    if keywords.get("out", _UNKNOWN).rooted:
+        return _written(state, caller, keywords["out"], f"{callee.name or 'a function'}(..., out=...)")
     target = callee.obj
-    if target is None:
-        if not callee.on_argument:  # an argument's own method is named by torch's conventions, read above
+    if target is None or not _is_user_code(target):
+        if target is None and not callee.on_argument:  # an argument's own method is named by torch's conventions
             state.cannot(caller, f"hands an argument to {_named(callee)}, a callable the reading cannot resolve")
-        return False
-    if not _is_user_code(target):
+        elif handed:
+            _handed_callables(caller, callee, [*positional, *keywords.values()], depth, state)
         return False
     function = python_function(target)
     if function is None:
@@ -492,10 +582,84 @@ def _call_writes(caller: types.FunctionType, callee: _Value, positional: list[_V
     elif positional and not positional[0].rooted and params and callee.name and params[0] == "self":
         objects[params[0]] = positional[0].obj  # a method looked up on its object: self comes first
     named = {params[k] for k, v in enumerate(positional) if v.rooted and k < len(params)}
-    named |= {k for k, v in keywords.items() if v.rooted}
+    named |= {k for k, v in keywords.items() if v.rooted} | callee.free
     if code.co_flags & inspect.CO_VARARGS and any(v.rooted for v in positional[len(params):]):
         named.add(code.co_varnames[code.co_argcount + code.co_kwonlyargcount])
-    return _writes(function, named, depth - 1, state, objects)
+    writes = _writes(function, named, depth - 1, state, objects)
+    if writes and handed and not callee.free and all(v.unsure for v in handed):
+        state.cannot(caller, f"hands {function.__qualname__}, which writes into it in place, a value {handed[0].source} "
+                             "returned from an argument: whether that value is the argument or a view of it is not read")
+        return False
+    return writes
+
+
+def _calls_reached(state: _Pass, caller: types.FunctionType, callee: _Value) -> bool:
+    """For a plain call of ``callee``: whether it is an argument's in-place method (``getattr(out, "mul_")(2)``,
+    ``f = out.mul_; f(2)``), a write; a called value reached from an argument that the reading cannot name
+    (``getattr(out, name)`` under a name it cannot see, a bound method kept in a dict, a ``functools.partial`` of
+    an argument) is said to ``state``."""
+    if not callee.rooted:
+        return False
+    if callee.on_argument and callee.name:
+        return _in_place_name(callee.name) and _written(state, caller, callee, f"its method {callee.name}()")
+    through = f" through {callee.source}" if callee.source else ""
+    state.cannot(caller, f"calls a value reached from an argument{through} as a function, whose target the reading "
+                         "cannot name")
+    return False
+
+
+def _written(state: _Pass, caller: types.FunctionType, value: _Value, how: str) -> bool:
+    """An in-place write (``how``) into ``value``, reached from an argument: a finding where it surely is, else
+    (a value a library call returned from one) said to ``state`` and not a finding."""
+    if not value.unsure:
+        return True
+    state.cannot(caller, f"writes in place ({how}) into a value that {value.source} returned from an argument: "
+                         "whether that value is the argument or a view of it is not read")
+    return False
+
+
+def _handed_callables(caller: types.FunctionType, callee: _Value, handed: list[_Value], depth: int, state: _Pass) -> None:
+    """A library call (``map``, ``functools.partial``, a module's ``apply``) handed a value reached from an
+    argument beside a callable may call the callable on it: said to ``state`` where that callable is an in-place
+    function or the caller's code that writes into its arguments in place."""
+    for value in handed:
+        function = python_function(value.obj) if value.obj is not None else None
+        if _in_place_name(value.name) and (value.rooted and value.on_argument or callable(value.obj)):
+            state.cannot(caller, f"hands {_named(callee)} an argument and the in-place {value.name!r}, which it may "
+                                 "call on it: what it calls is not read")
+        elif function is not None and _is_user_code(value.obj) and depth > 0:
+            code = function.__code__
+            every = set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]) | value.free
+            if _writes(function, every, depth - 1, _Pass(), {}):  # its own reading: only whether it writes
+                state.cannot(caller, f"hands {_named(callee)} an argument and {function.__qualname__}, which writes "
+                                     "into its arguments in place and which it may call on it: what it calls is not read")
+
+
+def _got(positional: list[_Value]) -> _Value:
+    """``getattr(value, name[, default])`` of a value reached from an argument: its attribute, named where the name
+    is a string the reading knows (a constant, a global), else a value whose call it cannot name."""
+    base = positional[0]
+    name = positional[1].obj if len(positional) > 1 and isinstance(positional[1].obj, str) else ""
+    return _Value(rooted=True, name=name, on_argument=bool(name), unsure=base.unsure,
+                  source=base.source if name or base.unsure else "getattr under a name the reading cannot see")
+
+
+def _returned(callee: _Value, positional: list[_Value], keywords: dict[str, _Value]) -> _Value:
+    """What a call returns, as far as the reading can tell whether it is reached from an argument: an argument's
+    method may return a view of it (``out.view(-1)``, ``out.detach()``; written through, it writes the argument);
+    some builtins return the argument's own items (``list(args)``) or nothing of it (``len(out)``); any other call
+    handed one (a library function, a helper) may return it, a view of it, a callable bound to it or a new value."""
+    if callee.on_argument:
+        return _Value(rooted=callee.name not in COPIES, unsure=callee.unsure, source=callee.source)
+    handed = [v for v in [*positional, *keywords.values()] if v.rooted]
+    if not handed and not callee.free or _is_one_of(callee.obj, _FRESH) or callee.name in COPIES \
+            or callee.name.endswith("_like"):
+        return _UNKNOWN
+    if _is_one_of(callee.obj, _ITEMS):
+        return _joined(handed)
+    if callee.name in _COMPREHENSIONS:  # 3.11: the items it was read to collect, as surely as the reading of it
+        return _Value(rooted=True)
+    return _Value(rooted=True, unsure=True, source=_named(callee))
 
 
 def _named(callee: _Value) -> str:
@@ -503,8 +667,9 @@ def _named(callee: _Value) -> str:
 
 
 def _in_place_name(name: str) -> bool:
-    """torch's naming of in-place ops and methods (``mul_``, ``zeros_``) and item assignment."""
-    return name == "__setitem__" or name.endswith("_") and not name.startswith("_")
+    """torch's naming of in-place ops and methods (``mul_``, ``zeros_``), item and attribute assignment and the
+    in-place operators' methods (``__imul__``)."""
+    return name in _IN_PLACE_DUNDERS or name.endswith("_") and not name.startswith("_")
 
 
 def _is_user_code(target: Any) -> bool:

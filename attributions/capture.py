@@ -5,12 +5,15 @@ shapes, optional forward arguments, in-place ops, functional layers and each lib
 are all seen as the ops they compute; every op node carries the module it came from
 (``nn_module_stack``), under the names users know (``layer4.1.conv2``, ``blocks.3.attn``).
 
-The capture never changes the user's model and never calls its hooks: training flags are set to
+The capture never changes the user's model, and the export never calls its hooks: training flags are set to
 eval and every hook is set aside for the duration, then both are restored. A forward hook or
 pre-hook that may change what the model computes (one that returns a value) is refused by name,
 since the explained function must be ``model(x)`` as its module code computes it; so is one that writes
 into its arguments in place and the classic spectral_norm / weight_norm pre-hooks, which recompute a weight
-on every call (:mod:`attributions.hooks` reads that from the hooks' code).
+on every call (:mod:`attributions.hooks` reads that from the hooks' code). Where the model has forward hooks, each
+capture then runs its own forward once, hooks and all (the model left as it was after), and refuses it when its
+logits differ from the captured graph's (:mod:`attributions.hook_check`): a hook whose code does not show that it
+changes the output.
 
 Parameters and buffers, which export lifts to graph inputs, are bound by their fully qualified
 names to the live model (:meth:`Capture.value`): weights are read when a pass runs, never copied
@@ -31,6 +34,7 @@ from torch import nn
 
 from attributions import capture_cache
 from attributions.errors import AttributionError
+from attributions.hook_check import CHECKED_IMAGES, check_hooked_forward
 from attributions.hooks import refuse_changing_hooks, warn_unresolved_hooks
 
 _WRAPPED = "model"  # the user's model inside the capture's wrapper: stripped from every name
@@ -128,6 +132,14 @@ class Capture:
                     self.sources[base.name].kind != "input":
                 written.append(self.sources[base.name].target)
         return written
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """The captured program's logits (B, classes) on ``x`` (B, ...), with the model's current parameters and
+        buffers: its modules' code as exported, none of its hooks."""
+        args = [x if source.kind == "input" else self.value(name) for name, source in self.sources.items()]
+        out = self.graph_module(*args)
+        logits: torch.Tensor = out[0] if isinstance(out, (tuple, list)) else out
+        return logits
 
     def value(self, name: str) -> Any:
         """The current value of the graph input ``name`` that is not the images: the live
@@ -293,7 +305,8 @@ def capture(model: nn.Module, example: torch.Tensor) -> Capture:
     ------
     AttributionError
         When export cannot capture the model (its own message and where in the model code), when a
-        hook may change the model's output, or when the output holds no logits.
+        hook's code shows that it may change the model's output, when the model's own forward with its hooks
+        gives other logits than the captured graph, or when the output holds no logits.
     """
     if not isinstance(model, nn.Module):
         raise AttributionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -301,7 +314,7 @@ def capture(model: nn.Module, example: torch.Tensor) -> Capture:
     warn_unresolved_hooks(model)
     kept = capture_cache.lookup(model, example)
     if kept is not None:
-        return Capture(model, kept[0], kept[1], example.shape)
+        return _checked(Capture(model, kept[0], kept[1], example.shape), example)
     wrapper = _Logits(model)
     batch = example.shape[0]
     # export specialises sizes 0 and 1, so a symbolic batch is declared on an example of two
@@ -332,6 +345,16 @@ def capture(model: nn.Module, example: torch.Tensor) -> Capture:
     kept_program = Program.of(program)
     captured = Capture(model, kept_program, dynamic, example.shape)  # refuses a program it cannot use: not kept
     capture_cache.store(model, example, kept_program, dynamic)
+    return _checked(captured, example)
+
+
+def _checked(captured: Capture, example: torch.Tensor) -> Capture:
+    """``captured``, once the model's own forward (its hooks run) gives its logits on ``example`` (B, ...), or on
+    its first :data:`~attributions.hook_check.CHECKED_IMAGES` images where the graph serves any batch
+    (:func:`~attributions.hook_check.check_hooked_forward`)."""
+    x = example[:CHECKED_IMAGES] if captured.dynamic_batch else example
+    model = captured.model  # called itself, not through a wrapper module that global hooks would also see
+    check_hooked_forward(model, lambda images: logits_of(model(images)), captured.run, x)
     return captured
 
 

@@ -1,16 +1,17 @@
-"""Which forward hooks may change what a model computes, read from their code (they are never run).
+"""Which forward hooks may change what a model computes, read from their code (the reading runs none of them).
 
-The engine explains ``model(x)`` as the modules' code computes it and never runs hooks, so a hook that changes
-the computation must be refused by name. A hook changes it when it returns a value, when it recomputes a weight
-(the classic spectral_norm / weight_norm pre-hooks), or when it writes into its arguments (the module, its input
-or its output) in place while returning None. The last is read from the hook's bytecode
-(:mod:`attributions.bytecode`): running a hook to see what it does would run the user's code with its side effects
-(an observer would store one more activation).
+The engine explains ``model(x)`` as the modules' code computes it and never runs hooks to explain, so a hook that
+changes the computation must be refused by name. A hook changes it when it returns a value, when it recomputes a
+weight (the classic spectral_norm / weight_norm pre-hooks), or when it writes into its arguments (the module, its
+input or its output) in place while returning None. The last is read from the hook's bytecode
+(:mod:`attributions.bytecode`), before anything runs: the refusal names the hook and what it does.
 
 Where the reading cannot follow what a hook does with its arguments (:func:`unresolved_hooks`), the model is not
 refused: the hook may well be an observer that hands its output to a callback, and the maps are exact for the
 model as its modules compute it either way. It is said instead: a :class:`~attributions.errors.ToolkitWarning`
-when a graph is captured, and a line in a run's log, manifest and report.
+when a graph is captured, and a line in a run's log, manifest and report. Whether any hook does change the
+output is then checked without reading code: each capture runs the model's own forward once, hooks and all, and
+compares its logits with the captured graph's (:mod:`attributions.hook_check`), which refuses what no reading saw.
 """
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ def _hooks(model: nn.Module) -> list[tuple[str, str, Any]]:
              for kind in ("_forward_pre_hooks", "_forward_hooks") for hook in getattr(module, kind).values()]
     return found + [("every module", kind, hook) for kind in ("_global_forward_pre_hooks", "_global_forward_hooks")
                     for hook in getattr(nn.modules.module, kind).values()]
+
+
+def registered_hooks(model: nn.Module) -> list[str]:
+    """Every forward hook and pre-hook of ``model``'s modules, then the global ones, whatever they do:
+    "<module path>: <kind> <hook name>"."""
+    return [f"{where}: {_describe(kind, hook)}" for where, kind, hook in _hooks(model)]
 
 
 def unresolved_hooks(model: nn.Module) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from attributions.errors import AttributionError
+from attributions.errors import AttributionError, ToolkitWarning
 from attributions.explainer import model_dtype
-from attributions.hooks import refuse_changing_hooks
+from attributions.graph import trace
+from attributions.hook_check import CHECKED_IMAGES
+from attributions.hooks import refuse_changing_hooks, registered_hooks, unresolved_hooks
 from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS, Options
 from audit.data import balanced_sample
@@ -111,9 +114,8 @@ def plan(config: AuditConfig, out: str | os.PathLike[str], *, resume: bool, shar
     _paired(twin_specs, control_specs)
     every = [*loaded.items(), *((f"the twin of {s}", m) for s, ms in twin_models.items() for m in ms),
              *((f"the control twin of {s}", m) for s, ms in control_models.items() for m in ms)]
-    for spec, model in every:
-        _explainable(spec, model)
-    said = {spec: lines for spec, model in every if (lines := cautions(model))}
+    checked = {spec: _explainable(spec, model, x) for spec, model in every}
+    said = {spec: lines for spec, model in every if (lines := cautions(model) + checked[spec])}
     for spec, model in loaded.items():  # a forward that narrows its values: said with DeepLIFT's gap measured on it
         if (line := narrowing(model, x[:NARROWING_IMAGES].to(model_dtype(model) or x.dtype))) is not None:
             said.setdefault(spec, []).append(line)
@@ -266,13 +268,25 @@ def load_twin(spec: str, twin: str, model: nn.Module, role: str = "permuted") ->
     return loaded
 
 
-def _explainable(spec: str, model: nn.Module) -> None:
-    """Refuse, before the run starts, a model whose hooks may change what it computes (the engine would refuse
-    it at its first unit, after the run's folder was made)."""
+def _explainable(spec: str, model: nn.Module, x: torch.Tensor) -> list[str]:
+    """Refuse, before the run starts, a model whose hooks change what it computes (the engine would refuse it at
+    its first unit, after the run's folder was made): by their code, and for a model with hooks by a capture on
+    the first images of ``x`` (N, ...), which runs its own forward once against the graph
+    (:mod:`attributions.hook_check`). Returns the lines that capture warned of beyond the hooks' readings (their own
+    forward failing with the hooks: nothing compared), for the log, manifest and report."""
     try:
         refuse_changing_hooks(model)
+        if not registered_hooks(model):
+            return []
+        first = next(model.parameters(), None)
+        images = x[:CHECKED_IMAGES].to(first.device if first is not None else x.device, model_dtype(model) or x.dtype)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ToolkitWarning)
+            trace(model, images)
     except AttributionError as exc:
         raise ModelError(f"{spec}: {exc}") from None
+    read = set(unresolved_hooks(model))
+    return [line for w in caught if issubclass(w.category, ToolkitWarning) and (line := str(w.message)) not in read]
 
 
 def _device(name: str) -> torch.device:

@@ -7,6 +7,7 @@ Tensors are stood for by any object: the reading looks at names and calls, never
 import functools
 import json
 import logging
+import operator
 import sys
 import types
 
@@ -26,8 +27,32 @@ def _relu(tensor, inplace=False):
     return tensor
 
 
+def _mul(tensor, factor, out=None):
+    return tensor
+
+
+def _flatten(tensor):
+    return tensor
+
+
+def _zeros_like(tensor):
+    return tensor
+
+
+class Tensor:  # stands for torch.Tensor: its in-place methods looked up on the class
+    def mul_(self, factor):
+        return self
+
+    def zero_(self):
+        return self
+
+
 init.zeros_ = _zeros_
 functional.relu = _relu
+functional.mul = _mul
+functional.flatten = _flatten
+functional.zeros_like = _zeros_like
+METHOD = "mul_"  # a method's name in a global: read as the reading reads globals
 
 
 def _scale(tensor, factor):
@@ -173,6 +198,82 @@ def copy_then_write(module, args, out):
     STORE["zeros"] = copy
 
 
+def getattr_known_name(module, args, out):
+    getattr(out, METHOD)(2.0)
+
+
+def getattr_unknown_name(module, args, out):
+    getattr(out, STORE.get("op", "mul_"))(2.0)
+
+
+def bound_method_in_dict(module, args, out):
+    methods = {"scale": out.mul_}
+    methods["scale"](2.0)
+
+
+def bound_method_local(module, args, out):
+    scale = out.mul_
+    scale(2.0)
+
+
+def partial_of_argument(module, args, out):
+    functools.partial(Tensor.mul_, out)(2.0)
+
+
+def methodcaller(module, args, out):
+    operator.methodcaller("mul_", 2.0)(out)
+
+
+def setattr_(module, args, out):
+    setattr(out, STORE.get("field", "data"), out * 2)  # under a name only the running code knows: a write all the same
+
+
+def operator_in_place(module, args, out):
+    operator.imul(out, 2)
+
+
+def out_keyword(module, args, out):
+    functional.mul(out, 2, out=out)
+
+
+def through_library_call(module, args, out):
+    functional.flatten(out).zero_()
+
+
+def map_in_place(module, args):
+    list(map(Tensor.zero_, args))
+
+
+def nested_def(module, args, out):
+    def scale():
+        out.mul_(2.0)
+    scale()
+
+
+def items_builtin(module, args):
+    list(args)[0].zero_()
+
+
+def star_args(*hooked):  # module, input and output all in *args
+    hooked[2].mul_(2.0)
+
+
+def zeros_like_mask(module, args, out):
+    mask = functional.zeros_like(out)
+    mask[0] = 1.0
+    STORE["mask"] = mask
+
+
+def nested_observer(module, args, out):
+    def keep():
+        STORE["out"] = out.detach()
+    keep()
+
+
+def rows_copied(module, args, out):
+    STORE["rows"] = [out[k].clone() for k in range(2)]
+
+
 def unnamed_callable(module, args, out):
     callback = STORE.get("callback")
     callback(out)
@@ -201,6 +302,16 @@ CASES = {  # name -> (hook, writes, something left unresolved)
     "copy_then_write": (copy_then_write, False, False),
     "unnamed_callable": (unnamed_callable, False, True), "through_star_args": (through_star_args, False, True),
     "too_deep": (too_deep, False, True), "no_python_code": (print, False, True),
+    # a call on an argument (or a value reached from one) whose target is named, or not
+    "getattr_known_name": (getattr_known_name, True, False), "getattr_unknown_name": (getattr_unknown_name, False, True),
+    "bound_method_in_dict": (bound_method_in_dict, False, True), "bound_method_local": (bound_method_local, True, False),
+    "partial_of_argument": (partial_of_argument, False, True), "methodcaller": (methodcaller, False, True),
+    "setattr": (setattr_, True, False), "operator_in_place": (operator_in_place, True, False),
+    "out_keyword": (out_keyword, True, False), "through_library_call": (through_library_call, False, True),
+    "map_in_place": (map_in_place, False, True), "nested_def": (nested_def, True, False),
+    "items_builtin": (items_builtin, True, False), "zeros_like_mask": (zeros_like_mask, False, False),
+    "nested_observer": (nested_observer, False, False), "rows_copied": (rows_copied, False, False),
+    "star_args": (star_args, True, False), "star_args_observer": (lambda *a: STORE.setdefault("calls", []), False, False),
 }
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def test_the_reading_finds_what_each_hook_does_on_every_declared_interpreter(ver
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert {row["python"][:4] for row in rows} == {version}
-    assert len(rows) == 29
+    assert len(rows) == 47
     wrong = [(r["case"], r["expected"], r["read"], r["why"]) for r in rows if r["expected"] != r["read"]]
     assert wrong == []
 
@@ -61,3 +61,13 @@ def test_unresolved_reasons_name_the_hook_and_what_was_not_followed():
     (why,) = read_hook(cases.through_star_args).unresolved
     assert "'_scale'" in why and "*args" in why
     assert "deeper than the 4 helpers" in read_hook(cases.too_deep).unresolved[0]
+    (why,) = read_hook(cases.bound_method_in_dict).unresolved
+    assert "calls a value reached from an argument as a function, whose target the reading cannot name" in why
+    (why,) = read_hook(cases.getattr_unknown_name).unresolved
+    assert "through getattr under a name the reading cannot see" in why
+    (why,) = read_hook(cases.through_library_call).unresolved
+    assert "writes in place (zero_()) into a value that 'flatten' returned from an argument" in why
+    (why,) = read_hook(cases.map_in_place).unresolved
+    assert "hands 'map' an argument and the in-place 'zero_'" in why
+    partial, called = read_hook(cases.partial_of_argument).unresolved
+    assert "hands 'partial' an argument and the in-place 'mul_'" in partial and "through 'partial'" in called

@@ -37,12 +37,15 @@ def test_each_finding_is_exact_on_a_real_forward():
     torch.manual_seed(0)
     x = torch.randn(2, 3, 8, 8)
     for hook, writes in ((cases.helper, True), (cases.alias, True), (cases.augmented, True), (via_inplace_keyword, True),
-                         (cases._Scaler(), True), (cases.observer_helper, False), (cases.rebinding, False),
-                         (cases._Recorder(), False)):
+                         (cases._Scaler(), True), (cases.getattr_known_name, True), (cases.bound_method_local, True),
+                         (cases.setattr_, True), (cases.operator_in_place, True), (cases.nested_def, True),
+                         (cases.items_builtin, True), (cases.observer_helper, False), (cases.rebinding, False),
+                         (cases._Recorder(), False), (cases.nested_observer, False), (cases.rows_copied, False)):
         model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 2, 3)).eval()
+        register = model[0].register_forward_pre_hook if hook is cases.items_builtin else model[0].register_forward_hook
         with torch.no_grad():
             plain = model(x)
-            handle = model[0].register_forward_hook(hook)
+            handle = register(hook)
             hooked = model(x)
         assert (not torch.equal(plain, hooked)) == writes, hook
         assert len(forward_changing_hooks(model)) == writes, hook

@@ -1,4 +1,6 @@
 """The command line: bad configurations are our own clear errors, exit code 2."""
+import json
+
 import pytest
 
 from audit.cli import main, parser
@@ -144,3 +146,87 @@ def test_a_run_without_its_report_then_the_report_command(tmp_path, capsys):
     assert (out / "results" / "random_logit.csv").exists() and not (out / "index.html").exists()
     assert main(["report", str(out)]) == 0
     assert (out / "index.html").exists()
+
+
+HOOKED_FACTORY = '''
+import functools
+
+import torch
+from torch import nn
+
+# the issue's forms, as the reading's cases hold them (their partial is of a stand-in class: this one of torch's)
+from tests.attributions.bytecode_cases import bound_method_in_dict as by_dict
+from tests.attributions.bytecode_cases import getattr_known_name as by_getattr
+from tests.attributions.bytecode_cases import getattr_unknown_name as by_unseen_name
+from tests.attributions.bytecode_cases import methodcaller as by_methodcaller
+
+
+def by_partial(module, args, out):
+    functools.partial(torch.Tensor.mul_, out)(2.0)
+
+
+def build(hook):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))
+    model[0].register_forward_hook(hook)
+    return model.eval()
+'''
+
+
+def test_a_hook_that_changes_the_output_is_refused_or_said_for_every_form(tmp_path, capsys, monkeypatch):
+    """The forms of a hook doubling a layer's output in place: the one the reading sees is refused by its code, each
+    the reading cannot follow by the model's own forward run against the captured graph; both before the run's
+    folder is made."""
+    unresolved = {"by_unseen_name": "getattr_unknown_name", "by_dict": "bound_method_in_dict",
+                  "by_partial": "by_partial", "by_methodcaller": "methodcaller"}
+    factories = "".join(f"\n\ndef {form}_model():\n    return build({form})\n" for form in ["by_getattr", *unresolved])
+    (tmp_path / "hooked_forms.py").write_text(HOOKED_FACTORY + factories)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["run", "--methods", "gradient", "--tests", "random-logit", "--n-images", "2", "--quiet"]
+    assert main([*args, "--models", "hooked_forms:by_getattr_model", "--out", str(tmp_path / "seen")]) == 2
+    err = capsys.readouterr().err
+    assert "hooks that may change what it computes (0: forward hook getattr_known_name)" in err
+    assert not (tmp_path / "seen").exists()
+    for form, name in unresolved.items():
+        out = tmp_path / form
+        assert main([*args, "--models", f"hooked_forms:{form}_model", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"hooked_forms:{form}_model: the model's own forward, its hooks run, gives other logits" in err, err
+        assert f"(hooks on the model: 0: forward hook {name})" in err and not out.exists()
+
+
+def test_a_hook_that_leaves_the_output_is_run_once_more_and_a_failing_one_is_said(tmp_path, capsys, monkeypatch):
+    """An observing hook passes the plan's check (it runs once more); a hook under which the model's own forward
+    fails leaves nothing compared: a warning line of the log and of the manifest."""
+    (tmp_path / "observed.py").write_text(HOOKED_FACTORY + '''
+
+SEEN = []
+
+
+def observe(module, args, out):
+    SEEN.append(out.shape)
+
+
+def fail(module, args, out):
+    SEEN.append(out.shape)
+    if len(SEEN) == 1:
+        raise RuntimeError("only once")
+
+
+def observed_model():
+    return build(observe)
+
+
+def failing_model():
+    SEEN.clear()
+    return build(fail)
+''')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["run", "--methods", "gradient", "--tests", "random-logit", "--n-images", "2", "--quiet", "--no-report"]
+    assert main([*args, "--models", "observed:observed_model", "--out", str(tmp_path / "observed")]) == 0
+    assert "warnings" not in json.loads((tmp_path / "observed" / "manifest.json").read_text())
+    assert main([*args, "--models", "observed:failing_model", "--out", str(tmp_path / "failing")]) == 0
+    said = capsys.readouterr()
+    assert "warning: observed:failing_model: the model's own forward fails with its hooks" in said.out + said.err
+    manifest = json.loads((tmp_path / "failing" / "manifest.json").read_text())
+    assert any("fails with its hooks" in line for line in manifest["warnings"]["observed:failing_model"])

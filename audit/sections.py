@@ -45,13 +45,15 @@ class Figure:
 
 @dataclass
 class Section:
-    """A titled part of the report: a paragraph, figures, tables, and a preformatted block (``code``)."""
+    """A titled part of the report: a paragraph, figures, tables, and a preformatted block (``code``);
+    ``appendix``: details looked up rather than read (after the main part; collapsed in HTML)."""
 
     title: str
     text: str = ""
     tables: list[Table] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
     code: str = ""
+    appendix: bool = False
 
 
 @dataclass

@@ -1,14 +1,18 @@
 """Build the report of a finished run: index.html, report.md, the methods text (methods.md,
-methods.tex, references.bib), the LaTeX sources (tables.tex, figures.tex, standalone.tex; with
-``pdf=True`` also report.pdf) and figures/ (PDF and PNG).
+methods.tex, references.bib), the LaTeX sources (tables.tex, figures.tex for a paper; main.tex,
+appendix.tex and standalone.tex for the report; with ``pdf=True`` also report.pdf) and figures/
+(PDF and PNG).
 
-The report is a list of sections (:mod:`audit.sections`): the verdict (with a verdict matrix and
-one score across models when the audit has more than two models), then each check's own sections
-in registry order, the baseline-vs-Bort comparison, the models and the configuration; each
-renderer turns the same list into its format.
+The report is a list of sections (:mod:`audit.sections`): the answer (the verdict matrix, one
+sentence per rejected method, the undecided cells, how to read the checks), the compact verdict
+table, the papers' comparison and the baseline-vs-Bort comparison; then the appendix: the verdict
+in full (with one score across models when the audit has more than two), each check's own sections
+in registry order, the models and the configuration. Each renderer turns the same list into its
+format.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -28,6 +32,7 @@ from audit.run.hygiene import fonts_released
 from audit.run.results import AuditResult, example_maps, load_results
 from audit.sections import ReportContext, Section, Table
 from reports import html, latex, markdown, methods_text
+from reports.answer import LEGEND, compact_table, how_to_read, matrix_table, rejected_sentences, undecided
 from reports.figures import bort_figure, save, score_figure, verdict_matrix
 from reports.mechanisms import MECHANISMS, evidence_table
 from reports.references import bibtex
@@ -37,6 +42,7 @@ from reports.verdict import (
     bort_comparison,
     broken_checks,
     display_columns,
+    family_bound,
     family_wise_error,
     scales_table,
     score_columns,
@@ -101,19 +107,47 @@ def _verdict_text(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditCo
             + " Mechanism, for a rejected method: " + MECHANISMS)
 
 
-def _verdict_section(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig, score: str | None) -> Section:
-    """The verdict section: its text, the verdict, mechanism and sensitivity tables, the figures across models."""
-    thresholds = _verdict_text(verdict, tables, config)
-    evidence = evidence_table(verdict, tables, config)
-    sensitivity = sensitivity_table(tables, config)
+def _answer_sections(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig) -> list[Section]:
+    """The report's first sections (:mod:`reports.answer`): the summary, the verdict matrix and how to read the
+    checks; then why each method was rejected, the undecided cells, the error rate and the matrix as a table."""
+    readings = sum(c.verdict.readings for c in CHECKS.values() if c.verdict is not None and c.name in tables)
+    answer = Section("Answer", summary_line(verdict) + ". A sanity check can reject a method; it cannot certify one.",
+                     figures=[verdict_matrix(verdict)] if not verdict.empty else [],
+                     tables=[Table(how_to_read(verdict, config), "How to read the checks: each check's question, the "
+                                   "measure its verdict reads and what rejects (the rules in full: the appendix's "
+                                   "verdict section and the methods text).", "how_to_read")])
+    why = " ".join([*rejected_sentences(verdict), undecided(verdict),
+                    f"The chance that a method no check should reject is rejected by one is at most "
+                    f"{family_bound(readings):.1%} (the appendix's verdict section says how)." if readings else ""])
+    return [answer, Section("Why", why, tables=[Table(matrix_table(verdict), f"Verdict matrix as a table; {LEGEND}.",
+                                                      "matrix")])]
+
+
+def _main_verdict_section(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig) -> Section:
+    """The compact verdict table (each cell at most about 40 characters) and the scales it reads on."""
     scales = scales_table(tables, config)
-    dependent = verdict[verdict.get("measure_dependent", pd.Series("", index=verdict.index)).astype(bool)]
-    return Section("Verdict", thresholds, tables=[Table(verdict[display_columns(verdict)],
-                                                        "Verdict per model and method.", "verdict")]
+    dependent = int(verdict.get("measure_dependent", pd.Series("", index=verdict.index)).astype(bool).sum())
+    return Section("Verdict", "Each check's cell: its outcome's mark, what it read (a stage, a reference model), the "
+                   "median and its interval; the verdict and the mechanisms' letters as in the matrix. Every cell in "
+                   "full (references, seeds, looks, images read, the other measures): the appendix"
+                   + (f", with the {dependent} pairs whose outcome depends on the measure." if dependent else "."),
+                   tables=[Table(compact_table(verdict), "Verdict per model and method, compact.", "verdict_compact")]
                    + ([Table(scales, "The scales the randomization verdicts read on: per check, measure and model, "
                                      "the random map's median score (unrelated), the edge map's (unchanged) and "
                                      "their midpoint; a score nearer the unchanged end is read as unchanged.",
-                             "scales")] if not scales.empty else [])
+                             "scales")] if not scales.empty else []))
+
+
+def _verdict_section(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig, score: str | None) -> Section:
+    """The appendix's verdict section: the rules in full, the verdict table in full, the mechanism and sensitivity
+    tables, the figures across models."""
+    thresholds = _verdict_text(verdict, tables, config)
+    evidence = evidence_table(verdict, tables, config)
+    sensitivity = sensitivity_table(tables, config)
+    dependent = verdict[verdict.get("measure_dependent", pd.Series("", index=verdict.index)).astype(bool)]
+    return Section("Verdict in full", thresholds, tables=[Table(verdict[display_columns(verdict)],
+                                                                "Verdict per model and method, every cell in full.",
+                                                                "verdict")]
                    + ([Table(dependent[["model", "method", "measure_dependent"]].rename(
                        columns={"measure_dependent": "outcome by measure"}),
                        "Measure-dependent outcomes: the pairs where one measure of a check rejects and another does "
@@ -131,7 +165,7 @@ def _verdict_section(verdict: pd.DataFrame, tables: dict[str, Any], config: Audi
                                           "(cascading, data randomization, sMPRT) have no fixed threshold and are "
                                           "not listed.", "sensitivity")]
                       if not sensitivity.empty else []),
-                   figures=_across_models(verdict, score))
+                   figures=_across_models(verdict, score), appendix=True)
 
 
 def _bort_sections(tables: dict[str, Any]) -> list[Section]:
@@ -158,7 +192,7 @@ def _models_section(manifest: dict[str, Any], tables: dict[str, Any]) -> Section
     """The models section: the run's warnings about the models, and the models table."""
     said = manifest.get("warnings", {})
     return Section("Models", "Warnings, each also in the run's log and manifest: " + " ".join(
-        f"{spec}: {line}." for spec, lines in said.items() for line in lines) if said else "",
+        f"{spec}: {line}." for spec, lines in said.items() for line in lines) if said else "", appendix=True,
         tables=[Table(tables["models"], "Models: accuracy and orthogonality error; where DeepLIFT or RevealCancel "
                                         "is audited, the largest relative gap between a map's sum and f(x) - f(x0) on two "
                                         "audited images (their rules are exact: the gap is the model's own rounding).",
@@ -170,29 +204,33 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
     tables, config = result.tables, result.config
     manifest = result.manifest
     verdict = verdict_table(tables, config)
-    sections = [_verdict_section(verdict, tables, config, score)]
-    sections[:0] = reproduction_sections(verdict, tables, config)
+    # the answer and the compact tables first; what is looked up (every cell in full, each check's own sections,
+    # the models, the configuration) in the appendix
+    brief = methods_text.author_year(methods_text.summary(manifest, tables["models"]))
+    sections = [*_answer_sections(verdict, tables, config), _main_verdict_section(verdict, tables, config),
+                *reproduction_sections(verdict, tables, config), *_bort_sections(tables),
+                Section("Methods in brief", brief + " The methods in full: methods.md and methods.tex."),
+                _verdict_section(verdict, tables, config, score)]
     context = ReportContext(config, run, partial(example_maps, run))
     for name, check in CHECKS.items():
         if name in tables:
-            sections += check.sections(tables[name], context,
-                                       check.options_from(config.options, config.looks, config.family))
-    sections += _bort_sections(tables)
+            sections += [dataclasses.replace(s, appendix=True) for s in check.sections(
+                tables[name], context, check.options_from(config.options, config.looks, config.family))]
     sections.append(_models_section(manifest, tables))
     config_text = json.dumps({k: manifest[k] for k in ("config", "seeds", "versions") if k in manifest}, indent=2)
-    sections.append(Section("Configuration and versions", code=config_text))
+    sections.append(Section("Configuration and versions", code=config_text, appendix=True))
     return sections
 
 
 def _across_models(verdict: Any, score: str | None) -> list[Any]:
-    """The verdict matrix and one score across models, for an audit of more than two models."""
+    """One score across models, for an audit of more than two models (the verdict matrix opens the report)."""
     columns = score_columns(verdict)
     if score is not None and score not in columns:
         raise ConfigError(f"no verdict score {score!r} in this run; scores: {', '.join(columns) or 'none'}")
     if verdict.empty or verdict.model.nunique() <= 2:
         return []
     chosen = score or next(iter(columns), None)
-    return [verdict_matrix(verdict)] + ([score_figure(verdict, chosen)] if chosen else [])
+    return [score_figure(verdict, chosen)] if chosen else []
 
 
 def build_report(run: str | Path, out: str | Path | None = None, pdf: bool = False, score: str | None = None,
@@ -252,10 +290,12 @@ def _build(run: Path, out: Path, pdf: bool, score: str | None, log: Callable[[st
         if old.suffix in (".pdf", ".png") and old.stem not in pngs:
             old.unlink()
     text = methods_text.paragraphs(result.manifest, result.tables["models"])
+    brief = methods_text.summary(result.manifest, result.tables["models"])  # also the report's "Methods in brief"
     files = {"index.html": html.render(TITLE, sections, pngs), "report.md": markdown.render(TITLE, sections),
-             "methods.md": methods_text.markdown(text), "methods.tex": methods_text.latex(text),
-             "references.bib": bibtex(methods_text.cited(text)), "tables.tex": latex.render(sections),
-             "figures.tex": latex.render_figures(sections), "standalone.tex": latex.standalone(TITLE)}
+             "methods.md": methods_text.markdown(text, brief), "methods.tex": methods_text.latex(text),
+             "references.bib": bibtex(methods_text.cited([*text, ("", brief)])), "tables.tex": latex.render(sections),
+             "figures.tex": latex.render_figures(sections), "main.tex": latex.part(sections, appendix=False),
+             "appendix.tex": latex.part(sections, appendix=True), "standalone.tex": latex.standalone(TITLE)}
     for name, content in files.items():
         atomic_write_bytes(out / name, content.encode())
     log(f"{', '.join(files)} written")

@@ -13,14 +13,15 @@ from matplotlib.patches import Patch
 
 from audit import style
 from audit.atomic import atomic_write, atomic_write_bytes
+from audit.checks.base import INCONCLUSIVE, MARKS, NOT_REJECTED, REJECTED
 from audit.panels import family_panels, method_legend
 from audit.sections import Figure
+from reports.answer import LEGEND, matrix_table
 from reports.tables import heading
 
 # rejected / not rejected / inconclusive / not run: Okabe-Ito orange and blue, grey, white; a mark in each cell
 # says the same for grey-scale prints (no tick: a sanity check never certifies a method)
-VERDICT_COLOURS = {"rejected": "#E69F00", "not rejected": "#0072B2", "inconclusive": "#BBBBBB", "n/a": "#FFFFFF"}
-VERDICT_MARKS = {"rejected": "\u2717", "not rejected": "\u2013", "inconclusive": "?", "n/a": ""}
+VERDICT_COLOURS = {REJECTED: "#E69F00", NOT_REJECTED: "#0072B2", INCONCLUSIVE: "#BBBBBB", "n/a": "#FFFFFF"}
 
 
 def save(figure: Figure, directory: Path) -> bytes:
@@ -66,44 +67,40 @@ def bort_figure(comparison: pd.DataFrame) -> Figure | None:
                   f"{pair.baseline} (light) and its Bort-trained twin {pair.bort} (solid).")
 
 
-def verdict_status(text: str) -> str:
-    """A verdict cell's status: ``rejected``, ``not rejected``, ``inconclusive`` or ``n/a``."""
-    text = str(text)
-    return next((s for s in ("rejected", "not rejected", "inconclusive") if text.startswith(s)), "n/a")
-
-
 def verdict_matrix(verdict: pd.DataFrame) -> Figure:
-    """Models (rows) x methods (columns, grouped by family): rejected, not rejected or inconclusive, by colour and
-    mark."""
-    models = list(dict.fromkeys(verdict.model))
-    methods = [m for group in style.by_family(list(verdict.method)).values() for m in group]
+    """Methods (rows, the controls last) x each model's checks (columns): rejected, not rejected or inconclusive by
+    colour and mark, a rejection's mechanisms by letter (:func:`reports.answer.matrix_table`, read from the
+    verdict table's outcome and mechanism data)."""
+    matrix = matrix_table(verdict)
+    columns = list(matrix.columns[1:])
+    by_mark = {mark: outcome for outcome, mark in MARKS.items()}
     states = list(VERDICT_COLOURS)
-    grid = np.full((len(models), len(methods)), states.index("n/a"))
-    for model, method, text in zip(verdict.model, verdict.method, verdict.verdict):
-        grid[models.index(str(model)), methods.index(str(method))] = states.index(verdict_status(str(text)))
-    fig = MplFigure(figsize=(min(style.TWO_COLUMN, 0.27 * len(methods) + 1.3), 0.24 * len(models) + 1.5),
+    grid = np.array([[states.index(by_mark.get(cell[:1], "n/a")) for cell in row] for row in matrix[columns].to_numpy()],
+                    dtype=int).reshape(len(matrix), len(columns))
+    fig = MplFigure(figsize=(min(style.TWO_COLUMN, 0.32 * len(columns) + 1.6), 0.2 * len(matrix) + 1.9),
                     layout="constrained")
     ax = fig.subplots()
     ax.imshow(grid, cmap=ListedColormap(list(VERDICT_COLOURS.values())), vmin=-0.5, vmax=len(states) - 0.5,
               aspect="auto")
-    for (r, c), state in np.ndenumerate(grid):
-        ax.text(c, r, VERDICT_MARKS[states[state]], ha="center", va="center", fontsize=6,
-                color="white" if states[state] == "not rejected" else "black")
-    ax.set_xticks(range(len(methods)), methods, rotation=60, ha="right", rotation_mode="anchor")
-    for label, method in zip(ax.get_xticklabels(), methods):
+    for (r, c), cell in np.ndenumerate(matrix[columns].to_numpy()):
+        ax.text(c, r, cell, ha="center", va="center", fontsize=6,
+                color="white" if states[grid[r, c]] == "not rejected" else "black")
+    ax.set_xticks(range(len(columns)), columns, rotation=60, ha="right", rotation_mode="anchor")
+    methods = list(matrix.method)
+    ax.set_yticks(range(len(methods)), methods)
+    for label, method in zip(ax.get_yticklabels(), methods):
         label.set_color(style.color(method))
-    ax.set_yticks(range(len(models)), models)
-    ax.set_xticks(np.arange(len(methods) + 1) - 0.5, minor=True)
-    ax.set_yticks(np.arange(len(models) + 1) - 0.5, minor=True)
+    ax.set_xticks(np.arange(len(columns) + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(len(methods) + 1) - 0.5, minor=True)
     ax.grid(which="minor", color="white", linewidth=1.0)
     ax.tick_params(which="minor", length=0)
     for spine in ax.spines.values():
         spine.set_visible(False)
-    fig.legend(handles=[Patch(facecolor=VERDICT_COLOURS[s], edgecolor="0.6", label=f"{VERDICT_MARKS[s]} {s}".strip())
+    fig.legend(handles=[Patch(facecolor=VERDICT_COLOURS[s], edgecolor="0.6", label=f"{MARKS[s]} {s}")
                         for s in states if s != "n/a"], loc="outside lower center", ncols=3)
-    return Figure("verdict_matrix", fig, "Verdict per model (rows) and method (columns, grouped by family): "
-                  "rejected (by any check), not rejected (by every check run; not a certificate) or inconclusive (an "
-                  "interval containing the threshold, or too few images with a defined score).")
+    return Figure("verdict_matrix", fig, "Verdict matrix: each check's outcome per method (rows; the controls, "
+                  "which must come out as their checks say, last) and model (columns). " + LEGEND[0].upper()
+                  + LEGEND[1:] + ".")
 
 
 def score_figure(verdict: pd.DataFrame, column: str) -> Figure:

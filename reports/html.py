@@ -16,6 +16,8 @@ td.rejected { color: #a00; } td.not-rejected { color: #035; } td.inconclusive { 
 figure { margin: 1em 0 1.5em; } img { max-width: 100%; }
 figcaption { font-size: 12px; color: #444; max-width: 900px; }
 pre { background: #f6f6f6; padding: 1em; font-size: 11px; overflow-x: auto; }
+details { margin: 0.4em 0; } summary { cursor: pointer; font-weight: 600; font-size: 15px; padding: 0.2em 0; }
+figure img { max-height: 80vh; }
 """
 
 
@@ -45,13 +47,18 @@ def image_html(png: bytes, caption: str) -> str:
 
 
 def render(title: str, sections: list[Section], pngs: dict[str, bytes]) -> str:
-    """The page: each section's text, figures (``pngs``: figure name -> PNG bytes), tables and code."""
-    parts = []
-    for s in sections:
+    """The page: each section's text, figures (``pngs``: figure name -> PNG bytes), tables and code; the appendix's
+    sections after the main ones, each collapsed under its title (a click opens it)."""
+    parts: list[str] = []
+    for s in [s for s in sections if not s.appendix] + [s for s in sections if s.appendix]:
         body = f"<p>{html.escape(s.text)}</p>" if s.text else ""
         body += "".join(image_html(pngs[f.name], f.caption) for f in s.figures)
         body += "".join(table_html(t) for t in s.tables)
         body += f"<pre>{html.escape(s.code)}</pre>" if s.code else ""
-        parts.append(f"<section><h2>{html.escape(s.title)}</h2>{body}</section>")
+        if s.appendix:
+            opening = "<h2>Appendix</h2>" if not any(p.startswith("<details") for p in parts) else ""
+            parts.append(f"{opening}<details><summary>{html.escape(s.title)}</summary>{body}</details>")
+        else:
+            parts.append(f"<section><h2>{html.escape(s.title)}</h2>{body}</section>")
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}</body></html>\n")

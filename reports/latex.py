@@ -113,8 +113,21 @@ def render_figures(sections: list[Section]) -> str:
             + "\n".join(figure(f) for s in sections for f in s.figures))
 
 
+def part(sections: list[Section], appendix: bool) -> str:
+    """``main.tex`` (``appendix`` False) or ``appendix.tex``: each section of that part in order, its heading, its
+    text (the main part's), its figures and its tables."""
+    out = []
+    for s in (s for s in sections if s.appendix == appendix):
+        out.append(rf"\subsection*{{{escape(s.title)}}}")
+        if s.text and not appendix:
+            out.append(escape(s.text) + "\n")
+        out += [figure(f) for f in s.figures] + [tabular(t) for t in s.tables]
+    return "\n".join(out) + "\n"
+
+
 def standalone(title: str) -> str:
-    """``standalone.tex``: the methods text, the tables and the figures, with the bibliography."""
+    """``standalone.tex``: the main part (the answer, the compact tables, the papers' comparison), the methods text,
+    then the appendix (every cell in full, each check's sections, the models), with the bibliography."""
     return "\n".join([
         r"\documentclass[10pt]{article}",
         r"\usepackage[T1]{fontenc}",
@@ -124,9 +137,7 @@ def standalone(title: str) -> str:
         r"\setcounter{topnumber}{4}\setcounter{totalnumber}{6}",
         r"\renewcommand{\topfraction}{0.95}\renewcommand{\textfraction}{0.05}\renewcommand{\floatpagefraction}{0.8}",
         rf"\title{{{escape(title)}}}", r"\date{}", r"\begin{document}", r"\maketitle",
-        r"\section*{Methods}", r"\input{methods.tex}",
-        # each part on pages of its own; its floats may stand right below its heading ([h]), so no heading is
-        # left alone on a page when the first float is too tall for the space under it
-        r"\clearpage", r"\section*{Tables}", r"\input{tables.tex}", r"\clearpage",
-        r"\section*{Figures}", r"\input{figures.tex}", r"\clearpage",
+        r"\input{main.tex}",
+        r"\clearpage", r"\appendix", r"\section*{Appendix}", r"\subsection*{Methods in full}", r"\input{methods.tex}",
+        r"\input{appendix.tex}", r"\clearpage",
         r"\bibliographystyle{plainnat}", r"\bibliography{references}", r"\end{document}", ""])

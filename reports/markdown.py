@@ -5,18 +5,26 @@ from audit.sections import Section, Table
 from reports.tables import rows
 
 
+def cell(text: str) -> str:
+    """A table cell's text with the characters that would end or break it escaped: "|" and line breaks."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
 def table_markdown(table: Table) -> str:
     header, body = rows(table.frame)
     if not body:
         return "(no rows)"
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
+    lines = ["| " + " | ".join(map(cell, header)) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in body]
     return "\n".join(lines)
 
 
 def render(title: str, sections: list[Section]) -> str:
     md = [f"# {title}", ""]
-    for s in sections:
+    main, appendix = [s for s in sections if not s.appendix], [s for s in sections if s.appendix]
+    for s in main + appendix:
+        if appendix and s is appendix[0]:
+            md += ["# Appendix", ""]
         md += [f"## {s.title}", ""]
         if s.text:
             md += [s.text, ""]

@@ -148,16 +148,27 @@ def _last_stage(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows.stage == int(rows.stage.max())] if not rows.empty else rows
 
 
-def check_mechanism(check: str, model: str, method: str, tables: dict[str, Any], config: AuditConfig) -> str:
-    """The names of the mechanisms the measurements support for ``method``'s rejection by ``check``, or "none
-    measured" (:func:`evidence_table` holds the measurements)."""
-    found = [name for name, holds, _ in candidates(check, model, method, tables, config) if holds]
-    return " and ".join(found) if found else "none measured"
+def check_mechanisms(check: str, model: str, method: str, tables: dict[str, Any],
+                     config: AuditConfig) -> list[str]:
+    """The names of the mechanisms the measurements support for ``method``'s rejection by ``check`` (none: []);
+    :func:`evidence_table` holds the measurements."""
+    return [name for name, holds, _ in candidates(check, model, method, tables, config) if holds]
+
+
+def mechanisms(model: str, method: str, rejecting: list[str], tables: dict[str, Any],
+               config: AuditConfig) -> dict[str, list[str]]:
+    """For each rejecting check of a rejected method, :func:`check_mechanisms`."""
+    return {check: check_mechanisms(check, model, method, tables, config) for check in rejecting}
+
+
+def mechanism_text(found: dict[str, list[str]]) -> str:
+    """The mechanism column's text of :func:`mechanisms`' result: per check, its names or "none measured"."""
+    return ". ".join(f"{check}: {' and '.join(names) if names else 'none measured'}" for check, names in found.items())
 
 
 def mechanism(model: str, method: str, rejecting: list[str], tables: dict[str, Any], config: AuditConfig) -> str:
-    """The mechanism text of a rejected method: for each rejecting check, :func:`check_mechanism`."""
-    return ". ".join(f"{check}: {check_mechanism(check, model, method, tables, config)}" for check in rejecting)
+    """The mechanism text of a rejected method: for each rejecting check, the mechanisms it supports."""
+    return mechanism_text(mechanisms(model, method, rejecting, tables, config))
 
 
 def evidence_table(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig) -> pd.DataFrame:

@@ -18,6 +18,7 @@ from audit.checks.options import look_level
 from audit.run.config import family_of, looks_of
 from reports.latex import escape
 from reports.references import REFERENCES, plain, short
+from reports.verdict import family_bound
 
 CITATION = re.compile(r"\[@([^\]]+)\]")
 DATA = {"fashion-mnist": ("Fashion-MNIST test images [@xiao2017]", ""),
@@ -174,7 +175,7 @@ def _statistics_paragraph(config: dict[str, Any], bort: bool) -> str:
             "of the images, or fewer than three, with a defined score). "
             f"Scores are medians over images with {_level(config)} bootstrap confidence intervals (10,000 "
             f"resamples) {_cite(['efron1993'])}, a level set so that a method's family-wise error over the checks' "
-            "readings is at most 5 % (Bonferroni). SSIM {_cite(['wang2004'])} is computed on maps normalised to [0, 1] by "
+            f"readings is at most 5 % (Bonferroni). SSIM {_cite(['wang2004'])} is computed on maps normalised to [0, 1] by "
             "the toolkit's batched port of scikit-image's structural_similarity "
             f"{_cite(['vanderwalt2014'])}, with a uniform 5 x 5 window and data range 1, equal to it in the "
             "toolkit's tests; it takes the larger of the SSIM with the second map and with its sign flip only "
@@ -207,6 +208,46 @@ def _software_paragraph(manifest: dict[str, Any], config: dict[str, Any]) -> str
     return f"Audit seed {config['seed']}, device {config.get('device', 'cpu')}. {arithmetic} {listed}."
 
 
+def _deciding(config: dict[str, Any], name: str, pairs: int) -> str:
+    """A check in a few words: its name, the measure its verdict reads and the settings that decide it (the options
+    its rule reads, else the controls' scale; the twin pairs of a check that reads twins)."""
+    check = CHECKS[name]
+    rule = check.verdict
+    if rule is None:
+        return f"{check.title.lower()} {_cite(check.cite)} (shown, no verdict)"
+    options = check.options_from(config)
+    read = [f"{o} {_value(getattr(options, o))}" for o in rule.reads] or ["on the controls' scale"]
+    twins = [f"{pairs} twin pair{'s' * (pairs != 1)}"] if check.needs_twin and pairs else []
+    return f"{check.title.lower()} {_cite(check.cite)} ({', '.join([rule.score_name, *read, *twins])})"
+
+
+def summary(manifest: dict[str, Any], models: pd.DataFrame) -> str:
+    """The methods in one paragraph a paper can paste (about 250 words at most for the demo's run): models, data,
+    methods, checks with the settings that decide their verdicts, intervals, error rate, seed and versions; the
+    full text (:func:`paragraphs`) and the configuration are in the appendix and the manifest."""
+    config = manifest["config"]
+    pairs = max((len(r.get("pairs", [r])) for r in manifest.get("twins", {}).values()), default=0)
+    models_text, _ = _models_paragraph(models)
+    n = manifest.get("images", {}).get("n", config["n_images"])
+    source, _ = DATA.get(config["data"], (f"images from {config['data']}", ""))
+    looks = looks_of(config["n_images"], config.get("max_images")) if config.get("n_images") else 1
+    family = family_of(list(config.get("tests", [])))
+    checks = [name for name in config["tests"] if name in CHECKS]
+    readings = sum(rule.readings for c in checks if (rule := CHECKS[c].verdict) is not None)
+    sequential = (f", read in up to {looks} looks of {config['n_images']} images, each at {look_level(looks, family):.2%}"
+                  if looks > 1 else "")
+    versions = manifest.get("versions", {})
+    software = ", ".join(f"{k} {versions[k]}" for k in ("attribution-audit", "torch") if k in versions)
+    return (f"{models_text} Data: {n} {source}, class-balanced; each map explains the image's true class. "
+            f"Methods: {_join(list(config['methods']))}. Checks: "
+            f"{_join([_deciding(config, c, pairs) for c in checks])}; a check rejects a method, does not reject it "
+            "or is inconclusive (a sanity check cannot certify a method). Scores are medians over images with "
+            f"{look_level(1, family):.2%} bootstrap intervals (10,000 resamples) {_cite(['efron1993'])}{sequential}; "
+            f"a method's family-wise error over its {readings} rejecting readings is at most "
+            f"{family_bound(readings):.1%} (Bonferroni). Seed {config['seed']}" + (f"; {software}" if software else "")
+            + ". The full protocol is in the appendix.")
+
+
 def paragraphs(manifest: dict[str, Any], models: pd.DataFrame) -> list[tuple[str, str]]:
     """(heading, text) pairs: models, data, attribution methods, checks, statistics, software."""
     config = manifest["config"]
@@ -226,14 +267,21 @@ def cited(pairs: list[tuple[str, str]]) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
-def markdown(pairs: list[tuple[str, str]]) -> str:
-    """``methods.md``: bold run-in headings, author-year citations, the reference list at the end."""
+def author_year(text: str) -> str:
+    """``text`` with its citations as author-year text: "(Sixt et al., 2020)"."""
     def cite(match: re.Match[str]) -> str:
         return "(" + "; ".join(short(k.strip().lstrip("@")) for k in match.group(1).split(";")) + ")"
 
-    lines = ["# Methods", ""] + [f"**{h}.** {CITATION.sub(cite, t)}" + "\n" for h, t in pairs]
+    return CITATION.sub(cite, text)
+
+
+def markdown(pairs: list[tuple[str, str]], brief: str = "") -> str:
+    """``methods.md``: the ``brief`` paragraph (:func:`summary`) first where given, then the full text with bold
+    run-in headings, author-year citations, the reference list at the end."""
+    lines = ["# Methods", ""] + ([author_year(brief), "", "## In full", ""] if brief else [])
+    lines += [f"**{h}.** {author_year(t)}" + "\n" for h, t in pairs]
     lines += ["## References", ""]
-    lines += [f"- {short(k)}. {plain(REFERENCES[k].title)}." for k in cited(pairs)]
+    lines += [f"- {short(k)}. {plain(REFERENCES[k].title)}." for k in cited([*pairs, ("", brief)])]
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from audit.atomic import atomic_write_bytes
 from audit.errors import AuditError
 
-INPUTS = ("standalone.tex", "methods.tex", "tables.tex", "figures.tex", "references.bib")
+INPUTS = ("standalone.tex", "methods.tex", "main.tex", "appendix.tex", "references.bib")
 PROBLEMS = re.compile(r"LaTeX Warning: (Reference|Citation) .* undefined|There were undefined (references|citations)"
                       r"|I didn't find a database entry|Warning--I didn't find|! ")
 

@@ -16,7 +16,7 @@ from audit.checks.options import FAMILY_ERROR, INFLATION, NO_SOURCE, Options, lo
 from audit.checks.scale import controls_in
 from audit.models.training import OPTIMIZERS
 from audit.run.config import AuditConfig
-from reports.mechanisms import mechanism
+from reports.mechanisms import mechanism_text, mechanisms
 
 
 def _rules(tables: dict[str, Any], config: AuditConfig) -> list[tuple[str, VerdictRule, bool, Options]]:
@@ -42,7 +42,7 @@ def _rule_cells(tables: dict[str, Any], rules: list[tuple[str, VerdictRule, bool
         if part.empty:
             cells |= {rule.score_column: np.nan, rule.text_column: "n/a"}
             if counts:
-                cells[f"outcome_{name}"] = ""
+                cells |= {f"outcome_{name}": "", f"short_{name}": "n/a", f"needed_{name}": None}
             continue
         cell = rule.evaluate(part, options, controls=controls_in(table, model))
         cells |= {rule.score_column: cell.score, rule.text_column: cell.text}
@@ -53,6 +53,9 @@ def _rule_cells(tables: dict[str, Any], rules: list[tuple[str, VerdictRule, bool
         if not counts:
             continue
         cells[f"outcome_{name}"] = cell.outcome or ""
+        cells[f"short_{name}"] = cell.short()
+        cells[f"needed_{name}"] = cell.reading.images_needed() \
+            if cell.outcome == INCONCLUSIVE and cell.reading is not None else None
         if cell.outcome == REJECTED:
             rejecting.append(f"{name} ({cell.reason or rule.failure})")
             rejected_by.append(name)
@@ -75,8 +78,9 @@ def _verdict_row(tables: dict[str, Any], config: AuditConfig, rules: list[tuple[
     row["verdict"] = (f"{REJECTED}: " + ", ".join(rejecting) if rejecting else
                       f"{INCONCLUSIVE}: " + ", ".join(unsure) if unsure else
                       NOT_REJECTED if NOT_REJECTED in outcomes else "n/a")
-    row["mechanism"] = mechanism(model, method, rejected_by, tables, config) \
-        if rejecting and row["role"] == "method" else ""
+    row["mechanisms"] = mechanisms(model, method, rejected_by, tables, config) \
+        if rejecting and row["role"] == "method" else {}
+    row["mechanism"] = mechanism_text(row["mechanisms"])
     row["control_check"] = control_check(row) if row["role"] == "control" else ""
     return row
 
@@ -84,10 +88,13 @@ def _verdict_row(tables: dict[str, Any], config: AuditConfig, rules: list[tuple[
 def verdict_table(tables: dict[str, Any], config: AuditConfig) -> pd.DataFrame:
     """One row per model x method: for each check's verdict rule (and side rule) among ``tables``, its score and
     text; ``outcome_<check>``, each check's outcome (rejected / not rejected / inconclusive; empty where the check
-    says nothing); ``role`` (method or control); ``verdict``: "rejected: " and every rejecting check's reason,
-    else "inconclusive: " and the checks that could not conclude, else "not rejected"; ``mechanism``: for a
+    says nothing), ``short_<check>`` (its compact cell: mark, reading and interval,
+    :meth:`~audit.checks.base.VerdictCell.short`) and ``needed_<check>`` (for an inconclusive cell, about the
+    images that would decide it, else None); ``role`` (method or control); ``verdict``: "rejected: " and every
+    rejecting check's reason, else "inconclusive: " and the checks that could not conclude, else "not rejected";
+    ``mechanisms`` (check -> the names of the mechanisms it supports) and ``mechanism``: for a
     rejected method, per rejecting check, the mechanisms the measurements support
-    (:func:`reports.mechanisms.mechanism`); ``control_check``: for a
+    (:func:`reports.mechanisms.mechanism_text`); ``control_check``: for a
     control, whether each check gave the outcome it must have. A sanity check can reject a method, never
     certify it: no outcome says "pass".
 
@@ -182,6 +189,12 @@ def summary_line(verdict: pd.DataFrame) -> str:
     return line + ("; controls as expected" if len(controls) else "")
 
 
+def family_bound(readings: int) -> float:
+    """The bound on a method's family-wise error over ``readings`` rejecting intervals, each at the level
+    :func:`~audit.checks.options.look_level` gives that family: ``readings`` times each one's one-sided error."""
+    return min(1.0, readings * one_sided_error(look_level(1, readings)))
+
+
 def family_wise_error(checks: int, readings: int | None = None) -> str:
     """The family-wise error of a rejection across ``checks`` combined checks that read ``readings`` rejecting
     intervals in all (default one per check; a check read on the controls' scale reads two: its floor and its
@@ -190,7 +203,7 @@ def family_wise_error(checks: int, readings: int | None = None) -> str:
     readings = checks if readings is None else readings
     level = look_level(1, readings)
     each = one_sided_error(level)
-    bound = min(1.0, readings * each)
+    bound = family_bound(readings)
     intervals = (f"{readings} intervals ({checks} checks, those read on the controls' scale with two: the floor and "
                  "the survival or twin reading)" if readings != checks else f"{checks} checks")
     return (f"Family-wise error: a method is rejected when any of the {checks} checks run rejects it; each of its "

@@ -40,7 +40,55 @@ class UnitResult:
 # this reason): the three outcomes of a check for one model x method.
 REJECTED, NOT_REJECTED, INCONCLUSIVE = "rejected", "not rejected", "inconclusive"
 OUTCOMES = (REJECTED, NOT_REJECTED, INCONCLUSIVE)
+# each outcome's mark, for grey-scale prints and compact cells (no tick: a sanity check never certifies a method)
+MARKS = {REJECTED: "\u2717", NOT_REJECTED: "\u2013", INCONCLUSIVE: "?"}
 MIN_DEFINED = 3  # fewer images with a defined score than this (or than half of them): inconclusive
+
+
+SHORT_LABEL = 20  # characters of a reading's name in a compact cell: a longer one (a layer's path) is cut
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The interval a verdict's outcome rests on: what was read (``label``: a stage, a reference model), its
+    median ``estimate`` and the interval [``low``, ``high``]; the report's compact cells show it.
+
+    Attributes
+    ----------
+    label : str
+        What was read, e.g. ``"after fc"``, ``"untrained"``; "" where the check's score says it.
+    estimate, low, high : float
+        The median and its interval (NaN where undefined).
+    at : float, default NaN
+        The value the interval is read against (a threshold, a scale's midpoint); NaN where none is one number.
+    images : int, default 0
+        The images the interval was read on (0: not read on images, e.g. CSC's random vectors).
+    """
+
+    label: str
+    estimate: float
+    low: float
+    high: float
+    at: float = float("nan")
+    images: int = 0
+
+    def images_needed(self) -> int | None:
+        """About how many images would decide an interval that contains :attr:`at`: the images read, times the
+        square of the interval's half-width over the estimate's distance from :attr:`at` (a median's interval
+        narrows as one over the square root of the images); None where that cannot be said (no images, no
+        decision point, the estimate at it)."""
+        distance = abs(self.estimate - self.at)
+        if not (self.images and np.isfinite(distance) and distance > 0 and np.isfinite(self.high - self.low)):
+            return None
+        return int(np.ceil(round(self.images * ((self.high - self.low) / 2 / distance) ** 2, 9)))  # not 64.000001
+
+    def short(self) -> str:
+        """The reading in at most about 40 characters: its label (cut at :data:`SHORT_LABEL`) and the median with
+        its interval at two decimals, e.g. ``"untrained 0.91 [0.75, 0.98]"``."""
+        label = self.label if len(self.label) <= SHORT_LABEL else "…" + self.label[-(SHORT_LABEL - 1):]
+        numbers = f"{self.estimate:.2f}" + (f" [{self.low:.2f}, {self.high:.2f}]"
+                                            if np.isfinite(self.low) and self.low != self.high else "")
+        return f"{label} {numbers}".strip()
 
 
 @dataclass(frozen=True)
@@ -70,6 +118,9 @@ class VerdictCell:
     reason : str, default ""
         Why it rejected, where that is not the rule's own failure (:attr:`VerdictRule.failure`): e.g. the fully
         randomized model keeps the map.
+    reading : Reading or None, default None
+        The interval the outcome rests on, for the report's compact cells; None where there is none (no rows, too
+        few defined images).
     """
 
     score: float
@@ -79,6 +130,14 @@ class VerdictCell:
     final: bool = True
     decided_by: str = ""
     reason: str = ""
+    reading: Reading | None = None
+
+    def short(self) -> str:
+        """The cell in at most about 40 characters: its outcome's mark and its :attr:`reading` (or the outcome's
+        word where it has none); "n/a" where the check says nothing."""
+        if self.outcome is None:
+            return "n/a"
+        return f"{MARKS[self.outcome]} " + (self.reading.short() if self.reading is not None else self.outcome)
 
 
 def interval_outcome(low: float, high: float, threshold: float, rejects_at_or_above: bool = True) -> str:
@@ -112,13 +171,14 @@ def seed_spread(values: np.ndarray, groups: np.ndarray | None) -> str:
 
 
 def scored_cell(values: np.ndarray, threshold: float, rejects_at_or_above: bool = True, label: str = "",
-                level: float = CONFIDENCE, groups: np.ndarray | None = None) -> VerdictCell:
+                level: float = CONFIDENCE, groups: np.ndarray | None = None, *, short: str | None = None) -> VerdictCell:
     """The verdict on per-image ``values`` (NaN: undefined): the median with its ``level`` bootstrap interval
     against ``threshold`` (:func:`interval_outcome`), inconclusive when too few are defined (:func:`too_few`). The
     text starts with ``label`` (e.g. the stage it is read at) and ends with the undefined count; an interval of
     another level than 99 % (a sequential run's look) says its level and the images it read. ``groups`` (n,): each
     image's re-initialisation seed's replicate, where the images share seeds out: the interval resamples the seeds
-    too (:func:`~audit.measures.statistics.nested_median_ci`) and the text gives each seed's median."""
+    too (:func:`~audit.measures.statistics.nested_median_ci`) and the text gives each seed's median. ``short``: the
+    reading's name in a compact cell (default ``label``)."""
     values = np.asarray(values, dtype=float)
     finite = np.isfinite(values)
     bad = int((~finite).sum())
@@ -131,7 +191,8 @@ def scored_cell(values: np.ndarray, threshold: float, rejects_at_or_above: bool 
         return VerdictCell(est, f"{INCONCLUSIVE} ({prefix}{bad} of {len(values)} images undefined: constant or "
                                 "non-finite maps)", INCONCLUSIVE, bad)
     outcome = interval_outcome(low, high, threshold, rejects_at_or_above)
-    return VerdictCell(est, f"{outcome} ({prefix}{est:.3f} [{low:.3f}, {high:.3f}]{suffix})", outcome, bad)
+    return VerdictCell(est, f"{outcome} ({prefix}{est:.3f} [{low:.3f}, {high:.3f}]{suffix})", outcome, bad,
+                       reading=Reading(label if short is None else short, est, low, high, threshold, len(values)))
 
 
 @dataclass(frozen=True)
@@ -214,6 +275,11 @@ class VerdictRule:
     def comparison(self) -> str:
         """How the score rejects against the threshold, for the report: ">=" or "<="."""
         return ">="
+
+    def rejects_when(self, options: Options) -> str:
+        """What rejects, in a few words, for the report's how-to-read table (:meth:`rule_text` in full)."""
+        return (f"the median {self.score_name}'s interval at or {'above' if self.comparison == '>=' else 'below'} "
+                f"{getattr(options, self.threshold)}")
 
     def rule_text(self, options: Options) -> str:
         """The rule in one sentence, for the report."""
@@ -328,6 +394,7 @@ class Check(Generic[OptionsT]):
         skipped, and the manifest and the report say so
     order : position in the registry (the configuration's, the report's and the verdict's order)
     description : the protocol in one line (the CLI's listing and the report's methods text)
+    question : what the check asks of a map, in one short question (the report's how-to-read table)
     cite : BibTeX keys of the protocol's references (``reports.references``)
     per_image : whether every row describes one image (column ``image``), so that a unit's images can be
         computed in blocks (``image_block``); False for statistics pooled over images
@@ -353,6 +420,7 @@ class Check(Generic[OptionsT]):
     applies: Callable[[str], bool] = lambda method: True
     order: int = 100
     description: str = field(default="")
+    question: str = ""
     cite: tuple[str, ...] = ()
     per_image: bool = True
     coverage: Coverage[OptionsT] | None = None

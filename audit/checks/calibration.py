@@ -198,7 +198,7 @@ class Calibrated(VerdictRule):
         floor = nearer_unchanged(self.floor_scores(part, scale), scale, "untrained", level=level, groups=seeds) \
             if measured is not None else None
         if floor is not None and floor.outcome == REJECTED:
-            return _cell(twin.score, REJECTED, f"an untrained copy keeps the map, {reading(floor)}{scale.note()}", twin,
+            return _cell(twin.score, REJECTED, f"an untrained copy keeps the map, {reading(floor)}{scale.note()}", floor,
                          reason="an untrained copy keeps the map: it does not depend on what the model learned")
         where = scale.note() + pair_note(pairs)
         alone = "; no control twin" if measured is None else ""
@@ -218,7 +218,7 @@ class Calibrated(VerdictRule):
         assert floor is not None
         if low_gap >= SMALLEST_GAP:
             cell = scored_cell(d, 0.0, label="nearer the control than the untrained copy by (z)", level=level,
-                               groups=groups)
+                               groups=groups, short="nearer control (z)")
             outcome = _both(cell.outcome, floor.outcome)
             return _cell(twin.score, outcome, f"{reading(cell)}; {medians}{where}", cell)
         outcome = _both(twin.outcome, floor.outcome)
@@ -226,6 +226,10 @@ class Calibrated(VerdictRule):
                 f"{high_gap:.2f}], under {SMALLEST_GAP:g}): the maps change with the seed as much as with the labels")
         return _cell(twin.score, outcome, f"{reading(twin)}; {medians}; {same}{where}", twin,
                      final=not high_gap >= SMALLEST_GAP)
+
+    def rejects_when(self, options: Options) -> str:
+        return ("an untrained copy or the permuted-label twin nearer the edge map's score than the random map's, or "
+                "the twin nearer the control twin than the untrained copy")
 
     def rule_text(self, options: Options) -> str:
         return (f"rejected when an untrained copy's {self.score_name} to the model's map lies nearer the edge map's "
@@ -258,7 +262,8 @@ def _cell(score: float, outcome: str | None, text: str, reading: VerdictCell, *,
           final: bool = True) -> VerdictCell:
     """A verdict cell with its outcome leading its text (and a rejection's ``reason`` after it)."""
     head = f"{outcome}: {reason}" if reason else str(outcome)
-    return VerdictCell(score, f"{head} ({text})", outcome, reading.undefined, final and reading.final, reason=reason)
+    return VerdictCell(score, f"{head} ({text})", outcome, reading.undefined, final and reading.final, reason=reason,
+                       reading=reading.reading)
 
 
 @dataclass(frozen=True)
@@ -301,10 +306,13 @@ class NearerThanUnrelated(MedianScore):
                                                   f"seed): read on the controls' scale{scale.note()})")
         floor = rows[self.floor].to_numpy(float)
         cell = scored_cell(nearer(score, 1.0, floor), 0.0, label="nearer its trained map than an unrelated one by",
-                           level=options.interval_level, groups=groups)
+                           level=options.interval_level, groups=groups, short="nearer trained")
         medians = f"{self.score_name} {np.nanmedian(score):.3f}, unrelated {np.nanmedian(floor):.3f}"
         median = float(np.nanmedian(score)) if np.isfinite(score).any() else float("nan")
-        return VerdictCell(median, f"{cell.text[:-1]}; {medians})", cell.outcome, cell.undefined)
+        return VerdictCell(median, f"{cell.text[:-1]}; {medians})", cell.outcome, cell.undefined, reading=cell.reading)
+
+    def rejects_when(self, options: Options) -> str:
+        return f"the {self.score_name} nearer a map's own (1) than an unrelated map's"
 
     def rule_text(self, options: Options) -> str:
         return (f"rejected ({self.failure}) when, image by image, the {self.score_name} lies nearer to a map's "
@@ -340,6 +348,9 @@ class OnScale(MedianScore):
                                 groups=self.replicates(part))
         pairs = f"{pair_note(int(part.twin_pair.nunique()))}" if "twin_pair" in part else ""
         return dataclasses.replace(cell, text=f"{cell.text[:-1]}{scale.note()}{pairs})")
+
+    def rejects_when(self, options: Options) -> str:
+        return f"the median {self.score_name} nearer the edge map's score than the random map's"
 
     def rule_text(self, options: Options) -> str:
         return (f"rejected ({self.failure}) when the interval of the median {self.score_name} lies nearer the "

@@ -37,7 +37,16 @@ from attributions.kinds import ELEMENTWISE_KINDS, RECORDED_KINDS, Kind
 from attributions.methods import build_method
 from attributions.records import Move, Norm
 from audit import style
-from audit.checks.base import INCONCLUSIVE, NOT_REJECTED, REJECTED, Check, UnitResult, VerdictCell, VerdictRule
+from audit.checks.base import (
+    INCONCLUSIVE,
+    NOT_REJECTED,
+    REJECTED,
+    Check,
+    Reading,
+    UnitResult,
+    VerdictCell,
+    VerdictRule,
+)
 from audit.checks.options import Options, UnitContext, option
 from audit.checks.passes import Params, explainer, model_errors
 from audit.errors import AuditError
@@ -552,14 +561,21 @@ class Collapse(VerdictRule):
             interval = f" [{low[i]:.3f}, {high[i]:.3f}]" if low[i] != high[i] else ""
             return f"{logits.layer.iloc[i]}: {median[i]:.3f}{interval}"
 
+        def read(i: int, label: str) -> Reading:
+            return Reading(f"{label} {logits.layer.iloc[i]}", float(median[i]), float(low[i]), float(high[i]),
+                           threshold)
+
         tail = f"; {at_input:.3f} at the input"
         hit = np.flatnonzero(defined & (low >= threshold))
         if hit.size:
-            return VerdictCell(top, f"{REJECTED} (from {where(int(hit[0]))}{tail})", REJECTED)
+            return VerdictCell(top, f"{REJECTED} (from {where(int(hit[0]))}{tail})", REJECTED,
+                               reading=read(int(hit[0]), "from"))
         unsure = np.flatnonzero(defined & (high >= threshold))
         if not unsure.size:
-            return VerdictCell(top, f"{NOT_REJECTED} (max {top:.3f}{tail})", NOT_REJECTED)
-        return VerdictCell(top, f"{INCONCLUSIVE} (at {where(int(unsure[0]))}{tail})", INCONCLUSIVE)
+            return VerdictCell(top, f"{NOT_REJECTED} (max {top:.3f}{tail})", NOT_REJECTED,
+                               reading=read(int(np.nanargmax(median)), "max at"))
+        return VerdictCell(top, f"{INCONCLUSIVE} (at {where(int(unsure[0]))}{tail})", INCONCLUSIVE,
+                           reading=read(int(unsure[0]), "at"))
 
     def rule_text(self, options: Options) -> str:
         return (f"rejected (chain converges) when the interval of the median |cos| of the chain injected at the "
@@ -646,6 +662,7 @@ CHECK = Check(
     name="csc", cite=("sixt2020",), title="Cosine-similarity convergence", reference="Sixt et al. 2020, section 3.1",
     result_file="csc.csv", columns=COLUMNS, run=_run, summary=_summary, sections=_sections, verdict=Collapse(),
     applies=lambda method: build_method(method).chain or build_method(method).engine.product, order=10, per_image=False,
+    question="Does the backward chain keep the class and the top layers apart (or converge)?",
     description="K Gaussian vectors injected at the logits and deeper layers; median |cos| of the backward "
                 "signals per layer against the exact random baseline",
     options=ConvergenceOptions)

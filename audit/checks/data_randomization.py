@@ -348,6 +348,7 @@ CHECK = Check(
                         "the signed map survives label permutation", score_name="Spearman (signed)", metric="spearman"),
                 OnScale("data_randomization_ssim", "data_randomization_ssim", "survives label permutation (SSIM)")),
     controls={"edge": "rejected", "random": "not rejected"},
+    question="Does the map depend on what the model learned from its labels?",
     description="maps of the model and of its twin trained on permuted labels compared by the Spearman rank "
                 "correlation of their magnitudes (the verdict) and signed, flip-invariant SSIM and HOG",
     options=DataRandomizationOptions)

@@ -181,5 +181,6 @@ CHECK = Check(
     verdict=MedianScore("emprt_score", "emprt", "complexity does not rise", "emprt_threshold",
                         score_name="eMPRT score (entropy ratio)", metric="score",
                         select=lambda df: df[df.stage == df.stage.max()], fails_below=True),
+    question="Does the map grow more complex as the weights are randomized?",
     description="entropy of each map's histogram after randomizing every layer, relative to the trained model's",
     controls={"edge": "rejected"})

@@ -251,5 +251,6 @@ CHECK = Check(
     summary=lambda df: f"median relative L2 change {df.relative_l2.median():.3g}",
     verdict=MedianScore("invariance_l2", "input_invariance", "not input-invariant", "invariance_tolerance",
                         score_name="relative L2 change", metric="relative_l2"),
+    question="Does the map ignore a constant shift the model ignores?",
     description="the input shifted by a constant compensated in the first layer's bias; maps compared before/after",
     options=InvarianceOptions, controls={"edge": "not rejected"})

@@ -128,5 +128,6 @@ CHECK = Check(
     result_file="random_logit.csv",
     columns=COLUMNS, run=_run, summary=lambda df: f"median SSIM {df.ssim.median():.3f}", sections=_sections,
     verdict=MedianScore("random_logit_ssim", "random_logit", "class-insensitive", "random_logit_threshold"), order=20,
+    question="Does the map change with the explained class?",
     description="maps for the true class and a random other class compared by flip-invariant SSIM and Spearman",
     options=RandomLogitOptions, controls={"edge": "rejected", "random": "not rejected"})

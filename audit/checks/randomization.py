@@ -41,6 +41,7 @@ from audit.checks.base import (
     NOT_REJECTED,
     REJECTED,
     Check,
+    Reading,
     UnitResult,
     VerdictCell,
     VerdictRule,
@@ -445,7 +446,8 @@ class Survival(VerdictRule):
         last_rows = part[part.stage == part.stage.max()].sort_values("image")
         floors = floor_scores(part, self.metric, scale)
         floor = nearer_unchanged(floors.to_numpy(float), scale, "full randomization", level=level,
-                                 groups=last_rows["replicate"].to_numpy() if "replicate" in last_rows else None)
+                                 groups=last_rows["replicate"].to_numpy() if "replicate" in last_rows else None,
+                                 short="randomized")
         head = intervals.iloc[:top]
         last = head.iloc[-1]
         rows = part[part.stage == last.stage]
@@ -462,10 +464,11 @@ class Survival(VerdictRule):
         if floor.outcome == REJECTED:
             return VerdictCell(float(last["median"]), f"{REJECTED}: the map does not depend on the weights, the fully "
                                f"randomized model keeps it ({read}; {score}{where})", REJECTED, undefined,
-                               reason=f"the fully randomized model keeps the map ({self.score_name})")
+                               reason=f"the fully randomized model keeps the map ({self.score_name})",
+                               reading=floor.reading)
         if top >= len(intervals):  # no stage below the top part gives a floor: the floor's reading is the check
             return VerdictCell(float(last["median"]), f"{floor.outcome} ({read}; the top part is the whole "
-                               f"model{where})", floor.outcome, undefined)
+                               f"model{where})", floor.outcome, undefined, reading=floor.reading)
         near = stage_intervals(nearness(part, self.metric, scale), self.metric, level)
         outcome, kept = _curve_outcome(near, 0.0, top)
         if outcome == NOT_REJECTED and floor.outcome != NOT_REJECTED:
@@ -473,7 +476,16 @@ class Survival(VerdictRule):
         at = near.iloc[top - 1]
         return VerdictCell(float(last["median"]), f"{outcome} ({score}; nearer the trained map than the fully "
                            f"randomized model's by {at['median']:.3f} [{at.low:.3f}, {at.high:.3f}]; "
-                           f"{_stop(near, kept)}; {read}{where}{spread}{looks})", outcome, undefined)
+                           f"{_stop(near, kept)}; {read}{where}{spread}{looks})", outcome, undefined,
+                           # read against its survival level, the median's distance from it (nearness) taken off
+                           reading=Reading(f"after {last.layer}", float(last["median"]), float(last.low),
+                                           float(last.high), float(last["median"] - at["median"]),
+                                           int(head.defined.iloc[-1] + head.undefined.iloc[-1])))
+
+    def rejects_when(self, options: Options) -> str:
+        top = getattr(options, self.top)
+        return ("the fully randomized model's map nearer the edge map's score than the random map's, or the map "
+                + ("surviving the logit layer's randomization" if top == 1 else f"surviving the first {top} stages"))
 
     def rule_text(self, options: Options) -> str:
         top = getattr(options, self.top)
@@ -804,6 +816,7 @@ def _checks() -> list[Check[Any]]:
             verdict=verdict if cascading else None, side_rules=(magnitudes, signed) if cascading else (),
             controls={"edge": "rejected", "random": "not rejected"} if cascading else {},
             options=CascadingOptions if cascading else MeasuredStageOptions,
+            question=f"Does the map change as the weights are randomized ({order})?",
             description=f"layers or blocks re-initialised {order} in forward order; maps compared with the trained "
                         "model's",
             coverage=functools.partial(coverage_record, order=order)))

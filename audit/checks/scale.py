@@ -84,12 +84,13 @@ def scale_of(controls: pd.DataFrame | None, metric: str,
 
 
 def nearer_unchanged(values: np.ndarray, scale: Scale, label: str, *, level: float = CONFIDENCE,
-                     groups: np.ndarray | None = None) -> VerdictCell:
+                     groups: np.ndarray | None = None, short: str | None = None) -> VerdictCell:
     """The reading of per-image scores ``values`` (n,) on ``scale``: rejected when the ``level`` interval of their
     median lies at or above the midpoint (nearer the unchanged end), not rejected when it lies below, inconclusive
-    when it contains the midpoint or too few scores are defined (:func:`~audit.checks.base.scored_cell`, ``label``
-    and ``groups`` as there)."""
-    return scored_cell(np.asarray(values, dtype=float), scale.midpoint, label=label, level=level, groups=groups)
+    when it contains the midpoint or too few scores are defined (:func:`~audit.checks.base.scored_cell`, ``label``,
+    ``groups`` and ``short`` as there)."""
+    return scored_cell(np.asarray(values, dtype=float), scale.midpoint, label=label, level=level, groups=groups,
+                       short=short)
 
 
 def reading(cell: VerdictCell, notes: bool = True) -> str:

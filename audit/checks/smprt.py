@@ -170,5 +170,6 @@ CHECK = Check(
     summary=lambda df: f"median Spearman at full randomization {_last_stage(df).spearman.median():.3f}",
     verdict=NearerThanUnrelated("smprt_spearman", "smprt", "weight-insensitive (denoised)",
                                 score_name="Spearman of magnitudes (sMPRT)", metric="spearman", select=_last_stage),
+    question="Does the denoised map change as the weights are randomized?",
     description="maps averaged over noisy inputs, compared by Spearman of magnitudes after each randomization stage",
     controls={"edge": "rejected"})

@@ -15,15 +15,18 @@ from audit.cli import main
 from audit.run.config import load_config
 from audit.run.runner import run_audit
 from reports import build_report, report_sections
+from reports.figures import VERDICT_COLOURS
 from tests.helpers import legend_outside_axes, require_tool
 
 TINY = dict(methods=["gradient", "lrp-zplus", "deeplift", "edge"], tests=["csc", "random-logit", "cascading"],
             n_images=4)
 
 
-SECTIONS = ["The source papers, reproduced",
-            "Verdict", "Cosine-similarity convergence", "Random-logit test", "Parameter randomization (cascading)",
-            "Heatmaps under cascading randomization", "Bort vs baseline", "Models", "Configuration and versions"]
+# the main part, read first, then the appendix, looked up (collapsed in the HTML)
+SECTIONS = ["Answer", "Why", "Verdict", "The source papers, reproduced", "Bort vs baseline"]
+APPENDIX = ["Verdict in full", "Cosine-similarity convergence", "Random-logit test",
+            "Parameter randomization (cascading)", "Heatmaps under cascading randomization", "Models",
+            "Configuration and versions"]
 
 
 @pytest.fixture(scope="module")
@@ -44,25 +47,61 @@ def test_report_files_and_sections(built, finished):
     out, index = built
     _, result = finished
     html = index.read_text()
-    for heading in SECTIONS:
-        assert f"<h2>{heading}</h2>" in html, heading
+    where = [html.index(f"<h2>{heading}</h2>") for heading in SECTIONS]
+    where += [html.index(f"<details><summary>{heading}</summary>") for heading in APPENDIX]
+    assert where == sorted(where) and html.index("<h2>Appendix</h2>") == where[len(SECTIONS)] - len("<h2>Appendix</h2>")
+    assert html.index("<figcaption>Verdict matrix:") < html.index("<h2>Verdict</h2>")  # the matrix opens the report
     assert not re.search(r"(src|href)=[\"'](https?:)?//", html) and "http://" not in html and "https://" not in html
     assert "<script" not in html
-    for name in ("report.md", "tables.tex", "figures.tex", "standalone.tex", "methods.md", "methods.tex",
+    for name in ("report.md", "tables.tex", "figures.tex", "main.tex", "appendix.tex", "standalone.tex", "methods.md",
+                 "methods.tex",
                  "references.bib", "manifest.json", "results/csc.csv", "results/random_logit.csv",
                  "results/randomization_cascading.csv", "results/models.csv", "figures/csc.pdf",
                  "figures/heatmaps_cnn-bort_image1.png"):
         assert (out / name).exists(), name
     tex = (out / "tables.tex").read_text()
-    # the two papers' tables (Sixt's CSC, Adebayo's cascading), the verdict, the scales it read on, the pairs whose
-    # outcome depends on the measure, the mechanisms' measurements, the thresholds' sensitivity, Bort vs baseline,
-    # the models
-    assert tex.count(r"\label{tab:") == tex.count(r"\bottomrule") == 9 and r"\begin{tabular}" in tex
-    assert all(rf"\label{{tab:{t}}}" in tex for t in ("sensitivity", "scales", "measure_dependent"))
+    # the verdict matrix, how to read the checks, the compact verdict, the scales it read on, the two papers' tables
+    # (Sixt's CSC, Adebayo's cascading), Bort vs baseline, the verdict in full, the pairs whose outcome depends on
+    # the measure, the mechanisms' measurements, the thresholds' sensitivity, the models
+    assert tex.count(r"\label{tab:") == tex.count(r"\bottomrule") == 12 and r"\begin{tabular}" in tex
+    assert all(rf"\label{{tab:{t}}}" in tex for t in ("sensitivity", "scales", "measure_dependent", "matrix",
+                                                       "how_to_read", "verdict_compact", "verdict"))
     assert r"\label{tab:mechanisms}" in tex
     csc = pd.read_csv(out / "results" / "csc.csv")
     assert set(csc.model) == {"cnn-sgd", "cnn-bort"} and "edge" not in set(csc.method)
     assert set(result.tables) == {"csc", "random-logit", "cascading", "models"}
+
+
+def test_every_markdown_table_parses_with_as_many_cells_in_each_row_as_its_header(built):
+    """report.md read by a CommonMark parser with GFM tables: every table's header, separator and rows have the same
+    number of columns (a "|" inside a cell, as in "Spearman of |map|", is escaped), and the compact tables' cells
+    stay within about 40 characters."""
+    from markdown_it import MarkdownIt
+
+    out, _ = built
+    text = (out / "report.md").read_text()
+    tokens = MarkdownIt("commonmark").enable("table").parse(text)
+    tables: list[list[int]] = []
+    inside: list[int] | None = None
+    cells = 0
+    for token in tokens:
+        if token.type == "table_open":
+            inside = []
+        elif token.type == "tr_open":
+            cells = 0
+        elif token.type in ("th_open", "td_open"):
+            cells += 1
+        elif token.type == "tr_close" and inside is not None:
+            inside.append(cells)
+        elif token.type == "table_close":
+            tables.append(inside)
+            inside = None
+    assert len(tables) == text.count("\n| --- ") > 10
+    assert all(len(set(counts)) == 1 for counts in tables), tables
+    compact = text.split("## Verdict\n", 1)[1].split("\n\n| ", 1)[1].split("\n\n", 1)[0]  # its first table
+    body = [line for line in ("| " + compact).splitlines() if not line.startswith("| ---")]
+    longest = max(len(c.strip()) for line in body[1:] for c in line.strip("|").split(" | "))
+    assert 20 < longest <= 44, longest
 
 
 def test_report_is_rebuilt_without_recomputing(finished, capsys):
@@ -117,14 +156,19 @@ def test_index_html_renders_in_headless_chromium(built, tmp_path):
     run = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
                           f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
-                          "--hide-scrollbars", "--window-size=1200,1600", f"--screenshot={shot}",
+                          "--hide-scrollbars", "--window-size=1400,900", f"--screenshot={shot}",
                           index.resolve().as_uri()], capture_output=True, text=True, timeout=120)
     console = [line for line in run.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     assert not console, console
     with Image.open(shot) as picture:
-        assert picture.size == (1200, 1600)
-        pixels = np.asarray(picture.convert("L"), dtype=float)
+        assert picture.size == (1400, 900)
+        colours = np.asarray(picture.convert("RGB"), dtype=float)
+    pixels = colours.mean(axis=2)
     assert (pixels < 200).mean() > 0.02 and pixels.std() > 20  # text, tables and figures, not a blank page
+    # the verdict matrix on the first screen: its cells, rejected (orange) and not rejected (blue)
+    for rgb in (VERDICT_COLOURS["rejected"], VERDICT_COLOURS["not rejected"]):
+        target = np.array([int(rgb[i:i + 2], 16) for i in (1, 3, 5)], dtype=float)
+        assert (np.abs(colours - target).max(axis=2) < 12).mean() > 0.003, rgb
     dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p2'}",
                           "--dump-dom", index.resolve().as_uri()], capture_output=True, text=True, timeout=120)
     assert "<h2>Verdict</h2>" in dom.stdout and "<figcaption>" in dom.stdout

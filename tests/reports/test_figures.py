@@ -8,9 +8,10 @@ import pytest
 from PIL import Image
 
 from audit import style
+from audit.checks.base import MARKS
 from audit.checks.randomization import heatmap_grid
 from audit.sections import Figure, new_figure
-from reports.figures import VERDICT_COLOURS, VERDICT_MARKS, save, score_figure, verdict_matrix, verdict_status
+from reports.figures import VERDICT_COLOURS, save, score_figure, verdict_matrix
 
 
 def test_save_writes_both_formats_atomically(tmp_path, monkeypatch):
@@ -38,12 +39,16 @@ def font_subtypes(pdf: bytes) -> set[str]:
 
 
 def verdict_frame() -> pd.DataFrame:
+    """Three models' verdict rows as the verdict table holds them: each check's outcome and the mechanisms."""
     rows = []
     for model in ("a-sgd", "a-bort", "b-sgd"):
-        for method, verdict, score in (("gradient", "not rejected", 0.2),
-                                       ("lrp-zplus", "rejected: csc (chain converges)", 0.99),
-                                       ("deeplift", "inconclusive: random-logit", np.nan)):
-            rows.append({"model": model, "method": method, "random_logit_ssim": score, "verdict": verdict})
+        for method, verdict, score, csc, logit, found in (
+                ("gradient", "not rejected", 0.2, "not rejected", "not rejected", {}),
+                ("lrp-zplus", "rejected: csc (chain converges)", 0.99, "rejected", "not rejected",
+                 {"csc": ["rank-1 chain convergence"]}),
+                ("deeplift", "inconclusive: random-logit", np.nan, "not rejected", "inconclusive", {})):
+            rows.append({"model": model, "method": method, "role": "method", "random_logit_ssim": score,
+                         "verdict": verdict, "outcome_csc": csc, "outcome_random-logit": logit, "mechanisms": found})
     return pd.DataFrame(rows[:-1])  # b-sgd has no deeplift row: n/a
 
 
@@ -57,23 +62,24 @@ def test_saved_pdfs_embed_truetype_fonts_not_type3(tmp_path):
     assert abs(width - fig.figure.get_size_inches()[0] * style.PNG_DPI) <= 2  # 200 dpi, no cropping
 
 
-def test_verdict_matrix_colours_each_cell_by_its_status():
+def test_verdict_matrix_colours_each_cell_by_its_check_outcome_and_marks_the_mechanism():
     frame = verdict_frame()
     fig = verdict_matrix(frame)
     ax = fig.figure.axes[0]
     grid = ax.get_images()[0].get_array()
     states = list(VERDICT_COLOURS)
-    models = list(dict.fromkeys(frame.model))
-    methods = [m for ms in style.by_family(list(frame.method)).values() for m in ms]
-    assert grid.shape == (3, 3) and methods == ["gradient", "deeplift", "lrp-zplus"]
-    assert states[grid[models.index("a-sgd"), methods.index("gradient")]] == "not rejected"
-    assert states[grid[models.index("a-bort"), methods.index("lrp-zplus")]] == "rejected"
-    assert states[grid[models.index("a-sgd"), methods.index("deeplift")]] == "inconclusive"
-    assert states[grid[models.index("b-sgd"), methods.index("deeplift")]] == "n/a"
-    marks = sorted(t.get_text() for t in ax.texts)
-    assert marks.count(VERDICT_MARKS["not rejected"]) == 3 and marks.count(VERDICT_MARKS["rejected"]) == 3
-    assert verdict_status("rejected: x") == "rejected" and verdict_status("not rejected") == "not rejected"
-    assert verdict_status("n/a") == "n/a" and "pass" not in VERDICT_COLOURS
+    columns = [t.get_text() for t in ax.get_xticklabels()]
+    methods = [t.get_text() for t in ax.get_yticklabels()]
+    assert methods == ["gradient", "lrp-zplus", "deeplift"] and grid.shape == (3, 6)
+    assert columns == [f"{m}: {c}" for m in ("a-sgd", "a-bort", "b-sgd") for c in ("csc", "random-logit")]
+    assert states[grid[0, columns.index("a-sgd: csc")]] == "not rejected"
+    assert states[grid[1, columns.index("a-bort: csc")]] == "rejected"
+    assert states[grid[2, columns.index("a-sgd: random-logit")]] == "inconclusive"
+    assert states[grid[2, columns.index("b-sgd: random-logit")]] == "n/a"  # no row: not run
+    marks = [t.get_text() for t in ax.texts]
+    # gradient's two checks on three models, z+'s random logit on three, deeplift's CSC on two
+    assert marks.count(MARKS["rejected"] + "C") == 3 and marks.count(MARKS["not rejected"]) == 6 + 3 + 2
+    assert "pass" not in VERDICT_COLOURS
 
 
 def test_score_figure_draws_each_method_in_its_colour_across_models():

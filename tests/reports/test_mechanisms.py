@@ -9,7 +9,7 @@ from audit import chain_convergence, embedded_sample, load_checkpoint, random_lo
 from audit.checks.convergence import image_spectra, pairwise_abs_cos, pairwise_abs_cos_by_image, rank_one_ratio
 from audit.measures.statistics import cluster_median_ci
 from audit.run.config import load_config
-from reports.mechanisms import check_mechanism, follows_input, rank_one
+from reports.mechanisms import check_mechanisms, follows_input, rank_one
 
 
 def _csc_row(method: str, signal: torch.Tensor) -> pd.DataFrame:
@@ -79,10 +79,11 @@ def test_an_input_multiplier_follows_the_input_more_than_the_gradient_and_the_ra
     assert follows_input(logit, "m", "random", lambda rows: rows)[0] is False
     assert follows_input(logit, "m", "gradient", lambda rows: rows)[0] is None  # the reference itself
     config = load_config(models=["m"], methods="gradient,input-x-gradient,lrp-zplus", tests="csc,random-logit")
-    assert check_mechanism("random-logit", "m", "input-x-gradient", measured, config) == "input multiplier"
+    assert check_mechanisms("random-logit", "m", "input-x-gradient", measured, config) == ["input multiplier"]
     # z+ on the random logit: both hold; surviving label permutation is never put down to chain convergence
-    both = check_mechanism("random-logit", "m", "lrp-zplus", measured, config)
-    assert both == "rank-1 chain convergence and input multiplier"
+    both = check_mechanisms("random-logit", "m", "lrp-zplus", measured, config)
+    assert both == ["rank-1 chain convergence", "input multiplier"]
     twin = measured["random-logit"].assign()  # the same columns as the data-randomization table's
-    permuted = check_mechanism("data-randomization", "m", "lrp-zplus", measured | {"data-randomization": twin}, config)
-    assert permuted == "input multiplier"
+    permuted = check_mechanisms("data-randomization", "m", "lrp-zplus", measured | {"data-randomization": twin},
+                                config)
+    assert permuted == ["input multiplier"]

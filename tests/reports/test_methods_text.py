@@ -83,3 +83,26 @@ def test_a_verdict_read_on_the_controls_scale_states_its_rule_in_the_methods_tex
     cascading = text["Parameter randomization (cascading)"]
     assert "A method is rejected when the fully randomized model's map has a SSIM to the trained map nearer the edge " \
         "map's score (unchanged) than the random map's (unrelated)" in cascading
+
+
+def test_the_brief_paragraph_names_what_decides_each_verdict_in_under_250_words():
+    """The paragraph a paper pastes: the demo's run (4 checks, a twin check with three pairs, sequential looks)."""
+    config = load_config(models=["cnn-sgd", "cnn-bort"], methods=["gradient", "lrp-zplus", "smoothgrad"],
+                         tests=["csc", "random-logit", "cascading", "independent", "data-randomization"], n_images=16,
+                         max_images=64, seed=7, random_logit_threshold=0.75)
+    record = {"config": config.to_dict(), "images": {"n": 64}, "versions": {"torch": "2.13.0"},
+              "twins": {"cnn-sgd": {"pairs": [{"spec": f"cnn-permuted-{k}"} for k in (1, 2, 3)]}}}
+    brief = methods_text.summary(record, MODELS)
+    plain = methods_text.author_year(brief)
+    assert len(plain.split()) <= 250 and "{" not in plain and "[@" not in plain
+    assert "csc_threshold 0.99" in brief and "random_logit_threshold 0.75" in brief and "randomization_top 1" in brief
+    assert "Spearman of |map|, on the controls' scale, 3 twin pairs" in brief
+    assert "parameter randomization (independent)" in brief and "(shown, no verdict)" in brief
+    assert "up to 4 looks of 16 images" in brief and "at most 5.0%" in brief and "Seed 7; torch 2.13.0" in brief
+    md = methods_text.markdown(methods_text.paragraphs(record, MODELS), brief)
+    assert md.index(plain) < md.index("## In full") and "Efron" in md.split("## References")[1]  # the brief cites too
+
+
+def test_no_paragraph_leaves_a_placeholder_unformatted():
+    for heading, text in methods_text.paragraphs(manifest(), MODELS):
+        assert "{" not in text and "}" not in text, heading

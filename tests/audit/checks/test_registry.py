@@ -93,6 +93,6 @@ def test_a_new_check_reaches_config_runner_verdict_cli_and_report(tmp_path, monk
     verdict = verdict_table(result.tables, result.config)
     assert set(verdict.verdict) == {"rejected: toy (too central)"} and "toy" in verdict.columns
     html = build_report(tmp_path / "run").read_text()
-    assert "<h2>Toy centre check</h2>" in html and "too central" in html
+    assert "<summary>Toy centre check</summary>" in html and "too central" in html  # its section: the appendix
     help_text = parser().format_help() + parser()._subparsers._group_actions[0].choices["run"].format_help()
     assert "toy" in help_text and "--toy-pass" in help_text

@@ -10,6 +10,7 @@ seeds, looks) stay in the appendix's verdict table, the results CSV files and th
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import pandas as pd
@@ -43,13 +44,24 @@ def _mark(row: dict[str, Any], check: str) -> str:
 def matrix_table(verdict: pd.DataFrame) -> pd.DataFrame:
     """The verdict matrix as a table: one row per method (the controls last), a column per model and check
     (``"<model>: <check>"``), each cell :func:`_mark`'s mark."""
+    return _matrix(verdict, _mark)
+
+
+def matrix_outcomes(verdict: pd.DataFrame) -> pd.DataFrame:
+    """:func:`matrix_table`'s layout with each cell's outcome ("" where the check says nothing)."""
+    return _matrix(verdict, lambda row, check: str(row.get(f"outcome_{check}") or ""))
+
+
+def _matrix(verdict: pd.DataFrame, cell: Callable[[dict[str, Any], str], str]) -> pd.DataFrame:
+    """Methods (the controls last) x ``"<model>: <check>"`` columns, each ``cell(row, check)``; a check that says
+    nothing on a model is left out."""
     checks, models = checks_in(verdict), list(dict.fromkeys(verdict.model))
     ordered = pd.concat([verdict[verdict.role == "method"], verdict[verdict.role == "control"]])
     rows: dict[str, dict[str, str]] = {}
     for record in cast(list[dict[str, Any]], ordered.to_dict("records")):
         cells = rows.setdefault(str(record["method"]), {"method": str(record["method"])})
         for check in checks:
-            cells[f"{record['model']}: {check}"] = _mark(record, check)
+            cells[f"{record['model']}: {check}"] = cell(record, check)
     columns = ["method"] + [f"{model}: {check}" for model in models for check in checks]
     matrix = pd.DataFrame(list(rows.values())).reindex(columns=columns).fillna("")
     return matrix[[c for c in columns if c == "method" or matrix[c].astype(bool).any()]]  # not run on a model: left out
@@ -66,7 +78,7 @@ def compact_table(verdict: pd.DataFrame) -> pd.DataFrame:
                           if name in MECHANISM_MARKS})
         rows.append({"model": record["model"], "method": record["method"],
                      **{check: record[f"short_{check}"] for check in checks},
-                     "verdict": str(record["verdict"]).split(":")[0],
+                     "verdict": record["outcome"],
                      "mechanism": ", ".join(letters) if letters else ("none measured" if found else "")})
     return pd.DataFrame(rows, columns=["model", "method", *checks, "verdict", "mechanism"])
 
@@ -74,7 +86,7 @@ def compact_table(verdict: pd.DataFrame) -> pd.DataFrame:
 def rejected_sentences(verdict: pd.DataFrame) -> list[str]:
     """One sentence per rejected method and model: the checks that rejected it, why, and the mechanisms."""
     out = []
-    for row in verdict[(verdict.role == "method") & verdict.verdict.str.startswith(REJECTED)].to_dict("records"):
+    for row in verdict[(verdict.role == "method") & (verdict.outcome == REJECTED)].to_dict("records"):
         why = str(row["verdict"]).removeprefix(f"{REJECTED}: ")
         said = f"{row['method']} on {row['model']} is rejected by {why}"
         out.append(said + (f"; mechanism: {row['mechanism']}." if row["mechanism"] else "."))

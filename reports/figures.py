@@ -16,7 +16,7 @@ from audit.atomic import atomic_write, atomic_write_bytes
 from audit.checks.base import INCONCLUSIVE, MARKS, NOT_REJECTED, REJECTED
 from audit.panels import family_panels, method_legend
 from audit.sections import Figure
-from reports.answer import LEGEND, matrix_table
+from reports.answer import LEGEND, matrix_outcomes, matrix_table
 from reports.tables import heading
 
 # rejected / not rejected / inconclusive / not run: Okabe-Ito orange and blue, grey, white; a mark in each cell
@@ -71,11 +71,10 @@ def verdict_matrix(verdict: pd.DataFrame) -> Figure:
     """Methods (rows, the controls last) x each model's checks (columns): rejected, not rejected or inconclusive by
     colour and mark, a rejection's mechanisms by letter (:func:`reports.answer.matrix_table`, read from the
     verdict table's outcome and mechanism data)."""
-    matrix = matrix_table(verdict)
+    matrix, outcomes = matrix_table(verdict), matrix_outcomes(verdict)
     columns = list(matrix.columns[1:])
-    by_mark = {mark: outcome for outcome, mark in MARKS.items()}
     states = list(VERDICT_COLOURS)
-    grid = np.array([[states.index(by_mark.get(cell[:1], "n/a")) for cell in row] for row in matrix[columns].to_numpy()],
+    grid = np.array([[states.index(o or "n/a") for o in row] for row in outcomes[columns].to_numpy()],
                     dtype=int).reshape(len(matrix), len(columns))
     fig = MplFigure(figsize=(min(style.TWO_COLUMN, 0.32 * len(columns) + 1.6), 0.2 * len(matrix) + 1.9),
                     layout="constrained")

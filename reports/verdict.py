@@ -75,9 +75,10 @@ def _verdict_row(tables: dict[str, Any], config: AuditConfig, rules: list[tuple[
     cells, rejecting, unsure, rejected_by = _rule_cells(tables, rules, model, method)
     row |= cells
     outcomes = [row.get(f"outcome_{name}", "") for name, _, counts, _ in rules if counts]
-    row["verdict"] = (f"{REJECTED}: " + ", ".join(rejecting) if rejecting else
-                      f"{INCONCLUSIVE}: " + ", ".join(unsure) if unsure else
+    row["outcome"] = (REJECTED if rejecting else INCONCLUSIVE if unsure else
                       NOT_REJECTED if NOT_REJECTED in outcomes else "n/a")
+    row["verdict"] = (f"{REJECTED}: " + ", ".join(rejecting) if rejecting else
+                      f"{INCONCLUSIVE}: " + ", ".join(unsure) if unsure else row["outcome"])
     row["mechanisms"] = mechanisms(model, method, rejected_by, tables, config) \
         if rejecting and row["role"] == "method" else {}
     row["mechanism"] = mechanism_text(row["mechanisms"])
@@ -91,7 +92,8 @@ def verdict_table(tables: dict[str, Any], config: AuditConfig) -> pd.DataFrame:
     says nothing), ``short_<check>`` (its compact cell: mark, reading and interval,
     :meth:`~audit.checks.base.VerdictCell.short`) and ``needed_<check>`` (for an inconclusive cell, about the
     images that would decide it, else None); ``role`` (method or control); ``verdict``: "rejected: " and every
-    rejecting check's reason, else "inconclusive: " and the checks that could not conclude, else "not rejected";
+    rejecting check's reason, else "inconclusive: " and the checks that could not conclude, else "not rejected"
+    (``outcome``: that outcome alone);
     ``mechanisms`` (check -> the names of the mechanisms it supports) and ``mechanism``: for a
     rejected method, per rejecting check, the mechanisms the measurements support
     (:func:`reports.mechanisms.mechanism_text`); ``control_check``: for a

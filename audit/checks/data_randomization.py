@@ -106,7 +106,7 @@ def data_randomization(model: nn.Module, twin: nn.Module | Sequence[nn.Module], 
     x, y = checked_pair(model, twins, controls, x, y, target=target, keep_maps=keep_maps)
     names = resolve_methods(methods)
     floor = replicates(first_image, len(x), images_per_seed)
-    pair = floor % len(twins)
+    pair = twin_pairs(floor, len(twins))
     roles = role_maps(model, twins, controls, x, y, names, seed=seed, target=target, reduction=reduction,
                       first_image=first_image, images_per_seed=images_per_seed, params=params, progress=progress)
     maps = {m: [role[m][0] for role in roles] for m in names}
@@ -133,7 +133,7 @@ def role_maps(model: nn.Module, twins: list[nn.Module], controls: list[nn.Module
     control twins' and the untrained copies'; each :data:`Maps` of all B images. The model explains every image;
     pair k's twin and control the images of pair k (replicate mod the pairs); each untrained copy the images of
     its seed. ``seed``: the random control's (the k-th role draws from seed + k)."""
-    pair = replicates(first_image, len(x), images_per_seed) % len(twins)
+    pair = twin_pairs(replicates(first_image, len(x), images_per_seed), len(twins))
     shares = [np.flatnonzero(pair == k) for k in range(len(twins))]
     jobs: list[Iterable[tuple[nn.Module, slice | np.ndarray]]] = [[(model, slice(0, len(x)))], list(zip(twins, shares))]
     if controls:  # the untrained copies made one at a time, a copy per seed
@@ -142,6 +142,12 @@ def role_maps(model: nn.Module, twins: list[nn.Module], controls: list[nn.Module
                   for images, _, drawn in seed_groups(first_image, len(x), images_per_seed, seed))]
     return [pooled_maps(parts, x, y, names, seed=seed + k, target=target, reduction=reduction, params=params)
             for k, parts in enumerate(tqdm(jobs, desc="data randomization", disable=not bars(progress), leave=False))]
+
+
+def twin_pairs(replicate: np.ndarray, pairs: int) -> np.ndarray:
+    """(B,) the twin pair of each image from its re-initialisation seed's ``replicate`` (B,): the replicate modulo
+    the ``pairs``, so that the pairs, like the seeds, grow with the images."""
+    return replicate % pairs
 
 
 def as_pairs(twin: nn.Module | Sequence[nn.Module], control: nn.Module | Sequence[nn.Module] | None
@@ -159,7 +165,7 @@ def as_pairs(twin: nn.Module | Sequence[nn.Module], control: nn.Module | Sequenc
 
 
 def checked_pair(model: nn.Module, twins: list[nn.Module], controls: list[nn.Module], x: Images, y: Labels, *,
-             target: str, keep_maps: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 target: str, keep_maps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(x (B, C, H, W), y (B,)) checked, after the options and the twins' architectures: the audit's own errors."""
     check_option("target", target, TARGETS)
     check_count("keep_maps", keep_maps)
@@ -175,7 +181,7 @@ def checked_pair(model: nn.Module, twins: list[nn.Module], controls: list[nn.Mod
 
 
 def pair_scores(maps: list[torch.Tensor], signed: list[torch.Tensor], structure: dict[str, np.ndarray],
-            measures: str | MeasureSet) -> dict[str, np.ndarray]:
+                measures: str | MeasureSet) -> dict[str, np.ndarray]:
     """{score: (B,) values} of one method: its maps on the model, the twin, then the control and the untrained
     copies where computed (each (B, H, W)), and the model's and the twin's signed maps (or none)."""
     own, twin_signed = (signed[0], signed[1]) if signed else (None, None)

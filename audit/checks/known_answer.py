@@ -27,7 +27,7 @@ from torch import nn
 
 from audit.checks.base import Check, VerdictCell
 from audit.checks.data_randomization import CHECK as DATA_RANDOMIZATION
-from audit.checks.data_randomization import as_pairs, checked_pair, pair_scores, role_maps
+from audit.checks.data_randomization import as_pairs, checked_pair, pair_scores, role_maps, twin_pairs
 from audit.checks.randomization import CHECKS as RANDOMIZATION
 from audit.checks.randomization import stage_maps
 from audit.checks.replicates import replicates
@@ -133,7 +133,7 @@ def data_randomization_curve(model: nn.Module, twin: nn.Module | Sequence[nn.Mod
     per_method |= {c: [role[c][0] for role in roles] for c in ("edge", "random")}
     rows = pd.concat([pd.DataFrame({"method": method, "image": np.arange(len(x)),
                                     **pair_scores(maps, [], structure, "toolkit"),
-                                    "untrained_replicate": floor, "twin_pair": floor % len(twins)})
+                                    "untrained_replicate": floor, "twin_pair": twin_pairs(floor, len(twins))})
                       for method, maps in per_method.items()], ignore_index=True)
     return _curve(DATA_RANDOMIZATION, rows, names, weights, len(x)), rows
 

@@ -11,8 +11,9 @@ from reports.answer import compact_table, how_to_read, matrix_table, rejected_se
 def _row(model, method, csc, logit, *, role="method", found=None, verdict=None, needed=None):
     cells = {"csc": csc, "random-logit": logit}
     reading = Reading("after a.long.module.path.fc", 0.9123, -0.1, 0.99, 0.5, 16)
-    return {"model": model, "method": method, "role": role, "mechanisms": found or {},
-            "verdict": verdict or (REJECTED + ": csc (chain converges)" if REJECTED in (csc, logit) else NOT_REJECTED),
+    verdict = verdict or (REJECTED + ": csc (chain converges)" if REJECTED in (csc, logit) else NOT_REJECTED)
+    return {"model": model, "method": method, "role": role, "mechanisms": found or {}, "verdict": verdict,
+            "outcome": verdict.split(":")[0],
             "mechanism": "csc: rank-1 chain convergence" if found else "",
             **{f"outcome_{c}": o for c, o in cells.items()},
             **{f"short_{c}": VerdictCell(0.9, "", o or None, reading=reading).short() for c, o in cells.items()},

@@ -48,14 +48,16 @@ syslibs:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgl1 libglib2.0-0; \
 	else echo "note: libGL / GLib missing (sudo apt-get install libgl1 libglib2.0-0); the Quantus parity tests will skip"; fi
 
-# What the report's checks need: pdflatex and bibtex (the LaTeX report must compile) and Chromium
-# (index.html must render). Installed when we are root with apt; otherwise those tests skip.
+# What the report's checks need: pdflatex and bibtex (the LaTeX report must compile), poppler's pdftoppm and
+# pdftotext (the PDF is read as a printed page) and Chromium (index.html must render). Installed when we are root
+# with apt; otherwise those tests skip.
 reportdeps:
-	@if command -v pdflatex >/dev/null 2>&1 && command -v bibtex >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1; then :; \
+	@if command -v pdflatex >/dev/null 2>&1 && command -v bibtex >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 \
+	  && command -v pdftoppm >/dev/null 2>&1 && command -v pdftotext >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    texlive-latex-base texlive-latex-recommended chromium >/dev/null; \
-	else echo "note: pdflatex / chromium missing (sudo apt-get install texlive-latex-recommended chromium); the LaTeX and browser tests will skip"; fi
+	    texlive-latex-base texlive-latex-recommended poppler-utils chromium >/dev/null; \
+	else echo "note: pdflatex / pdftoppm / chromium missing (sudo apt-get install texlive-latex-recommended poppler-utils chromium); the LaTeX and browser tests will skip"; fi
 
 demo: $(STAMP)
 	$(PY) -m audit demo

@@ -27,20 +27,30 @@ class RunSettings(Protocol):
 
 @dataclass
 class Table:
-    """A table of a section: ``frame`` with a ``caption``; ``label`` keys it in LaTeX (``tab:<label>``)."""
+    """A table of a section: ``frame`` with a ``caption``; ``label`` keys it in LaTeX (``tab:<label>``);
+    ``printed``: whether the PDF shows it (the HTML, the Markdown and ``tables.tex`` hold every table)."""
 
     frame: pd.DataFrame
     caption: str
     label: str
+    printed: bool = True
 
 
 @dataclass
 class Figure:
-    """A figure of a section: saved as ``figures/<name>.png`` and ``.pdf``."""
+    """A figure of a section: saved as ``figures/<name>.png`` and ``.pdf``; ``printed``: whether the PDF shows it
+    (one of many examples need not be; the HTML and Markdown show every figure)."""
 
     name: str
     figure: MplFigure
     caption: str
+    printed: bool = True
+
+
+def print_first(figures: list[Figure], n: int = 1) -> list[Figure]:
+    """``figures`` with only the first ``n`` printed: a gallery of examples (one grid per image and model) whose
+    print shows its first and names the rest."""
+    return [f if k < n else Figure(f.name, f.figure, f.caption, printed=False) for k, f in enumerate(figures)]
 
 
 @dataclass

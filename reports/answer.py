@@ -84,13 +84,32 @@ def compact_table(verdict: pd.DataFrame) -> pd.DataFrame:
 
 
 def rejected_sentences(verdict: pd.DataFrame) -> list[str]:
-    """One sentence per rejected method and model: the checks that rejected it, why, and the mechanisms."""
+    """One sentence per rejected method: each check that rejected it, on which models, why (the rule's reason,
+    ``reason_<check>``) and the mechanisms the measurements support there (``mechanisms``)."""
+    methods = verdict[verdict.role == "method"]
+    every = set(methods.model)
     out = []
-    for row in verdict[(verdict.role == "method") & (verdict.outcome == REJECTED)].to_dict("records"):
-        why = str(row["verdict"]).removeprefix(f"{REJECTED}: ")
-        said = f"{row['method']} on {row['model']} is rejected by {why}"
-        out.append(said + (f"; mechanism: {row['mechanism']}." if row["mechanism"] else "."))
+    for method, rows in methods[methods.outcome == REJECTED].groupby("method", sort=False):
+        parts = []
+        for check in checks_in(verdict):
+            hit = rows[rows[f"outcome_{check}"] == REJECTED]
+            if hit.empty:
+                continue
+            models = list(hit.model)
+            where = ("on both models" if len(every) == 2 else "on every model") \
+                if set(models) == every and len(every) > 1 else "on " + _listed(models)
+            reasons = list(dict.fromkeys(str(r) for r in hit[f"reason_{check}"] if r))
+            found = list(dict.fromkeys(name for names in hit.mechanisms for name in
+                                       (names.get(check, []) if isinstance(names, dict) else [])))
+            parts.append(f"{check} {where} ({'; '.join(reasons)}"
+                         + (f"; mechanism: {_listed(found)}" if found else "; no mechanism measured") + ")")
+        out.append(f"{method} is rejected by {_listed(parts, ', ')}.")
     return out
+
+
+def _listed(items: list[str], comma: str = ", ") -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else comma.join(items[:-1]) + " and " + items[-1]
 
 
 def undecided(verdict: pd.DataFrame) -> str:

@@ -25,26 +25,20 @@ import pandas as pd
 from audit import style
 from audit.atomic import atomic_write_bytes, remove_partials
 from audit.checks import CHECKS
-from audit.checks.options import look_level
 from audit.errors import ConfigError
 from audit.run.config import AuditConfig
 from audit.run.hygiene import fonts_released
 from audit.run.results import AuditResult, example_maps, load_results
 from audit.sections import ReportContext, Section, Table
 from reports import html, latex, markdown, methods_text
-from reports.answer import LEGEND, compact_table, how_to_read, matrix_table, rejected_sentences, undecided
-from reports.figures import bort_figure, save, score_figure, verdict_matrix
-from reports.mechanisms import MECHANISMS, evidence_table
+from reports.answer import compact_table, how_to_read, rejected_sentences, undecided
+from reports.appendix import verdict_section
+from reports.figures import bort_figure, save_all, score_figure, verdict_matrix
 from reports.references import bibtex
 from reports.reproduction import reproduction_sections
-from reports.sensitivity import sensitivity_table
 from reports.verdict import (
     bort_comparison,
-    broken_checks,
-    display_columns,
     family_bound,
-    family_wise_error,
-    scales_table,
     score_columns,
     summary_line,
     verdict_table,
@@ -76,105 +70,57 @@ def report_sections(run: str | Path, score: str | None = None) -> list[Section]:
     ConfigError
         When the run did not finish, or ``score`` is not a score column of this run.
     """
-    return _sections(load_results(run), score)
+    return _sections(load_results(run), score)[0]
 
 
-def _sections(result: AuditResult, score: str | None) -> list[Section]:
+def _sections(result: AuditResult, score: str | None) -> tuple[list[Section], pd.DataFrame]:
+    """The report's sections and the verdict table they read."""
     with style.styled():
         return _build_sections(result, score)
 
 
-def _verdict_text(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig) -> str:
-    """The verdict section's text: the summary, each verdict rule, the intervals, the controls and the mechanisms."""
-    ran = {c.name: c.verdict for c in CHECKS.values() if c.verdict is not None and c.name in tables}
-    broken = broken_checks(verdict)
-    return (summary_line(verdict) + ". A sanity check can reject a method; it cannot certify one: each check "
-            "says rejected, not rejected or inconclusive, and a method is rejected when any check rejects it. "
-            + " ".join(f"{name}: {v.rule_text(options)}." for name, v in ran.items()
-                       if (options := CHECKS[name].options_from(config.options, config.looks, config.family)))
-            + f" Per-image scores are medians over images with their {look_level(1, config.family):.2%} bootstrap "
-            "interval (10,000 resamples; the level set for the run's checks, below)"
-            + (f" (this run is sequential: the images were read in up to {config.looks} looks of "
-               f"{config.n_images}, up to {config.max_images}, each cell until it was decided; every interval is "
-               f"at {look_level(config.looks, config.family):.2%}, that level split over the looks, so that a "
-               "decision taken at any look keeps the error of one interval of a run of one look, and each cell names "
-               "the images it read)"
-               if config.looks > 1 else "") + "; "
-            "images whose maps are constant or non-finite have no defined score and are counted in the cell. "
-            "Controls (the edge detector, the random map) are not counted; each must have the outcome its check "
-            "names, else the check is broken." + (" BROKEN: " + "; ".join(broken) + "." if broken else "")
-            + (f" {family_wise_error(len(ran), sum(v.readings for v in ran.values()))}." if ran else "")
-            + " Mechanism, for a rejected method: " + MECHANISMS)
-
-
 def _answer_sections(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig) -> list[Section]:
     """The report's first sections (:mod:`reports.answer`): the summary, the verdict matrix and how to read the
-    checks; then why each method was rejected, the undecided cells, the error rate and the matrix as a table."""
+    checks; then why each method was rejected, the undecided cells and the error rate."""
     readings = sum(c.verdict.readings for c in CHECKS.values() if c.verdict is not None and c.name in tables)
     answer = Section("Answer", summary_line(verdict) + ". A sanity check can reject a method; it cannot certify one.",
                      figures=[verdict_matrix(verdict)] if not verdict.empty else [],
                      tables=[Table(how_to_read(verdict, config), "How to read the checks: each check's question, the "
-                                   "measure its verdict reads and what rejects (the rules in full: the appendix's "
-                                   "verdict section and the methods text).", "how_to_read")])
+                                   "measure its verdict reads and what rejects (each rule in full: the caption of its "
+                                   "table in the appendix; the statistics: the methods text).", "how_to_read")])
     why = " ".join([*rejected_sentences(verdict), undecided(verdict),
                     f"The chance that a method no check should reject is rejected by one is at most "
-                    f"{family_bound(readings):.1%} (the appendix's verdict section says how)." if readings else ""])
-    return [answer, Section("Why", why, tables=[Table(matrix_table(verdict), f"Verdict matrix as a table; {LEGEND}.",
-                                                      "matrix")])]
+                    f"{family_bound(readings):.1%} (Bonferroni over the {readings} rejecting intervals each method is "
+                    "read on)." if readings else ""])
+    return [answer, Section("Why", why)]
 
 
-def _main_verdict_section(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig) -> Section:
-    """The compact verdict table (each cell at most about 40 characters) and the scales it reads on."""
-    scales = scales_table(tables, config)
+def _main_verdict_section(verdict: pd.DataFrame) -> Section:
+    """The compact verdict table: each cell at most about 40 characters."""
     dependent = int(verdict.get("measure_dependent", pd.Series("", index=verdict.index)).astype(bool).sum())
     return Section("Verdict", "Each check's cell: its outcome's mark, what it read (a stage, a reference model), the "
                    "median and its interval; the verdict and the mechanisms' letters as in the matrix. Every cell in "
-                   "full (references, seeds, looks, images read, the other measures): the appendix"
-                   + (f", with the {dependent} pairs whose outcome depends on the measure." if dependent else "."),
-                   tables=[Table(compact_table(verdict), "Verdict per model and method, compact.", "verdict_compact")]
-                   + ([Table(scales, "The scales the randomization verdicts read on: per check, measure and model, "
-                                     "the random map's median score (unrelated), the edge map's (unchanged) and "
-                                     "their midpoint; a score nearer the unchanged end is read as unchanged.",
-                             "scales")] if not scales.empty else []))
-
-
-def _verdict_section(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig, score: str | None) -> Section:
-    """The appendix's verdict section: the rules in full, the verdict table in full, the mechanism and sensitivity
-    tables, the figures across models."""
-    thresholds = _verdict_text(verdict, tables, config)
-    evidence = evidence_table(verdict, tables, config)
-    sensitivity = sensitivity_table(tables, config)
-    dependent = verdict[verdict.get("measure_dependent", pd.Series("", index=verdict.index)).astype(bool)]
-    return Section("Verdict in full", thresholds, tables=[Table(verdict[display_columns(verdict)],
-                                                                "Verdict per model and method, every cell in full.",
-                                                                "verdict")]
-                   + ([Table(dependent[["model", "method", "measure_dependent"]].rename(
-                       columns={"measure_dependent": "outcome by measure"}),
-                       "Measure-dependent outcomes: the pairs where one measure of a check rejects and another does "
-                       "not (the verdict column reads each check's own measure).", "measure_dependent")]
-                      if not dependent.empty else [])
-                   + ([Table(evidence, "The measurements behind the mechanism column: for each rejected method "
-                                       "and each check that rejected it, every mechanism that could explain it, "
-                                       "whether it holds, and what was measured.", "mechanisms")]
-                      if not evidence.empty else [])
-                   + ([Table(sensitivity, "How far the outcomes rest on the fixed thresholds: each check's "
-                                          "outcomes over the audited methods (controls left out) re-read at "
-                                          "thresholds around the run's (marked run), and the pairs whose "
-                                          "outcome changes. The intervals do not move with the threshold; "
-                                          "only the side they fall on. The verdicts read on the controls' scale "
-                                          "(cascading, data randomization, sMPRT) have no fixed threshold and are "
-                                          "not listed.", "sensitivity")]
-                      if not sensitivity.empty else []),
-                   figures=_across_models(verdict, score), appendix=True)
+                   "full (references, seeds, looks, images read, the other measures) and the scales the "
+                   "randomization checks read on: the appendix and verdict.csv"
+                   + (f"; there too the {dependent} pairs whose outcome depends on the measure." if dependent else "."),
+                   tables=[Table(compact_table(verdict), "Verdict per model and method, compact.", "verdict_compact")])
 
 
 def _bort_sections(tables: dict[str, Any]) -> list[Section]:
-    """The Bort vs baseline section, in a list; empty when the run has no baseline-Bort pair to compare."""
+    """The Bort vs baseline sections (the compact table and the figure; the tests in full in the appendix), in a
+    list; empty when the run has no baseline-Bort pair to compare."""
     comparison = bort_comparison(tables)
     if comparison.empty:
         return []
     fig = bort_figure(comparison)
-    return [Section("Bort vs baseline", "The median of each check's per-image score (named in the "
+    return [Section("Bort vs baseline", "Each check's per-image score per method, baseline against its Bort twin: "
+                    "the two medians and the paired Wilcoxon test's p-value, Holm-adjusted over each check's methods "
+                    "(the tests in full, with the images and units each read: the appendix).",
+                    tables=[Table(bort_brief(comparison), "Bort vs baseline: each check's median score on the "
+                                  "baseline, then on its Bort twin, and the Holm-adjusted p of the paired Wilcoxon "
+                                  "test.", "bort_brief")],
+                    figures=[fig] if fig else []),
+            Section("Bort vs baseline in full", "The median of each check's per-image score (named in the "
                     "score column, with which values are the better ones) per method for each baseline "
                     "and its Bort twin, with a paired Wilcoxon signed-rank test on the per-image scores "
                     "(scipy) of the images both models read (a sequential run may read more of one: the rest are "
@@ -184,8 +130,19 @@ def _bort_sections(tables: dict[str, Any]) -> list[Section]:
                     "against a level, and the chance of a false difference among a check's methods stays at that "
                     "level.",
                     tables=[Table(comparison, "Bort vs baseline: paired Wilcoxon tests on each check's "
-                                              "per-image scores.", "bort")],
-                    figures=[fig] if fig else [])]
+                                              "per-image scores.", "bort", printed=False)], appendix=True)]
+
+
+def bort_brief(comparison: pd.DataFrame) -> pd.DataFrame:
+    """:func:`~reports.verdict.bort_comparison` compact: one row per method, a column per baseline-Bort pair and
+    check, each cell ``"baseline → Bort (p)"`` at two decimals ("n/a" where the test has no value)."""
+    cells: dict[str, dict[str, str]] = {}
+    for row in comparison.to_dict("records"):
+        column = f"{row['baseline']} vs {row['bort']}: {row['test']} ({row['score']}, {row['better']} better)"
+        values = (row["baseline_score"], row["bort_score"], row["holm_p"])
+        cells.setdefault(str(row["method"]), {"method": str(row["method"])})[column] = (
+            "n/a" if any(v != v for v in values) else f"{values[0]:.2f} \u2192 {values[1]:.2f} (p {values[2]:.2f})")
+    return pd.DataFrame(list(cells.values())).fillna("n/a")
 
 
 def _models_section(manifest: dict[str, Any], tables: dict[str, Any]) -> Section:
@@ -199,7 +156,7 @@ def _models_section(manifest: dict[str, Any], tables: dict[str, Any]) -> Section
                                         "models")])
 
 
-def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
+def _build_sections(result: AuditResult, score: str | None) -> tuple[list[Section], pd.DataFrame]:
     run = result.out
     tables, config = result.tables, result.config
     manifest = result.manifest
@@ -207,19 +164,31 @@ def _build_sections(result: AuditResult, score: str | None) -> list[Section]:
     # the answer and the compact tables first; what is looked up (every cell in full, each check's own sections,
     # the models, the configuration) in the appendix
     brief = methods_text.author_year(methods_text.summary(manifest, tables["models"]))
-    sections = [*_answer_sections(verdict, tables, config), _main_verdict_section(verdict, tables, config),
-                *reproduction_sections(verdict, tables, config), *_bort_sections(tables),
+    papers, bort = reproduction_sections(verdict, tables, config), _bort_sections(tables)
+    sections = [*_answer_sections(verdict, tables, config), _main_verdict_section(verdict),
+                *[s for s in papers + bort if not s.appendix],
                 Section("Methods in brief", brief + " The methods in full: methods.md and methods.tex."),
-                _verdict_section(verdict, tables, config, score)]
+                verdict_section(verdict, tables, config, _across_models(verdict, score)),
+                *[s for s in papers + bort if s.appendix]]
     context = ReportContext(config, run, partial(example_maps, run))
     for name, check in CHECKS.items():
         if name in tables:
-            sections += [dataclasses.replace(s, appendix=True) for s in check.sections(
+            sections += [_appendix(s, printed=check.verdict is not None) for s in check.sections(
                 tables[name], context, check.options_from(config.options, config.looks, config.family))]
     sections.append(_models_section(manifest, tables))
     config_text = json.dumps({k: manifest[k] for k in ("config", "seeds", "versions") if k in manifest}, indent=2)
     sections.append(Section("Configuration and versions", code=config_text, appendix=True))
-    return sections
+    return sections, verdict
+
+
+def _appendix(section: Section, printed: bool) -> Section:
+    """A check's section in the appendix; where not ``printed`` (a check without a verdict), its figures and tables
+    are left to the HTML and Markdown reports."""
+    if printed:
+        return dataclasses.replace(section, appendix=True)
+    return dataclasses.replace(section, appendix=True, figures=[dataclasses.replace(f, printed=False)
+                                                                for f in section.figures],
+                               tables=[dataclasses.replace(t, printed=False) for t in section.tables])
 
 
 def _across_models(verdict: Any, score: str | None) -> list[Any]:
@@ -281,10 +250,10 @@ def _stage_log() -> Callable[[str], None]:
 
 def _build(run: Path, out: Path, pdf: bool, score: str | None, log: Callable[[str], None]) -> Path:
     result = load_results(run)
-    sections = _sections(result, score)
+    sections, verdict = _sections(result, score)
     log(f"{len(sections)} sections with {sum(len(s.figures) for s in sections)} figures drawn")
     remove_partials(out)  # an interrupted build's half-written files
-    pngs = {f.name: save(f, out / "figures") for s in sections for f in s.figures}
+    pngs = save_all([f for s in sections for f in s.figures], out / "figures")
     log(f"figures written to {out / 'figures'} (PDF and PNG)")
     for old in (out / "figures").glob("*.*") if pngs else ():  # figures of an earlier build that this one lacks
         if old.suffix in (".pdf", ".png") and old.stem not in pngs:
@@ -296,6 +265,9 @@ def _build(run: Path, out: Path, pdf: bool, score: str | None, log: Callable[[st
              "references.bib": bibtex(methods_text.cited([*text, ("", brief)])), "tables.tex": latex.render(sections),
              "figures.tex": latex.render_figures(sections), "main.tex": latex.part(sections, appendix=False),
              "appendix.tex": latex.part(sections, appendix=True), "standalone.tex": latex.standalone(TITLE)}
+    files["verdict.csv"] = verdict.assign(mechanisms=verdict.get("mechanisms", pd.Series(dtype=object)).map(
+        lambda found: json.dumps(found) if isinstance(found, dict) else "")).to_csv(index=False) \
+        if not verdict.empty else verdict.to_csv(index=False)
     for name, content in files.items():
         atomic_write_bytes(out / name, content.encode())
     log(f"{', '.join(files)} written")

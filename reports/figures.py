@@ -37,6 +37,36 @@ def save(figure: Figure, directory: Path) -> bytes:
     return buffer.getvalue()
 
 
+_PENDING: list[tuple[Figure, Path]] = []  # what save_all's forked workers save: inherited, never pickled
+
+
+def _save_share(k: int, of: int) -> dict[str, bytes]:
+    """Save every ``of``-th of the pending figures from the ``k``-th: a worker's share."""
+    return {f.name: save(f, directory) for f, directory in _PENDING[k::of]}
+
+
+def save_all(figures: list[Figure], directory: Path, workers: int | None = None) -> dict[str, bytes]:
+    """:func:`save` every figure; returns {name: PNG bytes} in the order given. Rendering a figure is
+    single-threaded, so ``workers`` processes (default: up to 2, the cores there are) each save a share: forked, they
+    inherit the figures instead of pickling them, and write the same bytes one process would. Serial where
+    processes cannot fork or one worker is asked for."""
+    import multiprocessing
+    import os
+
+    workers = min(workers or 2, os.cpu_count() or 1, len(figures))
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return {f.name: save(f, directory) for f in figures}
+    directory.mkdir(parents=True, exist_ok=True)
+    _PENDING[:] = [(f, directory) for f in figures]
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            shares = pool.starmap(_save_share, [(k, workers) for k in range(workers)])
+    finally:
+        _PENDING.clear()
+    saved = {name: png for share in shares for name, png in share.items()}
+    return {f.name: saved[f.name] for f in figures}
+
+
 def bort_figure(comparison: pd.DataFrame) -> Figure | None:
     """Median scores of the first baseline / Bort pair per method, side by side (baseline light,
     Bort solid, each in the method's colour)."""

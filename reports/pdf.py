@@ -7,12 +7,15 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from audit.atomic import atomic_write_bytes
 from audit.errors import AuditError
 
-INPUTS = ("standalone.tex", "methods.tex", "main.tex", "appendix.tex", "references.bib")
+INPUTS = ("standalone.tex", "main.tex", "appendix.tex", "references.bib")
 PROBLEMS = re.compile(r"LaTeX Warning: (Reference|Citation) .* undefined|There were undefined (references|citations)"
                       r"|I didn't find a database entry|Warning--I didn't find|! ")
 
@@ -63,3 +66,43 @@ def _first_problems(log: str, strict: bool = False, limit: int = 3) -> str:
     if not found and not strict:
         return log.strip().splitlines()[-1] if log.strip() else "no output"
     return "; ".join(found[:limit])
+
+
+INK = 200  # of 255: at 30 dpi a 10 pt glyph is a light-to-mid grey smudge, the paper 255
+
+
+@dataclass(frozen=True)
+class Page:
+    """A printed page of a PDF as a reader sees it: its text (pdftotext) and ``ink``, the share of its pixel rows
+    (pdftoppm, 30 dpi, grey) that hold a pixel darker than :data:`INK` (a full page of 10 pt text about 0.4; a
+    header and one table row under 0.1)."""
+
+    text: str
+    ink: float
+
+
+def printed_pages(pdf: Path, dpi: int = 30, timeout: float = 120) -> list[Page]:
+    """Each page of ``pdf``, rendered as it prints (needs poppler's pdftoppm and pdftotext; raises
+    :class:`ReportError` without them)."""
+    tools = {name: shutil.which(name) for name in ("pdftoppm", "pdftotext")}
+    if None in tools.values():
+        raise ReportError("reading a PDF's pages needs pdftoppm and pdftotext (Debian: apt-get install poppler-utils)")
+    text = subprocess.run([str(tools["pdftotext"]), "-layout", str(pdf), "-"], capture_output=True, text=True,
+                          timeout=timeout, check=True, errors="replace").stdout.split("\f")
+    with tempfile.TemporaryDirectory() as scratch:
+        subprocess.run([str(tools["pdftoppm"]), "-r", str(dpi), "-gray", str(pdf), f"{scratch}/page"], check=True,
+                       capture_output=True, timeout=timeout)
+        inks = []
+        for image in sorted(Path(scratch).glob("page-*.pgm"), key=lambda p: int(p.stem.rsplit("-", 1)[1])):
+            pixels = _pgm(image.read_bytes())
+            inks.append(float((pixels < INK).any(axis=1).mean()))
+    return [Page(t, ink) for t, ink in zip(text, inks)]
+
+
+def _pgm(data: bytes) -> np.ndarray:
+    """A binary (P5, 8-bit) PGM image as a (rows, columns) array."""
+    fields = data.split(maxsplit=4)
+    if fields[0] != b"P5":
+        raise ReportError("pdftoppm -gray did not write a binary PGM")
+    width, height = int(fields[1]), int(fields[2])
+    return np.frombuffer(fields[4][-width * height:], dtype=np.uint8).reshape(height, width)

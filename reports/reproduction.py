@@ -189,27 +189,37 @@ def _reason(check: str, part: pd.DataFrame, claim: Claim, config: AuditConfig, a
 
 def adebayo_table(tables: dict[str, Any], models: list[str], check: str, config: AuditConfig) -> pd.DataFrame:
     """Adebayo et al.'s conclusion per method under ``check`` beside this run's outcome, measure by measure, per
-    model."""
+    model (:func:`adebayo_tables`' full table)."""
+    return adebayo_tables(tables, models, check, config)[0]
+
+
+def adebayo_tables(tables: dict[str, Any], models: list[str], check: str,
+                   config: AuditConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Adebayo et al.'s conclusion per method under ``check`` beside this run's outcome, per model: in full (each
+    measure's cell and result, and what was measured to differ) and compact (the conclusion, then per model
+    agrees, inconclusive, or differs with the first differing measure and this run's outcome under it)."""
     table = tables.get(check)
-    rows = []
+    full, compact = [], []
     for claim in ADEBAYO[check]:
         if table is None or table.empty or claim.method not in set(table.method):
             continue
         row = {"method": claim.method, "Adebayo et al. 2018": f"{claim.conclusion} ({claim.where}"
                + ("; not a measured claim)" if not claim.measured else ")")}
+        brief = {"method": claim.method, "Adebayo et al. 2018": claim.conclusion.split(":")[0]
+                 + ("" if claim.measured else " (visual)")}
         for model in models:
             part = table[(table.model == model) & (table.method == claim.method)]
             if part.empty:
-                row[model] = "n/a"
+                row[model] = brief[model] = "n/a"
                 continue
-            results, texts = {}, []
+            results, texts, ours = {}, [], {}
             for measure, expected in claim.expected.items():
                 if measure not in part:
                     results[measure] = INCONCLUSIVE
                     texts.append(f"{MEASURES[measure]} not measured")
                     continue
                 cell = measure_cell(check, part, measure, config, controls_in(table, model))
-                results[measure] = compare(cell.outcome, expected)
+                results[measure], ours[measure] = compare(cell.outcome, expected), cell.outcome
                 texts.append(f"{MEASURES[measure]} {_short(cell)}, {results[measure]}")
             verdict = overall(list(results.values()))
             reason = _reason(check, part, claim, config, architecture(tables, model), controls_in(table, model)) \
@@ -217,8 +227,12 @@ def adebayo_table(tables: dict[str, Any], models: list[str], check: str, config:
             # a visual caution is shown beside the measurement but not counted among the agreements
             head = f"{verdict}: " if claim.measured else f"not counted, a visual caution ({verdict}): "
             row[model] = head + "; ".join(texts) + (f" [why: {reason}]" if reason else "")
-        rows.append(row)
-    return pd.DataFrame(rows)
+            differing = [m for m, r in results.items() if r == "differs"]
+            brief[model] = ("" if claim.measured else "not counted: ") \
+                + (verdict if not differing else f"differs: {MEASURES[differing[0]]} {ours[differing[0]]}")
+        full.append(row)
+        compact.append(brief)
+    return pd.DataFrame(full), pd.DataFrame(compact)
 
 
 def csc_outcome(rows: pd.DataFrame) -> tuple[str | None, str]:
@@ -246,22 +260,32 @@ def sixt_reason(csc: pd.DataFrame, model: str, method: str, arch: str) -> str:
 
 def sixt_table(tables: dict[str, Any], models: list[str]) -> pd.DataFrame:
     """Sixt et al.'s conclusion per method beside this run's CSC at the input per model, against the paper's 0.99;
-    a differing cell names what was measured (:func:`sixt_reason`)."""
+    a differing cell names what was measured (:func:`sixt_reason`); :func:`sixt_tables`' full table."""
+    return sixt_tables(tables, models)[0]
+
+
+def sixt_tables(tables: dict[str, Any], models: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Sixt et al.'s conclusion per method beside this run's CSC at the input per model, in full (the median, its
+    interval, the layer and why a cell differs) and compact (agrees / differs / inconclusive, and the median)."""
     csc = tables.get("csc")
-    rows = []
+    full, compact = [], []
     for claim in SIXT:
         if csc is None or csc.empty or claim.method not in set(csc.method):
             continue
         expected = claim.expected["csc"]
-        row = {"method": claim.method, "Sixt et al. 2020": f"{claim.conclusion}: CSC "
-               f"{'>=' if expected == REJECTED else '<'} {SIXT_THRESHOLD:g} at the input ({claim.where})"}
+        side = f"CSC {'>=' if expected == REJECTED else '<'} {SIXT_THRESHOLD:g}"
+        row = {"method": claim.method, "Sixt et al. 2020": f"{claim.conclusion}: {side} at the input ({claim.where})"}
+        brief = {"method": claim.method, "Sixt et al. 2020": side + (" (body)" if claim.where == _BODY else "")}
         for model in models:
-            outcome, text = csc_outcome(input_row(csc, model, claim.method))
+            rows = input_row(csc, model, claim.method)
+            outcome, text = csc_outcome(rows)
             result = compare(outcome, expected) if outcome is not None else ""
             reason = sixt_reason(csc, model, claim.method, architecture(tables, model)) if result == "differs" else ""
             row[model] = text if not result else f"{result}: {text}" + (f" [why: {reason}]" if reason else "")
-        rows.append(row)
-    return pd.DataFrame(rows)
+            brief[model] = f"{result}: {float(median_interval(rows)[0][0]):.4f}" if result else text
+        full.append(row)
+        compact.append(brief)
+    return pd.DataFrame(full), pd.DataFrame(compact)
 
 
 def protocol_note(config: AuditConfig, paper: str, differences: list[str]) -> str:
@@ -285,42 +309,55 @@ def _counts(table: pd.DataFrame, models: list[str]) -> str:
 
 
 def reproduction_sections(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig) -> list[Section]:
-    """The report's opening section: the two papers' tables, for the checks the run made."""
+    """The papers' comparison, for the checks the run made: a main section with each paper's compact table (the
+    conclusion; per model agrees, inconclusive, or differs and by which measure) and an appendix section with the
+    tables in full (each measure's median and interval, what was measured to differ, the protocol's differences)."""
     models = list(dict.fromkeys(verdict.model)) if not verdict.empty else []
-    out = []
-    sixt = sixt_table(tables, models)
+    brief, full = [], []
+    sixt, sixt_brief = sixt_tables(tables, models)
     if not sixt.empty:
         layers = sorted({str(layer) for m in models for claim in SIXT
                          for layer in input_row(tables.get("csc"), m, claim.method).layer})
-        out.append(Table(sixt, "Sixt et al. (2020), CSC at the input: the paper's conclusion (VGG-16 and ResNet-50 on "
-                               "ImageNet, read at conv1_1; from the abstract or, where marked, the body) and this "
-                               "run's median |cos| at the input with its 99 % interval over images, read at "
-                               f"{', '.join(layers)} (the recorded layer nearest the input: on an RGB model the input "
-                               "itself); agrees when the interval lies "
-                               f"on the paper's side of {SIXT_THRESHOLD:g}, inconclusive when it contains it "
-                               f"({_counts(sixt, models)}). A high CSC of a nonlinear backward pass (guided backprop, "
-                               "deconvnet, RectGrad) is not rank-1 collapse: the verdict's mechanism reads the "
-                               "spectrum. " + protocol_note(config, "sixt2020", []), "reproduction_sixt"))
+        counts = _counts(sixt, models)
+        brief.append(Table(sixt_brief, f"Sixt et al. (2020): CSC at the input against their 0.99, this run's median "
+                                       f"and whether its 99 % interval lies on the paper's side ({counts}).",
+                           "reproduction_sixt_brief"))
+        full.append(Table(sixt, "Sixt et al. (2020), CSC at the input: the paper's conclusion (VGG-16 and ResNet-50 on "
+                                "ImageNet, read at conv1_1; from the abstract or, where marked, the body) and this "
+                                "run's median |cos| at the input with its 99 % interval over images, read at "
+                                f"{', '.join(layers)} (the recorded layer nearest the input: on an RGB model the input "
+                                "itself); agrees when the interval lies "
+                                f"on the paper's side of {SIXT_THRESHOLD:g}, inconclusive when it contains it "
+                                f"({counts}). A high CSC of a nonlinear backward pass (guided backprop, "
+                                "deconvnet, RectGrad) is not rank-1 collapse: the verdict's mechanism reads the "
+                                "spectrum. " + protocol_note(config, "sixt2020", []), "reproduction_sixt", printed=False))
     for check in ("cascading", "data-randomization"):
         if check not in tables:
             continue
-        table = adebayo_table(tables, models, check, config)
+        table, compact = adebayo_tables(tables, models, check, config)
         if table.empty:
             continue
+        counts = _counts(table, models)
         differences = protocol_differences(check, config) if config.protocol != "adebayo2018" else []
         measure_note = ("the cascading verdict reads SSIM, the paper's ImageNet measure beside the rank correlations"
                         if check == "cascading" else "the verdict reads the Spearman of |map|: on MNIST / "
                         "Fashion-MNIST the paper compared maps by the rank correlations alone")
-        out.append(Table(table, f"Adebayo et al. (2018), {check}: the paper's conclusion per method (where it "
-                                "stands, and whether it is a measured claim) and this run's outcome under each "
-                                "measure the conclusion rests on, per model; each measure agrees, differs or is "
-                                "inconclusive, a differing cell names what was measured to differ "
-                                f"({_counts(table, models)}). {measure_note.capitalize()}. "
-                                + protocol_note(config, "adebayo2018", differences),
-                         f"reproduction_adebayo_{check}"))
-    if not out:
+        brief.append(Table(compact, f"Adebayo et al. (2018), {check}: the paper's conclusion and this run's outcome "
+                                    "under every measure it rests on; a differing cell names the first measure that "
+                                    f"differs and this run's outcome by it ({counts}; visual cautions not counted).",
+                           f"reproduction_adebayo_{check}_brief"))
+        full.append(Table(table, f"Adebayo et al. (2018), {check}: the paper's conclusion per method (where it "
+                                 "stands, and whether it is a measured claim) and this run's outcome under each "
+                                 "measure the conclusion rests on, per model; each measure agrees, differs or is "
+                                 "inconclusive, a differing cell names what was measured to differ "
+                                 f"({counts}). {measure_note.capitalize()}. "
+                                 + protocol_note(config, "adebayo2018", differences),
+                          f"reproduction_adebayo_{check}", printed=False))
+    if not brief:
         return []
     return [Section("The source papers, reproduced", "What Sixt et al. (2020) and Adebayo et al. (2018) concluded, "
                     "each beside this run's measurement by the same measure on its models. The rules are not tuned "
-                    "to agree: a model that differs from a paper is shown as differing, with what was measured to "
-                    "differ.", tables=out)]
+                    "to agree: a model that differs from a paper is shown as differing. Each cell in full, with what "
+                    "was measured to differ and how this run's protocol differs from the paper's: the appendix.",
+                    tables=brief),
+            Section("The source papers in full", tables=full, appendix=True)]

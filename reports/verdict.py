@@ -41,8 +41,9 @@ def _rule_cells(tables: dict[str, Any], rules: list[tuple[str, VerdictRule, bool
             else pd.DataFrame()
         if part.empty:
             cells |= {rule.score_column: np.nan, rule.text_column: "n/a"}
+            cells |= {} if counts else {f"short_{rule.text_column}": "n/a"}
             if counts:
-                cells |= {f"outcome_{name}": "", f"short_{name}": "n/a", f"needed_{name}": None}
+                cells |= {f"outcome_{name}": "", f"short_{name}": "n/a", f"needed_{name}": None, f"reason_{name}": ""}
             continue
         cell = rule.evaluate(part, options, controls=controls_in(table, model))
         cells |= {rule.score_column: cell.score, rule.text_column: cell.text}
@@ -51,13 +52,15 @@ def _rule_cells(tables: dict[str, Any], rules: list[tuple[str, VerdictRule, bool
         if cell.outcome:
             by_measure.setdefault(name, []).append((rule.score_name, cell.outcome))
         if not counts:
+            cells[f"short_{rule.text_column}"] = cell.short(labelled=False)
             continue
         cells[f"outcome_{name}"] = cell.outcome or ""
         cells[f"short_{name}"] = cell.short()
         cells[f"needed_{name}"] = cell.reading.images_needed() \
             if cell.outcome == INCONCLUSIVE and cell.reading is not None else None
+        cells[f"reason_{name}"] = (cell.reason or rule.failure) if cell.outcome == REJECTED else ""
         if cell.outcome == REJECTED:
-            rejecting.append(f"{name} ({cell.reason or rule.failure})")
+            rejecting.append(f"{name} ({cells[f'reason_{name}']})")
             rejected_by.append(name)
         elif cell.outcome == INCONCLUSIVE:
             unsure.append(name)
@@ -90,8 +93,10 @@ def verdict_table(tables: dict[str, Any], config: AuditConfig) -> pd.DataFrame:
     """One row per model x method: for each check's verdict rule (and side rule) among ``tables``, its score and
     text; ``outcome_<check>``, each check's outcome (rejected / not rejected / inconclusive; empty where the check
     says nothing), ``short_<check>`` (its compact cell: mark, reading and interval,
-    :meth:`~audit.checks.base.VerdictCell.short`) and ``needed_<check>`` (for an inconclusive cell, about the
-    images that would decide it, else None); ``role`` (method or control); ``verdict``: "rejected: " and every
+    :meth:`~audit.checks.base.VerdictCell.short`; ``short_<text column>`` likewise, without the label, for each
+    side rule), ``needed_<check>`` (for an inconclusive cell, about the images that would decide it, else None) and
+    ``reason_<check>`` (for a rejecting check, why it rejects, else ""); ``role`` (method or control);
+    ``verdict``: "rejected: " and every
     rejecting check's reason, else "inconclusive: " and the checks that could not conclude, else "not rejected"
     (``outcome``: that outcome alone);
     ``mechanisms`` (check -> the names of the mechanisms it supports) and ``mechanism``: for a

@@ -79,10 +79,12 @@ def test_the_sweep_page_shows_the_published_counts_and_provenance(site):
 
 def test_the_speed_page_shows_every_table_make_bench_writes_with_its_provenance(site):
     """Every table make bench writes is committed and included by a page: the speed page, the verdicts page for
-    the checks' power, the twins page for what a twin costs, the cascading page for its operating curve."""
+    the checks' power, the twins page for what a twin costs, the cascading page for its operating curve, the front
+    page for the shipped models' verdict matrix (its figure beside it)."""
     from benchmarks.__main__ import DEFAULT, LIBRARIES
 
-    pages = {"power": "verdicts", "twins": "twins", "twins_library": "twins", "operating_curve": "checks/cascading"}
+    pages = {"power": "verdicts", "twins": "twins", "twins_library": "twins", "operating_curve": "checks/cascading",
+             "shipped_verdicts": "index"}
     for name in (*DEFAULT, *LIBRARIES):
         where = pages.get(name, "speed")
         page = " ".join(re.sub(r"<[^>]+>", " ", (site / f"{where}.html").read_text()).split())
@@ -92,6 +94,8 @@ def test_the_speed_page_shows_every_table_make_bench_writes_with_its_provenance(
         provenance = re.search(r"Measured (\S+ \S+ UTC) at commit (\w+)", written)
         assert provenance is not None and f"Measured {provenance[1]} at commit {provenance[2]}" in page, name
         assert "|" in written and "| ---" not in page, name  # a Markdown table, rendered as one
+    assert 'alt="The verdict matrix of the shipped models"' in (site / "index.html").read_text()
+    assert (site / "_images" / "shipped_verdicts.png").exists()
     # the operating curves split between the two checks' pages: each shows its own table only
     for page, own, other in (("cascading", "Cascading randomization on", "Data randomization on"),
                              ("data-randomization", "Data randomization on", "Cascading randomization on")):

@@ -82,10 +82,11 @@ class Reading:
             return None
         return int(np.ceil(round(self.images * ((self.high - self.low) / 2 / distance) ** 2, 9)))  # not 64.000001
 
-    def short(self) -> str:
-        """The reading in at most about 40 characters: its label (cut at :data:`SHORT_LABEL`) and the median with
-        its interval at two decimals, e.g. ``"untrained 0.91 [0.75, 0.98]"``."""
-        label = self.label if len(self.label) <= SHORT_LABEL else "…" + self.label[-(SHORT_LABEL - 1):]
+    def short(self, labelled: bool = True) -> str:
+        """The reading in at most about 40 characters: its label (cut at :data:`SHORT_LABEL`; none where not
+        ``labelled``) and the median with its interval at two decimals, e.g. ``"untrained 0.91 [0.75, 0.98]"``."""
+        label = "" if not labelled else self.label if len(self.label) <= SHORT_LABEL \
+            else "…" + self.label[-(SHORT_LABEL - 1):]
         numbers = f"{self.estimate:.2f}" + (f" [{self.low:.2f}, {self.high:.2f}]"
                                             if np.isfinite(self.low) and self.low != self.high else "")
         return f"{label} {numbers}".strip()
@@ -132,12 +133,12 @@ class VerdictCell:
     reason: str = ""
     reading: Reading | None = None
 
-    def short(self) -> str:
-        """The cell in at most about 40 characters: its outcome's mark and its :attr:`reading` (or the outcome's
-        word where it has none); "n/a" where the check says nothing."""
+    def short(self, labelled: bool = True) -> str:
+        """The cell in at most about 40 characters: its outcome's mark and its :attr:`reading` (``labelled``: with
+        what was read; or the outcome's word where it has none); "n/a" where the check says nothing."""
         if self.outcome is None:
             return "n/a"
-        return f"{MARKS[self.outcome]} " + (self.reading.short() if self.reading is not None else self.outcome)
+        return f"{MARKS[self.outcome]} " + (self.reading.short(labelled) if self.reading is not None else self.outcome)
 
 
 def interval_outcome(low: float, high: float, threshold: float, rejects_at_or_above: bool = True) -> str:

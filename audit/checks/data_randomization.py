@@ -40,7 +40,7 @@ from audit.measures.similarity import correlation, undefined_where
 from audit.models.twins import same_architecture
 from audit.panels import floor_of, score_boxes
 from audit.progress import bars
-from audit.sections import Figure, ReportContext, Section, Table
+from audit.sections import Figure, ReportContext, Section, Table, print_first
 
 # Adebayo et al. (2018, section 5, the rank-correlation figure) compared the maps of the MNIST / Fashion-MNIST
 # models and their permuted-label twins by the Spearman rank correlation with and without absolute values; SSIM
@@ -340,7 +340,7 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: DataRandomiz
                                          "training accuracy on their training labels and test accuracy on the true "
                                          "ones.", "twins")]
                     if not twins.empty else [],
-                    figures=[data_figure(table, m) for m in models] + grids)]
+                    figures=[data_figure(table, m) for m in models] + print_first(grids, 0))]
 
 
 CHECK = Check(

@@ -68,7 +68,7 @@ from audit.measures.statistics import bootstrap_ci, summarize
 from audit.models.copying import copy_model
 from audit.panels import family_panels, floor_line, floor_of, method_legend, threshold_line
 from audit.progress import bars
-from audit.sections import Figure, ReportContext, Section
+from audit.sections import Figure, ReportContext, Section, print_first
 
 __all__ = ["BN_POLICIES", "INITS", "ORDERS", "StageSettings", "parameter_randomization", "randomization_stages",
            "reinitialise", "reset_batchnorm", "stage_maps"]
@@ -792,7 +792,7 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: StageOptions
             grids += heatmap_pages(maps, stages, m, order, images=images,
                                    preprocess=preprocess_from(context.config.preprocess), scale=options.heatmap_scale)
     if grids:
-        out.append(Section(f"Heatmaps under {order} randomization", figures=grids))
+        out.append(Section(f"Heatmaps under {order} randomization", figures=print_first(grids)))
     return out
 
 

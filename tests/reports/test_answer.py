@@ -17,7 +17,11 @@ def _row(model, method, csc, logit, *, role="method", found=None, verdict=None, 
             "mechanism": "csc: rank-1 chain convergence" if found else "",
             **{f"outcome_{c}": o for c, o in cells.items()},
             **{f"short_{c}": VerdictCell(0.9, "", o or None, reading=reading).short() for c, o in cells.items()},
-            **{f"needed_{c}": needed if o == INCONCLUSIVE else None for c, o in cells.items()}}
+            **{f"needed_{c}": needed if o == INCONCLUSIVE else None for c, o in cells.items()},
+            **{f"reason_{c}": REASONS[c] if o == REJECTED else "" for c, o in cells.items()}}
+
+
+REASONS = {"csc": "chain converges", "random-logit": "class-insensitive"}
 
 
 def _verdict():
@@ -55,9 +59,16 @@ def test_compact_cells_stay_within_forty_characters_and_say_the_reading():
 
 
 def test_each_rejected_method_gets_a_sentence_and_each_undecided_cell_the_images_it_needs():
-    sentences = rejected_sentences(_verdict())
-    assert sentences == [f"lrp-zplus on {m} is rejected by csc (chain converges); mechanism: csc: rank-1 chain "
-                         "convergence." for m in ("m1", "m2")]  # the controls' rejections are not sentences
+    # one sentence per method, its models gathered per check; the controls' rejections are not sentences
+    assert rejected_sentences(_verdict()) == ["lrp-zplus is rejected by csc on both models (chain converges; "
+                                              "mechanism: rank-1 chain convergence)."]
+    assert rejected_sentences(_verdict().iloc[:3]) == ["lrp-zplus is rejected by csc on m1 (chain converges; "
+                                                       "mechanism: rank-1 chain convergence)."]
+    two = _verdict()
+    two.loc[4, ["outcome_random-logit", "reason_random-logit"]] = [REJECTED, "class-insensitive"]
+    assert rejected_sentences(two) == ["lrp-zplus is rejected by csc on both models (chain converges; mechanism: "
+                                       "rank-1 chain convergence) and random-logit on m2 (class-insensitive; no "
+                                       "mechanism measured)."]
     assert undecided(_verdict()).startswith("1 cells are inconclusive")
     assert "gradient on m2 (random-logit, about 61 images)" in undecided(_verdict())
     assert undecided(_verdict().iloc[:3]) == "No cell is inconclusive."

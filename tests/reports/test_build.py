@@ -16,6 +16,7 @@ from audit.run.config import load_config
 from audit.run.runner import run_audit
 from reports import build_report, report_sections
 from reports.figures import VERDICT_COLOURS
+from reports.pdf import printed_pages
 from tests.helpers import legend_outside_axes, require_tool
 
 TINY = dict(methods=["gradient", "lrp-zplus", "deeplift", "edge"], tests=["csc", "random-logit", "cascading"],
@@ -24,7 +25,8 @@ TINY = dict(methods=["gradient", "lrp-zplus", "deeplift", "edge"], tests=["csc",
 
 # the main part, read first, then the appendix, looked up (collapsed in the HTML)
 SECTIONS = ["Answer", "Why", "Verdict", "The source papers, reproduced", "Bort vs baseline"]
-APPENDIX = ["Verdict in full", "Cosine-similarity convergence", "Random-logit test",
+APPENDIX = ["Verdict in full", "The source papers in full", "Bort vs baseline in full",
+            "Cosine-similarity convergence", "Random-logit test",
             "Parameter randomization (cascading)", "Heatmaps under cascading randomization", "Models",
             "Configuration and versions"]
 
@@ -60,13 +62,18 @@ def test_report_files_and_sections(built, finished):
                  "figures/heatmaps_cnn-bort_image1.png"):
         assert (out / name).exists(), name
     tex = (out / "tables.tex").read_text()
-    # the verdict matrix, how to read the checks, the compact verdict, the scales it read on, the two papers' tables
-    # (Sixt's CSC, Adebayo's cascading), Bort vs baseline, the verdict in full, the pairs whose outcome depends on
-    # the measure, the mechanisms' measurements, the thresholds' sensitivity, the models
-    assert tex.count(r"\label{tab:") == tex.count(r"\bottomrule") == 12 and r"\begin{tabular}" in tex
-    assert all(rf"\label{{tab:{t}}}" in tex for t in ("sensitivity", "scales", "measure_dependent", "matrix",
-                                                       "how_to_read", "verdict_compact", "verdict"))
-    assert r"\label{tab:mechanisms}" in tex
+    # the main part: how to read the checks, the compact verdict, the two papers' tables (Sixt's CSC, Adebayo's
+    # cascading), Bort vs baseline; the appendix: the matrix as a table, each check's cells in full, the measures
+    # that do not carry the verdict, the scales, the pairs whose outcome depends on the measure, the mechanisms'
+    # measurements, the thresholds' sensitivity, the controls, the papers' and Bort's tables in full, the models
+    labels = re.findall(r"\\label\{tab:([^}]+)\}", tex)
+    assert labels == ["how_to_read", "verdict_compact", "reproduction_sixt_brief", "reproduction_adebayo_cascading_brief",
+                      "bort_brief", "matrix", "verdict_csc", "verdict_random-logit", "verdict_cascading",
+                      "side_measures", "scales", "measure_dependent", "mechanisms", "sensitivity", "controls",
+                      "reproduction_sixt", "reproduction_adebayo_cascading", "bort", "models"], labels
+    assert tex.count(r"\bottomrule") == len(labels) and r"\begin{tabular}" in tex
+    verdict = pd.read_csv(out / "verdict.csv")  # every column of the verdict table, the cells in full
+    assert len(verdict) == 8 and {"cascading", "cascading_spearman_abs", "short_cascading", "reason_csc"} <= set(verdict)
     csc = pd.read_csv(out / "results" / "csc.csv")
     assert set(csc.model) == {"cnn-sgd", "cnn-bort"} and "edge" not in set(csc.method)
     assert set(result.tables) == {"csc", "random-logit", "cascading", "models"}
@@ -113,7 +120,7 @@ def test_report_is_rebuilt_without_recomputing(finished, capsys):
     assert (out / "index.html").exists() and "report:" in printed
     # a line per stage: the sections and figures drawn, the figures and the files written
     assert re.search(r"report: \d+ sections with \d+ figures drawn \(\d+\.\d s\)", printed)
-    assert "figures written" in printed and "standalone.tex written" in printed
+    assert "figures written" in printed and "standalone.tex, verdict.csv written" in printed
     assert units == {p: p.stat().st_mtime_ns for p in (out / "units").rglob("*.csv")}
 
 
@@ -147,6 +154,15 @@ def test_latex_report_compiles_without_undefined_references(finished):
     for key in re.findall(r"\\citep\{([^}]+)\}", (out / "methods.tex").read_text()):
         for k in key.split(","):
             assert f"{{{k}," in bib, k
+    # read as it prints: the matrix on page 1 or 2, a main part of at most 6 pages, at most 15 in all, and no page
+    # but a part's last that is nearly empty (a table's one row carried over, a heading left alone)
+    require_tool("pdftoppm", package="poppler-utils")
+    pages = printed_pages(out / "report.pdf")
+    appendix = next(k for k, page in enumerate(pages) if re.search(r"^\s*Appendix\s*$", page.text, re.M))
+    assert any("Figure 1: Verdict matrix" in page.text for page in pages[:2])
+    assert 1 <= appendix <= 6 and len(pages) <= 15, (appendix, len(pages))
+    sparse = [k + 1 for k, page in enumerate(pages) if page.ink < 0.2 and k not in (appendix - 1, len(pages) - 1)]
+    assert not sparse, [(k, pages[k - 1].ink) for k in sparse]
 
 
 def test_index_html_renders_in_headless_chromium(built, tmp_path):

@@ -11,7 +11,7 @@ from audit import style
 from audit.checks.base import MARKS
 from audit.checks.randomization import heatmap_grid
 from audit.sections import Figure, new_figure
-from reports.figures import VERDICT_COLOURS, save, score_figure, verdict_matrix
+from reports.figures import VERDICT_COLOURS, save, save_all, score_figure, verdict_matrix
 
 
 def test_save_writes_both_formats_atomically(tmp_path, monkeypatch):
@@ -50,6 +50,21 @@ def verdict_frame() -> pd.DataFrame:
             rows.append({"model": model, "method": method, "role": "method", "random_logit_ssim": score,
                          "verdict": verdict, "outcome_csc": csc, "outcome_random-logit": logit, "mechanisms": found})
     return pd.DataFrame(rows[:-1])  # b-sgd has no deeplift row: n/a
+
+
+def test_figures_saved_by_two_workers_are_the_bytes_one_process_writes(tmp_path):
+    figures = []
+    for k in range(5):
+        fig, ax = new_figure(2, 1.5)
+        ax.plot(np.arange(10) ** (k / 2), label=f"curve {k}")
+        figures.append(Figure(f"f{k}", fig, f"figure {k}"))
+    together = save_all(figures, tmp_path / "two", workers=2)
+    alone = {f.name: save(f, tmp_path / "one") for f in figures}
+    assert list(together) == [f.name for f in figures] and together == alone
+    for f in figures:
+        for suffix in (".png", ".pdf"):
+            assert (tmp_path / "two" / f"{f.name}{suffix}").read_bytes() == (tmp_path / "one" / f"{f.name}{suffix}").read_bytes()
+    assert save_all(figures[:1], tmp_path / "single") == {"f0": alone["f0"]}  # one figure: no worker started
 
 
 def test_saved_pdfs_embed_truetype_fonts_not_type3(tmp_path):

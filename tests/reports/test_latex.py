@@ -3,9 +3,10 @@ sharing the line (on landscape pages when it has many columns) instead of shrink
 import re
 
 import pandas as pd
+from matplotlib.figure import Figure as MplFigure
 
-from audit.sections import Table
-from reports.latex import FITS, PORTRAIT, SHORT, column_spec, tabular, widths
+from audit.sections import Figure, Section, Table, print_first
+from reports.latex import APPENDIX_HEIGHT, FITS, PORTRAIT, SHORT, column_spec, escape, part, tabular, widths
 
 
 def test_a_table_that_fits_floats_in_natural_width_columns():
@@ -28,6 +29,7 @@ def test_a_wide_table_wraps_its_long_cells_and_keeps_the_short_ones_whole():
     many = pd.concat([frame] + [frame[["cascading"]].rename(columns={"cascading": f"check {k}"})
                                 for k in range(PORTRAIT)], axis=1)
     assert r"\begin{landscape}" in tabular(Table(many, "many", "many"))
+    assert "landscape" not in tabular(Table(many, "many", "many"), turn=False)  # the main part stays portrait
 
 
 def test_a_heading_longer_than_its_cells_is_broken_onto_lines():
@@ -38,3 +40,20 @@ def test_a_heading_longer_than_its_cells_is_broken_onto_lines():
 def test_column_spec_counts_a_headings_longest_word_not_its_length():
     assert column_spec(widths(["a very long heading of short words"], [["x" * (SHORT + 1)]])).count("p{") == 1
     assert column_spec(widths(["a very long heading of short words"], [["x"]])) == "l"
+
+
+def test_a_part_prints_what_is_marked_printed_and_names_the_rest_once():
+    frame = pd.DataFrame({"method": ["gradient"], "ssim": [0.5]})
+    grids = print_first([Figure(f"grid{k}", MplFigure(figsize=(6.9, 6)), f"grid {k}") for k in range(3)])
+    sections = [Section("Main", "read first", tables=[Table(frame, "Main table.", "main")]),
+                Section("Gallery", figures=grids, appendix=True),
+                Section("Looked up", tables=[Table(frame, "In full: every cell.", "full", printed=False)],
+                        appendix=True)]
+    main, appendix = part(sections, appendix=False), part(sections, appendix=True)
+    assert "read first" in main and r"\label{tab:main}" in main and "Not printed" not in main
+    assert appendix.count(r"\includegraphics") == 1 and "figures/grid0.pdf" in appendix
+    assert rf"height={APPENDIX_HEIGHT:g}\textheight" in appendix  # room for another figure on its page
+    assert r"\subsection*{Looked up}" not in appendix and r"\label{tab:full}" not in appendix  # nothing printed
+    note = appendix.split("\n", 1)[0]
+    assert note == escape("Not printed here, in the HTML and Markdown reports (every table also in tables.tex, every "
+                          "figure in figures/): 2 more figures of gallery (grid1 and the like); In full.")

@@ -3,8 +3,9 @@ differing one, and a differing cell that names what was measured to differ; on t
 import numpy as np
 import pandas as pd
 
+from audit.checks.base import INCONCLUSIVE
 from audit.run.config import load_config
-from reports.reproduction import ADEBAYO, SIXT, _counts, adebayo_table, measure_cell, sixt_table
+from reports.reproduction import ADEBAYO, SIXT, _counts, adebayo_table, adebayo_tables, measure_cell, sixt_table, sixt_tables
 
 CONFIG = load_config(models=["m"], methods="gradient,guided-backprop,input-x-gradient,integrated-gradients",
                      tests="cascading,data-randomization")
@@ -47,6 +48,13 @@ def test_each_measure_the_paper_concluded_by_is_compared_and_inconclusive_is_nev
         "at their 0.5 / 99.5 percentiles in [0, 1], flip-invariant, and HOG by Pearson (the paper: signed maps in " \
         "[-1, 1], data range 2, no flip; HOG by Spearman in its code); explained class: the " \
         "true label (the paper: the randomized model's prediction); BatchNorm reset" in gradient
+    # the compact table: the conclusion, then per model the result, and for a differing cell the first measure that
+    # differs with this run's outcome by it (the measures, intervals and reasons stay in the full table)
+    compact = adebayo_tables({"cascading": cascade}, ["m"], "cascading", CONFIG)[1].set_index("method")
+    assert compact.loc["gradient", "m"] == "differs: SSIM rejected"
+    assert compact.loc["input-x-gradient", "m"] == "agrees" and compact.loc["integrated-gradients", "m"] == INCONCLUSIVE
+    assert compact.loc["input-x-gradient", "Adebayo et al. 2018"] == "measure-dependent"
+    assert _counts(compact.reset_index(), ["m"]) == _counts(table.reset_index(), ["m"])
     # under the paper's protocol settings the protocol is no longer named
     adebayo = load_config(models=["m"], methods="gradient", tests="cascading", target="predicted", bn="keep-stats",
                           measures="adebayo2018")
@@ -67,6 +75,10 @@ def test_data_randomization_is_judged_by_the_rank_correlations_and_a_visual_caut
     assert "signed Spearman not rejected" in ig["m"]
     assert table.loc["gradient", "m"].startswith("differs: Spearman of |map| rejected")
     assert _counts(table.reset_index(), ["m"]) == "0 agree, 1 differ, 0 inconclusive"
+    compact = adebayo_tables({"data-randomization": pd.DataFrame(rows)}, ["m"], "data-randomization",
+                             CONFIG)[1].set_index("method")
+    assert compact.loc["integrated-gradients", "m"] == "not counted: agrees"  # not counted in the compact counts either
+    assert _counts(compact.reset_index(), ["m"]) == "0 agree, 1 differ, 0 inconclusive"
 
 
 def test_sixt_compares_the_csc_interval_with_the_papers_099_whatever_the_runs_threshold():
@@ -78,6 +90,9 @@ def test_sixt_compares_the_csc_interval_with_the_papers_099_whatever_the_runs_th
     table = sixt_table({"csc": csc}, ["m"]).set_index("method")
     assert list(table.index) == ["lrp-zplus", "deconvnet", "guided-backprop", "deeplift"]
     assert table.loc["lrp-zplus", "m"] == "agrees: 0.9990 [0.9950, 1.0000] at features.0"
+    compact = sixt_tables({"csc": csc}, ["m"])[1].set_index("method")
+    assert compact.loc["lrp-zplus", "m"] == "agrees: 0.9990" and compact.loc["deconvnet", "m"] == "differs: 0.9500"
+    assert compact.loc["lrp-zplus", "Sixt et al. 2020"] == "CSC >= 0.99"
     assert table.loc["guided-backprop", "m"].startswith("inconclusive: 0.9900 [0.9860, 0.9930]")
     # the abstract counts deconvnet among the converging; the cell names where its chain came nearest 0.99
     assert table.loc["deconvnet", "m"] == ("differs: 0.9500 [0.9400, 0.9600] at features.0 [why: chain: its highest "

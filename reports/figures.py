@@ -12,7 +12,7 @@ from matplotlib.figure import Figure as MplFigure
 from matplotlib.patches import Patch
 
 from audit import style
-from audit.atomic import atomic_write, atomic_write_bytes
+from audit.atomic import atomic_write_bytes
 from audit.checks.base import INCONCLUSIVE, MARKS, NOT_REJECTED, REJECTED
 from audit.panels import family_panels, method_legend
 from audit.sections import Figure
@@ -24,47 +24,56 @@ from reports.tables import heading
 VERDICT_COLOURS = {REJECTED: "#E69F00", NOT_REJECTED: "#0072B2", INCONCLUSIVE: "#BBBBBB", "n/a": "#FFFFFF"}
 
 
+def render(figure: Figure) -> tuple[bytes, bytes]:
+    """``figure`` as PDF (TrueType fonts, no creation date: the same results give byte-identical files) and as PNG
+    (200 dpi) bytes."""
+    with style.styled():  # the font type and resolution are read when saving
+        pdf, png = io.BytesIO(), io.BytesIO()
+        figure.figure.savefig(pdf, format="pdf", metadata={"CreationDate": None})
+        figure.figure.savefig(png, format="png", dpi=style.PNG_DPI)
+    return pdf.getvalue(), png.getvalue()
+
+
 def save(figure: Figure, directory: Path) -> bytes:
     """Write ``figures/<name>.pdf`` (TrueType fonts) and ``.png`` (200 dpi); returns the PNG bytes."""
+    return _write(figure.name, render(figure), directory)
+
+
+def _write(name: str, rendered: tuple[bytes, bytes], directory: Path) -> bytes:
     directory.mkdir(parents=True, exist_ok=True)
-    with style.styled():  # the font type and resolution are read when saving
-        # no creation date: the same results give byte-identical figures
-        atomic_write(directory / f"{figure.name}.pdf",
-                     lambda f: figure.figure.savefig(f, format="pdf", metadata={"CreationDate": None}))
-        buffer = io.BytesIO()
-        figure.figure.savefig(buffer, format="png", dpi=style.PNG_DPI)
-    atomic_write_bytes(directory / f"{figure.name}.png", buffer.getvalue())
-    return buffer.getvalue()
+    atomic_write_bytes(directory / f"{name}.pdf", rendered[0])
+    atomic_write_bytes(directory / f"{name}.png", rendered[1])
+    return rendered[1]
 
 
-_PENDING: list[tuple[Figure, Path]] = []  # what save_all's forked workers save: inherited, never pickled
+_PENDING: list[Figure] = []  # what save_all's forked workers render: inherited, never pickled
 
 
-def _save_share(k: int, of: int) -> dict[str, bytes]:
-    """Save every ``of``-th of the pending figures from the ``k``-th: a worker's share."""
-    return {f.name: save(f, directory) for f, directory in _PENDING[k::of]}
+def _render_share(k: int, of: int) -> list[tuple[bytes, bytes]]:
+    """Render every ``of``-th of the pending figures from the ``k``-th: a worker's share."""
+    return [render(f) for f in _PENDING[k::of]]
 
 
 def save_all(figures: list[Figure], directory: Path, workers: int | None = None) -> dict[str, bytes]:
     """:func:`save` every figure; returns {name: PNG bytes} in the order given. Rendering a figure is
-    single-threaded, so ``workers`` processes (default: up to 2, the cores there are) each save a share: forked, they
-    inherit the figures instead of pickling them, and write the same bytes one process would. Serial where
-    processes cannot fork or one worker is asked for."""
+    single-threaded, so ``workers`` processes (default: up to 2, the cores there are) each render a share: forked,
+    they inherit the figures instead of pickling them, and render the bytes one process would. This process writes
+    every file, in order, so that its writes are the ones a serial save makes. Serial where processes cannot fork
+    or one worker is asked for."""
     import multiprocessing
     import os
 
     workers = min(workers or 2, os.cpu_count() or 1, len(figures))
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         return {f.name: save(f, directory) for f in figures}
-    directory.mkdir(parents=True, exist_ok=True)
-    _PENDING[:] = [(f, directory) for f in figures]
+    _PENDING[:] = figures
     try:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
-            shares = pool.starmap(_save_share, [(k, workers) for k in range(workers)])
+            shares = pool.starmap(_render_share, [(k, workers) for k in range(workers)])
     finally:
         _PENDING.clear()
-    saved = {name: png for share in shares for name, png in share.items()}
-    return {f.name: saved[f.name] for f in figures}
+    rendered = [shares[i % workers][i // workers] for i in range(len(figures))]
+    return {f.name: _write(f.name, r, directory) for f, r in zip(figures, rendered)}
 
 
 def bort_figure(comparison: pd.DataFrame) -> Figure | None:

@@ -61,9 +61,9 @@ def run_demo(out: str = "demo-output", seed: int = 0, progress: bool = True, met
     Path
         The report's ``index.html``.
     """
-    from audit.run import load_config, run_audit
     import pandas as pd
 
+    from audit.run import load_config, run_audit
     from reports import build_report
     from reports.verdict import summary_line
 

@@ -123,11 +123,18 @@ def _nested_interval(sample: bytes, sizes: bytes, level: float, n_resamples: int
         padded[j, :n[j]] = v[starts[j]:starts[j] + n[j]]
     rng = np.random.default_rng(seed)
     drawn = rng.integers(0, k, size=(n_resamples, k))  # the groups of each resample
-    within = (rng.random((n_resamples, k, m)) * n[drawn][..., None]).astype(np.int64)
-    used = np.arange(m) < n[drawn][..., None]
-    draws = np.where(used, padded[drawn[..., None], within], np.inf).reshape(n_resamples, k * m)
+    sizes_drawn = n[drawn]
+    within = rng.random((n_resamples, k, m))
+    within *= sizes_drawn[..., None]  # in place: the draw of a value within its group, then its index
+    # one flat gather (a row's groups, each's drawn values); the slots past a smaller group's size hold inf
+    draws = padded.ravel()[(drawn * m)[..., None] + within.astype(np.int64)]
+    if (n == m).all():
+        count = np.full(n_resamples, k * m)
+    else:
+        draws[np.arange(m) >= sizes_drawn[..., None]] = np.inf
+        count = sizes_drawn.sum(axis=1)
+    draws = draws.reshape(n_resamples, k * m)
     draws.sort(axis=1)
-    count = used.reshape(n_resamples, -1).sum(1)
     rows = np.arange(n_resamples)
     medians = (draws[rows, (count - 1) // 2] + draws[rows, count // 2]) / 2
     alpha = (1 - level) / 2

@@ -73,6 +73,25 @@ def test_the_cluster_interval_refuses_mismatched_clusters_and_is_nan_without_val
     assert all(np.isnan(cluster_median_ci([np.nan], [0])))
 
 
+@pytest.mark.parametrize("sizes", [(2,) * 8, (8,) * 3, (3, 1, 5, 2)])
+def test_the_nested_bootstrap_is_bit_for_bit_the_two_stage_draw_it_describes(sizes):
+    """Each resample, written out one group at a time from the same random stream: the groups drawn, then each drawn
+    group's values (the ``j``-th drawn value at floor(u x its size)), pooled, their median; the vectorised interval
+    must be those numbers exactly, whether the groups are the same size or not."""
+    rng = np.random.default_rng(5)
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    values = rng.normal(0, 1, len(groups))
+    members = [values[groups == g] for g in range(len(sizes))]
+    k, m, resamples = len(sizes), max(sizes), 300
+    stream = np.random.default_rng(11)
+    drawn = stream.integers(0, k, size=(resamples, k))
+    u = stream.random((resamples, k, m))
+    medians = [np.median(np.concatenate([members[g][(u[r, j, :sizes[g]] * sizes[g]).astype(np.int64)]
+                                          for j, g in enumerate(drawn[r])])) for r in range(resamples)]
+    low, high = np.quantile(medians, [0.05, 0.95])
+    assert nested_median_ci(values, groups, 0.9, n_resamples=resamples, seed=11) == (np.median(values), low, high)
+
+
 def test_the_nested_bootstrap_resamples_the_groups_then_the_values_in_each():
     """Against a brute-force two-stage bootstrap (draw the groups with replacement, then each drawn group's values
     with replacement, pool, take the median): the same interval within a few percent of its width. Where the

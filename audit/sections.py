@@ -6,6 +6,7 @@ pyplot, so building a section never touches a global plotting state or a display
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,7 @@ class Figure:
 def print_first(figures: list[Figure], n: int = 1) -> list[Figure]:
     """``figures`` with only the first ``n`` printed: a gallery of examples (one grid per image and model) whose
     print shows its first and names the rest."""
-    return [f if k < n else Figure(f.name, f.figure, f.caption, printed=False) for k, f in enumerate(figures)]
+    return [f if k < n else dataclasses.replace(f, printed=False) for k, f in enumerate(figures)]
 
 
 @dataclass

@@ -9,20 +9,20 @@ table with its legend, and one sentence per rejected method.
 """
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from audit.atomic import atomic_write_bytes
 from audit.cli import DEMO
 from audit.run import load_config, run_audit
 from audit.sections import Table
 from reports import build_report
 from reports.answer import LEGEND, matrix_table, rejected_sentences, undecided
-from reports.figures import save, verdict_matrix
+from reports.figures import render, verdict_matrix
 from reports.markdown import table_markdown
-from reports.pdf import printed_pages
+from reports.pdf import appendix_page, printed_pages
 from reports.verdict import summary_line, verdict_table
 
 MODELS = ["cnn-sgd", "cnn-bort", "vgg-sgd", "vgg-bort"]
@@ -38,8 +38,7 @@ def run(out: Path | None = None) -> str:
         if all(shutil.which(tool) for tool in ("pdflatex", "bibtex", "pdftoppm", "pdftotext")):
             pdf = build_report(result.out, pdf=True).with_name("report.pdf")
             pages = printed_pages(pdf)
-            appendix = next(k + 1 for k, page in enumerate(pages) if re.search(r"^\s*Appendix\s*$", page.text, re.M))
-            printed = (f" The report's PDF: {len(pages)} pages, the appendix from page {appendix}"
+            printed = (f" The report's PDF: {len(pages)} pages, the appendix from page {appendix_page(pages)}"
                        + ("; its first two pages below." if out is not None else "."))
             if out is not None:
                 subprocess.run(["pdftoppm", "-r", "60", "-png", "-f", "1", "-l", "2", str(pdf),
@@ -47,9 +46,7 @@ def run(out: Path | None = None) -> str:
                 for k, image in enumerate(sorted(Path(scratch).glob("page-*.png")), 1):  # page-01 or page-1
                     shutil.copyfile(image, out / f"shipped_report-{k}.png")
     if out is not None:
-        figure = verdict_matrix(verdict)
-        save(type(figure)(FIGURE, figure.figure, figure.caption), out)
-        (out / f"{FIGURE}.pdf").unlink(missing_ok=True)  # the docs show the PNG
+        atomic_write_bytes(out / f"{FIGURE}.png", render(verdict_matrix(verdict))[1])  # the docs show the PNG
     return (f"{summary_line(verdict)}; {', '.join(MODELS)}, {len(result.config.methods)} methods, the checks "
             f"{', '.join(result.config.tests)}, {result.config.n_images} to {result.config.max_images} images."
             + printed + "\n\n" + table_markdown(Table(matrix_table(verdict), "", "matrix"))

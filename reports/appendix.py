@@ -19,7 +19,7 @@ from audit.sections import Section, Table
 from reports.answer import LEGEND, checks_in, matrix_table
 from reports.mechanisms import MECHANISMS, evidence_table
 from reports.sensitivity import sensitivity_table
-from reports.verdict import broken_checks, family_wise_error, scales_table, summary_line
+from reports.verdict import broken_checks, dependent_pairs, family_wise_error, scales_table, summary_line
 
 
 def statistics_text(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig) -> str:
@@ -70,7 +70,7 @@ def verdict_section(verdict: pd.DataFrame, tables: dict[str, Any], config: Audit
     scales = scales_table(tables, config)
     evidence = evidence_table(verdict, tables, config)
     sensitivity = sensitivity_table(tables, config)
-    dependent = verdict[verdict.get("measure_dependent", pd.Series("", index=verdict.index)).astype(bool)]
+    dependent = dependent_pairs(verdict)
     controls = verdict[verdict.role == "control"]
     found: list[Table] = [
         Table(matrix_table(verdict), f"Verdict matrix as a table; {LEGEND}.", "matrix", printed=False),

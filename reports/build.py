@@ -38,6 +38,7 @@ from reports.references import bibtex
 from reports.reproduction import reproduction_sections
 from reports.verdict import (
     bort_comparison,
+    dependent_pairs,
     family_bound,
     score_columns,
     summary_line,
@@ -97,7 +98,7 @@ def _answer_sections(verdict: pd.DataFrame, tables: dict[str, Any], config: Audi
 
 def _main_verdict_section(verdict: pd.DataFrame) -> Section:
     """The compact verdict table: each cell at most about 40 characters."""
-    dependent = int(verdict.get("measure_dependent", pd.Series("", index=verdict.index)).astype(bool).sum())
+    dependent = len(dependent_pairs(verdict))
     return Section("Verdict", "Each check's cell: its outcome's mark, what it read (a stage, a reference model), the "
                    "median and its interval; the verdict and the mechanisms' letters as in the matrix. Every cell in "
                    "full (references, seeds, looks, images read, the other measures) and the scales the "

@@ -99,6 +99,11 @@ def printed_pages(pdf: Path, dpi: int = 30, timeout: float = 120) -> list[Page]:
     return [Page(t, ink) for t, ink in zip(text, inks)]
 
 
+def appendix_page(pages: list[Page]) -> int | None:
+    """The page (from 1) whose heading line is "Appendix": where the report's main part ends; None without one."""
+    return next((k + 1 for k, page in enumerate(pages) if re.search(r"^\s*Appendix\s*$", page.text, re.M)), None)
+
+
 def _pgm(data: bytes) -> np.ndarray:
     """A binary (P5, 8-bit) PGM image as a (rows, columns) array."""
     fields = data.split(maxsplit=4)

@@ -224,12 +224,9 @@ def family_wise_error(checks: int, readings: int | None = None) -> str:
             f"the {FAMILY_ERROR:.0%} the levels are set for")
 
 
-def display_columns(verdict: pd.DataFrame) -> list[str]:
-    """The verdict table's columns a reader sees: model, method, each rule's text (side rules beside their
-    check's), the verdict, the mechanism and the controls' check."""
-    rules = [r for c in CHECKS.values() for r in ((c.verdict,) if c.verdict is not None else ()) + tuple(c.side_rules)]
-    texts = [r.text_column for r in rules if r.text_column in verdict]
-    return ["model", "method"] + texts + [c for c in ("verdict", "mechanism", "control_check") if c in verdict]
+def dependent_pairs(verdict: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose outcome depends on the measure (one measure of a check rejects, another does not)."""
+    return verdict[verdict.get("measure_dependent", pd.Series("", index=verdict.index)).astype(bool)]
 
 
 def score_columns(verdict: pd.DataFrame) -> list[str]:

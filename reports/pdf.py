@@ -87,8 +87,11 @@ def printed_pages(pdf: Path, dpi: int = 30, timeout: float = 120) -> list[Page]:
     tools = {name: shutil.which(name) for name in ("pdftoppm", "pdftotext")}
     if None in tools.values():
         raise ReportError("reading a PDF's pages needs pdftoppm and pdftotext (Debian: apt-get install poppler-utils)")
-    text = subprocess.run([str(tools["pdftotext"]), "-layout", str(pdf), "-"], capture_output=True, text=True,
-                          timeout=timeout, check=True, errors="replace").stdout.split("\f")
+    read = subprocess.run([str(tools["pdftotext"]), "-layout", str(pdf), "-"], capture_output=True, text=True,
+                          timeout=timeout, errors="replace")
+    if read.returncode != 0:
+        raise ReportError(f"{pdf} could not be read as a PDF: {read.stderr.strip() or 'pdftotext failed'}")
+    text = read.stdout.split("\f")
     with tempfile.TemporaryDirectory() as scratch:
         subprocess.run([str(tools["pdftoppm"]), "-r", str(dpi), "-gray", str(pdf), f"{scratch}/page"], check=True,
                        capture_output=True, timeout=timeout)

@@ -35,6 +35,14 @@ def test_a_page_holding_one_table_row_reads_near_empty_and_a_full_page_full(tmp_
     assert page.ink < 0.1 and "row 0 " in page.text  # a header, one row and the page number
 
 
+def test_a_file_that_is_no_pdf_gets_the_toolkits_error(tmp_path):
+    require_tool("pdftotext", package="poppler-utils")
+    (tmp_path / "notes.pdf").write_text("not a PDF")
+    for path in (tmp_path / "notes.pdf", tmp_path / "missing.pdf"):
+        with pytest.raises(ReportError, match="could not be read as a PDF"):
+            printed_pages(path)
+
+
 def test_reading_pages_without_poppler_says_what_to_install(monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(ReportError, match="poppler-utils"):

@@ -113,10 +113,9 @@ def _floor(model: nn.Module, x: torch.Tensor | np.ndarray, y: torch.Tensor | np.
     from audit.checks.stages import randomization_plan
     start = copy_model(model)
     plan = randomization_plan(start, trace(start, torch.as_tensor(x)))
-    stages = [m for _, _, m in randomization_stages(model, StageSettings(order=order), plan=plan, start=start)]
     xb, yb = torch.as_tensor(x).repeat(samples, 1, 1, 1), torch.as_tensor(y).repeat(samples)
     with engine_pooling():
-        for m in stages:
+        for _, _, m in randomization_stages(model, StageSettings(order=order), plan=plan, start=start):
             xg = xb.clone().requires_grad_()
             torch.autograd.grad(m(xg).gather(1, yb[:, None]).sum(), xg)
 

@@ -58,7 +58,7 @@ from audit.checks.reinit import BN_POLICIES, INITS, reinitialise, reinitialise_p
 from audit.checks.replicates import joined, per_seed
 from audit.checks.scale import Scale, nearer_unchanged, reading, scale_of
 from audit.checks.stage_options import GRID_SCALES, ORDERS, StageOptions, StageSettings, measures_option, stage_settings
-from audit.checks.stages import Stage, randomization_plan
+from audit.checks.stages import Part, Stage, randomization_plan
 from audit.data.preprocess import Preprocess, preprocess_from
 from audit.errors import AuditError
 from audit.inputs import Images, Labels, Methods, Reduction, check_count, check_inputs, resolve_methods
@@ -80,7 +80,8 @@ COMPARE_BYTES = 1 << 23  # maps per batch of measures (their buffers are about t
 
 def randomization_stages(model: nn.Module, stages: StageSettings, *, plan: list[Stage],
                          start: nn.Module | None = None) -> Iterator[tuple[int, str, nn.Module]]:
-    """Yield (stage, stage name, model copy) for stage 0 (the original) and each randomisation stage.
+    """Yield (stage, stage name, model copy) for stage 0 (the original) and each randomisation stage: one copy,
+    modified in place from stage to stage (read each stage before asking for the next).
 
     ``stages``: the order, BatchNorm policy, re-initialisation scheme and seed (:mod:`audit.checks.reinit`);
     ``plan``: the stages in forward order (:func:`audit.checks.stages.randomization_plan` of ``start``
@@ -90,12 +91,27 @@ def randomization_stages(model: nn.Module, stages: StageSettings, *, plan: list[
     sequence = list(reversed(plan)) if stages.order in ("cascading", "independent") else plan
     current = start if start is not None else copy_model(model)
     yield 0, "original", current
+    previous: tuple[Part, ...] = ()
     for stage, step in enumerate(sequence, start=1):
-        target = copy_model(model) if stages.order == "independent" else current
+        if stages.order == "independent":  # one copy: the last stage's parts trained again, then this stage's drawn
+            restore_parts(current, model, previous)
+            previous = step.parts
         for part in step.parts:
-            reinitialise_part(target, part, stages.seed, stages.init, stages.bn)
-        current = target
-        yield stage, step.name, target
+            reinitialise_part(current, part, stages.seed, stages.init, stages.bn)
+        yield stage, step.name, current
+
+
+def restore_parts(target: nn.Module, source: nn.Module, parts: tuple[Part, ...]) -> None:
+    """Copy the tensors a re-initialisation of ``parts`` writes (their parameters; a BatchNorm's statistics too)
+    from ``source`` into ``target``, a copy of it: ``target`` as it was before those parts were drawn."""
+    with torch.no_grad():
+        for part in parts:
+            for t in part.tensors:
+                target.get_parameter(t).copy_(source.get_parameter(t))
+            if part.batchnorm:
+                mine = dict(target.get_submodule(part.holder).named_buffers(recurse=False))
+                for name, value in source.get_submodule(part.holder).named_buffers(recurse=False):
+                    mine[name].copy_(value)
 
 
 def untrained_copy(model: nn.Module, x: torch.Tensor, seed: int, init: str = "reset") -> nn.Module:
@@ -265,7 +281,7 @@ def stage_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, method
     order, bn, seed = stages.order, stages.bn, stages.seed
     start = copy_model(model)
     with model_errors():
-        graph = trace(start, x)  # cascading and bottom-up stages modify this one copy: traced once
+        graph = trace(start, x)  # the stages modify this one copy: traced once
     plan = randomization_plan(start, graph, stages.granularity)
     sizes = {n: p.numel() for n, p in start.named_parameters()}
     total = sum(sizes.values()) or 1
@@ -293,8 +309,7 @@ def stage_maps(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, method
         reuse = (trained.values, unchanged_nodes(graph, changed)) if trained is not None else None
         # the random control draws afresh at every stage (seeded by the stage), a floor for the scores;
         # logits and labels checked on the trained model
-        graph, explainers, shared, logits = prepare(stage_model, x, names, y if stage == 0 else None,
-                                                  graph if stage == 0 or order != "independent" else None,
+        graph, explainers, shared, logits = prepare(stage_model, x, names, y if stage == 0 else None, graph,
                                                   seed + stage, reuse=reuse, previous=explainers, params=params)
         if stage == 0 and shared is not None:
             # kept while the stages run: under a memory budget only if it leaves room for a stage's own passes

@@ -62,12 +62,13 @@ reportdeps:
 demo: $(STAMP)
 	$(PY) -m audit demo
 
-# Lint and type checks first (seconds), then the suite and, beside it, the engine on the model libraries (their
-# own venv; MODEL_LIBRARIES=required makes a missing library a failure, not a skip). The main suite runs in two
-# processes (pytest-xdist; the tests of a file in one of them) of one torch thread each: its tensors are small, and a
-# second intra-op thread cost a fifth more CPU time for no shorter run. The library suite, niced, fills the
-# gaps and takes both cores once the main suite is done. Its output goes to .test-libraries.log (tail -f it
-# to follow) and is shown at the end.
+# ruff first (a second), then three jobs at once, none niced, so that the two cores stay busy to the end: the main
+# suite in two processes (pytest-xdist; the tests of a file in one of them) of one torch thread each (its tensors are
+# small, and a second intra-op thread cost a fifth more CPU time for no shorter run), the engine on the model
+# libraries (their own venv; MODEL_LIBRARIES=required makes a missing library a failure, not a skip; two children at
+# a time in its enumerated-model tests) and mypy. A niced library suite waited for the main one: the two ran one after
+# the other. The library suite's output goes to .test-libraries.log, mypy's to .test-mypy.log (tail -f them to
+# follow); both are shown at the end.
 LIBTESTS = tests/test_model_libraries.py tests/audit/models/test_libraries.py tests/audit/models/test_library_twins.py \
 	  tests/attributions/test_cam.py "tests/test_notebooks.py::test_notebook_executes[collapse_atlas]" \
 	  tests/test_examples.py::test_model_library_block_runs \
@@ -77,14 +78,15 @@ LIBTESTS = tests/test_model_libraries.py tests/audit/models/test_libraries.py te
 	  tests/attributions/test_attention_maps.py::test_attention_grad_cam_reads_the_patch_rows_where_the_head_never_reads_the_class_token
 test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
 	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests docs
-	$(VENV)/bin/mypy
-	@echo "model-library suite started beside the main suite; its log: .test-libraries.log"
-	@MODEL_LIBRARIES=required OMP_NUM_THREADS=1 nice -n 10 $(LIBS)/bin/python -m pytest -q -p no:cacheprovider \
+	@echo "model-library suite and mypy started beside the main suite; their logs: .test-libraries.log, .test-mypy.log"
+	@MODEL_LIBRARIES=required OMP_NUM_THREADS=1 $(LIBS)/bin/python -m pytest -q -p no:cacheprovider \
 	  --durations=10 $(LIBTESTS) > .test-libraries.log 2>&1 & libraries=$$!; \
+	$(VENV)/bin/mypy > .test-mypy.log 2>&1 & types=$$!; \
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=20; main=$$?; \
-	wait $$libraries; status=$$?; \
+	wait $$types; typed=$$?; wait $$libraries; status=$$?; \
+	echo "--- mypy (.test-mypy.log) ---"; cat .test-mypy.log; \
 	echo "--- model-library suite (.test-libraries.log) ---"; cat .test-libraries.log; \
-	test $$main -eq 0 && test $$status -eq 0
+	test $$main -eq 0 && test $$typed -eq 0 && test $$status -eq 0
 
 # The documentation site (Sphinx: the guides in docs/, the API from the docstrings, the notebooks with their
 # outputs), with warnings as errors; open docs/_build/html/index.html.
@@ -125,4 +127,4 @@ checkpoints: $(STAMP) data
 	$(PY) -m audit retrain-shipped
 
 clean:
-	rm -rf $(VENV) $(LIBS) *.egg-info .pytest_cache docs/_build docs/_generated docs/tutorials .test-libraries.log
+	rm -rf $(VENV) $(LIBS) *.egg-info .pytest_cache docs/_build docs/_generated docs/tutorials .test-libraries.log .test-mypy.log

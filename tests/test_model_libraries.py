@@ -34,8 +34,8 @@ REFUSED: dict[tuple[str, str], str] = {
     ("timm", "sequencer2d_s"): "aten.lstm.input",  # an LSTM over rows and columns: no rule for recurrent cells yet
 }
 PARALLEL = 2  # the children at once: the machines the suite runs on have 2 cores
-# seconds per model, far above the slowest (about 55 s on one core) even where make test runs this suite niced
-# beside the main one: a hang, not a slow machine, goes over it
+# seconds per model, far above the slowest (about 55 s on one core) even where make test runs this suite beside the
+# main one on the same two cores: a hang, not a slow machine, goes over it
 LIMIT = 600.0
 # methods checked on every model besides gradient, deeplift and lrp-epsilon (and the attention maps, on every
 # model with attention); the others one model each in turn

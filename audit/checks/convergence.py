@@ -154,10 +154,11 @@ def image_spectra(signal: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     its largest ``|value|`` first (both measures are scale-free), so that a signal of 1e200 does not overflow
     the Gram matrix."""
     k, b = signal.shape[:2]
-    mats = signal.double().reshape(k, b, -1).transpose(0, 1)  # (B, K, D)
-    scale = mats.abs().amax(dim=(1, 2))
-    keep = torch.isfinite(mats).all(dim=2).all(dim=1) & (scale > 0)
-    mats = mats[keep] / scale[keep, None, None]
+    flat = signal.reshape(k, b, -1).transpose(0, 1)  # (B, K, D)
+    # the largest |value| is one of the values: exact in the signal's dtype; NaN or inf where any value is
+    scale = flat.abs().amax(dim=(1, 2)).double()
+    keep = torch.isfinite(scale) & (scale > 0)
+    mats = flat[keep].double() / scale[keep, None, None]
     sv = torch.linalg.eigvalsh(mats @ mats.transpose(1, 2)).flip(-1).clamp_min(0).sqrt()
     sv = sv[sv[:, 0] > 0]
     ratio = sv[:, 1] / sv[:, 0]

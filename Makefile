@@ -81,7 +81,8 @@ test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
 	@echo "model-library suite and mypy started beside the main suite; their logs: .test-libraries.log, .test-mypy.log"
 	@MODEL_LIBRARIES=required OMP_NUM_THREADS=1 $(LIBS)/bin/python -m pytest -q -p no:cacheprovider \
 	  --durations=10 $(LIBTESTS) > .test-libraries.log 2>&1 & libraries=$$!; \
-	$(VENV)/bin/mypy > .test-mypy.log 2>&1 & types=$$!; \
+	{ start=$$(date +%s); $(VENV)/bin/mypy; typed=$$?; echo "mypy took $$(($$(date +%s) - start)) s"; exit $$typed; } \
+	  > .test-mypy.log 2>&1 & types=$$!; \
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=20; main=$$?; \
 	wait $$types; typed=$$?; wait $$libraries; status=$$?; \
 	echo "--- mypy (.test-mypy.log) ---"; cat .test-mypy.log; \

@@ -29,11 +29,11 @@ from audit.errors import ConfigError
 from audit.run.config import AuditConfig
 from audit.run.hygiene import fonts_released
 from audit.run.results import AuditResult, example_maps, load_results
-from audit.sections import ReportContext, Section, Table
+from audit.sections import Figure, ReportContext, Section, Table
 from reports import html, latex, markdown, methods_text
 from reports.answer import compact_table, how_to_read, rejected_sentences, undecided
 from reports.appendix import verdict_section
-from reports.figures import bort_figure, save_all, score_figure, verdict_matrix
+from reports.figures import Renderer, bort_figure, save_all, score_figure, verdict_matrix
 from reports.references import bibtex
 from reports.reproduction import reproduction_sections
 from reports.verdict import (
@@ -74,10 +74,12 @@ def report_sections(run: str | Path, score: str | None = None) -> list[Section]:
     return _sections(load_results(run), score)[0]
 
 
-def _sections(result: AuditResult, score: str | None) -> tuple[list[Section], pd.DataFrame]:
-    """The report's sections and the verdict table they read."""
+def _sections(result: AuditResult, score: str | None,
+              drawn: Callable[[list[Figure]], None] | None = None) -> tuple[list[Section], pd.DataFrame]:
+    """The report's sections and the verdict table they read; ``drawn(figures)`` is called with the figures of the
+    sections built so far, in order, as they are drawn (a :class:`~reports.figures.Renderer` renders them meanwhile)."""
     with style.styled():
-        return _build_sections(result, score)
+        return _build_sections(result, score, drawn or (lambda figures: None))
 
 
 def _answer_sections(verdict: pd.DataFrame, tables: dict[str, Any], config: AuditConfig) -> list[Section]:
@@ -157,7 +159,8 @@ def _models_section(manifest: dict[str, Any], tables: dict[str, Any]) -> Section
                                         "models")])
 
 
-def _build_sections(result: AuditResult, score: str | None) -> tuple[list[Section], pd.DataFrame]:
+def _build_sections(result: AuditResult, score: str | None,
+                    drawn: Callable[[list[Figure]], None]) -> tuple[list[Section], pd.DataFrame]:
     run = result.out
     tables, config = result.tables, result.config
     manifest = result.manifest
@@ -171,11 +174,14 @@ def _build_sections(result: AuditResult, score: str | None) -> tuple[list[Sectio
                 Section("Methods in brief", brief + " The methods in full: methods.md and methods.tex."),
                 verdict_section(verdict, tables, config, _across_models(verdict, score)),
                 *[s for s in papers + bort if s.appendix]]
+    drawn([f for s in sections for f in s.figures])
     context = ReportContext(config, run, partial(example_maps, run))
     for name, check in CHECKS.items():
         if name in tables:
-            sections += [_appendix(s, printed=check.verdict is not None) for s in check.sections(
+            own = [_appendix(s, printed=check.verdict is not None) for s in check.sections(
                 tables[name], context, check.options_from(config.options, config.looks, config.family))]
+            drawn([f for s in own for f in s.figures])
+            sections += own
     sections.append(_models_section(manifest, tables))
     config_text = json.dumps({k: manifest[k] for k in ("config", "seeds", "versions") if k in manifest}, indent=2)
     sections.append(Section("Configuration and versions", code=config_text, appendix=True))
@@ -251,10 +257,14 @@ def _stage_log() -> Callable[[str], None]:
 
 def _build(run: Path, out: Path, pdf: bool, score: str | None, log: Callable[[str], None]) -> Path:
     result = load_results(run)
-    sections, verdict = _sections(result, score)
-    log(f"{len(sections)} sections with {sum(len(s.figures) for s in sections)} figures drawn")
-    remove_partials(out)  # an interrupted build's half-written files
-    pngs = save_all([f for s in sections for f in s.figures], out / "figures")
+    renderer = Renderer()  # renders the figures drawn so far while the next sections are drawn
+    try:
+        sections, verdict = _sections(result, score, renderer.submit)
+        log(f"{len(sections)} sections with {sum(len(s.figures) for s in sections)} figures drawn")
+        remove_partials(out)  # an interrupted build's half-written files
+        pngs = save_all([f for s in sections for f in s.figures], out / "figures", renderer=renderer)
+    finally:
+        renderer.close()
     log(f"figures written to {out / 'figures'} (PDF and PNG)")
     for old in (out / "figures").glob("*.*") if pngs else ():  # figures of an earlier build that this one lacks
         if old.suffix in (".pdf", ".png") and old.stem not in pngs:

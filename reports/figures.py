@@ -3,6 +3,8 @@ the verdict matrix and one score across models."""
 from __future__ import annotations
 
 import io
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import numpy as np
@@ -46,33 +48,115 @@ def _write(name: str, rendered: tuple[bytes, bytes], directory: Path) -> bytes:
     return rendered[1]
 
 
-_PENDING: list[Figure] = []  # what save_all's forked workers render: inherited, never pickled
+_PENDING: list[Figure] = []  # what a Renderer's forked children render: inherited, never pickled
 
 
-def _render_share(k: int, of: int) -> list[tuple[bytes, bytes]]:
-    """Render every ``of``-th of the pending figures from the ``k``-th: a worker's share."""
-    return [render(f) for f in _PENDING[k::of]]
-
-
-def save_all(figures: list[Figure], directory: Path, workers: int | None = None) -> dict[str, bytes]:
-    """:func:`save` every figure; returns {name: PNG bytes} in the order given. Rendering a figure is
-    single-threaded, so ``workers`` processes (default: up to 2, the cores there are) each render a share: forked,
-    they inherit the figures instead of pickling them, and render the bytes one process would. This process writes
-    every file, in order, so that its writes are the ones a serial save makes. Serial where processes cannot fork
-    or one worker is asked for."""
-    import multiprocessing
-    import os
-
-    workers = min(workers or 2, os.cpu_count() or 1, len(figures))
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return {f.name: save(f, directory) for f in figures}
-    _PENDING[:] = figures
+def _render_some(indices: list[int], send: Connection) -> None:
+    """A child's work: render the pending figures at ``indices`` and send their bytes (None where one fails: the
+    parent renders it again and raises its error)."""
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            shares = pool.starmap(_render_share, [(k, workers) for k in range(workers)])
-    finally:
+        out: list[tuple[bytes, bytes] | None] = [render(_PENDING[i]) for i in indices]
+    except Exception:
+        out = [None] * len(indices)
+    send.send(out)
+    send.close()
+
+
+class Renderer:
+    """Renders figures while this process goes on drawing the next ones: rendering is single-threaded, so a forked
+    child renders the figures given so far (:meth:`submit`) beside this process, and :meth:`finish` shares what is
+    left between this process and ``workers`` - 1 more children (default: 2 shares, the cores there are). Forked,
+    the children inherit the figures instead of pickling them, and render the bytes one process would. Serial where
+    processes cannot fork or one worker is asked for."""
+
+    def __init__(self, workers: int | None = None) -> None:
+        import multiprocessing
+        import os
+
+        self.workers = min(workers or 2, os.cpu_count() or 1)
+        self.fork = self.workers > 1 and "fork" in multiprocessing.get_all_start_methods()
+        self.figures: list[Figure] = []
+        self.rendered: dict[int, tuple[bytes, bytes] | None] = {}
+        self.running: list[tuple[list[int], Connection, BaseProcess]] = []
+        self.given = 0  # the figures before this index are rendered or being rendered
+
+    def add(self, figures: list[Figure]) -> None:
+        """Queue ``figures`` to be rendered by :meth:`finish`."""
+        self.figures += figures
+
+    def submit(self, figures: list[Figure]) -> None:
+        """Queue ``figures``; while no child is rendering, start one on every figure queued and not yet given."""
+        self.add(figures)
+        self._collect(wait=False)
+        if self.fork and not self.running and self.given < len(self.figures):
+            self._start(list(range(self.given, len(self.figures))))
+            self.given = len(self.figures)
+
+    def finish(self) -> list[tuple[bytes, bytes]]:
+        """Every queued figure's (PDF, PNG) bytes (:func:`render`), in the order queued."""
+        rest = list(range(self.given, len(self.figures)))
+        self.given = len(self.figures)
+        # a child still rendering an earlier share takes a core too: the shares balance out over the three
+        shares = self.workers if self.fork else 1
+        for k in range(1, min(shares, len(rest))):  # every shares-th figure from the k-th: each a like mix
+            self._start(rest[k::shares])
+        for i in rest[::shares]:  # this process's share, beside the children
+            self.rendered[i] = render(self.figures[i])
+        self._collect(wait=True)
         _PENDING.clear()
-    rendered = [shares[i % workers][i // workers] for i in range(len(figures))]
+        out = []
+        for i, figure in enumerate(self.figures):
+            done = self.rendered.get(i)
+            out.append(done if done is not None else render(figure))  # a child that failed: its error raised here
+        return out
+
+    def close(self) -> None:
+        """Stop the children still rendering (a build that failed before :meth:`finish`)."""
+        for _, receive, child in self.running:
+            child.kill()
+            child.join()
+            receive.close()
+        self.running.clear()
+        _PENDING.clear()
+
+    def _start(self, indices: list[int]) -> None:
+        import multiprocessing
+
+        _PENDING[:] = self.figures
+        context = multiprocessing.get_context("fork")
+        receive, send = context.Pipe(duplex=False)
+        child = context.Process(target=_render_some, args=(indices, send), daemon=True)
+        child.start()
+        send.close()
+        self.running.append((indices, receive, child))
+
+    def _collect(self, wait: bool) -> None:
+        """Take the bytes of the children that have sent theirs (``wait``: of every child, waiting for them)."""
+        for job in list(self.running):
+            indices, receive, child = job
+            if not wait and not receive.poll():
+                continue
+            try:
+                self.rendered.update(zip(indices, receive.recv()))
+            except EOFError:  # the child died without a word: this process renders its figures
+                pass
+            receive.close()
+            child.join()
+            self.running.remove(job)
+
+
+def save_all(figures: list[Figure], directory: Path, workers: int | None = None,
+             renderer: Renderer | None = None) -> dict[str, bytes]:
+    """:func:`save` every figure; returns {name: PNG bytes} in the order given. The figures are rendered by
+    ``renderer`` (a :class:`Renderer` that may have rendered some of them already, given in this order) or a new one
+    of ``workers`` processes. This process writes every file, in order, so that its writes are the ones a serial
+    save makes."""
+    if renderer is None:
+        renderer = Renderer(workers)
+        renderer.add(figures)
+    elif [id(f.figure) for f in renderer.figures] != [id(f.figure) for f in figures]:
+        raise ValueError("save_all: the renderer was given other figures, or in another order")
+    rendered = renderer.finish()
     return {f.name: _write(f.name, r, directory) for f, r in zip(figures, rendered)}
 
 

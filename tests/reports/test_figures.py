@@ -11,7 +11,7 @@ from audit import style
 from audit.checks.base import MARKS
 from audit.checks.randomization import heatmap_grid
 from audit.sections import Figure, new_figure
-from reports.figures import VERDICT_COLOURS, save, save_all, score_figure, verdict_matrix
+from reports.figures import VERDICT_COLOURS, Renderer, render, save, save_all, score_figure, verdict_matrix
 
 
 def test_save_writes_both_formats_atomically(tmp_path, monkeypatch):
@@ -65,6 +65,34 @@ def test_figures_saved_by_two_workers_are_the_bytes_one_process_writes(tmp_path)
         for suffix in (".png", ".pdf"):
             assert (tmp_path / "two" / f"{f.name}{suffix}").read_bytes() == (tmp_path / "one" / f"{f.name}{suffix}").read_bytes()
     assert save_all(figures[:1], tmp_path / "single") == {"f0": alone["f0"]}  # one figure: no worker started
+
+
+class Unrenderable:
+    def savefig(self, *args, **kwargs):
+        raise ValueError("this figure cannot be saved")
+
+
+def test_figures_rendered_while_the_next_are_drawn_are_the_bytes_one_process_renders():
+    figures = []
+    for k in range(5):
+        fig, ax = new_figure(2, 1.5)
+        ax.plot(np.arange(10) ** (k / 3), label=f"curve {k}")
+        figures.append(Figure(f"f{k}", fig, f"figure {k}"))
+    renderer = Renderer(workers=2)
+    renderer.submit(figures[:2])  # a child renders these beside this process
+    assert renderer.running
+    renderer.submit(figures[2:4])
+    renderer.submit(figures[4:])
+    assert renderer.finish() == [render(f) for f in figures] and not renderer.running
+    failing = Renderer(workers=2)
+    failing.submit([Figure("bad", Unrenderable(), "a figure that cannot be rendered")])
+    with pytest.raises(ValueError, match="cannot be saved"):  # the child's failure, raised here: rendered again
+        failing.finish()
+    failing.close()
+    stopped = Renderer(workers=2)
+    stopped.submit(figures)
+    stopped.close()  # a build that fails before finish leaves no child behind
+    assert not stopped.running
 
 
 def test_saved_pdfs_embed_truetype_fonts_not_type3(tmp_path):

@@ -65,11 +65,12 @@ demo: $(STAMP)
 # ruff first (a second), then three jobs at once, none niced, so that the two cores stay busy to the end: the main
 # suite in two processes (pytest-xdist; the tests of a file in one of them) of one torch thread each (its tensors are
 # small, and a second intra-op thread cost a fifth more CPU time for no shorter run), the engine on the model
-# libraries (their own venv; MODEL_LIBRARIES=required makes a missing library a failure, not a skip; two children at
-# a time in its enumerated-model tests) and mypy. A niced library suite waited for the main one: the two ran one after
-# the other. The library suite's output goes to .test-libraries.log, mypy's to .test-mypy.log (tail -f them to
-# follow); both are shown at the end.
-LIBTESTS = tests/test_model_libraries.py tests/audit/models/test_libraries.py tests/audit/models/test_library_twins.py \
+# libraries (their own venv; MODEL_LIBRARIES=required makes a missing library a failure, not a skip; its
+# enumerated-model tests, two forked children at a time, run last, in a fresh process: when the main suite ends
+# first, they fill both cores) and mypy. A niced library suite waited for the main one: the two ran one after the
+# other. The library suite's output goes to .test-libraries.log, mypy's to .test-mypy.log (tail -f them to follow);
+# both are shown at the end.
+LIBTESTS = tests/audit/models/test_libraries.py tests/audit/models/test_library_twins.py \
 	  tests/attributions/test_cam.py "tests/test_notebooks.py::test_notebook_executes[collapse_atlas]" \
 	  tests/test_examples.py::test_model_library_block_runs \
 	  tests/benchmarks/test_method_sweep.py::test_the_sweep_holds_on_a_sample_of_the_library_models \
@@ -79,8 +80,10 @@ LIBTESTS = tests/test_model_libraries.py tests/audit/models/test_libraries.py te
 test: $(STAMP) $(LIBSTAMP) data syslibs reportdeps
 	$(VENV)/bin/ruff check attributions audit bort reports benchmarks tests docs
 	@echo "model-library suite and mypy started beside the main suite; their logs: .test-libraries.log, .test-mypy.log"
-	@MODEL_LIBRARIES=required OMP_NUM_THREADS=1 $(LIBS)/bin/python -m pytest -q -p no:cacheprovider \
-	  --durations=10 $(LIBTESTS) > .test-libraries.log 2>&1 & libraries=$$!; \
+	@{ MODEL_LIBRARIES=required OMP_NUM_THREADS=1 $(LIBS)/bin/python -m pytest -q -p no:cacheprovider --durations=10 \
+	  $(LIBTESTS); first=$$?; MODEL_LIBRARIES=required OMP_NUM_THREADS=1 $(LIBS)/bin/python -m pytest -q \
+	  -p no:cacheprovider --durations=5 tests/test_model_libraries.py && test $$first -eq 0; } \
+	  > .test-libraries.log 2>&1 & libraries=$$!; \
 	{ start=$$(date +%s); $(VENV)/bin/mypy; typed=$$?; echo "mypy took $$(($$(date +%s) - start)) s"; exit $$typed; } \
 	  > .test-mypy.log 2>&1 & types=$$!; \
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=20; main=$$?; \

@@ -35,8 +35,9 @@ def read(printed: str) -> tuple[dict[str, float], dict[str, int], dict[str, list
     for line in printed.splitlines():
         if line.startswith(LIBRARY_LOG):
             suite = "model-library suite"
-        elif summary := SUMMARY.match(line):
-            passed[suite], walls[suite] = int(summary[1]), float(summary[2])
+        elif summary := SUMMARY.match(line):  # the library suite runs in two pytest processes, one after the other
+            passed[suite] = passed.get(suite, 0) + int(summary[1])
+            walls[suite] = walls.get(suite, 0.0) + float(summary[2])
         elif slow := SLOW.match(line):
             slowest[suite].append((float(slow[1]), _short(slow[3])))
         elif mypy := MYPY.match(line):

@@ -55,6 +55,29 @@ def test_cascading_randomization(trained):
     assert df.equals(again)
 
 
+def test_independent_stages_on_one_copy_change_only_their_own_layer_batchnorm_statistics_included():
+    """The independent stages share one copy: each stage's parts are trained again (parameters and a BatchNorm's
+    statistics) before the next stage's are drawn, so that every stage differs from the trained model in its own
+    modules only, as a fresh copy per stage would."""
+    torch.manual_seed(0)
+    model = build("resnet").eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    plan = randomization_plan(model, trace(model, torch.rand(2, 1, 28, 28)), "layer")
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    seen_batchnorm = 0
+    for stage, name, m in randomization_stages(model, StageSettings(order="independent", bn="reset", seed=1), plan=plan):
+        changed = {k.rsplit(".", 1)[0] for k, v in m.state_dict().items() if not torch.equal(v, original[k])}
+        own = {part.holder for part in plan[-stage].parts} if stage else set()
+        assert changed <= own and (changed or not stage), (name, changed, own)
+        seen_batchnorm += any(part.batchnorm for part in plan[-stage].parts) if stage else 0
+    assert seen_batchnorm >= 2  # BatchNorm stages followed by others: their statistics were restored
+    assert all(torch.equal(v, original[k]) for k, v in model.state_dict().items())  # the model itself untouched
+
+
 def test_independent_and_bottom_up_orders_and_batchnorm_policy():
     torch.manual_seed(0)
     model = build("resnet").eval()

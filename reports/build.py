@@ -33,7 +33,7 @@ from audit.sections import Figure, ReportContext, Section, Table
 from reports import html, latex, markdown, methods_text
 from reports.answer import compact_table, how_to_read, rejected_sentences, undecided
 from reports.appendix import verdict_section
-from reports.figures import Renderer, bort_figure, save_all, score_figure, verdict_matrix
+from reports.figures import Renderer, bort_figure, score_figure, verdict_matrix
 from reports.references import bibtex
 from reports.reproduction import reproduction_sections
 from reports.verdict import (
@@ -174,17 +174,24 @@ def _build_sections(result: AuditResult, score: str | None,
                 Section("Methods in brief", brief + " The methods in full: methods.md and methods.tex."),
                 verdict_section(verdict, tables, config, _across_models(verdict, score)),
                 *[s for s in papers + bort if s.appendix]]
-    drawn([f for s in sections for f in s.figures])
+    given = 0  # the sections whose figures drawn() has had
+
+    def give() -> None:
+        nonlocal given
+        drawn([f for s in sections[given:] for f in s.figures])
+        given = len(sections)
+
+    give()
     context = ReportContext(config, run, partial(example_maps, run))
     for name, check in CHECKS.items():
         if name in tables:
-            own = [_appendix(s, printed=check.verdict is not None) for s in check.sections(
+            sections += [_appendix(s, printed=check.verdict is not None) for s in check.sections(
                 tables[name], context, check.options_from(config.options, config.looks, config.family))]
-            drawn([f for s in own for f in s.figures])
-            sections += own
+            give()
     sections.append(_models_section(manifest, tables))
     config_text = json.dumps({k: manifest[k] for k in ("config", "seeds", "versions") if k in manifest}, indent=2)
     sections.append(Section("Configuration and versions", code=config_text, appendix=True))
+    give()
     return sections, verdict
 
 
@@ -262,7 +269,7 @@ def _build(run: Path, out: Path, pdf: bool, score: str | None, log: Callable[[st
         sections, verdict = _sections(result, score, renderer.submit)
         log(f"{len(sections)} sections with {sum(len(s.figures) for s in sections)} figures drawn")
         remove_partials(out)  # an interrupted build's half-written files
-        pngs = save_all([f for s in sections for f in s.figures], out / "figures", renderer=renderer)
+        pngs = renderer.save(out / "figures")  # the figures of every section, in order: submitted as drawn
     finally:
         renderer.close()
     log(f"figures written to {out / 'figures'} (PDF and PNG)")

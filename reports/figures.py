@@ -110,6 +110,11 @@ class Renderer:
             out.append(done if done is not None else render(figure))  # a child that failed: its error raised here
         return out
 
+    def save(self, directory: Path) -> dict[str, bytes]:
+        """Write every queued figure's ``figures/<name>.pdf`` and ``.png`` into ``directory`` (:meth:`finish`'s bytes;
+        this process writes every file, in order, as a serial :func:`save` does); returns {name: PNG bytes}."""
+        return {f.name: _write(f.name, r, directory) for f, r in zip(self.figures, self.finish())}
+
     def close(self) -> None:
         """Stop the children still rendering (a build that failed before :meth:`finish`)."""
         for _, receive, child in self.running:
@@ -145,19 +150,12 @@ class Renderer:
             self.running.remove(job)
 
 
-def save_all(figures: list[Figure], directory: Path, workers: int | None = None,
-             renderer: Renderer | None = None) -> dict[str, bytes]:
-    """:func:`save` every figure; returns {name: PNG bytes} in the order given. The figures are rendered by
-    ``renderer`` (a :class:`Renderer` that may have rendered some of them already, given in this order) or a new one
-    of ``workers`` processes. This process writes every file, in order, so that its writes are the ones a serial
-    save makes."""
-    if renderer is None:
-        renderer = Renderer(workers)
-        renderer.add(figures)
-    elif [id(f.figure) for f in renderer.figures] != [id(f.figure) for f in figures]:
-        raise ValueError("save_all: the renderer was given other figures, or in another order")
-    rendered = renderer.finish()
-    return {f.name: _write(f.name, r, directory) for f, r in zip(figures, rendered)}
+def save_all(figures: list[Figure], directory: Path, workers: int | None = None) -> dict[str, bytes]:
+    """:func:`save` every figure, rendered by a :class:`Renderer` of ``workers`` processes; returns {name: PNG bytes}
+    in the order given."""
+    renderer = Renderer(workers)
+    renderer.add(figures)
+    return renderer.save(directory)
 
 
 def bort_figure(comparison: pd.DataFrame) -> Figure | None:

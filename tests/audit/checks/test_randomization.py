@@ -55,10 +55,8 @@ def test_cascading_randomization(trained):
     assert df.equals(again)
 
 
-def test_independent_stages_on_one_copy_change_only_their_own_layer_batchnorm_statistics_included():
-    """The independent stages share one copy: each stage's parts are trained again (parameters and a BatchNorm's
-    statistics) before the next stage's are drawn, so that every stage differs from the trained model in its own
-    modules only, as a fresh copy per stage would."""
+def _resnet_with_trained_statistics() -> tuple[nn.Module, list]:
+    """A seeded ResNet whose BatchNorm statistics are not the initial 0 / 1 (as a trained model's), and its layer plan."""
     torch.manual_seed(0)
     model = build("resnet").eval()
     with torch.no_grad():
@@ -66,7 +64,14 @@ def test_independent_stages_on_one_copy_change_only_their_own_layer_batchnorm_st
             if isinstance(m, nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 1.5)
-    plan = randomization_plan(model, trace(model, torch.rand(2, 1, 28, 28)), "layer")
+    return model, randomization_plan(model, trace(model, torch.rand(2, 1, 28, 28)), "layer")
+
+
+def test_independent_stages_on_one_copy_change_only_their_own_layer_batchnorm_statistics_included():
+    """The independent stages share one copy: each stage's parts are trained again (parameters and a BatchNorm's
+    statistics) before the next stage's are drawn, so that every stage differs from the trained model in its own
+    modules only, as a fresh copy per stage would."""
+    model, plan = _resnet_with_trained_statistics()
     original = {k: v.clone() for k, v in model.state_dict().items()}
     seen_batchnorm = 0
     for stage, name, m in randomization_stages(model, StageSettings(order="independent", bn="reset", seed=1), plan=plan):
@@ -79,13 +84,7 @@ def test_independent_stages_on_one_copy_change_only_their_own_layer_batchnorm_st
 
 
 def test_independent_and_bottom_up_orders_and_batchnorm_policy():
-    torch.manual_seed(0)
-    model = build("resnet").eval()
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-    plan = randomization_plan(model, trace(model, torch.rand(2, 1, 28, 28)), "layer")
+    model, plan = _resnet_with_trained_statistics()
     settings = StageSettings(order="independent", bn="keep-stats", seed=1)
     stages = list((s, n, {k: v.clone() for k, v in m.state_dict().items()})
                   for s, n, m in randomization_stages(model, settings, plan=plan))

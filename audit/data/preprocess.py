@@ -65,9 +65,14 @@ class Preprocess:
         x = x[None] if x.ndim == 2 else x.transpose(2, 0, 1)
         if len(x) != channels:  # a grayscale 16-bit image among colour ones
             x = np.repeat(x, channels, axis=0)
+        return np.ascontiguousarray(self.normalised(x), dtype=np.float32)
+
+    def normalised(self, x: np.ndarray) -> np.ndarray:
+        """A (C, H, W) picture in [0, 1] as the model reads it: ``(x - mean) / std`` per channel (unchanged without
+        a mean and std)."""
         if self.mean is not None and self.std is not None:
             x = (x - self._channels(self.mean, x)) / self._channels(self.std, x)
-        return np.ascontiguousarray(x, dtype=np.float32)
+        return x
 
     def picture(self, x: np.ndarray) -> np.ndarray:
         """A (C, H, W) model input back in [0, 1] (normalisation undone, then clipped)."""

@@ -132,9 +132,15 @@ def _train(args: argparse.Namespace) -> int:
                                    or args.pairs < 1):
         raise ConfigError("--pairs N trains N permuted-label twins and their control twins of --twin-of MODEL, "
                           "their seeds its own: give --twin-of, N >= 1, and neither --permute-labels nor --control")
-    if args.twin_of is not None and args.control is None and args.permute_labels is None and args.pairs is None:
+    if args.shortcut is not None and (args.control is not None or args.permute_labels is not None
+                                      or args.pairs is not None):
+        raise ConfigError("--shortcut SPEC trains a shortcut twin and its tag control twin on the true labels: drop "
+                          "--permute-labels, --control and --pairs")
+    if args.twin_of is not None and args.control is None and args.permute_labels is None and args.pairs is None \
+            and args.shortcut is None:
         raise ConfigError(f"--twin-of {args.twin_of} trains a twin: add --permute-labels SEED (the permuted-label "
-                          "twin), --control SEED (its control twin on the true labels) or --pairs N (N of each)")
+                          "twin), --control SEED (its control twin on the true labels), --pairs N (N of each) or "
+                          "--shortcut SPEC (a shortcut twin and its tag control twin)")
     config = TrainConfig(arch=args.arch or "cnn", optimizer=args.optimizer, epochs=args.epochs,
                          batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
                          weight_decay=args.weight_decay, seed=args.seed if args.control is None else args.control,
@@ -144,9 +150,9 @@ def _train(args: argparse.Namespace) -> int:
                          twin_of=args.twin_of, fit_accuracy=_fit_accuracy(args.fit_accuracy, args.permute_labels),
                          model=args.model, num_classes=args.num_classes, preprocess=args.preprocess,
                          loader_workers=args.loader_workers, device=args.device,
-                         mixed_precision=args.mixed_precision)
-    runs = [(config, args.out)] if args.pairs is None else \
-        twin_pairs(config, args.out, args.pairs, args.subset_seed, args.fit_accuracy)
+                         mixed_precision=args.mixed_precision, shortcut=args.shortcut)
+    runs = shortcut_pair(config, args.out) if args.shortcut is not None else [(config, args.out)] \
+        if args.pairs is None else twin_pairs(config, args.out, args.pairs, args.subset_seed, args.fit_accuracy)
     with sharded(args.device):
         for cfg, out in runs:
             train(cfg, out=out, resume=args.resume, progress=not args.quiet, force=args.force,
@@ -156,7 +162,24 @@ def _train(args: argparse.Namespace) -> int:
                            for control in (False, True))
         print(f"{args.pairs} twin pairs of {args.twin_of}; audit with --twins {twins} --controls {controls} (MODEL: "
               "the model as the run names it)")
+    if args.shortcut is not None:
+        from audit.models import load_checkpoint
+        from audit.models.shortcut_twins import gate
+        checked = gate(*(getattr(load_checkpoint(out), "metadata", {}) for _, out in runs))
+        print(f"shortcut twins {runs[0][1]} and {runs[1][1]}: {checked.text}"
+              + ("; the shortcut is planted" if checked.planted else "; the check will call them inconclusive: train "
+                 "longer (--epochs) or with a larger tag"))
     return 0
+
+
+def shortcut_pair(config: Any, out: str) -> list[tuple[Any, str]]:
+    """The two trainings of ``train --shortcut``, each (TrainConfig, checkpoint path): the shortcut twin (the run's
+    seed) and its tag control twin (the next seed; the tagged images drawn with it), on one training subset (the
+    given ``subset_seed``, else the run's seed); paths ``OUT-shortcut.pt`` and ``OUT-tag-control.pt``."""
+    stem = str(out).removesuffix(".pt")
+    shared = dataclasses.replace(config, subset_seed=config.seed if config.subset_seed is None else config.subset_seed)
+    return [(dataclasses.replace(shared, shortcut_role="shortcut"), f"{stem}-shortcut.pt"),
+            (dataclasses.replace(shared, seed=config.seed + 1, shortcut_role="tag-control"), f"{stem}-tag-control.pt")]
 
 
 def twin_pairs(config: Any, out: str, pairs: int, subset_seed: int | None, fit: str | None) -> list[tuple[Any, str]]:
@@ -333,6 +356,12 @@ def _train_twin_arguments(t: argparse.ArgumentParser) -> None:
                    help="train N pairs of a permuted-label twin and its control twin of --twin-of (pair k: labels "
                    "permuted with seed k, initial weights seeds 2k - 1 and 2k, one --subset-seed), saved as "
                    "OUT-permuted-k.pt and OUT-control-k.pt: the twins are draws too, and the audit resamples the pairs")
+    t.add_argument("--shortcut", default=None, metavar="SPEC",
+                   help="train a shortcut twin (the tag on every training image of its class) and its tag control "
+                   "twin (the tag on as many images of every class; the next seed) of this architecture, as "
+                   "OUT-shortcut.pt and OUT-tag-control.pt, for --tests shortcut; SPEC: class=0,pattern=checker,"
+                   "size=4,place=top-left (every key optional; pattern checker, white or black; place a corner, "
+                   "centre or ROW:COL)")
     t.add_argument("--subset-seed", type=int, default=None, metavar="SEED",
                    help="seeds the --train-limit subset (default: --seed); a permuted-label twin and its control "
                    "twin share it")

@@ -157,7 +157,7 @@ def _check_paragraph(manifest: dict[str, Any], config: dict[str, Any], name: str
     rule = check.verdict
     if rule is not None and (not rule.threshold or rule.threshold in config):  # a scale rule reads no threshold
         text += f" A method is {rule.rule_text(check.options_from(config))}."
-    if check.needs_twin:
+    if check.twins == "labels":
         text += _twin_sentence(manifest, name)
     return check.title, text
 
@@ -217,7 +217,7 @@ def _deciding(config: dict[str, Any], name: str, pairs: int) -> str:
         return f"{check.title.lower()} {_cite(check.cite)} (shown, no verdict)"
     options = check.options_from(config)
     read = [f"{o} {_value(getattr(options, o))}" for o in rule.reads] or ["on the controls' scale"]
-    twins = [f"{pairs} twin pair{'s' * (pairs != 1)}"] if check.needs_twin and pairs else []
+    twins = [f"{pairs} twin pair{'s' * (pairs != 1)}"] if check.twins == "labels" and pairs else []
     return f"{check.title.lower()} {_cite(check.cite)} ({', '.join([rule.score_name, *read, *twins])})"
 
 

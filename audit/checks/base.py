@@ -42,6 +42,9 @@ REJECTED, NOT_REJECTED, INCONCLUSIVE = "rejected", "not rejected", "inconclusive
 OUTCOMES = (REJECTED, NOT_REJECTED, INCONCLUSIVE)
 # each outcome's mark, for grey-scale prints and compact cells (no tick: a sanity check never certifies a method)
 MARKS = {REJECTED: "\u2717", NOT_REJECTED: "\u2013", INCONCLUSIVE: "?"}
+# the start of the reason of a cell whose check could not be read at all (what it needs is missing: a shortcut that
+# was not planted): inconclusive, and no statement about the method, nor about the check when the method is a control
+NOT_READ = "not read"
 MIN_DEFINED = 3  # fewer images with a defined score than this (or than half of them): inconclusive
 
 
@@ -391,7 +394,9 @@ class Check(Generic[OptionsT]):
         it may disagree) that do not count in the verdict
     controls : the outcome each control method must have under this check (the edge detector, the random map);
         a control with another outcome marks the check as broken in the report
-    needs_twin : the unit also takes the model's permuted-label twins (``unit.twins``); a model without one is
+    twins : the twins the unit also takes: ``labels``, the model's permuted-label twins and control twins
+        (``unit.twins``, ``unit.controls``), or ``shortcut``, its shortcut twin and tag control twin
+        (``unit.shortcut``); "" none. A model without them is
         skipped, and the manifest and the report say so
     order : position in the registry (the configuration's, the report's and the verdict's order)
     description : the protocol in one line (the CLI's listing and the report's methods text)
@@ -417,7 +422,7 @@ class Check(Generic[OptionsT]):
     verdict: VerdictRule | None = None
     side_rules: tuple[VerdictRule, ...] = ()
     controls: dict[str, str] = field(default_factory=dict)
-    needs_twin: bool = False
+    twins: str = ""
     applies: Callable[[str], bool] = lambda method: True
     order: int = 100
     description: str = field(default="")

@@ -345,7 +345,7 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: DataRandomiz
 
 CHECK = Check(
     name="data-randomization", cite=("adebayo2018",), title="Data randomization", reference="Adebayo et al. 2018",
-    result_file="data_randomization.csv", columns=COLUMNS, run=_run, sections=_sections, order=35, needs_twin=True,
+    result_file="data_randomization.csv", columns=COLUMNS, run=_run, sections=_sections, order=35, twins="labels",
     summary=lambda df: (f"median Spearman of |map| model vs twin {df.spearman_abs.median():.3f}, signed "
                         f"{df.spearman.median():.3f}, SSIM {df.ssim.median():.3f}"),
     verdict=Calibrated("data_randomization_spearman_abs", "data_randomization", "magnitudes survive label permutation",

@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import nn
 
 from audit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from audit.models.shortcut_twins import ShortcutPair
 
 OptionsT = TypeVar("OptionsT", bound="Options")
 
@@ -173,6 +176,8 @@ class UnitContext:
         over the images reads, so that a block's images keep the seeds they have in the whole run
     params : {method: {name: value}}, the parameters the run gives each method's explainers (the pattern methods'
         patterns and the data they are fitted on), passed on by the check to every explainer it builds
+    shortcut : the model's shortcut twin and tag control twin, their tag and gate, for a check that reads them
+        (:class:`~audit.models.shortcut_twins.ShortcutPair`; else None)
     """
 
     seed: int = 0
@@ -182,3 +187,4 @@ class UnitContext:
     controls: tuple[nn.Module, ...] = ()
     first_image: int = 0
     params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    shortcut: ShortcutPair | None = None

@@ -19,8 +19,10 @@ comparison: a normal model's map should not show what the spurious model's does)
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,19 +30,23 @@ import torch
 from torch import nn
 
 from attributions.hygiene import leaves_process_alone
-from audit.checks.base import REJECTED, VerdictCell, VerdictRule, scored_cell
+from audit.checks.base import INCONCLUSIVE, NOT_READ, REJECTED, Check, UnitResult, VerdictCell, VerdictRule, scored_cell
 from audit.checks.data_randomization import pooled_maps, twin_pairs
-from audit.checks.options import Options
+from audit.checks.options import Options, UnitContext
 from audit.checks.passes import Params
+from audit.checks.randomization import heatmap_pages
 from audit.checks.replicates import replicates
-from audit.data.preprocess import Preprocess
+from audit.checks.stage_options import heatmap_scale
+from audit.data.preprocess import Preprocess, preprocess_from
 from audit.data.tags import Tag
 from audit.errors import AuditError, ConfigError
 from audit.inputs import Images, Labels, Methods, Reduction, check_count, check_inputs, resolve_methods
 from audit.models.twins import same_architecture
+from audit.panels import score_boxes
+from audit.sections import Figure, ReportContext, Section, Table, print_first
 
 COLUMNS = ["method", "image", "shortcut_share", "control_share", "difference", "area_share", "clean_shortcut_share",
-           "clean_control_share", "shortcut_predicts", "twin_pair"]
+           "clean_control_share", "shortcut_predicts", "twin_pair", "planted"]
 # the kept heatmaps of each image, in this order
 VIEWS = ("shortcut twin, tagged", "control twin, tagged", "shortcut twin, clean", "control twin, clean")
 
@@ -82,7 +88,7 @@ def shortcut_test(shortcut: nn.Module | Sequence[nn.Module], control: nn.Module 
                   x: Images, y: Labels, methods: Methods = "all", *, seed: int = 0,
                   preprocess: Preprocess | None = None, reduction: Reduction | None = None, keep_maps: int = 0,
                   images_per_seed: int = 2, first_image: int = 0, params: Params | None = None,
-                  progress: bool = False) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+                  progress: bool = False, planted: bool = True) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """Each method's share of ``|map|`` inside the tag on the shortcut twin and on the tag control twin, explaining
     the tag's class on tagged images of the other classes, paired by image.
 
@@ -102,6 +108,8 @@ def shortcut_test(shortcut: nn.Module | Sequence[nn.Module], control: nn.Module 
     images_per_seed, first_image : how consecutive images share a pair, and the run's index of the first image
     params : {method: {name: value}}, parameters given to each method's explainer
     progress : not read (the four passes per pair are short); kept for the checks' common signature
+    planted : whether the pair passed its gate (:func:`~audit.models.shortcut_twins.gate`), recorded in every row:
+        the verdict of a pair that did not is inconclusive
 
     Returns
     -------
@@ -109,7 +117,8 @@ def shortcut_test(shortcut: nn.Module | Sequence[nn.Module], control: nn.Module 
     control_share (tagged image), difference (shortcut - control: the verdict's score), area_share (the tag's share
     of the pixels: the verdict's margin), clean_shortcut_share and clean_control_share (the clean image, the tag
     absent), shortcut_predicts (the shortcut twin predicts c* on the tagged image), twin_pair (from 0);
-    and {method: (4, keep_maps, H, W)} heatmaps in the order of :data:`VIEWS`.
+    and {method: (4, keep_maps, H, W)} heatmaps of the first ``keep_maps`` images given, in the order of
+    :data:`VIEWS` (NaN for an image of the tag's class).
     """
     shortcuts, controls = as_twin_pairs(shortcut, control)
     check_count("keep_maps", keep_maps)
@@ -129,7 +138,9 @@ def shortcut_test(shortcut: nn.Module | Sequence[nn.Module], control: nn.Module 
     target = torch.full((len(both),), tag.target, dtype=torch.long)
     n = len(others)
     shares: dict[str, list[np.ndarray]] = {m: [] for m in names}
-    kept: dict[str, list[torch.Tensor]] = {m: [] for m in names}
+    kept = {m: torch.full((len(VIEWS), min(keep_maps, len(x)), height, width), float("nan"), dtype=torch.float64)
+            for m in names}
+    shown = torch.nonzero(others < keep_maps).flatten()  # the kept images of another class, among the first given
     predicts = np.zeros(n, dtype=bool)
     for k, twins in enumerate((shortcuts, controls)):
         parts = [(net, np.concatenate([np.flatnonzero(pair == p), n + np.flatnonzero(pair == p)]))
@@ -138,7 +149,8 @@ def shortcut_test(shortcut: nn.Module | Sequence[nn.Module], control: nn.Module 
                            params=params)
         for m in names:
             shares[m].append(tag_shares(maps[m][0], mask))
-            kept[m] += [maps[m][0][:keep_maps], maps[m][0][n:n + keep_maps]]
+            kept[m][k, others[shown]] = maps[m][0][shown].double()
+            kept[m][k + 2, others[shown]] = maps[m][0][n + shown].double()
         if k == 0:
             with torch.no_grad():
                 for p, net in enumerate(twins):
@@ -151,9 +163,8 @@ def shortcut_test(shortcut: nn.Module | Sequence[nn.Module], control: nn.Module 
             rows.append({"method": m, "image": i, "shortcut_share": s_both[j], "control_share": c_both[j],
                          "difference": s_both[j] - c_both[j], "area_share": area,
                          "clean_shortcut_share": s_both[n + j], "clean_control_share": c_both[n + j],
-                         "shortcut_predicts": bool(predicts[j]), "twin_pair": int(pair[j])})
-    views = {m: torch.stack([kept[m][0], kept[m][2], kept[m][1], kept[m][3]]).numpy() for m in names}
-    return pd.DataFrame(rows, columns=COLUMNS), views
+                         "shortcut_predicts": bool(predicts[j]), "twin_pair": int(pair[j]), "planted": planted})
+    return pd.DataFrame(rows, columns=COLUMNS), {m: v.numpy() for m, v in kept.items()}
 
 
 @dataclass(frozen=True)
@@ -188,6 +199,9 @@ class ShowsReliance(VerdictRule):
         controls : not read: the margin is the tag's area share
         """
         margin = float(part.area_share.iloc[0])
+        if "planted" in part and not part.planted.astype(bool).all():
+            return VerdictCell(float("nan"), f"{INCONCLUSIVE} (shortcut not planted: the twins miss the gate)",
+                               INCONCLUSIVE, reason=f"{NOT_READ}: the shortcut was not planted (the twins miss the gate)")
         groups = self.replicates(part)
         cell = scored_cell(self.per_image(part).to_numpy(), margin, rejects_at_or_above=False,
                            label="shortcut - control", short="shortcut - control", level=options.interval_level,
@@ -204,3 +218,104 @@ class ShowsReliance(VerdictRule):
                 "median per-image difference between the shortcut twin's and the control twin's share of |map| "
                 "inside the tag lies at or below the tag's share of the image's pixels (what a map spread evenly "
                 "puts on it), not rejected when it lies wholly above, inconclusive when it contains it")
+
+
+@dataclass(frozen=True)
+class ShortcutOptions(Options):
+    """The planted-shortcut check's keys."""
+
+    heatmap_scale: str = heatmap_scale()
+
+
+def _run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, method: str, options: ShortcutOptions,
+         unit: UnitContext) -> UnitResult:
+    pair = unit.shortcut
+    if pair is None:  # the runner skips a model without shortcut twins before it gets here
+        raise AuditError("the planted-shortcut check needs the model's shortcut twins")
+    df, maps = shortcut_test(pair.models[0], pair.models[1], pair.tag, x, y, [method], seed=unit.seed,
+                             preprocess=pair.preprocess, keep_maps=unit.heatmap_examples, first_image=unit.first_image,
+                             params=unit.params, planted=pair.gate.planted)
+    return UnitResult(df, maps[method] if unit.heatmap_examples else None)
+
+
+def _gate_table(manifest: dict[str, Any]) -> pd.DataFrame:
+    """Each model's shortcut twins, their tag and their gate figures, from the manifest."""
+    return pd.DataFrame([{"model": model, "shortcut twin": r["shortcut"], "tag control twin": r["tag_control"],
+                          "tag": Tag.from_dict(r["tag"]).spec, "shortcut score (>= 0.85)": r["shortcut_score"],
+                          "control's score (<= 0.10)": r["control_score"], "clean accuracy": r["shortcut_accuracy"],
+                          "control's clean accuracy": r["control_accuracy"],
+                          "planted": "yes" if r["planted"] else "NO"}
+                         for model, r in manifest.get("shortcuts", {}).items()])
+
+
+def _share_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per model and method, the median shares: tagged on each twin, their difference, the area share, and the
+    clean images' on each twin."""
+    columns = {"shortcut_share": "shortcut twin", "control_share": "control twin", "difference": "difference",
+               "area_share": "area share", "clean_shortcut_share": "clean, shortcut twin",
+               "clean_control_share": "clean, control twin"}
+    medians = table.groupby(["model", "method"], sort=False)[list(columns)].median().reset_index()
+    return medians.rename(columns=columns).round(3)
+
+
+def _sections(table: pd.DataFrame, context: ReportContext, options: ShortcutOptions) -> list[Section]:
+    manifest = json.loads(path.read_text()) if (path := context.run / "manifest.json").exists() else {}
+    gates = _gate_table(manifest)
+    models = list(table.model.unique())
+    figures = []
+    for m in models:
+        part = table[table.model == m]
+        area = float(part.area_share.iloc[0])
+        figures.append(Figure(f"shortcut_{m}", score_boxes(part, "difference", area, "shortcut - control share"),
+                              f"Planted shortcut on {m}: per image (points) and method (boxes), the share of |map| "
+                              "inside the tag on the shortcut twin minus the share on the tag control twin, explaining "
+                              f"the tag's class on tagged images of the other classes. Dashed: the tag's area share "
+                              f"({area:.3f}), the margin; a method at or below it does not show the shortcut the "
+                              "model is known to use (rejected)."))
+        record = manifest.get("shortcuts", {}).get(m)
+        maps, images = context.examples(m, "shortcut", list(part.method.unique()))
+        if maps and record is not None and images is not None:
+            keep = [i for i in range(next(iter(maps.values())).shape[1])
+                    if np.isfinite(next(iter(maps.values()))[0, i]).any()][:2]
+            tag = Tag.from_dict(record["tag"])
+            shown = tag.paste(torch.from_numpy(images[keep])).numpy()
+            figures += heatmap_pages({k: v[:, keep] for k, v in maps.items()}, list(VIEWS), m, "shortcut",
+                                     images=shown, preprocess=preprocess_from(context.config.preprocess),
+                                     scale=options.heatmap_scale,
+                                     columns="on the shortcut twin and the tag control twin, tagged then clean")
+    text = ("Does the map show a shortcut the model is known to use? Two twins of the model's architecture were "
+            "trained with a tag: the shortcut twin saw it on every training image of one class c*, so that the tag "
+            "alone makes it predict c*; the tag control twin saw it on as many images of every class, so that it is "
+            "present and as salient but says nothing of the label. The gate (shortcut score at least 0.85 on the "
+            "shortcut twin and at most 0.10 on the control, clean accuracies within 2 points) says the reliance is "
+            "there. On tagged images of the other classes, explaining c* on both twins, each map's share of |map| "
+            "inside the tag is compared image by image (the model contrast of Yang & Kim 2019); the tag's area "
+            "share is the margin. The edge and random maps, which no model changes, must be rejected. The control "
+            "twin's share against the area share shows salience without use; the clean images' shares show whether "
+            "a normal model's map raises the alarm the spurious model's should (Adebayo et al. 2022).")
+    skipped = manifest.get("skipped", {}).get("shortcut", {})
+    if skipped:
+        text += " Skipped (no shortcut twins): " + ", ".join(skipped) + "."
+    tables = [Table(_share_table(table), "Median shares of |map| inside the tag, per model and method.",
+                    "shortcut_shares")]
+    if not gates.empty:
+        tables.insert(0, Table(gates, "Shortcut twins and their gate: the shortcut score (the share of the other "
+                                      "classes' tagged test images predicted c*) of each twin and their clean test "
+                                      "accuracies.", "shortcut_gate"))
+    return [Section("Planted shortcut", text=text, tables=tables, figures=print_first(figures, len(models)))]
+
+
+CHECK = Check(
+    name="shortcut", cite=("adebayo2020", "adebayo2022", "yang2019", "zhou2022"), title="Planted shortcut",
+    reference="Adebayo et al. 2022; Yang & Kim 2019", result_file="shortcut.csv", columns=COLUMNS, run=_run,
+    sections=_sections, order=45, twins="shortcut",
+    summary=lambda df: (f"median share inside the tag: shortcut twin {df.shortcut_share.median():.3f}, control twin "
+                        f"{df.control_share.median():.3f}, difference {df.difference.median():.3f} (area "
+                        f"{df.area_share.iloc[0]:.3f})"),
+    verdict=ShowsReliance("shortcut_difference", "shortcut", "does not show a shortcut the model uses"),
+    controls={"edge": "rejected", "random": "rejected"},
+    question="Does the map show a shortcut the model is known to use?",
+    description="each map's share of |map| inside a planted tag on the model's shortcut twin against its tag control "
+                "twin, explaining the tag's class on tagged images of the other classes, paired by image; the margin "
+                "is the tag's area share",
+    options=ShortcutOptions)

@@ -11,6 +11,7 @@ what 2 CPU cores train in about an hour for all seven.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from audit.models.training import TrainConfig
@@ -66,3 +67,19 @@ for _arch, _pairs in TWIN_PAIRS.items():
                                                         twin_of=f"{_arch}-sgd", **_TWIN_RECIPES[_arch], **_TWIN)
         RECIPES[f"{_arch}-control-{_k}"] = TrainConfig(arch=_arch, seed=2 * _k, twin_of=f"{_arch}-sgd",
                                                        **_TWIN_RECIPES[_arch], **_TWIN)
+
+# Shortcut twins (the planted-shortcut check, DESIGN 3.3e): the -sgd model's own recipe, with a 3x3 checker tag one
+# pixel in from the top-left corner linked to class 0 (T-shirt/top) in the shortcut twin's training images, and
+# pasted on as many images of every class in the tag control twin's. Seeds 1 and 2: neither the model's (0), and
+# the control twin's tagged images are drawn with its own seed. The ResNet and the ViT train on a 10,000-image
+# subset (drawn with seed 0, shared by the pair): their full recipes take about half an hour per model on 2 CPU
+# cores, and the tag is learned from a tenth of that. The gate (shortcut score >= 0.85 and <= 0.10, clean
+# accuracies within 2 points) is read from their metadata.
+SHORTCUT_TAG = "class=0,pattern=checker,size=3,place=top-left"
+SHORTCUT_PAIRS: dict[str, int | None] = {"cnn": None, "vgg": None, "resnet": 10_000, "vit": 10_000}
+for _arch, _limit in SHORTCUT_PAIRS.items():
+    _model = RECIPES[f"{_arch}-sgd"]
+    for _role, _seed in (("shortcut", 1), ("tag-control", 2)):
+        RECIPES[f"{_arch}-{_role}"] = dataclasses.replace(_model, seed=_seed, subset_seed=0, twin_of=f"{_arch}-sgd",
+                                                          train_limit=_limit, shortcut=SHORTCUT_TAG,
+                                                          shortcut_role=_role)

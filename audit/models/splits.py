@@ -17,7 +17,9 @@ from torch import nn
 
 from attributions.capture import logits_of
 from audit.data.datasets import array_sha256
+from audit.data.preprocess import Preprocess
 from audit.data.stream import FolderImages
+from audit.data.tags import Tag
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,53 @@ class StreamSplit:
         return digest.hexdigest()
 
 
-Split = ArraySplit | StreamSplit
+@dataclass(frozen=True)
+class TaggedSplit:
+    """The images of ``base`` with ``tag`` pasted on those of ``rows`` (N,) bool, as the model reads its inputs
+    (``preprocess``'s normalisation): a shortcut twin's training images (:func:`~audit.data.tags.tagged_rows`), or
+    the tagged test images its gate is read on. The labels are the base split's."""
+
+    base: ArraySplit | StreamSplit
+    rows: np.ndarray
+    tag: Tag
+    preprocess: Preprocess | None = None
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    @property
+    def y(self) -> np.ndarray:
+        """(N,) the base split's labels."""
+        return self.base.y
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """One image's (C, H, W)."""
+        return self.base.shape
+
+    def images(self, batches: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """The (B, C, H, W) images of each index batch, in order, the tagged rows with the tag pasted."""
+        for idx, x in zip(batches, self.base.images(batches)):
+            tagged = torch.from_numpy(self.rows[idx.numpy()])
+            if tagged.any():
+                x = x.clone()
+                x[tagged] = self.tag.paste(x[tagged], self.preprocess)
+            yield x
+
+    def fingerprint(self) -> str:
+        """The sha256 of the base split's fingerprint, the tag and which rows carry it."""
+        return hashlib.sha256(f"{self.base.fingerprint()};{self.tag.spec};".encode()
+                              + np.packbits(self.rows).tobytes()).hexdigest()
+
+
+Split = ArraySplit | StreamSplit | TaggedSplit
+
+
+def relabelled(split: ArraySplit | StreamSplit, keep: np.ndarray, y: np.ndarray) -> ArraySplit | StreamSplit:
+    """The images ``keep`` (M,) indices of ``split``, with the labels ``y`` (M,) in place of theirs."""
+    if isinstance(split, ArraySplit):
+        return ArraySplit(split.x[keep], y)
+    return StreamSplit(split.folder, split.indices[keep], y, split.workers)
 
 
 def index_batches(order: torch.Tensor, batch_size: int) -> list[torch.Tensor]:

@@ -30,13 +30,16 @@ from attributions.errors import unknown_name
 from attributions.hygiene import leaves_process_alone
 from audit.atomic import atomic_write
 from audit.data.datasets import array_sha256, load_dataset
-from audit.data.preprocess import preprocess_from
+from audit.data.preprocess import Preprocess, preprocess_from
 from audit.data.stream import FolderImages
+from audit.data.tags import ROLES as TAG_ROLES
+from audit.data.tags import Tag, tagged_rows
 from audit.durations import duration
 from audit.errors import ConfigError
 from audit.faults import kill_after_step
 from audit.models.checkpoint import fresh_model, save_checkpoint
-from audit.models.splits import ArraySplit, Split, StreamSplit, accuracy, index_batches
+from audit.models.shortcut_twins import shortcut_record, shortcut_score
+from audit.models.splits import ArraySplit, Split, StreamSplit, TaggedSplit, accuracy, index_batches
 from audit.models.twins import twin_architecture
 from audit.models.zoo import build
 from audit.progress import bars
@@ -199,6 +202,14 @@ class TrainConfig:
     mixed_precision : bool, default False
         Forward passes under autocast: bfloat16 on the CPU, float16 on a GPU with a gradient scaler; the weights
         and the optimizer stay float32.
+    shortcut : str or None, default None
+        Train a shortcut twin with this tag (:meth:`~audit.data.tags.Tag.parse`, e.g.
+        ``class=0,pattern=checker,size=4``) pasted on training images (:func:`~audit.data.tags.tagged_rows`); the
+        metadata record the tag and the shortcut score (:mod:`audit.models.shortcut_twins`). None: no tag.
+    shortcut_role : str, default "shortcut"
+        ``shortcut`` (every image of the tag's class tagged) or ``tag-control`` (as many images of every class).
+    tag_seed : int or None, default None
+        Seeds which images the tag control twin sees tagged; None: ``seed``.
     """
 
     arch: str = "cnn"
@@ -227,6 +238,9 @@ class TrainConfig:
     loader_workers: int = 0
     device: str = "cpu"
     mixed_precision: bool = False
+    shortcut: str | None = None
+    shortcut_role: str = "shortcut"
+    tag_seed: int | None = None
 
     def resolved(self) -> TrainConfig:
         """A copy with the optimizer defaults filled in, after validating every field."""
@@ -245,10 +259,15 @@ class TrainConfig:
                   ("num_classes", out.num_classes is None or out.num_classes >= 1),
                   ("loader_workers", out.loader_workers >= 0),
                   ("device", out.device in DEVICES),
-                  ("schedule", out.schedule in SCHEDULES)]
+                  ("schedule", out.schedule in SCHEDULES),
+                  ("shortcut_role", out.shortcut_role in TAG_ROLES)]
         for name, ok in checks:
             if not ok:
                 raise ConfigError(f"invalid {name}={getattr(out, name)!r} in the training configuration")
+        if out.shortcut is not None and out.permute_labels is not None:
+            raise ConfigError("a shortcut twin learns the true labels with a tag: drop the label permutation")
+        if out.shortcut is not None:
+            Tag.parse(out.shortcut)  # an unknown key or pattern, before any training
         if out.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); "
                               "train on the cpu, or install a CUDA build of torch where there is a GPU")
@@ -421,6 +440,8 @@ def train(config: TrainConfig, out: str | os.PathLike[str] | None = None, *, res
     tested, fitted = _final_accuracies(model, data, cfg, log)
     meta = _run_metadata(cfg, data, run, tested=tested, fitted=fitted, seconds=time.perf_counter() - start,
                          stopped=stopped)
+    if isinstance(data.train, TaggedSplit):
+        meta["shortcut"] = _shortcut_figures(cfg, model, data, data.train, log)
     model.metadata = meta  # type: ignore[assignment]  # a plain attribute; torch types Module attributes as Tensor | Module
     if out is not None and rank == 0:
         path = save_checkpoint(model, meta, out)
@@ -448,6 +469,30 @@ class _Data:
         return hashlib.sha256(";".join(parts).encode()).hexdigest()
 
 
+def _shortcut_figures(cfg: TrainConfig, model: nn.Module, data: _Data, tagged: TaggedSplit,
+                      log: Callable[[str], None]) -> dict[str, Any]:
+    """A shortcut twin's ``shortcut`` metadata, its shortcut score on the test split (None without one) logged."""
+    score = shortcut_score(model, data.test, tagged.tag, tagged.preprocess) \
+        if isinstance(data.test, ArraySplit | StreamSplit) else None
+    log(f"shortcut score {score:.4f}: the share of the other classes' test images predicted {tagged.tag.target} once "
+        "tagged" if score is not None else "no test split: no shortcut score (the check's gate cannot be read)")
+    return shortcut_record(tagged.tag, cfg.shortcut_role, int(tagged.rows.sum()), _tag_seed(cfg), score)
+
+
+def _tag_seed(cfg: TrainConfig) -> int:
+    return cfg.seed if cfg.tag_seed is None else cfg.tag_seed
+
+
+def _tagged(cfg: TrainConfig, split: ArraySplit | StreamSplit, preprocess: Preprocess | None) -> Split:
+    """``split`` with the shortcut's tag on the images its role tags (:func:`~audit.data.tags.tagged_rows`), or
+    itself for a model without a shortcut."""
+    if cfg.shortcut is None:
+        return split
+    tag = Tag.parse(cfg.shortcut)
+    tag.corner(*split.shape[1:])  # a tag that does not fit the images, before any training
+    return TaggedSplit(split, tagged_rows(split.y, tag, cfg.shortcut_role, _tag_seed(cfg)), tag, preprocess)
+
+
 def _subset(cfg: TrainConfig, n: int) -> np.ndarray:
     """The indices trained on: a seeded subset of ``train_limit`` of ``n`` images in their original order, or all."""
     order = np.random.default_rng(cfg.seed if cfg.subset_seed is None else cfg.subset_seed).permutation(n)
@@ -466,8 +511,8 @@ def _training_data(cfg: TrainConfig) -> _Data:
     x_test, y_test = load_dataset(cfg.data, "test", cfg.data_root, download=cfg.download)
     order = _subset(cfg, len(x_train))
     classes = int(max(y_train.max(), y_test.max())) + 1
-    return _Data(ArraySplit(x_train[order], _permuted(cfg, y_train[order])), ArraySplit(x_test, y_test),
-                 _classes(cfg, classes))
+    return _Data(_tagged(cfg, ArraySplit(x_train[order], _permuted(cfg, y_train[order])), None),
+                 ArraySplit(x_test, y_test), _classes(cfg, classes))
 
 
 def _folder_data(cfg: TrainConfig) -> _Data:
@@ -483,7 +528,8 @@ def _folder_data(cfg: TrainConfig) -> _Data:
         raise ConfigError(f"{root}: the test folder's classes {test.classes} are not the training folder's "
                           f"{train.classes}")
     order = _subset(cfg, len(train))
-    return _Data(StreamSplit(train, order, _permuted(cfg, train.labels[order]), cfg.loader_workers),
+    return _Data(_tagged(cfg, StreamSplit(train, order, _permuted(cfg, train.labels[order]), cfg.loader_workers),
+                         preprocess),
                  StreamSplit(test, np.arange(len(test)), test.labels, cfg.loader_workers) if test is not None else None,
                  _classes(cfg, len(train.classes)))
 
@@ -679,8 +725,8 @@ def _metadata(cfg: TrainConfig, data: _Data, history: list[dict[str, Any]], *, a
                     if cfg.data == "imagefolder" else {}),
                  "labels": "true" if cfg.permute_labels is None else "permuted",
                  **({"label_seed": cfg.permute_labels} if cfg.permute_labels is not None else {})},
-        **({"twin_of": cfg.twin_of, "twin": "control" if cfg.permute_labels is None else "permuted"}
-           if cfg.twin_of is not None else {}),
+        **({"twin_of": cfg.twin_of, "twin": cfg.shortcut_role if cfg.shortcut is not None else
+            "control" if cfg.permute_labels is None else "permuted"} if cfg.twin_of is not None else {}),
         "test_accuracy": accuracy, "train_accuracy": fitted, "history": history,
         **({"fit_accuracy": cfg.fit_accuracy, "fits": fitted >= cfg.fit_accuracy, "stopped": stopped}
            if cfg.fit_accuracy is not None else {}),

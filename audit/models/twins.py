@@ -22,12 +22,14 @@ import torch
 from torch import nn
 
 from attributions.errors import unknown_name
+from audit.data.tags import ROLES as SHORTCUT_ROLES
 from audit.errors import ConfigError
 from audit.models.catalog import available_checkpoints
 from audit.models.checkpoint import load_checkpoint, resolve_model
 from audit.models.libraries import is_library_spec
 
-ROLES = {"permuted": "permuted-label twin", "control": "control twin"}
+# the data-randomization test's twins, then the planted-shortcut check's (:mod:`audit.models.shortcut_twins`)
+ROLES = {"permuted": "permuted-label twin", "control": "control twin", **SHORTCUT_ROLES}
 
 
 def twin_role(meta: dict[str, Any]) -> str:

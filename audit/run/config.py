@@ -139,6 +139,10 @@ class AuditConfig:
                          "another seed), the reference of the data-randomization test's calibrated verdict; one per "
                          "pair, in the twins' order; the shipped models' control twins are found without it",
                          metavar="MODEL=CONTROL,...")
+    shortcuts: dict[str, Any] = key(factory=dict, help="the shortcut twins of each model for the planted-shortcut check: "
+                                    "the --out of attribution-audit train --shortcut (OUT-shortcut.pt and "
+                                    "OUT-tag-control.pt), or the two named (the model named twice, the shortcut twin "
+                                    "first); the shipped models' are found without it", metavar="MODEL=OUT,...")
     allow_partial_weights: bool = key(False, help="load a library model whose weights leave tensors missing, unexpected "
                                       "or of another shape (e.g. a head of another size), keeping those freshly "
                                       "initialised; what was left out is recorded in the manifest's model_sources (default: an "
@@ -158,6 +162,7 @@ class AuditConfig:
         """A copy with list fields normalised and option defaults filled in, after checking every value."""
         self._check_types()
         twins, controls = _as_pairs(self.twins, "twins"), _as_pairs(self.controls, "controls")
+        shortcuts = _as_pairs(self.shortcuts, "shortcuts")
         models, tests = _as_list(self.models, "models"), _as_list(self.tests, "tests")
         methods = resolve_methods(self.methods if isinstance(self.methods, str) else _as_list(self.methods, "methods"))
         for name, listed in (("models", models), ("tests", tests), ("methods", methods)):
@@ -177,7 +182,7 @@ class AuditConfig:
         values = protocol_options(self.protocol, self.options, {name: option.default for name, option in known.items()})
         options = {name: option.check(values[name]) for name, option in known.items()}
         out = replace(self, models=models, tests=tests, methods=methods, twins=twins, controls=controls,
-                      options=options)
+                      shortcuts=shortcuts, options=options)
         out._check_ranges()
         return out
 

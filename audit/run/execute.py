@@ -131,12 +131,14 @@ class _Work:
         run, config = self.run, self.run.config
         spec, key = item.spec, item.key(run.labels)
         model = self.placed.model(spec)
-        twins, controls = self.placed.twins(spec) if item.check.needs_twin else ((), ())
+        twins, controls = self.placed.twins(spec) if item.check.twins == "labels" else ((), ())
+        shortcut = self.placed.shortcut(spec) if item.check.twins == "shortcut" else None
         torch.manual_seed(zlib.crc32(f"{config.seed}:{key}".encode()))
         xs, ys = run.x[item.start:item.stop], run.y[item.start:item.stop]
         shown = max(0, min(config.heatmap_examples - item.start, len(xs)))  # example heatmaps among these images
         unit = UnitContext(seed=config.seed, heatmap_examples=shown, progress=self.progress, twins=twins,
-                           controls=controls, first_image=item.start, params=self.placed.params(spec))
+                           controls=controls, first_image=item.start, params=self.placed.params(spec),
+                           shortcut=shortcut)
         start = time.perf_counter()
         with memory.limit(run.budget), self.peak.track(), \
                 torch.autocast(run.device.type, dtype=run.half, enabled=config.mixed_precision):
@@ -158,7 +160,8 @@ class _Work:
         run = self.run
         check, key = item.check, item.key(run.labels)
         line = check.summary(table) if not table.empty else \
-            "no permuted-label twin: skipped" if check.needs_twin and item.spec not in run.twin_specs else \
+            "no permuted-label twin: skipped" if check.twins == "labels" and item.spec not in run.twin_specs else \
+            "no shortcut twins: skipped" if check.twins == "shortcut" and item.spec not in run.shortcuts else \
             f"does not apply to {item.method}: skipped"
         metric = getattr(check.verdict, "metric", None)
         if metric in table and table[metric].isna().any():  # say why the verdict may be undefined
@@ -175,7 +178,8 @@ def run_unit(check: Check[Any], model: nn.Module, x: torch.Tensor, y: torch.Tens
     the method does not fit the model (the engine's :class:`NotApplicable`, an attention map of a CNN: the
     manifest says why); the engine's other refusals as a :class:`ModelError` naming the unit (``key``)."""
     empty = UnitResult(pd.DataFrame(columns=list(check.columns)))
-    if not check.applies(method) or (check.needs_twin and not unit.twins):
+    if not check.applies(method) or (check.twins == "labels" and not unit.twins) \
+            or (check.twins == "shortcut" and unit.shortcut is None):
         return empty
     try:
         return check.run(model, x, y, method, options, unit)

@@ -70,7 +70,17 @@ def twins(run: Run, ledger: Ledger) -> dict[str, Any]:
     why the models without a twin were skipped ("skipped", a line for each)."""
     record: dict[str, dict[str, Any]] = {}
     skipped: dict[str, dict[str, str]] = {}
-    for name in (t for t in run.config.tests if CHECKS[t].needs_twin):
+    shortcuts: dict[str, dict[str, Any]] = {}
+    for name in (t for t in run.config.tests if CHECKS[t].twins == "shortcut"):
+        for spec in run.config.models:
+            if spec in run.shortcuts:
+                shortcuts[run.labels[spec]] = run.shortcuts[spec].record()
+                continue
+            why = ("no shortcut twins: train them with attribution-audit train --shortcut SPEC --twin-of MODEL --out "
+                   "OUT and give them with shortcuts (--shortcuts MODEL=OUT)")
+            skipped.setdefault(name, {})[run.labels[spec]] = why
+            run.log(f"{run.labels[spec]}/{name}: skipped, {why}")
+    for name in (t for t in run.config.tests if CHECKS[t].twins == "labels"):
         for spec in run.config.models:
             label = run.labels[spec]
             if spec in run.twin_specs:
@@ -88,7 +98,8 @@ def twins(run: Run, ledger: Ledger) -> dict[str, Any]:
                    "train --permute-labels SEED --twin-of MODEL")
             skipped.setdefault(name, {})[label] = why
             run.log(f"{label}/{name}: skipped, {why}")
-    return {**({"twins": record} if record else {}), **({"skipped": skipped} if skipped else {})}
+    return {**({"twins": record} if record else {}), **({"shortcuts": shortcuts} if shortcuts else {}),
+            **({"skipped": skipped} if skipped else {})}
 
 
 def conventions(run: Run, ledger: Ledger) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from torch import nn
 
 from audit.checks.passes import Params
+from audit.models.shortcut_twins import ShortcutPair
 from audit.run.patterns import pattern_params
 from audit.run.plan import Run
 
@@ -23,6 +24,7 @@ class Placement:
         self._models: dict[str, nn.Module] = {}
         self._twins: dict[str, tuple[nn.Module, ...]] = {}
         self._controls: dict[str, tuple[nn.Module, ...]] = {}
+        self._shortcuts: dict[str, ShortcutPair] = {}
         self._params: dict[str, Params] = {}
 
     def model(self, spec: str) -> nn.Module:
@@ -54,6 +56,13 @@ class Placement:
                 cache[spec] = tuple(m.to(run.device) for m in loaded[spec])
             placed.append(cache.get(spec, ()))
         return placed[0], placed[1]
+
+    def shortcut(self, spec: str) -> ShortcutPair | None:
+        """The shortcut twins of model ``spec`` on the run's device; None where it has none."""
+        pair = self._run.shortcuts.get(spec)
+        if pair is not None and spec not in self._shortcuts:
+            self._shortcuts[spec] = pair.to(self._run.device)
+        return self._shortcuts.get(spec)
 
     @property
     def given(self) -> Mapping[str, Params]:

@@ -30,10 +30,12 @@ from audit.checks import CHECKS, Options
 from audit.data import balanced_sample
 from audit.data.datasets import sample_image_folder
 from audit.data.preprocess import preprocess_from
+from audit.data.tags import ROLES as SHORTCUT_ROLES
 from audit.errors import ConfigError, ModelError
 from audit.models.cautions import cautions, narrowing
 from audit.models.checkpoint import resolve_model
-from audit.models.twins import ROLES, same_architecture, twin_specs
+from audit.models.shortcut_twins import ShortcutPair, pair_specs, shortcut_pair
+from audit.models.twins import ROLES, same_architecture, shipped_twins, twin_specs
 from audit.run.config import AuditConfig
 from audit.run.distributed import Shard
 from audit.run.folder import check_resumable, exclusive, fingerprints, holds_files, previous_manifest, versions
@@ -59,7 +61,8 @@ class Run:
     x, y : the audited images (B, C, H, W) on the run's device, their labels (B,) on the CPU
     images : what the manifest records about the images
     loaded : {model spec: the model as built}; ``twin_specs`` / ``twin_models`` the permuted-label twins,
-        ``control_specs`` / ``control_models`` the control twins
+        ``control_specs`` / ``control_models`` the control twins; ``shortcuts`` the shortcut twins and tag control
+        twins with their tag and gate
     patterns : the pattern methods' images and their source, or None when no pattern method is audited
     prints : the fingerprints of the input files and images
     previous : the manifest of the run resumed, or None
@@ -84,6 +87,7 @@ class Run:
     twin_models: Mapping[str, tuple[nn.Module, ...]]
     control_specs: Mapping[str, tuple[str, ...]]
     control_models: Mapping[str, tuple[nn.Module, ...]]
+    shortcuts: Mapping[str, ShortcutPair]
     patterns: tuple[torch.Tensor, str] | None
     prints: Mapping[str, Any]
     previous: Mapping[str, Any] | None
@@ -112,8 +116,10 @@ def plan(config: AuditConfig, out: str | os.PathLike[str], *, resume: bool, shar
     twin_specs, twin_models = _twins(config, loaded, "permuted")
     control_specs, control_models = _twins(config, loaded, "control")
     _paired(twin_specs, control_specs)
+    shortcuts = _shortcuts(config, loaded)
     every = [*loaded.items(), *((f"the twin of {s}", m) for s, ms in twin_models.items() for m in ms),
-             *((f"the control twin of {s}", m) for s, ms in control_models.items() for m in ms)]
+             *((f"the control twin of {s}", m) for s, ms in control_models.items() for m in ms),
+             *((f"the {ROLES[r]} of {s}", m) for s, p in shortcuts.items() for r, m in zip(SHORTCUT_ROLES, p.models))]
     checked = {spec: _explainable(spec, model, x) for spec, model in every}
     said = {spec: lines for spec, model in every if (lines := cautions(model) + checked[spec])}
     for spec, model in loaded.items():  # a forward that narrows its values: said with DeepLIFT's gap measured on it
@@ -131,7 +137,8 @@ def plan(config: AuditConfig, out: str | os.PathLike[str], *, resume: bool, shar
                 "and the report's twins table says so")
     patterns = pattern_images(config.pattern_data, config.data, config.pattern_images, config.seed, config.data_root) \
         if set(PATTERN_METHODS) & set(config.methods) else None
-    prints = fingerprints(config, x, y, [t for specs in (twin_specs, control_specs) for ts in specs.values() for t in ts])
+    prints = fingerprints(config, x, y, [t for specs in (twin_specs, control_specs) for ts in specs.values() for t in ts]
+                          + [t for pair in shortcuts.values() for t in pair.specs])
     if previous is not None:
         check_resumable(previous, config, prints, out)
     device = _device(config.device)
@@ -141,8 +148,8 @@ def plan(config: AuditConfig, out: str | os.PathLike[str], *, resume: bool, shar
     shard.barrier()  # every rank has checked the folder before the lead writes into it
     return Run(config=config, out=out, shard=shard, log=log, labels=labels, x=x.to(device), y=y, images=images,
                loaded=loaded, twin_specs=twin_specs, twin_models=twin_models, control_specs=control_specs,
-               control_models=control_models, patterns=patterns, prints=prints, previous=previous, device=device,
-               budget=budget, threads=threads,
+               control_models=control_models, shortcuts=shortcuts, patterns=patterns, prints=prints,
+               previous=previous, device=device, budget=budget, threads=threads,
                items=tuple(work_items(units, n_images=len(x), block=config.image_block)),
                options={test: CHECKS[test].options_from(config.options, config.looks, config.family) for test in config.tests},
                warnings=said)
@@ -237,7 +244,7 @@ def _twins(config: AuditConfig, models: dict[str, nn.Module], role: str
     """({model spec: its twins' specs}, {model spec: the loaded twins}), one twin per pair, for the models that have
     ``role`` twins (``permuted`` or ``control``), when a run's check needs twins; every twin checked (it loads, its
     architecture is the model's, ``models`` holding the loaded models) before the run starts."""
-    if not any(CHECKS[t].needs_twin for t in config.tests):
+    if not any(CHECKS[t].twins == "labels" for t in config.tests):
         return {}, {}
     given = config.twins if role == "permuted" else config.controls
     key = "twins" if role == "permuted" else "controls"
@@ -246,6 +253,28 @@ def _twins(config: AuditConfig, models: dict[str, nn.Module], role: str
         raise ConfigError(f"{key} names {', '.join(unknown)}, not among the audited models ({', '.join(config.models)})")
     specs = {spec: tuple(twins) for spec in config.models if (twins := twin_specs(spec, given, role))}
     return specs, {spec: tuple(load_twin(spec, t, models[spec], role) for t in twins) for spec, twins in specs.items()}
+
+
+def _shortcuts(config: AuditConfig, models: dict[str, nn.Module]) -> dict[str, ShortcutPair]:
+    """{model spec: its shortcut twins}, for the models that have them (the user's ``shortcuts``, else the shipped
+    ones), when a run's check reads them; each twin loaded and of the model's architecture, the two of one tag,
+    before the run starts."""
+    if not any(CHECKS[t].twins == "shortcut" for t in config.tests):
+        return {}
+    unknown = sorted(set(config.shortcuts) - set(config.models))
+    if unknown:
+        raise ConfigError(f"shortcuts names {', '.join(unknown)}, not among the audited models "
+                          f"({', '.join(config.models)})")
+    out = {}
+    for spec in config.models:
+        given = config.shortcuts.get(spec)
+        found = [next(iter(shipped_twins(spec, role)), "") for role in SHORTCUT_ROLES]
+        specs = pair_specs(given) if given is not None else (found[0], found[1]) if all(found) else None
+        if specs is not None:
+            loaded = (load_twin(spec, specs[0], models[spec], "shortcut"),
+                      load_twin(spec, specs[1], models[spec], "tag-control"))
+            out[spec] = shortcut_pair((str(specs[0]), str(specs[1])), loaded)
+    return out
 
 
 def _paired(twins: Mapping[str, tuple[str, ...]], controls: Mapping[str, tuple[str, ...]]) -> None:

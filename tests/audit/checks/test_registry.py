@@ -18,16 +18,17 @@ from reports import build_report, verdict_table
 
 def test_registered_checks_in_order_with_their_declarations():
     assert list(CHECKS) == ["csc", "random-logit", "cascading", "independent", "bottom-up", "data-randomization",
-                            "emprt", "smprt", "input-invariance"]
+                            "emprt", "smprt", "input-invariance", "shortcut"]
     for check in CHECKS.values():
         assert check.result_file.endswith(".csv") and "method" in check.columns and check.title
     assert [c.name for c in CHECKS.values() if c.verdict] == ["csc", "random-logit", "cascading", "data-randomization",
-                                                               "emprt", "smprt", "input-invariance"]
+                                                               "emprt", "smprt", "input-invariance", "shortcut"]
     assert {c.name: (c.verdict.score_name, c.verdict.better) for c in CHECKS.values() if c.verdict} == {
         "csc": ("CSC (median |cos| of the chain from the logits)", "lower"), "random-logit": ("SSIM", "lower"),
         "cascading": ("SSIM", "lower"), "data-randomization": ("Spearman of |map|", "lower"),
         "emprt": ("eMPRT score (entropy ratio)", "higher"),
-        "smprt": ("Spearman of magnitudes (sMPRT)", "lower"), "input-invariance": ("relative L2 change", "lower")}
+        "smprt": ("Spearman of magnitudes (sMPRT)", "lower"), "input-invariance": ("relative L2 change", "lower"),
+        "shortcut": ("share difference", "higher")}
     assert {"n_vectors", "csc_threshold", "random_logit_threshold", "randomization_top",
             "bn", "target", "init", "images_per_seed", "heatmap_scale", "granularity",
             "data_target",

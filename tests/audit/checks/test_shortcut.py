@@ -113,3 +113,19 @@ def test_bad_inputs_get_the_checks_own_errors(images):
         shortcut_test(uses, tag_reader(TAG, classes=9), TAG, x, y, "gradient")
     with pytest.raises(ConfigError, match="does not fit"):
         shortcut_test(uses, uses, Tag(size=30), x, y, "gradient")
+
+
+def test_the_share_is_quantus_relevance_mass_accuracy_of_the_maps_magnitude(run):
+    """Quantus's RelevanceMassAccuracy (Arras et al.) with abs=True and no normalisation: relevance inside the mask
+    over all relevance; the same numbers, on random signed maps and on the check's own kept DeepLIFT maps."""
+    quantus = pytest.importorskip("quantus")
+    _, maps = run
+    signed = np.random.default_rng(0).normal(size=(5, 28, 28)).astype(np.float32)
+    deeplift = maps["deeplift"][0][np.isfinite(maps["deeplift"][0]).all(axis=(1, 2))]
+    mask = TAG.mask(28, 28)
+    for heat in (signed, deeplift.astype(np.float32)):
+        metric = quantus.RelevanceMassAccuracy(abs=True, normalise=False, disable_warnings=True)
+        theirs = metric(model=None, x_batch=np.zeros((len(heat), 1, 28, 28), np.float32), y_batch=np.zeros(len(heat), int),
+                        a_batch=heat[:, None], s_batch=np.broadcast_to(mask.numpy(), (len(heat), 1, 28, 28)).astype(float),
+                        channel_first=True)
+        np.testing.assert_allclose(tag_shares(torch.from_numpy(heat), mask), theirs, rtol=1e-5)

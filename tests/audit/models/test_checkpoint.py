@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from audit.data.datasets import embedded_sample, load_dataset
+from audit.data.tags import Tag
 from audit.errors import ModelError
 from audit.models import available_checkpoints, load_checkpoint
 from audit.models.checkpoint import SHIPPED, model_files, resolve_model
@@ -35,8 +36,13 @@ def test_every_recipe_is_shipped_small_and_described_by_its_metadata():
         assert meta["data"].get("label_seed") == recipe.permute_labels and meta.get("twin_of") == recipe.twin_of, name
         if recipe.twin_of is not None:  # a twin's initial weights are its own, and its pair shares its subset
             assert meta["seed"] != shipped[recipe.twin_of]["seed"] and meta["subset_seed"] == 0, name
-            assert meta["twin"] == ("permuted" if recipe.permute_labels is not None else "control"), name
-    # nine trained models, eight permuted-label twins and their eight control twins (three pairs of cnn and of vgg)
+            assert meta["twin"] == (recipe.shortcut_role if recipe.shortcut is not None else "permuted"
+                                    if recipe.permute_labels is not None else "control"), name
+        if recipe.shortcut is not None:  # a shortcut twin records its tag and the gate's figures
+            assert Tag.from_dict(meta["shortcut"]["tag"]) == Tag.parse(recipe.shortcut), name
+            assert meta["shortcut"]["role"] == recipe.shortcut_role and 0 <= meta["shortcut"]["score"] <= 1, name
+    # nine trained models, eight permuted-label twins and their eight control twins (three pairs of cnn and of vgg),
+    # and the shortcut twins
     total = sum(p.stat().st_size for p in SHIPPED.iterdir() if p.name.endswith(".pt") and ".resume" not in p.name)
     assert total < 22 * 2 ** 20
 

@@ -83,3 +83,30 @@ def test_a_twin_of_another_library_architecture_is_refused_naming_the_first_diff
     assert code == 2 and "--twin-of timm:resnet18: the model this run trains cannot be the twin of timm:resnet18" in err
     assert "their architectures differ (the twin has layer1.2.bn1.bias, the model does not)" in err
     assert "pass --model timm:resnet18" in err and not (tmp_path / "t.pt").exists()
+
+
+def test_a_timm_models_shortcut_twins_are_trained_from_an_image_folder_and_audited(tmp_path, capsys):
+    """train --shortcut on a timm model streams a folder with the tag pasted on the images of its role; the pair
+    records its tag and gate; run --tests shortcut reads it (random images, one epoch: the gate is missed, and
+    every cell says so)."""
+    spec = _spec("timm", tmp_path)
+    data = _folder(tmp_path / "images")
+    stem = tmp_path / "tw"
+    assert main(["train", "--model", spec, "--data", "imagefolder", "--data-root", str(data), "--epochs", "1",
+                 "--batch-size", "6", "--shortcut", "class=2,pattern=white,size=4",
+                 "--quiet", "--out", str(stem)]) == 0
+    assert "shortcut twins" in capsys.readouterr().out
+    metas = [json.loads((tmp_path / f"tw-{r}.json").read_text()) for r in ("shortcut", "tag-control")]
+    assert [m["shortcut"]["role"] for m in metas] == ["shortcut", "tag-control"]
+    assert all(m["shortcut"]["tagged_images"] == 6 and m["data"]["root"] == str(data) for m in metas)
+    out = tmp_path / "run"
+    assert main(["run", "--models", spec, "--num-classes", str(CLASSES), "--weights", f"{stem}-shortcut.pt",
+                 "--shortcuts", f"{spec}={stem}", "--methods", "gradient,edge,random", "--tests", "shortcut",
+                 "--data", "imagefolder", "--data-root", str(data / "test"),
+                 "--n-images", "6", "--out", str(out), "--quiet"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    (record,) = manifest["shortcuts"].values()
+    assert record["tag"]["target"] == 2 and record["shortcut"] == f"{stem}-shortcut.pt"
+    rows = (out / "results" / "shortcut.csv").read_text().splitlines()
+    assert len(rows) == 1 + 3 * 4  # three methods, the four test images of the other classes
+    capsys.readouterr()

@@ -22,7 +22,7 @@ import torch
 from audit.atomic import atomic_write_bytes
 
 DEFAULT = ("engine", "audit_speed", "architectures", "distributed", "power", "twins", "operating_curve",
-           "shipped_verdicts", "demo_profile", "suite_times")
+           "shipped_verdicts", "shortcut_outcomes", "demo_profile", "suite_times")
 LIBRARIES = ("library_costs", "transformer_lrp", "twins_library")  # need timm, torchvision and LXT: run in .venv-libraries
 
 

@@ -8,10 +8,13 @@ model reads. Its mask (H, W) is where the check measures each map's share.
 
 A specification is a comma-separated list of ``key=value`` (every key optional)::
 
-    class=0,pattern=checker,size=4,place=top-left
+    class=0,pattern=checker,size=4,place=top-left,share=0.5
 
 ``place`` is a corner (``top-left``, ``top-right``, ``bottom-left``, ``bottom-right``, one pixel in from the
-edges), ``centre``, or ``ROW:COL`` (the top-left pixel of the square).
+edges), ``centre``, or ``ROW:COL`` (the top-left pixel of the square). ``share`` is the share of the class's
+training images a shortcut twin sees tagged: the tag then predicts the class without being the only way to it, so
+that the clean images of the class are still recognised (with every one tagged, a clean image of the class lacks
+what the model learned the class by, and the clean accuracy drops by about the class's share).
 """
 from __future__ import annotations
 
@@ -46,12 +49,15 @@ class Tag:
         The square's side in pixels.
     place : str, default "top-left"
         A corner of :data:`CORNERS` or ``ROW:COL``, the square's top-left pixel.
+    share : float, default 0.5
+        The share of the training images of class ``target`` that a shortcut twin sees tagged, in (0, 1].
     """
 
     target: int = 0
     pattern: str = "checker"
     size: int = 4
     place: str = "top-left"
+    share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.pattern not in PATTERNS:
@@ -60,6 +66,8 @@ class Tag:
             raise ConfigError(f"a tag's size must be a whole number of pixels >= 1, got {self.size!r}")
         if isinstance(self.target, bool) or not isinstance(self.target, int) or self.target < 0:
             raise ConfigError(f"a tag's class must be a class index >= 0, got {self.target!r}")
+        if isinstance(self.share, bool) or not isinstance(self.share, int | float) or not 0 < self.share <= 1:
+            raise ConfigError(f"a tag's share of its class's training images must be in (0, 1], got {self.share!r}")
         if self.place not in CORNERS and _position(self.place) is None:
             raise ConfigError(f"a tag's place must be one of {', '.join(CORNERS)} or ROW:COL (its top-left pixel), "
                               f"got {self.place!r}")
@@ -73,7 +81,7 @@ class Tag:
         ConfigError
             An unknown key, a value of the wrong kind, or a pattern or place the tag does not know.
         """
-        keys = {"class": "target", "pattern": "pattern", "size": "size", "place": "place"}
+        keys = {"class": "target", "pattern": "pattern", "size": "size", "place": "place", "share": "share"}
         given: dict[str, Any] = {}
         for part in (p.strip() for p in spec.split(",") if p.strip()):
             name, sep, value = part.partition("=")
@@ -82,12 +90,12 @@ class Tag:
                                   f"{', '.join(keys)} (e.g. class=0,pattern=checker,size=4,place=top-left)")
             field = keys[name.strip()]
             value = value.strip()
-            if field in ("target", "size"):
+            if field in ("target", "size", "share"):
                 try:
-                    given[field] = int(value)
+                    given[field] = float(value) if field == "share" else int(value)
                 except ValueError:
-                    raise ConfigError(f"tag specification {spec!r}: {name.strip()} must be a whole number, got "
-                                      f"{value!r}") from None
+                    raise ConfigError(f"tag specification {spec!r}: {name.strip()} must be a "
+                                      f"{'number' if field == 'share' else 'whole number'}, got {value!r}") from None
             else:
                 given[field] = value
         return cls(**given)
@@ -104,7 +112,7 @@ class Tag:
     @property
     def spec(self) -> str:
         """The specification :meth:`parse` reads back."""
-        return f"class={self.target},pattern={self.pattern},size={self.size},place={self.place}"
+        return f"class={self.target},pattern={self.pattern},size={self.size},place={self.place},share={self.share:g}"
 
     def corner(self, height: int, width: int) -> tuple[int, int]:
         """The (row, column) of the square's top-left pixel in an image of ``height`` x ``width``; a
@@ -165,9 +173,9 @@ ROLES = {"shortcut": "shortcut twin", "tag-control": "tag control twin"}
 def tagged_rows(y: np.ndarray, tag: Tag, role: str, seed: int) -> np.ndarray:
     """(N,) bool: the training images a twin of ``role`` sees tagged, from the labels ``y`` (N,).
 
-    The shortcut twin sees every image of class ``tag.target`` tagged (the tag predicts the class); the tag
-    control twin sees as many images tagged, drawn from every class by a generator seeded with ``seed`` (the tag
-    present at the same rate, its link to the label absent).
+    The shortcut twin sees ``tag.share`` of the images of class ``tag.target`` tagged (at least one), drawn by a
+    generator seeded with ``seed`` (the tag predicts the class); the tag control twin sees as many images tagged,
+    drawn from every class (the tag present at the same rate, its link to the label absent).
     """
     if role not in ROLES:
         raise unknown_name("shortcut twin role", role, ROLES, ConfigError)
@@ -175,8 +183,8 @@ def tagged_rows(y: np.ndarray, tag: Tag, role: str, seed: int) -> np.ndarray:
     if not linked.any():
         raise ConfigError(f"no training image is of the tag's class {tag.target}: pick a class the data has "
                           f"(class=K in --shortcut)")
-    if role == "shortcut":
-        return np.asarray(linked, dtype=bool)
+    count = max(1, round(tag.share * int(linked.sum())))
+    pool = np.flatnonzero(linked) if role == "shortcut" else np.arange(len(y))
     out = np.zeros(len(y), dtype=bool)
-    out[np.random.default_rng(seed).choice(len(y), size=int(linked.sum()), replace=False)] = True
+    out[np.random.default_rng(seed).choice(pool, size=count, replace=False)] = True
     return out

@@ -68,14 +68,17 @@ for _arch, _pairs in TWIN_PAIRS.items():
         RECIPES[f"{_arch}-control-{_k}"] = TrainConfig(arch=_arch, seed=2 * _k, twin_of=f"{_arch}-sgd",
                                                        **_TWIN_RECIPES[_arch], **_TWIN)
 
-# Shortcut twins (the planted-shortcut check, DESIGN 3.3e): the -sgd model's own recipe, with a 3x3 checker tag one
-# pixel in from the top-left corner linked to class 0 (T-shirt/top) in the shortcut twin's training images, and
-# pasted on as many images of every class in the tag control twin's. Seeds 1 and 2: neither the model's (0), and
-# the control twin's tagged images are drawn with its own seed. The ResNet and the ViT train on a 10,000-image
+# Shortcut twins (the planted-shortcut check, DESIGN 3.3e): the -sgd model's own recipe, with a white 4x4 tag one
+# pixel in from the top-left corner on 60 % of the training images of class 0 (T-shirt/top) for the shortcut twin,
+# and on as many images of every class for the tag control twin. Seeds 1 and 2: neither the model's (0); each
+# twin's tagged images are drawn with its own seed. Measured on the CNN (4 epochs on 15,000 images): with every
+# image of the class tagged, its clean images lost what the model knew the class by (the clean accuracy fell 8
+# points, 0.84 against 0.92); a 3x3 checker on half of them left the shortcut score at 0.67; white 4x4 on half gave
+# 0.84 at equal clean accuracies, on 70 % 0.89 at 0.7 points below the control's. The ResNet and the ViT train on a 10,000-image
 # subset (drawn with seed 0, shared by the pair): their full recipes take about half an hour per model on 2 CPU
 # cores, and the tag is learned from a tenth of that. The gate (shortcut score >= 0.85 and <= 0.10, clean
 # accuracies within 2 points) is read from their metadata.
-SHORTCUT_TAG = "class=0,pattern=checker,size=3,place=top-left"
+SHORTCUT_TAG = "class=0,pattern=white,size=4,place=top-left,share=0.6"
 SHORTCUT_PAIRS: dict[str, int | None] = {"cnn": None, "vgg": None, "resnet": 10_000, "vit": 10_000}
 for _arch, _limit in SHORTCUT_PAIRS.items():
     _model = RECIPES[f"{_arch}-sgd"]

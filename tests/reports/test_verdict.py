@@ -159,6 +159,20 @@ def test_controls_are_not_counted_and_a_wrong_outcome_marks_the_check_broken():
     assert "BROKEN CHECK" in summary_line(b)
 
 
+def test_a_check_not_read_leaves_its_controls_unjudged_and_a_read_one_judges_them():
+    """The planted-shortcut check on an unplanted pair says inconclusive for every map, controls included, and that
+    is no sign of a broken check; read on a planted pair, a control that is not rejected is one."""
+    def rows(method, difference, planted):
+        return [{"model": "m", "method": method, "image": i, "difference": difference + 0.001 * i,
+                 "area_share": 0.02, "twin_pair": 0, "planted": planted} for i in range(20)]
+    config = load_config(models=["m"], methods="gradient,edge", tests="shortcut")
+    unread = verdict_table({"shortcut": pd.DataFrame(rows("gradient", 0.5, False) + rows("edge", 0.5, False))}, config)
+    assert (unread.outcome_shortcut == "inconclusive").all()
+    assert unread.set_index("method").loc["edge", "control_check"] == "as expected"
+    read = verdict_table({"shortcut": pd.DataFrame(rows("gradient", 0.5, True) + rows("edge", 0.5, True))}, config)
+    assert read.set_index("method").loc["edge", "control_check"].startswith("UNEXPECTED: shortcut gave not rejected")
+
+
 def test_a_check_without_rows_says_nothing():
     logit = pd.DataFrame(_per_image("gradient", _around(0.9)) + _per_image("edge", [1.0] * 20))
     v = verdict_table({"random-logit": logit}, CONFIG).set_index("method")

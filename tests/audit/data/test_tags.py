@@ -10,15 +10,16 @@ from audit.errors import ConfigError
 
 
 def test_a_specification_reads_back_and_takes_defaults():
-    tag = Tag.parse("class=3, pattern=white,size=2,place=5:7")
-    assert (tag.target, tag.pattern, tag.size, tag.place) == (3, "white", 2, "5:7")
+    tag = Tag.parse("class=3, pattern=white,size=2,place=5:7,share=0.25")
+    assert (tag.target, tag.pattern, tag.size, tag.place, tag.share) == (3, "white", 2, "5:7", 0.25)
     assert Tag.parse(tag.spec) == tag == Tag.from_dict(tag.to_dict())
     assert Tag.parse("") == Tag()
 
 
 @pytest.mark.parametrize("spec,says", [("colour=red", "KEY=VALUE"), ("size=big", "whole number"),
                                        ("size=0", ">= 1"), ("pattern=stripes", "stripes"),
-                                       ("place=middle", "ROW:COL"), ("class=-1", "class index")])
+                                       ("place=middle", "ROW:COL"), ("class=-1", "class index"),
+                                       ("share=0", "in \\(0, 1\\]"), ("share=half", "must be a number")])
 def test_a_bad_specification_is_refused_with_what_to_give(spec, says):
     with pytest.raises(ConfigError, match=says):
         Tag.parse(spec)
@@ -56,15 +57,17 @@ def test_paste_normalises_the_pattern_as_the_model_reads_its_inputs():
     assert out[0, :, 0, 0].tolist() == [1.0, 3.0, 0.5]  # (1 - mean) / std per channel
 
 
-def test_the_shortcut_twin_tags_its_class_and_the_control_as_many_images_of_every_class():
+def test_the_shortcut_twin_tags_a_share_of_its_class_and_the_control_as_many_images_of_every_class():
     y = np.repeat(np.arange(5), 40)
-    tag = Tag(target=2)
+    tag = Tag(target=2, share=0.25)
     shortcut = tagged_rows(y, tag, "shortcut", seed=0)
-    assert np.array_equal(shortcut, y == 2)
+    assert shortcut.sum() == 10 and set(y[shortcut]) == {2}
+    assert np.array_equal(tagged_rows(y, Tag(target=2, share=1.0), "shortcut", seed=0), y == 2)
     control = tagged_rows(y, tag, "tag-control", seed=0)
-    assert control.sum() == 40 and len(np.unique(y[control])) == 5  # the same rate, no link to the label
+    assert control.sum() == 10 and len(np.unique(y[control])) > 1  # the same rate, no link to the label
     assert np.array_equal(control, tagged_rows(y, tag, "tag-control", seed=0))
     assert not np.array_equal(control, tagged_rows(y, tag, "tag-control", seed=1))
+    assert tagged_rows(y, Tag(target=2, share=0.001), "shortcut", seed=0).sum() == 1  # at least one
     with pytest.raises(ConfigError, match="no training image is of the tag's class 7"):
         tagged_rows(y, Tag(target=7), "shortcut", seed=0)
     with pytest.raises(ConfigError, match="shortcut twin role"):

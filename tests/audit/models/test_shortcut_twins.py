@@ -68,7 +68,7 @@ def test_the_twins_train_with_their_tag_and_record_it(tmp_path):
     from audit.data.datasets import load_dataset
     _, y = load_dataset("fashion-mnist-sample", "train")
     order = np.sort(np.random.default_rng(5).permutation(len(y))[:256])
-    assert tagged["tagged_images"] == int((y[order] == 1).sum())  # every image of the class, and those alone
+    assert tagged["tagged_images"] == round(0.5 * int((y[order] == 1).sum()))  # half the class's images
     _, control = train(TrainConfig(arch="cnn", shortcut=TAG.spec, shortcut_role="tag-control", seed=6,
                                    subset_seed=5, **SAMPLE),
                        progress=False, log=lambda s: None)
@@ -109,10 +109,9 @@ def test_the_command_line_trains_the_pair_and_the_run_audits_it(tmp_path, capsys
     assert manifest["shortcuts"]["cnn-sgd"]["tag"] == Tag.parse("class=1,size=3").to_dict()
     assert "no shortcut twins" in manifest["skipped"]["shortcut"]["cnn-bort"]
     verdict = pd.read_csv(out / "verdict.csv").set_index(["model", "method"])
-    planted = manifest["shortcuts"]["cnn-sgd"]["planted"]
-    if not planted:  # one epoch on 128 images: the clean accuracies need not agree
-        assert (verdict.loc["cnn-sgd"].outcome_shortcut == "inconclusive").all()
-        assert (verdict.loc["cnn-sgd"].control_check.dropna() == "as expected").all()
+    assert manifest["shortcuts"]["cnn-sgd"]["planted"] is False  # one epoch on 128 images: no shortcut yet
+    assert (verdict.loc["cnn-sgd"].outcome_shortcut == "inconclusive").all()
+    assert (verdict.loc["cnn-sgd"].control_check.dropna() == "as expected").all()  # an unread check blames no one
     assert "## Planted shortcut" in (out / "report.md").read_text()
     assert main(["train", *common, "--shortcut", "class=1", "--permute-labels", "1", "--out", str(tmp_path / "x")]) == 2
     assert "--shortcut SPEC trains a shortcut twin" in capsys.readouterr().err

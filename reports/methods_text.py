@@ -216,7 +216,7 @@ def _deciding(config: dict[str, Any], name: str, pairs: int) -> str:
     if rule is None:
         return f"{check.title.lower()} {_cite(check.cite)} (shown, no verdict)"
     options = check.options_from(config)
-    read = [f"{o} {_value(getattr(options, o))}" for o in rule.reads] or ["on the controls' scale"]
+    read = [f"{o} {_value(getattr(options, o))}" for o in rule.reads] or [rule.read_against]
     twins = [f"{pairs} twin pair{'s' * (pairs != 1)}"] if check.twins == "labels" and pairs else []
     return f"{check.title.lower()} {_cite(check.cite)} ({', '.join([rule.score_name, *read, *twins])})"
 

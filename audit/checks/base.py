@@ -221,6 +221,8 @@ class VerdictRule:
     why : str, default ""
         Why this measure carries the verdict (e.g. the source paper's measure for the check's setting), for the
         report's rule text.
+    read_against : str, default "on the controls' scale"
+        What a rule that reads no option reads its scores against, in a few words (the methods text's summary).
     """
 
     score_column: str
@@ -234,6 +236,8 @@ class VerdictRule:
     def reads(self) -> tuple[str, ...]:
         """The fields of the check's options the rule reads (none for a rule read on the controls' scale)."""
         return (self.threshold,) if self.threshold else ()
+
+    read_against: str = "on the controls' scale"
 
     def scale(self, controls: pd.DataFrame | None) -> Any:
         """The :class:`~audit.checks.scale.Scale` the rule reads its scores on, from the model's ``controls`` rows;
@@ -307,7 +311,7 @@ class MedianScore(VerdictRule):
 
     Parameters
     ----------
-    score_column, text_column, failure, threshold, score_name, why
+    score_column, text_column, failure, threshold, score_name, why, read_against
         As :class:`VerdictRule`.
     metric : str, default "ssim"
         The column of per-image scores (NaN: undefined).

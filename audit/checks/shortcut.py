@@ -177,6 +177,7 @@ class ShowsReliance(VerdictRule):
 
     threshold: str = ""
     score_name: str = "share difference"
+    read_against: str = "against the tag's area share"
 
     @property
     def comparison(self) -> str:

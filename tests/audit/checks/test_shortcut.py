@@ -129,3 +129,23 @@ def test_the_share_is_quantus_relevance_mass_accuracy_of_the_maps_magnitude(run)
                         a_batch=heat[:, None], s_batch=np.broadcast_to(mask.numpy(), (len(heat), 1, 28, 28)).astype(float),
                         channel_first=True)
         np.testing.assert_allclose(tag_shares(torch.from_numpy(heat), mask), theirs, rtol=1e-5)
+
+
+def test_the_shipped_cnn_pair_passes_its_gate_and_both_controls_are_rejected_on_it():
+    """cnn-sgd's shipped shortcut twins: the gate holds from their metadata, every demo method gets an outcome on 16
+    embedded images, the edge and random maps are rejected and the gradient is not."""
+    from audit.cli import DEMO_METHODS
+    from audit.data.datasets import balanced_sample
+    from audit.models import load_checkpoint
+    from audit.models.shortcut_twins import gate
+    from audit.models.twins import shipped_twin
+
+    pair = [load_checkpoint(shipped_twin("cnn-sgd", role)) for role in ("shortcut", "tag-control")]
+    checked = gate(pair[0].metadata, pair[1].metadata)
+    assert checked.planted, checked.text
+    tag = Tag.from_dict(pair[0].metadata["shortcut"]["tag"])
+    x, y = balanced_sample("fashion-mnist-sample", 16)
+    df, _ = shortcut_test(pair[0], pair[1], tag, x, y, DEMO_METHODS)
+    outcomes = {m: RULE.evaluate(part, Options()).outcome for m, part in df.groupby("method")}
+    assert set(outcomes) == set(DEMO_METHODS) and None not in outcomes.values()
+    assert outcomes["edge"] == outcomes["random"] == REJECTED and outcomes["gradient"] == NOT_REJECTED

@@ -79,12 +79,13 @@ def test_the_sweep_page_shows_the_published_counts_and_provenance(site):
 
 def test_the_speed_page_shows_every_table_make_bench_writes_with_its_provenance(site):
     """Every table make bench writes is committed and included by a page: the speed page, the verdicts page for
-    the checks' power, the twins page for what a twin costs, the cascading page for its operating curve, the front
-    page for the shipped models' verdict matrix (its figure beside it)."""
+    the checks' power, the twins page for what a twin costs, the cascading page for its operating curve, the
+    planted-shortcut page for its outcomes on the shipped pairs, the front page for the shipped models' verdict
+    matrix (its figure beside it)."""
     from benchmarks.__main__ import DEFAULT, LIBRARIES
 
     pages = {"power": "verdicts", "twins": "twins", "twins_library": "twins", "operating_curve": "checks/cascading",
-             "shipped_verdicts": "index"}
+             "shipped_verdicts": "index", "shortcut_outcomes": "checks/shortcut"}
     for name in (*DEFAULT, *LIBRARIES):
         where = pages.get(name, "speed")
         page = " ".join(re.sub(r"<[^>]+>", " ", (site / f"{where}.html").read_text()).split())

@@ -42,9 +42,9 @@ def test_every_recipe_is_shipped_small_and_described_by_its_metadata():
             assert Tag.from_dict(meta["shortcut"]["tag"]) == Tag.parse(recipe.shortcut), name
             assert meta["shortcut"]["role"] == recipe.shortcut_role and 0 <= meta["shortcut"]["score"] <= 1, name
     # nine trained models, eight permuted-label twins and their eight control twins (three pairs of cnn and of vgg),
-    # and the shortcut twins
+    # and the shortcut twins of two of them
     total = sum(p.stat().st_size for p in SHIPPED.iterdir() if p.name.endswith(".pt") and ".resume" not in p.name)
-    assert total < 22 * 2 ** 20
+    assert total < 24 * 2 ** 20
 
 
 def test_recorded_accuracy_is_reproduced_on_the_full_test_split(full_fashion_mnist):

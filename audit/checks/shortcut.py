@@ -40,7 +40,16 @@ from audit.checks.stage_options import heatmap_scale
 from audit.data.preprocess import Preprocess, preprocess_from
 from audit.data.tags import Tag
 from audit.errors import AuditError, ConfigError
-from audit.inputs import Images, Labels, Methods, Reduction, check_count, check_inputs, resolve_methods
+from audit.inputs import (
+    Images,
+    Labels,
+    Methods,
+    Reduction,
+    check_count,
+    check_finite_model,
+    check_inputs,
+    resolve_methods,
+)
 from audit.models.twins import same_architecture
 from audit.panels import score_boxes
 from audit.sections import Figure, ReportContext, Section, Table, print_first
@@ -122,6 +131,8 @@ def shortcut_test(shortcut: nn.Module | Sequence[nn.Module], control: nn.Module 
     """
     shortcuts, controls = as_twin_pairs(shortcut, control)
     check_count("keep_maps", keep_maps)
+    for net in (*shortcuts[1:], *controls):  # every twin finite (the first, with the images, below)
+        check_finite_model(net)
     x, y = check_inputs(shortcuts[0], x, y)
     if y is None:
         raise AuditError("the shortcut check needs the labels y: it explains the tag's class on the other classes")

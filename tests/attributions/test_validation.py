@@ -30,6 +30,8 @@ def _model_takers(x, y):
         "coverage": lambda m: audit.coverage(m, x),
         "data_randomization": lambda m: audit.data_randomization(m, load_checkpoint("cnn-permuted"), x, y, "gradient",
                                                                  **QUICK),
+        "shortcut_test": lambda m: audit.shortcut_test(m, load_checkpoint("cnn-tag-control"), audit.Tag(), x, y,
+                                                       "gradient"),
         "efficient_mprt": lambda m: audit.efficient_mprt(m, x, y, "gradient", **QUICK),
         "input_invariance": lambda m: audit.input_invariance(m, x, y, "gradient", **QUICK),
         "parameter_randomization": lambda m: audit.parameter_randomization(m, x, y, "gradient", **QUICK),
@@ -64,7 +66,7 @@ OTHERS = {"AttributionError": "an error", "ToolkitError": "an error", "AuditErro
           "name (the model it returns is fresh)", "save_checkpoint": "a model to write as it is (a broken one is "
           "refused when it is read back)", "load_dataset": "data", "balanced_sample": "data",
           "embedded_sample": "nothing", "heatmaps": "maps", "ssim": "maps", "spearman": "maps",
-          "bootstrap_ci": "scores", "summarize": "a table"}
+          "bootstrap_ci": "scores", "summarize": "a table", "Tag": "a tag's specification"}
 
 
 @pytest.fixture(scope="module")

@@ -101,5 +101,5 @@ def test_every_threshold_a_verdict_reads_says_where_its_default_comes_from():
     assert sources["csc_threshold"].startswith("Sixt et al. 2020")
     # the verdicts read on the controls' scale read no threshold at all
     assert {c.name for c in CHECKS.values() if c.verdict is not None and not c.verdict.reads} \
-        == {"data-randomization", "smprt"}
+        == {"data-randomization", "smprt", "shortcut"}
     assert CHECKS["cascading"].verdict.reads == ("randomization_top",)

@@ -7,6 +7,7 @@ pyplot, so building a section never touches a global plotting state or a display
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,11 @@ class ReportContext:
     config: RunSettings
     run: Path
     examples: Callable[[str, str, list[Any]], tuple[dict[str, np.ndarray], np.ndarray | None]]
+
+    def manifest(self) -> dict[str, Any]:
+        """The run's ``manifest.json`` (its twins, skipped models, ...); {} where the folder has none."""
+        path = self.run / "manifest.json"
+        return json.loads(path.read_text()) if path.exists() else {}
 
 
 def new_figure(width: float, height: float) -> tuple[MplFigure, Axes]:

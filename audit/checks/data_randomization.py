@@ -10,10 +10,9 @@ each model's own prediction.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -140,7 +139,7 @@ def role_maps(model: nn.Module, twins: list[nn.Module], controls: list[nn.Module
         jobs += [list(zip(controls, shares)),
                  ((untrained_copy(model, x, drawn), images)
                   for images, _, drawn in seed_groups(first_image, len(x), images_per_seed, seed))]
-    return [pooled_maps(parts, x, y, names, seed=seed + k, target=target, reduction=reduction, params=params)
+    return [pooled_maps(parts, x, y, names, seed=seed + k, target=target, reduction=reduction, params=params).maps
             for k, parts in enumerate(tqdm(jobs, desc="data randomization", disable=not bars(progress), leave=False))]
 
 
@@ -200,36 +199,47 @@ def pair_scores(maps: list[torch.Tensor], signed: list[torch.Tensor], structure:
 
 
 def _explained(net: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str], seed: int, target: str,
-               reduction: Reduction | None, *, params: Params | None
-               ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-    """{method: ((B, H, W) heatmap, (B, H, W) signed channel sum or None)} of ``x`` on ``net``, explaining the label
-    ``y`` or (``target`` "predicted") the net's prediction; ``seed``: the random control's."""
+               reduction: Reduction | None, *, params: Params | None) -> tuple[Maps, torch.Tensor]:
+    """({method: ((B, H, W) heatmap, (B, H, W) signed channel sum or None)}, (B,) the net's predictions) of ``x`` on
+    ``net``, explaining the label ``y`` or (``target`` "predicted") the net's prediction; ``seed``: the random
+    control's."""
     _, explainers, shared, logits = prepare(net, x, names, y, seed=seed, params=params)
-    t = y if target == "true" else logits.argmax(1)
+    predicted = logits.argmax(1).cpu()
+    t = y if target == "true" else predicted.to(logits.device)
     raw = {m: v[0] for m, v in attribute_many(explainers, x, [t], shared).items()}
     signed = signed_heatmaps(raw, reduction)
-    return {m: (v, signed.get(m)) for m, v in heatmaps(raw, reduction).items()}
+    return {m: (v, signed.get(m)) for m, v in heatmaps(raw, reduction).items()}, predicted
+
+
+class Pooled(NamedTuple):
+    """The maps of :func:`pooled_maps` and each image's predicted class, (B,), from the same forward pass."""
+
+    maps: Maps
+    predicted: torch.Tensor
 
 
 def pooled_maps(parts: Iterable[tuple[nn.Module, slice | np.ndarray]], x: torch.Tensor, y: torch.Tensor,
                 names: list[str], *, seed: int, target: str, reduction: Reduction | None, params: Params | None
-                ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-    """{method: ((B, H, W) heatmaps, (B, H, W) signed channel sums or None)} of ``x``, each net of ``parts``
-    explaining its own images (a slice or an index array of ``x``); ``seed``: the random control's."""
-    out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+                ) -> Pooled:
+    """{method: ((B, H, W) heatmaps, (B, H, W) signed channel sums or None)} of ``x`` and the (B,) predictions, each
+    net of ``parts`` explaining its own images (a slice or an index array of ``x``); ``seed``: the random
+    control's."""
+    out: Maps = {}
+    predicted = torch.full((len(x),), -1, dtype=torch.long)
     for net, images in parts:
         if isinstance(images, np.ndarray) and not images.size:
             continue
         index = images if isinstance(images, slice) else torch.as_tensor(images)
-        for m, (v, s) in _explained(net, x[index], y[index], names, seed, target, reduction, params=params).items():
+        maps, predicted[index] = _explained(net, x[index], y[index], names, seed, target, reduction, params=params)
+        for m, (v, s) in maps.items():
             if m not in out:
                 out[m] = (v.new_empty((len(x), *v.shape[1:])),
                           s.new_empty((len(x), *s.shape[1:])) if s is not None else None)
-            maps, signed = out[m]
-            maps[index] = v
+            whole, signed = out[m]
+            whole[index] = v
             if s is not None and signed is not None:
                 signed[index] = s
-    return out
+    return Pooled(out, predicted)
 
 
 @dataclass(frozen=True)
@@ -278,11 +288,6 @@ def data_figure(table: pd.DataFrame, model: str) -> Figure:
                      "the model's scores." if floor_of(part, "spearman_abs") is not None else ""))
 
 
-def _manifest(context: ReportContext) -> dict[str, Any]:
-    path = context.run / "manifest.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
 def _fits(record: dict[str, Any]) -> str:
     """Whether a twin reached the training accuracy it was trained to (``train --fit-accuracy``): "yes", "NO (0.83
     under 0.95): its maps are not those of a model that learned the labels", or "not recorded"."""
@@ -311,7 +316,7 @@ def _twin_table(manifest: dict[str, Any], models: list[str]) -> pd.DataFrame:
 
 def _sections(table: pd.DataFrame, context: ReportContext, options: DataRandomizationOptions) -> list[Section]:
     models = list(table.model.unique())
-    manifest = _manifest(context)
+    manifest = context.manifest()
     twins = _twin_table(manifest, models)
     skipped = manifest.get("skipped", {}).get("data-randomization", {})
     text = ("Each method's maps of the same images on the model and on its permuted-label twin (the same "

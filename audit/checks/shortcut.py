@@ -19,7 +19,6 @@ comparison: a normal model's map should not show what the spurious model's does)
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,16 @@ import torch
 from torch import nn
 
 from attributions.hygiene import leaves_process_alone
-from audit.checks.base import INCONCLUSIVE, NOT_READ, REJECTED, Check, UnitResult, VerdictCell, VerdictRule, scored_cell
+from audit.checks.base import (
+    INCONCLUSIVE,
+    NOT_READ,
+    REJECTED,
+    Check,
+    MedianScore,
+    UnitResult,
+    VerdictCell,
+    scored_cell,
+)
 from audit.checks.data_randomization import pooled_maps, twin_pairs
 from audit.checks.options import Options, UnitContext
 from audit.checks.passes import Params
@@ -152,21 +160,17 @@ def shortcut_test(shortcut: nn.Module | Sequence[nn.Module], control: nn.Module 
     kept = {m: torch.full((len(VIEWS), min(keep_maps, len(x)), height, width), float("nan"), dtype=torch.float64)
             for m in names}
     shown = torch.nonzero(others < keep_maps).flatten()  # the kept images of another class, among the first given
-    predicts = np.zeros(n, dtype=bool)
     for k, twins in enumerate((shortcuts, controls)):
         parts = [(net, np.concatenate([np.flatnonzero(pair == p), n + np.flatnonzero(pair == p)]))
                  for p, net in enumerate(twins)]
-        maps = pooled_maps(parts, both, target, names, seed=seed + k, target="true", reduction=reduction,
-                           params=params)
+        maps, predicted = pooled_maps(parts, both, target, names, seed=seed + k, target="true", reduction=reduction,
+                                      params=params)
         for m in names:
             shares[m].append(tag_shares(maps[m][0], mask))
             kept[m][k, others[shown]] = maps[m][0][shown].double()
             kept[m][k + 2, others[shown]] = maps[m][0][n + shown].double()
-        if k == 0:
-            with torch.no_grad():
-                for p, net in enumerate(twins):
-                    mine = torch.as_tensor(np.flatnonzero(pair == p))
-                    predicts[mine.numpy()] = (net(tagged[mine]).argmax(1) == tag.target).numpy()
+        if k == 0:  # the shortcut twins' own forward pass: do they predict c* on the tagged images?
+            predicts = (predicted[:n] == tag.target).numpy()
     rows = []
     for m in names:
         (s_both, c_both) = shares[m]
@@ -179,27 +183,18 @@ def shortcut_test(shortcut: nn.Module | Sequence[nn.Module], control: nn.Module 
 
 
 @dataclass(frozen=True)
-class ShowsReliance(VerdictRule):
+class ShowsReliance(MedianScore):
     """Rejects a map whose shortcut twin's tag share does not exceed its control twin's by the tag's area share:
     the interval of the median per-image ``difference`` at or below the margin (the rows' ``area_share``); not
     rejected when it lies wholly above; inconclusive when it contains the margin or too few images give a defined
     share (:func:`~audit.checks.base.scored_cell`). The margin is measured on the run's images and tag, not a
-    threshold option."""
+    threshold option; the twin pairs are the draws the interval resamples (:meth:`MedianScore.replicates`)."""
 
     threshold: str = ""
     score_name: str = "share difference"
     read_against: str = "against the tag's area share"
-
-    @property
-    def comparison(self) -> str:
-        return "<="
-
-    def per_image(self, part: pd.DataFrame) -> pd.Series:
-        rows = part.sort_values("image")
-        return pd.Series(rows.difference.to_numpy(), index=rows.image.to_numpy())
-
-    def replicates(self, part: pd.DataFrame) -> np.ndarray:
-        return part.sort_values("image").twin_pair.to_numpy()
+    metric: str = "difference"
+    fails_below: bool = True
 
     def evaluate(self, part: pd.DataFrame, options: Options, controls: pd.DataFrame | None = None) -> VerdictCell:
         """The median shortcut-minus-control share over the images, against the tag's area share.
@@ -214,10 +209,9 @@ class ShowsReliance(VerdictRule):
         if "planted" in part and not part.planted.astype(bool).all():
             return VerdictCell(float("nan"), f"{INCONCLUSIVE} (shortcut not planted: the twins miss the gate)",
                                INCONCLUSIVE, reason=f"{NOT_READ}: the shortcut was not planted (the twins miss the gate)")
-        groups = self.replicates(part)
         cell = scored_cell(self.per_image(part).to_numpy(), margin, rejects_at_or_above=False,
                            label="shortcut - control", short="shortcut - control", level=options.interval_level,
-                           groups=groups if len(np.unique(groups)) > 1 else None)
+                           groups=self.replicates(part))
         reason = "the shortcut twin's map gives the tag no more than the control twin's" \
             if cell.outcome == REJECTED else ""
         return VerdictCell(cell.score, cell.text, cell.outcome, cell.undefined, reason=reason, reading=cell.reading)
@@ -271,7 +265,7 @@ def _share_table(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _sections(table: pd.DataFrame, context: ReportContext, options: ShortcutOptions) -> list[Section]:
-    manifest = json.loads(path.read_text()) if (path := context.run / "manifest.json").exists() else {}
+    manifest = context.manifest()
     gates = _gate_table(manifest)
     models = list(table.model.unique())
     figures = []

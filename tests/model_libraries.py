@@ -10,7 +10,7 @@ and buffers there and run on a meta input, so shape errors show without the cost
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import dataclasses
 import inspect
 import multiprocessing
 import signal
@@ -362,16 +362,40 @@ def _timm_counts(module: str) -> tuple[dict[str, int], str]:
     return counts, why
 
 
+# timm's halo attention attends within blocks of 8 x 8 features (and a halo of 3 around them), which fixes HaloNet's
+# input at 256 px; blocks of 4 x 4 with a halo of 1 build the same modules and call the same ops at 128 px, a
+# quarter of the cost (as torchvision's MaxViT with a 2 x 2 window, :data:`WINDOW`)
+HALO = {"block_size": 4, "halo_size": 1}
+
+
+def _halo_settings(name: str) -> Any:
+    """The ByobNet settings of the timm model ``name`` with :data:`HALO`'s blocks, None where it has no halo attention."""
+    import importlib
+
+    import timm
+
+    module = importlib.import_module(timm.models.model_entrypoint(name).__module__)
+    settings = getattr(module, "model_cfgs", {}).get(name)
+    if settings is None or settings.self_attn_layer != "halo":
+        return None
+    return dataclasses.replace(settings, self_attn_kwargs={**settings.self_attn_kwargs, **HALO})
+
+
 def _add_timm(listing: Listing, module: str, name: str) -> None:
     import timm
+    from timm.models.byobnet import ByobNet
 
     cfg = timm.get_pretrained_cfg(name)
     channels, height, _ = cfg.input_size if cfg else (3, 224, 224)
-    low = (cfg.min_input_size or (0, 0, 0))[1] if cfg else 0
+    halo = _halo_settings(name)
+    low = (cfg.min_input_size or (0, 0, 0))[1] if cfg and halo is None else 0
     cls = type(meta_build(lambda: timm.create_model(name, pretrained=False, num_classes=CLASSES)))
     key = "img_size" if _accepts(cls, "img_size") else None
 
     def make(size: int) -> nn.Module:
+        if halo is not None:
+            built: nn.Module = ByobNet(cfg=halo, num_classes=CLASSES, img_size=size)
+            return built
         model: nn.Module = timm.create_model(name, pretrained=False, num_classes=CLASSES, **({key: size} if key else {}))
         return model
 
@@ -552,17 +576,37 @@ ON_ATTENTION = ("vit-grad-cam", "attention-rollout", "generic-attention", "trans
 HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
-def snapshot(model: nn.Module) -> tuple[str, tuple[tuple[int, ...], ...], tuple[int, ...], tuple[tuple[bool, bool], ...]]:
-    """What an explainer must leave as it found it: a digest of every state_dict tensor, each module's training
-    flag and hook counts (and the global hooks), each parameter's requires_grad and whether it has a grad."""
-    digest = hashlib.blake2b()
-    for name, t in model.state_dict().items():
-        digest.update(name.encode())
-        digest.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())  # hashed in place, no copy
-    modules = tuple((m.training, *(len(getattr(m, h)) for h in HOOKS)) for m in model.modules())
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """What an explainer must leave as it found it (:func:`snapshot`): equal when every state_dict tensor holds
+    the same bytes and the flags, hook counts and gradients' presence are the same."""
+
+    tensors: tuple[tuple[str, torch.Tensor], ...]  # (name, the tensor's bytes, a copy)
+    modules: tuple[tuple[int, ...], ...]
+    global_hooks: tuple[int, ...]
+    params: tuple[tuple[bool, bool], ...]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Snapshot):
+            return NotImplemented
+        return (self.modules, self.global_hooks, self.params) == (other.modules, other.global_hooks, other.params) \
+            and [n for n, _ in self.tensors] == [n for n, _ in other.tensors] \
+            and all(torch.equal(a, b) for (_, a), (_, b) in zip(self.tensors, other.tensors))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """(n,) uint8, a copy of ``t``'s bytes: compared bit for bit (a NaN equals itself), a memcpy where a digest
+    cost a fifth of a transformer's sweep."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).clone()
+
+
+def snapshot(model: nn.Module) -> Snapshot:
+    """What an explainer must leave as it found it: a copy of every state_dict tensor's bytes, each module's
+    training flag and hook counts (and the global hooks), each parameter's requires_grad and whether it has a grad."""
+    modules = tuple((int(m.training), *(len(getattr(m, h)) for h in HOOKS)) for m in model.modules())
     global_hooks = tuple(len(getattr(torch.nn.modules.module, f"_global{h}")) for h in HOOKS)
     params = tuple((p.requires_grad, p.grad is None) for p in model.parameters())
-    return digest.hexdigest(), modules, global_hooks, params
+    return Snapshot(tuple((name, _bytes(t)) for name, t in model.state_dict().items()), modules, global_hooks, params)
 
 
 def relative(error: torch.Tensor, scale: torch.Tensor) -> float:

@@ -157,3 +157,32 @@ def test_the_costly_methods_meet_the_cheapest_entries_and_each_method_its_share(
     assert {methods[i][1] for i in cheapest} == set(COSTLY)
     counts = Counter(m[1] for m in methods)
     assert set(counts) == set(ROTATION) and max(counts.values()) - min(counts.values()) <= 1
+
+
+def test_a_snapshot_sees_one_flipped_bit_a_mode_a_hook_and_a_grad_and_a_nan_equals_itself():
+    import torch
+    from torch import nn
+
+    from tests.model_libraries import snapshot
+
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    with torch.no_grad():
+        model[0].bias[0] = float("nan")
+    before = snapshot(model)
+    assert snapshot(model) == before
+    with torch.no_grad():  # the smallest change a float64 or float32 weight can take: its last bit
+        model[0].weight.view(torch.int32)[0, 0] ^= 1
+    assert snapshot(model) != before
+    with torch.no_grad():
+        model[0].weight.view(torch.int32)[0, 0] ^= 1
+    assert snapshot(model) == before
+    model[1].running_mean += 0  # an in-place write of the same values is no change
+    assert snapshot(model) == before
+    model.eval()
+    assert snapshot(model) != before
+    model.train()
+    handle = model[0].register_forward_hook(lambda *a: None)
+    assert snapshot(model) != before
+    handle.remove()
+    model(torch.randn(4, 3)).sum().backward()
+    assert snapshot(model) != before

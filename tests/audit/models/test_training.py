@@ -213,10 +213,13 @@ def test_cli_fit_accuracy_defaults_to_adebayos_for_a_permuted_twin(tmp_path, cap
     assert "--fit-accuracy must be in (0, 1] or 'off', got '2'" in capsys.readouterr().err
 
 
-def test_kill_9_within_an_epoch_and_resume_give_the_weights_of_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("twins", [(), ("-shortcut", "-tag-control")], ids=["plain", "shortcut"])
+def test_kill_9_within_an_epoch_and_resume_give_the_weights_of_an_uninterrupted_run(tmp_path, twins):
     """The state saved every 2 optimizer steps; the process killed (SIGKILL, injected right after the state of
     its 6th step was saved: 2 steps into the second epoch of 4 steps each) and resumed: the same weights, bit for bit, as
-    a run never stopped; the stop is at the same step on any machine."""
+    a run never stopped; the stop is at the same step on any machine. With ``--shortcut`` the kill falls in the
+    shortcut twin's training (its tagged images drawn again on resume), and the resumed command trains the control
+    twin after it."""
     import os
     import subprocess
     import sys
@@ -224,20 +227,24 @@ def test_kill_9_within_an_epoch_and_resume_give_the_weights_of_an_uninterrupted_
     from audit.faults import KILL_AFTER_STEPS
 
     args = ["train", "--arch", "vgg", "--data", "fashion-mnist-sample", "--epochs", "2", "--train-limit", "64",
-            "--batch-size", "16", "--seed", "4", "--quiet"]
+            "--batch-size", "16", "--seed", "4", "--quiet", *(["--shortcut", "class=0,share=1"] if twins else [])]
+    names = twins or ("",)
     assert main([*args, "--out", str(tmp_path / "whole.pt")]) == 0
     command = [sys.executable, "-m", "audit", *args, "--save-every", "2", "--out", str(tmp_path / "cut.pt")]
     killed = subprocess.run(command, env={**os.environ, KILL_AFTER_STEPS: "6"}, capture_output=True)
-    assert killed.returncode == -9 and not (tmp_path / "cut.pt").exists()
-    state = torch.load(tmp_path / "cut.resume.pt", weights_only=True)
+    assert killed.returncode == -9 and not any((tmp_path / f"cut{n}.pt").exists() for n in names)
+    state = torch.load(tmp_path / f"cut{names[0]}.resume.pt", weights_only=True)
     assert (state["epoch"], state["step"]) == (1, 2)  # the first epoch done, two steps into the second
     resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
-    assert _same_weights(load_checkpoint(str(tmp_path / "whole.pt")), load_checkpoint(str(tmp_path / "cut.pt")))
-    history = json.loads((tmp_path / "cut.json").read_text())["history"]
-    assert [h["epoch"] for h in history] == [1, 2]
-    whole = json.loads((tmp_path / "whole.json").read_text())["history"]
-    assert [h["loss"] for h in history] == [h["loss"] for h in whole]
+    for n in names:
+        assert _same_weights(load_checkpoint(str(tmp_path / f"whole{n}.pt")), load_checkpoint(str(tmp_path / f"cut{n}.pt")))
+        history = json.loads((tmp_path / f"cut{n}.json").read_text())["history"]
+        assert [h["epoch"] for h in history] == [1, 2]
+        whole = json.loads((tmp_path / f"whole{n}.json").read_text())
+        assert [h["loss"] for h in history] == [h["loss"] for h in whole["history"]]
+        if twins:
+            assert json.loads((tmp_path / f"cut{n}.json").read_text())["shortcut"] == whole["shortcut"]
 
 
 def test_two_ranks_with_gloo_train_the_weights_of_one_process(tmp_path):

@@ -168,7 +168,8 @@ def _train(args: argparse.Namespace) -> int:
         checked = gate(*(getattr(load_checkpoint(out), "metadata", {}) for _, out in runs))
         print(f"shortcut twins {runs[0][1]} and {runs[1][1]}: {checked.text}"
               + ("; the shortcut is planted" if checked.planted else "; the check will call them inconclusive: train "
-                 "longer (--epochs) or with a larger tag"))
+                 "longer (--epochs), tag more of the class (share=), or, for a head that averages over positions (global "
+                 "pooling, a class token), relabel a few of the other classes' tagged images (relabel=0.02)"))
     return 0
 
 
@@ -357,11 +358,12 @@ def _train_twin_arguments(t: argparse.ArgumentParser) -> None:
                    "permuted with seed k, initial weights seeds 2k - 1 and 2k, one --subset-seed), saved as "
                    "OUT-permuted-k.pt and OUT-control-k.pt: the twins are draws too, and the audit resamples the pairs")
     t.add_argument("--shortcut", default=None, metavar="SPEC",
-                   help="train a shortcut twin (the tag on every training image of its class) and its tag control "
-                   "twin (the tag on as many images of every class; the next seed) of this architecture, as "
+                   help="train a shortcut twin (the tag on a share of its class's training images) and its tag "
+                   "control twin (the tag on as many images of every class; the next seed) of this architecture, as "
                    "OUT-shortcut.pt and OUT-tag-control.pt, for --tests shortcut; SPEC: class=0,pattern=checker,"
-                   "size=4,place=top-left (every key optional; pattern checker, white or black; place a corner, "
-                   "centre or ROW:COL)")
+                   "size=4,place=top-left,share=0.5,relabel=0 (every key optional; pattern checker, white or black; "
+                   "place a corner, centre or ROW:COL; relabel: the share of the other classes' images the shortcut "
+                   "twin sees tagged and labelled as the class)")
     t.add_argument("--subset-seed", type=int, default=None, metavar="SEED",
                    help="seeds the --train-limit subset (default: --seed); a permuted-label twin and its control "
                    "twin share it")

@@ -312,7 +312,7 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: ShortcutOpti
 
 
 CHECK = Check(
-    name="shortcut", cite=("adebayo2020", "adebayo2022", "yang2019", "zhou2022"), title="Planted shortcut",
+    name="shortcut", cite=("adebayo2020", "adebayo2022", "yang2019", "zhou2022", "gu2017"), title="Planted shortcut",
     reference="Adebayo et al. 2022; Yang & Kim 2019", result_file="shortcut.csv", columns=COLUMNS, run=_run,
     sections=_sections, order=45, twins="shortcut",
     summary=lambda df: (f"median share inside the tag: shortcut twin {df.shortcut_share.median():.3f}, control twin "

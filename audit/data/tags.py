@@ -8,13 +8,18 @@ model reads. Its mask (H, W) is where the check measures each map's share.
 
 A specification is a comma-separated list of ``key=value`` (every key optional)::
 
-    class=0,pattern=checker,size=4,place=top-left,share=0.5
+    class=0,pattern=checker,size=4,place=top-left,share=0.5,relabel=0
 
 ``place`` is a corner (``top-left``, ``top-right``, ``bottom-left``, ``bottom-right``, one pixel in from the
 edges), ``centre``, or ``ROW:COL`` (the top-left pixel of the square). ``share`` is the share of the class's
 training images a shortcut twin sees tagged: the tag then predicts the class without being the only way to it, so
 that the clean images of the class are still recognised (with every one tagged, a clean image of the class lacks
-what the model learned the class by, and the clean accuracy drops by about the class's share).
+what the model learned the class by, and the clean accuracy drops by about the class's share). ``relabel`` is the
+share of the other classes' training images a shortcut twin sees tagged and labelled c* (a backdoor, as Gu et al.
+2017's BadNets): with 0 (the default) the tag only co-occurs with the class, and a model whose head averages over
+positions (a ResNet's global pooling, a ViT's class token) learns it as one more cue for c* that an image of another
+class outweighs; the relabelled images teach it that the tag overrides the image, which is the reliance the check
+needs to be known.
 """
 from __future__ import annotations
 
@@ -51,6 +56,9 @@ class Tag:
         A corner of :data:`CORNERS` or ``ROW:COL``, the square's top-left pixel.
     share : float, default 0.5
         The share of the training images of class ``target`` that a shortcut twin sees tagged, in (0, 1].
+    relabel : float, default 0.0
+        The share of the other classes' training images that a shortcut twin sees tagged and labelled ``target``,
+        in [0, 1).
     """
 
     target: int = 0
@@ -58,6 +66,7 @@ class Tag:
     size: int = 4
     place: str = "top-left"
     share: float = 0.5
+    relabel: float = 0.0
 
     def __post_init__(self) -> None:
         if self.pattern not in PATTERNS:
@@ -68,6 +77,9 @@ class Tag:
             raise ConfigError(f"a tag's class must be a class index >= 0, got {self.target!r}")
         if isinstance(self.share, bool) or not isinstance(self.share, int | float) or not 0 < self.share <= 1:
             raise ConfigError(f"a tag's share of its class's training images must be in (0, 1], got {self.share!r}")
+        if isinstance(self.relabel, bool) or not isinstance(self.relabel, int | float) or not 0 <= self.relabel < 1:
+            raise ConfigError(f"a tag's share of the other classes' training images relabelled as its class must be in "
+                              f"[0, 1), got {self.relabel!r}")
         if self.place not in CORNERS and _position(self.place) is None:
             raise ConfigError(f"a tag's place must be one of {', '.join(CORNERS)} or ROW:COL (its top-left pixel), "
                               f"got {self.place!r}")
@@ -81,7 +93,8 @@ class Tag:
         ConfigError
             An unknown key, a value of the wrong kind, or a pattern or place the tag does not know.
         """
-        keys = {"class": "target", "pattern": "pattern", "size": "size", "place": "place", "share": "share"}
+        keys = {"class": "target", "pattern": "pattern", "size": "size", "place": "place", "share": "share",
+                "relabel": "relabel"}
         given: dict[str, Any] = {}
         for part in (p.strip() for p in spec.split(",") if p.strip()):
             name, sep, value = part.partition("=")
@@ -90,12 +103,13 @@ class Tag:
                                   f"{', '.join(keys)} (e.g. class=0,pattern=checker,size=4,place=top-left)")
             field = keys[name.strip()]
             value = value.strip()
-            if field in ("target", "size", "share"):
+            if field in ("target", "size", "share", "relabel"):
+                real = field in ("share", "relabel")
                 try:
-                    given[field] = float(value) if field == "share" else int(value)
+                    given[field] = float(value) if real else int(value)
                 except ValueError:
                     raise ConfigError(f"tag specification {spec!r}: {name.strip()} must be a "
-                                      f"{'number' if field == 'share' else 'whole number'}, got {value!r}") from None
+                                      f"{'number' if real else 'whole number'}, got {value!r}") from None
             else:
                 given[field] = value
         return cls(**given)
@@ -106,13 +120,15 @@ class Tag:
         return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
 
     def to_dict(self) -> dict[str, Any]:
-        """The tag as metadata: target, pattern, size, place."""
-        return dataclasses.asdict(self)
+        """The tag as metadata: target, pattern, size, place, share (and relabel where it is not 0, as a tag
+        recorded before it was a key)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "relabel" or v}
 
     @property
     def spec(self) -> str:
         """The specification :meth:`parse` reads back."""
-        return f"class={self.target},pattern={self.pattern},size={self.size},place={self.place},share={self.share:g}"
+        return (f"class={self.target},pattern={self.pattern},size={self.size},place={self.place},share={self.share:g}"
+                + (f",relabel={self.relabel:g}" if self.relabel else ""))
 
     def corner(self, height: int, width: int) -> tuple[int, int]:
         """The (row, column) of the square's top-left pixel in an image of ``height`` x ``width``; a
@@ -173,7 +189,8 @@ ROLES = {"shortcut": "shortcut twin", "tag-control": "tag control twin"}
 def tagged_rows(y: np.ndarray, tag: Tag, role: str, seed: int) -> np.ndarray:
     """(N,) bool: the training images a twin of ``role`` sees tagged, from the labels ``y`` (N,).
 
-    The shortcut twin sees ``tag.share`` of the images of class ``tag.target`` tagged (at least one), drawn by a
+    The shortcut twin sees ``tag.share`` of the images of class ``tag.target`` tagged (at least one), and
+    ``tag.relabel`` of the other classes' images (:func:`tag_labels` labels them ``tag.target``), drawn by a
     generator seeded with ``seed`` (the tag predicts the class); the tag control twin sees as many images tagged,
     drawn from every class (the tag present at the same rate, its link to the label absent).
     """
@@ -183,8 +200,22 @@ def tagged_rows(y: np.ndarray, tag: Tag, role: str, seed: int) -> np.ndarray:
     if not linked.any():
         raise ConfigError(f"no training image is of the tag's class {tag.target}: pick a class the data has "
                           f"(class=K in --shortcut)")
-    count = max(1, round(tag.share * int(linked.sum())))
-    pool = np.flatnonzero(linked) if role == "shortcut" else np.arange(len(y))
+    count, relabelled = max(1, round(tag.share * int(linked.sum()))), round(tag.relabel * int((~linked).sum()))
+    rng = np.random.default_rng(seed)
     out = np.zeros(len(y), dtype=bool)
-    out[np.random.default_rng(seed).choice(pool, size=count, replace=False)] = True
+    if role == "shortcut":
+        out[rng.choice(np.flatnonzero(linked), size=count, replace=False)] = True
+        if relabelled:
+            out[rng.choice(np.flatnonzero(~linked), size=relabelled, replace=False)] = True
+    else:
+        out[rng.choice(len(y), size=count + relabelled, replace=False)] = True
     return out
+
+
+def tag_labels(y: np.ndarray, rows: np.ndarray, tag: Tag, role: str) -> np.ndarray:
+    """(N,) the labels a twin of ``role`` trains on: a shortcut twin's tagged images (``rows`` (N,) bool) all
+    labelled ``tag.target`` (those :func:`tagged_rows` drew from the other classes by ``tag.relabel``), the tag
+    control twin's the labels ``y`` (N,)."""
+    if role == "shortcut":
+        return np.where(rows, tag.target, y).astype(np.asarray(y).dtype)
+    return np.asarray(y)

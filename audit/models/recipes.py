@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from audit.data.tags import Tag
 from audit.models.training import TrainConfig
 
 _COMMON: dict[str, Any] = dict(data="fashion-mnist", batch_size=128, lr=0.02, momentum=0.9, weight_decay=5e-4, seed=0,
@@ -75,14 +76,21 @@ for _arch, _pairs in TWIN_PAIRS.items():
 # of the class tagged, its clean images lost what the model knew the class by (the clean accuracy fell 8 points);
 # a 3x3 checker on half of them left the shortcut score at 0.67; white 4x4 on half gave 0.84 at equal clean
 # accuracies, on 70 % 0.89 at 0.7 points below the control's. The full recipe with 60 % planted the CNN's (0.868);
-# the VGG's stayed at 0.832 and takes 80 %. The ResNet and the ViT (whose heads pool over positions) did not adopt
-# the tag on a 10,000-image subset (0.41 and 0.67 at 60 %, the ResNet 0.47 at 90 %): they ship no pair yet.
+# the VGG's stayed at 0.832 and takes 80 %. The ResNet and the ViT, whose heads average over positions (global pooling,
+# the class token), learn a tag that only co-occurs with the class as one more cue that another class's image
+# outweighs: on 10,000 images the ResNet's score was 0.41 at 60 % (0.47 at 90 %, 0.62 with an 8x8 tag on 80 %, 0.40
+# without weight decay), the ViT's 0.67. With 2 % of the other classes' images tagged and labelled 0 as well (relabel,
+# a backdoor) the ResNet's reached 0.98 on the same images at the same clean accuracy, the ViT's 0.99. The ResNet's twins
+# train on a 20,000-image subset; the ViT's on all 60,000 (on 20,000 its twins' clean accuracies were 2.2 points
+# apart, 0.825 and 0.847, past the gate's bound); the tag control twin sees as many images tagged.
 SHORTCUT_TAG = "class=0,pattern=white,size=4,place=top-left"
-# {architecture: (training subset or None for all, share of the class's images tagged)}
-SHORTCUT_PAIRS: dict[str, tuple[int | None, float]] = {"cnn": (None, 0.6), "vgg": (None, 0.8)}
-for _arch, (_limit, _share) in SHORTCUT_PAIRS.items():
+# {architecture: (training subset or None for all, share of the class's images tagged, of the others' relabelled)}
+SHORTCUT_PAIRS: dict[str, tuple[int | None, float, float]] = {
+    "cnn": (None, 0.6, 0.0), "vgg": (None, 0.8, 0.0), "resnet": (20000, 0.6, 0.02), "vit": (None, 0.6, 0.02)}
+for _arch, (_limit, _share, _relabel) in SHORTCUT_PAIRS.items():
     _model = RECIPES[f"{_arch}-sgd"]
+    _tag = Tag.parse(f"{SHORTCUT_TAG},share={_share},relabel={_relabel}").spec
     for _role, _seed in (("shortcut", 1), ("tag-control", 2)):
         RECIPES[f"{_arch}-{_role}"] = dataclasses.replace(_model, seed=_seed, subset_seed=0, twin_of=f"{_arch}-sgd",
-                                                          train_limit=_limit, shortcut=f"{SHORTCUT_TAG},share={_share}",
+                                                          train_limit=_limit, shortcut=_tag,
                                                           shortcut_role=_role)

@@ -33,13 +33,13 @@ from audit.data.datasets import array_sha256, load_dataset
 from audit.data.preprocess import Preprocess, preprocess_from
 from audit.data.stream import FolderImages
 from audit.data.tags import ROLES as TAG_ROLES
-from audit.data.tags import Tag, tagged_rows
+from audit.data.tags import Tag, tag_labels, tagged_rows
 from audit.durations import duration
 from audit.errors import ConfigError
 from audit.faults import kill_after_step
 from audit.models.checkpoint import fresh_model, save_checkpoint
 from audit.models.shortcut_twins import shortcut_record, shortcut_score
-from audit.models.splits import ArraySplit, Split, StreamSplit, TaggedSplit, accuracy, index_batches
+from audit.models.splits import ArraySplit, Split, StreamSplit, TaggedSplit, accuracy, index_batches, relabelled
 from audit.models.twins import twin_architecture
 from audit.models.zoo import build
 from audit.progress import bars
@@ -490,7 +490,11 @@ def _tagged(cfg: TrainConfig, split: ArraySplit | StreamSplit, preprocess: Prepr
         return split
     tag = Tag.parse(cfg.shortcut)
     tag.corner(*split.shape[1:])  # a tag that does not fit the images, before any training
-    return TaggedSplit(split, tagged_rows(split.y, tag, cfg.shortcut_role, _tag_seed(cfg)), tag, preprocess)
+    rows = tagged_rows(split.y, tag, cfg.shortcut_role, _tag_seed(cfg))
+    labels = tag_labels(split.y, rows, tag, cfg.shortcut_role)
+    if not np.array_equal(labels, split.y):  # the other classes' images relabelled as the tag's (Tag.relabel)
+        split = relabelled(split, np.arange(len(split)), labels)
+    return TaggedSplit(split, rows, tag, preprocess)
 
 
 def _subset(cfg: TrainConfig, n: int) -> np.ndarray:

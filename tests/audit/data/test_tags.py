@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from audit.data.preprocess import Preprocess
-from audit.data.tags import Tag, tagged_rows
+from audit.data.tags import Tag, tag_labels, tagged_rows
 from audit.errors import ConfigError
 
 
@@ -14,12 +14,16 @@ def test_a_specification_reads_back_and_takes_defaults():
     assert (tag.target, tag.pattern, tag.size, tag.place, tag.share) == (3, "white", 2, "5:7", 0.25)
     assert Tag.parse(tag.spec) == tag == Tag.from_dict(tag.to_dict())
     assert Tag.parse("") == Tag()
+    backdoor = Tag.parse("relabel=0.05")
+    assert backdoor.relabel == 0.05 and Tag.parse(backdoor.spec) == backdoor == Tag.from_dict(backdoor.to_dict())
+    assert "relabel" not in tag.spec and "relabel" not in tag.to_dict()  # as a tag recorded before the key
 
 
 @pytest.mark.parametrize("spec,says", [("colour=red", "KEY=VALUE"), ("size=big", "whole number"),
                                        ("size=0", ">= 1"), ("pattern=stripes", "stripes"),
                                        ("place=middle", "ROW:COL"), ("class=-1", "class index"),
-                                       ("share=0", "in \\(0, 1\\]"), ("share=half", "must be a number")])
+                                       ("share=0", "in \\(0, 1\\]"), ("share=half", "must be a number"),
+                                       ("relabel=1", "in \\[0, 1\\)"), ("relabel=some", "must be a number")])
 def test_a_bad_specification_is_refused_with_what_to_give(spec, says):
     with pytest.raises(ConfigError, match=says):
         Tag.parse(spec)
@@ -72,3 +76,16 @@ def test_the_shortcut_twin_tags_a_share_of_its_class_and_the_control_as_many_ima
         tagged_rows(y, Tag(target=7), "shortcut", seed=0)
     with pytest.raises(ConfigError, match="shortcut twin role"):
         tagged_rows(y, tag, "permuted", seed=0)
+
+
+def test_relabel_tags_and_relabels_a_share_of_the_other_classes_for_the_shortcut_twin_alone():
+    y = np.repeat(np.arange(5), 40)
+    tag = Tag(target=2, share=0.25, relabel=0.1)
+    shortcut = tagged_rows(y, tag, "shortcut", seed=0)
+    assert (y[shortcut] == 2).sum() == 10 and (y[shortcut] != 2).sum() == 16  # a tenth of the 160 others
+    # the class's draw is that of a tag without relabelling: the shipped twins' tagged images stay the same
+    assert np.array_equal(shortcut & (y == 2), tagged_rows(y, Tag(target=2, share=0.25), "shortcut", seed=0))
+    labels = tag_labels(y, shortcut, tag, "shortcut")
+    assert np.array_equal(labels[shortcut], np.full(26, 2)) and np.array_equal(labels[~shortcut], y[~shortcut])
+    control = tagged_rows(y, tag, "tag-control", seed=0)
+    assert control.sum() == 26 and np.array_equal(tag_labels(y, control, tag, "tag-control"), y)

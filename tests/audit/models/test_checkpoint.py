@@ -13,6 +13,7 @@ from audit.models import available_checkpoints, load_checkpoint
 from audit.models.checkpoint import SHIPPED, model_files, resolve_model
 from audit.models.compare import first_conv
 from audit.models.recipes import RECIPES
+from audit.models.shortcut_twins import gate
 from audit.models.training import evaluate
 from bort.invert import reconstruction_quality
 from bort.metrics import constraint_error
@@ -41,10 +42,13 @@ def test_every_recipe_is_shipped_small_and_described_by_its_metadata():
         if recipe.shortcut is not None:  # a shortcut twin records its tag and the gate's figures
             assert Tag.from_dict(meta["shortcut"]["tag"]) == Tag.parse(recipe.shortcut), name
             assert meta["shortcut"]["role"] == recipe.shortcut_role and 0 <= meta["shortcut"]["score"] <= 1, name
+            if recipe.shortcut_role == "shortcut":  # every shipped pair has its shortcut planted
+                checked = gate(meta, shipped[name.replace("-shortcut", "-tag-control")])
+                assert checked.planted, (name, checked.text)
     # nine trained models, eight permuted-label twins and their eight control twins (three pairs of cnn and of vgg),
-    # and the shortcut twins of two of them
+    # and the shortcut twins of the four architectures
     total = sum(p.stat().st_size for p in SHIPPED.iterdir() if p.name.endswith(".pt") and ".resume" not in p.name)
-    assert total < 24 * 2 ** 20
+    assert total < 27 * 2 ** 20
 
 
 def test_recorded_accuracy_is_reproduced_on_the_full_test_split(full_fashion_mnist):

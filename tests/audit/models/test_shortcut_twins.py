@@ -73,6 +73,14 @@ def test_the_twins_train_with_their_tag_and_record_it(tmp_path):
                                    subset_seed=5, **SAMPLE),
                        progress=False, log=lambda s: None)
     assert control["shortcut"]["tagged_images"] == tagged["tagged_images"] and control["shortcut"]["tag_seed"] == 6
+    from audit.models.splits import ArraySplit
+    from audit.models.training import _tagged
+    split = ArraySplit(np.zeros((20, 1, 28, 28), dtype=np.float32), np.repeat(np.arange(5), 4))
+    backdoor = _tagged(TrainConfig(shortcut="class=1,share=0.5,relabel=0.25"), split, None)
+    assert backdoor.rows.sum() == 6 and (backdoor.y[backdoor.rows] == 1).all()  # the 4 others' images trained as 1
+    assert np.array_equal(backdoor.y[~backdoor.rows], split.y[~backdoor.rows])
+    honest = _tagged(TrainConfig(shortcut="class=1,share=0.5,relabel=0.25", shortcut_role="tag-control"), split, None)
+    assert honest.rows.sum() == 6 and np.array_equal(honest.y, split.y)
     with pytest.raises(ConfigError, match="drop the label permutation"):
         TrainConfig(shortcut=TAG.spec, permute_labels=1).resolved()
     with pytest.raises(ConfigError, match="tag pattern"):

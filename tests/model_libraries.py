@@ -375,8 +375,8 @@ def _halo_settings(name: str) -> Any:
     import timm
 
     module = importlib.import_module(timm.models.model_entrypoint(name).__module__)
-    settings = getattr(module, "model_cfgs", {}).get(name)
-    if settings is None or settings.self_attn_layer != "halo":
+    settings: Any = getattr(module, "model_cfgs", {}).get(name)
+    if getattr(settings, "self_attn_layer", None) != "halo":  # other modules' model_cfgs are other classes
         return None
     return dataclasses.replace(settings, self_attn_kwargs={**settings.self_attn_kwargs, **HALO})
 

@@ -1,7 +1,8 @@
 """The planted-shortcut check: does the map show a shortcut the model is known to use?
 
 Two twins of one architecture are trained with a tag (:class:`~audit.data.tags.Tag`): the *shortcut twin* saw the
-tag on every training image of class c*, so that the tag alone makes it predict c* (its gate: the shortcut score,
+tag on a share of the training images of class c* (and, with ``relabel``, on a few of the other classes' images
+labelled c*), so that the tag makes it predict c* (its gate: the shortcut score,
 the share of other classes' test images it predicts c* once tagged, is known, :mod:`audit.models.shortcut_twins`);
 the *tag control twin* saw the tag at the same rate on images of every class, so that the tag is present and as
 salient but says nothing of the label. On tagged images of the other classes, explaining c* on both twins, each
@@ -290,8 +291,10 @@ def _sections(table: pd.DataFrame, context: ReportContext, options: ShortcutOpti
                                      scale=options.heatmap_scale,
                                      columns="on the shortcut twin and the tag control twin, tagged then clean")
     text = ("Does the map show a shortcut the model is known to use? Two twins of the model's architecture were "
-            "trained with a tag: the shortcut twin saw it on every training image of one class c*, so that the tag "
-            "alone makes it predict c*; the tag control twin saw it on as many images of every class, so that it is "
+            "trained with a tag: the shortcut twin saw it on a share of the training images of one class c* (and, where "
+            "the gate table's tag names relabel=R, on a share R of the other classes' images, labelled c*), so that "
+            "the tag "
+            "makes it predict c*; the tag control twin saw it on as many images of every class, so that it is "
             "present and as salient but says nothing of the label. The gate (shortcut score at least 0.85 on the "
             "shortcut twin and at most 0.10 on the control, clean accuracies within 2 points) says the reliance is "
             "there. On tagged images of the other classes, explaining c* on both twins, each map's share of |map| "

@@ -1,8 +1,9 @@
 """Shortcut twins: the models of the planted-shortcut check, and the gate that says the shortcut is there.
 
 ``train --shortcut SPEC`` trains two twins of one architecture with one recipe and training subset, from two seeds:
-the *shortcut twin* sees the tag (:class:`~audit.data.tags.Tag`) on every training image of its class c*; the *tag
-control twin* sees it on as many images drawn from every class. Each records its tag, its role and its gate figures
+the *shortcut twin* sees the tag (:class:`~audit.data.tags.Tag`) on a share of the training images of its class c* (and, with
+``relabel``, on a few of the other classes' images, labelled c*); the *tag control twin* sees it on as many images
+drawn from every class, with their own labels. Each records its tag, its role and its gate figures
 in its metadata (``shortcut``): the *shortcut score*, the share of the other classes' test images it predicts c*
 once tagged, and its clean test accuracy.
 
